@@ -1,0 +1,294 @@
+//! The site policy: a root-owned TOML file on every worker
+//! (`/etc/delegate/policy.toml` by default). The runner trusts only this
+//! file, never the user's spec, for what a job may have.
+//!
+//! ```toml
+//! allowed_images = ["delegate-sandbox:latest"]
+//! default_image = "delegate-sandbox:latest"
+//! max_cpus = 2
+//! max_mem = "4G"
+//! max_time = "1h"
+//! max_pids = 512
+//! max_gpus = 0
+//! max_nodes = 1
+//! tmp_size = "256M"
+//! perf_mode = "auto"          # auto | perfmon | seccomp | off
+//! job_roots = ["/home"]       # job directories must live below one of these
+//! docker_socket = "/var/run/docker.sock"
+//! allow_root = false          # jobs of uid 0 are refused unless true
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{check_clean_absolute, Spec};
+use crate::units::{format_duration, format_size, parse_duration, parse_size};
+
+pub const DEFAULT_POLICY_PATH: &str = "/etc/delegate/policy.toml";
+/// Environment variable naming another policy file. Honoured only by
+/// programs that are not privileged (the CLI, tests); the runner ignores it.
+pub const POLICY_ENV: &str = "DELEGATE_POLICY";
+const MAX_POLICY_BYTES: u64 = 64 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PerfMode {
+    /// CAP_PERFMON where the engine accepts it, else the seccomp profile.
+    Auto,
+    /// CAP_PERFMON only; fail when the engine rejects it.
+    Perfmon,
+    /// The seccomp profile that permits perf_event_open, no capability.
+    Seccomp,
+    /// No perf access: the engine's default seccomp profile.
+    Off,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    pub allowed_images: Vec<String>,
+    pub default_image: String,
+    pub max_cpus: u32,
+    pub max_mem: String,
+    pub max_time: String,
+    pub max_pids: i64,
+    pub max_gpus: u32,
+    pub max_nodes: u32,
+    pub tmp_size: String,
+    pub perf_mode: PerfMode,
+    pub job_roots: Vec<PathBuf>,
+    pub docker_socket: PathBuf,
+    pub allow_root: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            allowed_images: vec!["delegate-sandbox:latest".into()],
+            default_image: "delegate-sandbox:latest".into(),
+            max_cpus: 64,
+            max_mem: "16G".into(),
+            max_time: "1h".into(),
+            max_pids: 512,
+            max_gpus: 0,
+            max_nodes: 1,
+            tmp_size: "256M".into(),
+            perf_mode: PerfMode::Auto,
+            job_roots: vec![PathBuf::from("/home")],
+            docker_socket: PathBuf::from("/var/run/docker.sock"),
+            allow_root: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read the site policy {path}: {reason}")]
+    Read { path: String, reason: String },
+    #[error("the site policy {path} is not owned by root or is writable by others; refusing to trust it")]
+    Untrusted { path: String },
+    #[error("the site policy {path} is invalid: {reason}")]
+    Invalid { path: String, reason: String },
+}
+
+/// Why a job is refused by the policy. Each message is one sentence.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Violation {
+    #[error("image {0:?} is not allowed by the site policy (allowed: {1})")]
+    Image(String, String),
+    #[error("{what} {asked} is more than the site maximum of {max}")]
+    Limit {
+        what: &'static str,
+        asked: String,
+        max: String,
+    },
+    #[error("jobs of uid 0 (root) are not allowed by the site policy")]
+    Root,
+    #[error("job directory {0} is not below an allowed job root ({1})")]
+    OutsideRoots(String, String),
+    #[error("the spec asks to run as uid {asked}, but the job runs as uid {actual}")]
+    Uid { asked: u32, actual: u32 },
+}
+
+/// Policy values in machine units, checked once at load.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_mem_bytes: u64,
+    pub max_time_secs: u64,
+    pub tmp_bytes: u64,
+}
+
+impl Policy {
+    /// Loads the policy from `path`. With `require_root_owned`, the file must
+    /// be owned by root and not writable by group or others (the runner).
+    pub fn load(path: &Path, require_root_owned: bool) -> Result<Policy, PolicyError> {
+        use std::os::unix::fs::MetadataExt;
+        let p = path.display().to_string();
+        let read_err = |e: std::io::Error| PolicyError::Read {
+            path: p.clone(),
+            reason: e.to_string(),
+        };
+        let meta = std::fs::symlink_metadata(path).map_err(read_err)?;
+        if require_root_owned && (meta.uid() != 0 || meta.mode() & 0o022 != 0 || !meta.is_file()) {
+            return Err(PolicyError::Untrusted { path: p });
+        }
+        if meta.len() > MAX_POLICY_BYTES {
+            return Err(PolicyError::Invalid {
+                path: p,
+                reason: format!("larger than {MAX_POLICY_BYTES} bytes"),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        Self::parse(&text, &p)
+    }
+
+    /// Parses and checks policy text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+        let policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Invalid {
+            path: origin.into(),
+            reason: e.message().to_owned(),
+        })?;
+        policy.limits().map_err(|reason| PolicyError::Invalid {
+            path: origin.into(),
+            reason,
+        })?;
+        for r in &policy.job_roots {
+            check_clean_absolute(r).map_err(|e| PolicyError::Invalid {
+                path: origin.into(),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(policy)
+    }
+
+    /// The policy a client uses: `$DELEGATE_POLICY`, else the default path,
+    /// else built-in defaults when no file exists.
+    pub fn load_for_client() -> Result<Policy, PolicyError> {
+        let path = std::env::var_os(POLICY_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_POLICY_PATH));
+        match Self::load(&path, false) {
+            Err(PolicyError::Read { .. }) if !path.exists() => Ok(Policy::default()),
+            other => other,
+        }
+    }
+
+    pub fn limits(&self) -> Result<Limits, String> {
+        Ok(Limits {
+            max_mem_bytes: parse_size(&self.max_mem).map_err(|e| format!("max_mem: {e}"))?,
+            max_time_secs: parse_duration(&self.max_time).map_err(|e| format!("max_time: {e}"))?,
+            tmp_bytes: parse_size(&self.tmp_size).map_err(|e| format!("tmp_size: {e}"))?,
+        })
+    }
+
+    /// Checks a spec against the policy, for a job that runs as `uid` from
+    /// `job_dir`. Returns the first violation.
+    pub fn check(&self, spec: &Spec, uid: u32, job_dir: &Path) -> Result<(), Violation> {
+        if spec.uid != uid {
+            return Err(Violation::Uid {
+                asked: spec.uid,
+                actual: uid,
+            });
+        }
+        if uid == 0 && !self.allow_root {
+            return Err(Violation::Root);
+        }
+        if !self.job_roots.iter().any(|r| job_dir.starts_with(r) && job_dir != r) {
+            return Err(Violation::OutsideRoots(
+                job_dir.display().to_string(),
+                self.job_roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
+        if !self.allowed_images.iter().any(|i| i == &spec.image) {
+            return Err(Violation::Image(spec.image.clone(), self.allowed_images.join(", ")));
+        }
+        // Limits were validated at load; a policy that fails here allows nothing.
+        let lim = self.limits().unwrap_or(Limits {
+            max_mem_bytes: 0,
+            max_time_secs: 0,
+            tmp_bytes: 0,
+        });
+        let r = &spec.resources;
+        let over = |what, asked: String, max: String| Err(Violation::Limit { what, asked, max });
+        if r.cpus > self.max_cpus {
+            return over("cpus", r.cpus.to_string(), self.max_cpus.to_string());
+        }
+        if r.mem_bytes > lim.max_mem_bytes {
+            return over("memory", format_size(r.mem_bytes), format_size(lim.max_mem_bytes));
+        }
+        if r.time_limit_secs > lim.max_time_secs {
+            return over(
+                "time limit",
+                format_duration(r.time_limit_secs),
+                format_duration(lim.max_time_secs),
+            );
+        }
+        if r.gpus > self.max_gpus {
+            return over("gpus", r.gpus.to_string(), self.max_gpus.to_string());
+        }
+        if r.nodes > self.max_nodes {
+            return over("nodes", r.nodes.to_string(), self.max_nodes.to_string());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{now_ms, JobId, Resources, Task};
+
+    fn spec() -> Spec {
+        Spec {
+            job_id: JobId::new(),
+            uid: 1000,
+            gid: 1000,
+            created_ms: now_ms(),
+            image: "delegate-sandbox:latest".into(),
+            task: Task::Command { argv: vec!["true".into()] },
+            resources: Resources::default(),
+            env: vec![],
+        }
+    }
+
+    #[test]
+    fn parse_and_defaults() {
+        let p = Policy::parse("max_cpus = 2\nmax_mem = \"2G\"\n", "t").unwrap();
+        assert_eq!(p.max_cpus, 2);
+        assert_eq!(p.default_image, "delegate-sandbox:latest");
+        assert!(Policy::parse("bogus = 1", "t").is_err());
+        assert!(Policy::parse("max_mem = \"lots\"", "t").is_err());
+        assert!(Policy::parse("job_roots = [\"/home/../etc\"]", "t").is_err());
+        assert!(Policy::parse("perf_mode = \"sysadmin\"", "t").is_err());
+    }
+
+    #[test]
+    fn checks() {
+        let p = Policy::parse("max_cpus = 2\nmax_mem = \"2G\"\nmax_time = \"10m\"", "t").unwrap();
+        let dir = Path::new("/home/u/.delegate/jobs/x");
+        assert_eq!(p.check(&spec(), 1000, dir), Ok(()));
+        assert!(matches!(p.check(&spec(), 1001, dir), Err(Violation::Uid { .. })));
+        let mut s = spec();
+        s.image = "evil:latest".into();
+        assert!(matches!(p.check(&s, 1000, dir), Err(Violation::Image(..))));
+        let mut s = spec();
+        s.resources.cpus = 3;
+        assert!(matches!(p.check(&s, 1000, dir), Err(Violation::Limit { what: "cpus", .. })));
+        let mut s = spec();
+        s.resources.mem_bytes = 3 << 30;
+        assert!(matches!(p.check(&s, 1000, dir), Err(Violation::Limit { what: "memory", .. })));
+        let mut s = spec();
+        s.resources.time_limit_secs = 3600;
+        let e = p.check(&s, 1000, dir).unwrap_err();
+        assert_eq!(e.to_string(), "time limit 1h is more than the site maximum of 10m");
+        assert!(matches!(p.check(&spec(), 1000, Path::new("/tmp/x")), Err(Violation::OutsideRoots(..))));
+        let mut s = spec();
+        s.uid = 0;
+        assert_eq!(p.check(&s, 0, dir), Err(Violation::Root));
+    }
+}
