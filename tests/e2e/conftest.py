@@ -1,0 +1,142 @@
+"""Fixtures for the end-to-end tests: a real Slurm (munged, slurmctld, slurmd)
+and a real Docker engine on this machine, started by `build_cluster.sh --local`
+(tests/run.sh runs it first). Nothing here is mocked: each test submits real
+jobs through the installed `delegate` CLI as an ordinary (non-root) user.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DELEGATE = shutil.which("delegate") or "/usr/local/bin/delegate"
+RUNNER = "/usr/local/bin/sandbox-runner"
+IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
+
+# Two test students with fixed ids (the same ids a multi-node deployment gives them).
+USERS = {"delegate-alice": 2001, "delegate-bob": 2002}
+
+
+def sh(*args, check=True, timeout=120, **kw):
+    return subprocess.run(list(args), check=check, timeout=timeout, capture_output=True, text=True, **kw)
+
+
+def _daemon_problem() -> str | None:
+    """Why the cluster cannot run jobs, or None when it can."""
+    if os.geteuid() != 0:
+        return "the end-to-end tests create users and inspect Docker: run them as root (tests/run.sh)"
+    for cmd, what in (
+        (["scontrol", "ping"], "slurmctld"),
+        (["docker", "info"], "dockerd"),
+        (["sinfo", "-h"], "slurm"),
+    ):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{what} does not answer: {e}"
+        if r.returncode != 0 or ("DOWN" in r.stdout and what == "slurmctld"):
+            return f"{what} does not answer ({' '.join(cmd)}: {r.stdout.strip()} {r.stderr.strip()})"
+    if not Path(DELEGATE).exists() or not Path(RUNNER).exists():
+        return "delegate and sandbox-runner are not installed: run ./build_cluster.sh --local"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster():
+    problem = _daemon_problem()
+    if problem:
+        # Try once to bring the local cluster up; the script is idempotent.
+        subprocess.run([str(REPO / "build_cluster.sh"), "--local"], timeout=1800)
+        problem = _daemon_problem()
+    if problem:
+        pytest.fail(f"LOCAL CLUSTER UNAVAILABLE: {problem}", pytrace=False)
+    for name, uid in USERS.items():
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            sh("useradd", "--create-home", "--uid", str(uid), "--user-group", "--shell", "/bin/sh", name)
+    yield
+
+
+class User:
+    """A student: runs the real CLI as their own uid."""
+
+    def __init__(self, name: str):
+        self.name = name
+        pw = pwd.getpwnam(name)
+        self.uid, self.gid, self.home = pw.pw_uid, pw.pw_gid, Path(pw.pw_dir)
+        self.root = self.home / ".delegate" / "jobs"
+
+    def run(self, *args, check=False, timeout=180, text=True, input=None):
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8"}
+        return subprocess.run(
+            ["runuser", "-u", self.name, "--", DELEGATE, *args],
+            capture_output=True, text=text, timeout=timeout, check=check, env=env, input=input,
+            cwd="/",
+        )
+
+    def as_user(self, *cmd, check=True, timeout=60):
+        return subprocess.run(["runuser", "-u", self.name, "--", *cmd],
+                              capture_output=True, text=True, timeout=timeout, check=check, cwd="/")
+
+    def submit(self, *cmd, opts=()):
+        r = self.run("submit", *opts, "--", *cmd)
+        assert r.returncode == 0, f"submit failed: {r.stderr}"
+        job = r.stdout.strip().splitlines()[-1]
+        assert job, r.stdout
+        return job
+
+    def status(self, job: str) -> dict:
+        r = self.run("status", "--json", job)
+        assert r.returncode == 0, r.stderr
+        data = json.loads(r.stdout)
+        if isinstance(data, list):
+            (data,) = [d for d in data if d["id"] == job]
+        return data
+
+    def wait(self, job: str, timeout: float = 120) -> dict:
+        r = self.run("wait", "--json", "--timeout", f"{int(timeout)}s", job, timeout=timeout + 30)
+        assert r.stdout, f"wait printed nothing: rc={r.returncode} {r.stderr}"
+        return self.status(job)
+
+    def wait_for_state(self, job: str, states, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status(job)
+            if st["state"] in states or time.monotonic() > deadline:
+                return st
+            time.sleep(0.2)
+
+    def job_dir(self, job: str) -> Path:
+        return self.root / job
+
+
+@pytest.fixture
+def alice():
+    return User("delegate-alice")
+
+
+@pytest.fixture
+def bob():
+    return User("delegate-bob")
+
+
+def containers_with_label(job: str) -> list[str]:
+    r = sh("docker", "ps", "-aq", "--filter", f"label=delegate.job={job}")
+    return r.stdout.split()
+
+
+def containers_created_since(job: str, since: float) -> list[str]:
+    """Container create events for a job's label since `since` (epoch secs):
+    proves that no container was ever created, not just that none is left."""
+    r = sh("docker", "events", "--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}",
+           "--filter", "type=container", "--filter", "event=create",
+           "--filter", f"label=delegate.job={job}", "--format", "{{.ID}}")
+    return r.stdout.split()

@@ -1,0 +1,238 @@
+"""End to end through the real Slurm and the real Docker engine: the
+`delegate` CLI submits, sandbox-runner runs one container per job."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import IMAGE, containers_created_since, containers_with_label, sh
+
+# perf_event_open(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK) via ctypes: prints the
+# count and exits 0, or prints the errno and exits 1.
+PERF_PROBE = r"""
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {'x86_64': 298, 'aarch64': 241}[os.uname().machine]
+flags = (1 << 5) | (1 << 6)  # exclude_kernel | exclude_hv
+attr = struct.pack('IIQQQQQQIIQQ', 1, 64, 1, 0, 0, 0, flags, 0, 0, 0, 0, 0)[:64]
+buf = ctypes.create_string_buffer(attr, 64)
+fd = libc.syscall(NR, buf, 0, -1, -1, 0)
+if fd < 0:
+    e = ctypes.get_errno(); print('perf_event_open failed:', os.strerror(e)); sys.exit(1)
+x = sum(i * i for i in range(200000))
+n = struct.unpack('Q', os.read(fd, 8))[0]
+print('task-clock ns', n); sys.exit(0 if n > 0 else 2)
+"""
+
+
+def test_command_round_trip(alice):
+    r = alice.run("submit", "--wait", "--", "sh", "-c", "echo to-stdout; echo to-stderr >&2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "to-stdout"
+    assert "to-stderr" in r.stderr
+
+
+def test_nonzero_exit_code_is_preserved(alice):
+    r = alice.run("submit", "--wait", "--", "sh", "-c", "exit 7")
+    assert r.returncode == 7, r.stderr
+    job = alice.submit("sh", "-c", "exit 3")
+    st = alice.wait(job)
+    assert st["state"] == "failed" and st["exit_code"] == 3, st
+    res = alice.run("result", "--json", job)
+    assert res.returncode == 0 and json.loads(res.stdout)["exit_code"] == 3
+
+
+def test_ten_megabytes_of_stdout_byte_for_byte(alice):
+    # The job writes 10 MiB of random bytes to stdout and a copy to its job dir.
+    r = alice.run("submit", "--wait", "--", "sh", "-c",
+                  "head -c 10485760 /dev/urandom | tee /job/expected", text=False, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout) == 10 * 1024 * 1024
+    jobs = sorted(p for p in alice.root.iterdir() if p.is_dir())
+    job = next(p for p in reversed(jobs) if (p / "expected").exists())
+    expected = (job / "expected").read_bytes()
+    assert hashlib.sha256(r.stdout).digest() == hashlib.sha256(expected).digest()
+    assert (job / "stdout").read_bytes() == expected
+
+
+def test_sandbox_runs_as_the_submitting_uid(alice):
+    r = alice.run("submit", "--wait", "--", "id", "-u")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(alice.uid) != "0"
+
+
+def test_no_network(alice):
+    code = ("import socket\n"
+            "for host in ('172.17.0.1', '1.1.1.1', '127.0.0.1'):\n"
+            "    try:\n"
+            "        socket.create_connection((host, 80), timeout=3); print('CONNECTED', host)\n"
+            "    except OSError as e:\n"
+            "        print('refused', host, e)\n"
+            "import os; print(sorted(os.listdir('/sys/class/net')))\n")
+    r = alice.run("submit", "--wait", "--", "python3", "-c", code)
+    assert r.returncode == 0, r.stderr
+    assert "CONNECTED" not in r.stdout, r.stdout
+    assert r.stdout.strip().splitlines()[-1] == "['lo']"
+
+
+def test_only_the_job_dir_is_writable(alice):
+    code = r"""
+import os
+mounts = {l.split()[1]: l.split()[2] for l in open('/proc/mounts')}
+writable = []
+for top in sorted(os.listdir('/')) + ['etc/x', 'usr/local', 'var/tmp']:
+    d = '/' + top
+    if not os.path.isdir(d) or top in ('proc', 'sys'):
+        continue
+    try:
+        with open(os.path.join(d, '.probe'), 'w') as f:
+            f.write('x')
+        os.unlink(os.path.join(d, '.probe'))
+        writable.append(d)
+    except OSError:
+        pass
+try:
+    open('/x', 'w'); print('ROOT WRITABLE')
+except OSError as e:
+    print('root refused:', e.strerror)
+for d in writable:
+    print('writable', d, mounts.get(d))
+"""
+    r = alice.run("submit", "--wait", "--", "python3", "-c", code)
+    assert r.returncode == 0, r.stderr
+    assert "ROOT WRITABLE" not in r.stdout
+    assert "root refused: Read-only file system" in r.stdout
+    writable = dict(l.split()[1:3] for l in r.stdout.splitlines() if l.startswith("writable"))
+    assert "/job" in writable
+    # Anything else writable is a private in-memory filesystem of the container, not the host.
+    assert all(fs == "tmpfs" for d, fs in writable.items() if d != "/job"), writable
+
+
+def test_perf_event_open_in_sandbox_but_not_in_plain_docker(alice):
+    r = alice.run("submit", "--wait", "--", "python3", "-c", PERF_PROBE)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "task-clock ns" in r.stdout
+    plain = subprocess.run(["docker", "run", "--rm", IMAGE, "python3", "-c", PERF_PROBE],
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 1, (plain.stdout, plain.stderr)
+    assert "perf_event_open failed" in plain.stdout
+
+
+def test_cancel_running_job(alice):
+    job = alice.submit("sleep", "600")
+    st = alice.wait_for_state(job, {"running"}, timeout=60)
+    assert st["state"] == "running", st
+    time.sleep(1)  # the container is up
+    t0 = time.monotonic()
+    r = alice.run("cancel", job)
+    assert r.returncode == 0, r.stderr
+    st = alice.wait_for_state(job, {"cancelled", "failed", "lost", "completed", "timed-out"}, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert st["state"] == "cancelled", st
+    assert elapsed < 5, f"cancel took {elapsed:.1f}s"
+    assert st["reason"]
+    assert containers_with_label(job) == []
+
+
+def test_time_limit(alice):
+    job = alice.submit("sleep", "600", opts=("--time", "5s"))
+    st = alice.wait(job, timeout=120)
+    assert st["state"] == "timed-out", st
+    assert "time limit" in st["reason"]
+    assert containers_with_label(job) == []
+
+
+# ---------------------------------------------------------------------------
+# Refusals: each gives its reason in `delegate status`, and no container is created.
+# A held submission lets the test tamper with the job dir before the runner sees it.
+# ---------------------------------------------------------------------------
+
+def _held(user):
+    t0 = time.time() - 1
+    job = user.submit("true", opts=("--hold",))
+    return job, user.job_dir(job), t0
+
+
+def _release_and_check(user, job, t0, expect):
+    slurm_id = (user.job_dir(job) / "slurm-id").read_text().strip() if (user.job_dir(job) / "slurm-id").exists() \
+        else (user.job_dir(job).with_name(job + ".real") / "slurm-id").read_text().strip()
+    user.as_user("scontrol", "release", slurm_id)
+    st = user.wait(job, timeout=120)
+    assert st["state"] == "failed", st
+    assert st.get("refused") is True, st
+    assert expect in st["reason"], st
+    assert containers_created_since(job, t0) == []
+    return st
+
+
+def test_refuses_unknown_spec_version(alice):
+    job, d, t0 = _held(alice)
+    spec = bytearray((d / "spec").read_bytes())
+    spec[6:8] = (99).to_bytes(2, "little")
+    (d / "spec").write_bytes(bytes(spec))
+    _release_and_check(alice, job, t0, "version 99")
+
+
+def test_refuses_oversized_spec(alice):
+    job, d, t0 = _held(alice)
+    with open(d / "spec", "ab") as f:
+        f.write(b"\0" * (70 * 1024))
+    _release_and_check(alice, job, t0, "more than the limit")
+
+
+def test_refuses_job_dir_that_is_a_symlink(alice):
+    job, d, t0 = _held(alice)
+    real = d.with_name(job + ".real")
+    alice.as_user("mv", str(d), str(real))
+    alice.as_user("ln", "-s", str(real), str(d))
+    _release_and_check(alice, job, t0, "symbolic link")
+
+
+def test_refuses_job_dir_owned_by_another_uid(alice, bob):
+    job, d, t0 = _held(alice)
+    sh("chown", f"{bob.uid}:{bob.gid}", str(d))
+    try:
+        _release_and_check(alice, job, t0, f"owned by uid {bob.uid}")
+    finally:
+        sh("chown", "-R", f"{alice.uid}:{alice.gid}", str(d))
+
+
+def test_refuses_image_not_in_allowlist(alice):
+    t0 = time.time() - 1
+    job = alice.submit("true", opts=("--image", "evil/miner:latest"))
+    st = alice.wait(job)
+    assert st["state"] == "failed" and st["refused"] is True, st
+    assert "not allowed" in st["reason"], st
+    assert containers_created_since(job, t0) == []
+
+
+@pytest.mark.parametrize("opts,expect", [
+    (("--mem", "999G"), "memory"),
+    (("--time", "100h"), "time limit"),
+])
+def test_refuses_limits_beyond_policy(alice, opts, expect):
+    t0 = time.time() - 1
+    job = alice.submit("true", opts=opts)
+    st = alice.wait(job)
+    assert st["state"] == "failed" and st["refused"] is True, st
+    assert expect in st["reason"] and "site maximum" in st["reason"], st
+    assert containers_created_since(job, t0) == []
+
+
+def test_doctor_passes(alice):
+    r = alice.run("doctor")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout.lower()
+    for word in ("slurm", "munge", "docker", "image", "perf", "root", "policy"):
+        assert word in out, (word, r.stdout)
+
+
+def test_errors_are_one_clear_sentence(alice):
+    r = alice.run("status", "not-a-job-id")
+    assert r.returncode == 1
+    assert r.stderr.startswith("delegate: error:"), r.stderr
+    assert "{" not in r.stderr and "Error(" not in r.stderr
