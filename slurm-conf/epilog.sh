@@ -1,0 +1,48 @@
+#!/bin/sh
+# delegate Slurm epilog, installed as /etc/slurm/delegate-epilog.sh (root, 0755)
+# by build_cluster.sh. slurmd runs it as root after every job.
+#
+# sandbox-runner removes its container itself; this is the safety net for
+# when it could not (SIGKILL after KillWait, runner crash, node trouble):
+# remove every container labelled delegate.slurm-job=$SLURM_JOB_ID.
+#
+# It must never fail: a non-zero exit would drain the node. Everything is
+# logged to /var/log/delegate/epilog.log and the script always exits 0.
+
+LOG=/var/log/delegate/epilog.log
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+
+log() {
+    printf '%s epilog job=%s %s\n' "$(date '+%Y-%m-%dT%H:%M:%S')" "${SLURM_JOB_ID:-?}" "$*" >>"$LOG" 2>/dev/null
+}
+
+main() {
+    case "${SLURM_JOB_ID:-}" in
+        ''|*[!0-9_]*) log "no valid SLURM_JOB_ID, nothing to do"; return 0 ;;
+    esac
+    if ! command -v docker >/dev/null 2>&1; then
+        log "docker CLI not found, skipping sweep"
+        return 0
+    fi
+    # Bounded: a hung docker daemon must not hang the epilog forever.
+    ids=$(timeout 20 docker ps -aq --filter "label=delegate.slurm-job=${SLURM_JOB_ID}" 2>>"$LOG") || {
+        log "docker ps failed (exit $?), skipping sweep"
+        return 0
+    }
+    if [ -z "$ids" ]; then
+        log "user=${SLURM_JOB_USER:-?} no leftover containers"
+        return 0
+    fi
+    # shellcheck disable=SC2086 # ids are word-split on purpose
+    if timeout 60 docker rm -f $ids >>"$LOG" 2>&1; then
+        log "user=${SLURM_JOB_USER:-?} removed leftover containers:" $ids
+    else
+        log "user=${SLURM_JOB_USER:-?} FAILED to remove some of:" $ids
+    fi
+    return 0
+}
+
+mkdir -p /var/log/delegate 2>/dev/null
+main
+exit 0
