@@ -302,7 +302,7 @@ $(tail -n 15 "$DELEGATE_LOG_DIR/slurmd.log")"
 local_start_daemons() {
     # A changed slurm.conf (new template, new hardware) needs a restart of
     # the Slurm daemons (node definitions are not reread by reconfigure).
-    if ((SLURM_CONF_CHANGED)) && pgrep -x 'slurmctld|slurmd' >/dev/null; then
+    if ((SLURM_CONF_CHANGED)) && { pgrep -x slurmctld || pgrep -x slurmd; } >/dev/null; then
         log "slurm: configuration changed, restarting the Slurm daemons"
         local d
         for d in slurmd slurmctld; do

@@ -1,0 +1,75 @@
+#!/bin/bash
+# tests/run.sh -- THE test command: sets up the single-machine cluster and runs
+# every test against it. Run as root from anywhere:  tests/run.sh
+#   1. ./build_cluster.sh --local   (packages, Slurm, Docker, build, images;
+#                                    idempotent, fast when already up)
+#   2. cargo test --workspace --release   (unit tests)
+#   3. pytest -v tests/e2e          (end-to-end, in a venv)
+# Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
+# Exits non-zero on the first failing stage.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${DELEGATE_VENV:-/var/lib/delegate/venv}
+export PATH="$HOME/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+T0=$SECONDS
+STAGE_T0=
+STAGE=
+
+# Prints a header with the elapsed time, and the duration of the last stage.
+section() {
+    if [[ -n $STAGE ]]; then
+        printf '\033[1m--- %s: %ds\033[0m\n' "$STAGE" "$((SECONDS - STAGE_T0))"
+    fi
+    STAGE=$*
+    STAGE_T0=$SECONDS
+    printf '\n\033[1;34m=== [%4ds] %s\033[0m\n' "$((SECONDS - T0))" "$*"
+}
+fail() {
+    printf '\n\033[1;31m=== FAILED after %ds: %s\033[0m\n' "$((SECONDS - T0))" "$*" >&2
+    exit 1
+}
+
+cd "$REPO"
+[[ $(id -u) -eq 0 ]] || fail "tests/run.sh must run as root (it sets up Slurm and Docker)"
+
+section "build_cluster.sh --local (set up and start the cluster)"
+./build_cluster.sh --local up || fail "build_cluster.sh --local"
+
+section "cargo test --workspace --release (unit tests)"
+cargo test --workspace --release || fail "unit tests"
+
+section "pytest -v tests/e2e (end-to-end tests)"
+if [[ ! -x $VENV/bin/python ]]; then
+    python3 -m venv "$VENV" || fail "cannot create the venv $VENV (python3-venv installed?)"
+fi
+# Install the test requirements only when they changed (or on a new venv).
+req=$REPO/tests/requirements.txt
+stamp=$VENV/.delegate-requirements
+want="pytest"
+[[ -f $req ]] && want=$(cat "$req")
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    if [[ -f $req ]]; then
+        "$VENV/bin/pip" install -q -r "$req" || fail "pip install -r $req"
+    else
+        "$VENV/bin/pip" install -q pytest || fail "pip install pytest"
+    fi
+    printf '%s' "$want" >"$stamp"
+fi
+if [[ -d tests/e2e ]]; then
+    set +e
+    "$VENV/bin/python" -m pytest -v tests/e2e "$@"
+    rc=$?
+    set -e
+    # 5 = no tests collected: acceptable while the suite is being written.
+    if ((rc == 5)); then
+        echo "WARNING: pytest collected no tests in tests/e2e" >&2
+    elif ((rc != 0)); then
+        fail "end-to-end tests (pytest exit $rc)"
+    fi
+else
+    echo "WARNING: no tests/e2e directory; end-to-end tests skipped" >&2
+fi
+
+section "all tests passed"
+printf 'total %ds\n' "$((SECONDS - T0))"
