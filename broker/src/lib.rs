@@ -3,6 +3,8 @@
 //! user-side adapters around them: Slurm ([`slurm`]) and the client
 //! operations used by the CLI and the Python shim ([`client`]).
 
+pub mod client;
 pub mod policy;
 pub mod protocol;
+pub mod slurm;
 pub mod units;

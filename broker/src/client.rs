@@ -1,0 +1,1372 @@
+//! The user side: submit, status, wait, cancel, list, and readers for a
+//! job's files. Used by the `delegate` CLI and (through PyO3) the Python
+//! shim, so nothing here prints or exits.
+//!
+//! All state lives in the job directory and in Slurm, so any new process can
+//! reattach to any job by id. The state of a job is computed by one function,
+//! [`decide`], shared by status, wait, cancel and list.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
+use serde::Serialize;
+
+use crate::policy::{Policy, PolicyError};
+use crate::protocol::{
+    self, atomic_write_at, check_owner, encode, now_ms, open_dir_nofollow, read_bounded_at, read_record_at,
+    write_record_at, JobId, Outcome, ProtocolError, Resources, Spec, Started, State, Task, Writer,
+    MAX_PAYLOAD_BYTES,
+};
+use crate::slurm::{self, BatchRequest, Slurm, SlurmError, SlurmJob, SlurmPhase};
+
+/// Environment variable naming the delegate root.
+pub const ROOT_ENV: &str = "DELEGATE_ROOT";
+/// Environment variable naming the runner the batch script executes.
+pub const RUNNER_ENV: &str = "DELEGATE_RUNNER";
+pub const DEFAULT_RUNNER: &str = "/usr/local/bin/sandbox-runner";
+/// A job directory without a `slurm-id` after this long was never submitted.
+pub const SUBMIT_GRACE_SECS: u64 = 60;
+/// How much of the end of Slurm's log of a job is read.
+pub const LOG_TAIL_BYTES: u64 = 64 * 1024;
+/// The line prefix with which the runner explains a refusal in Slurm's log.
+pub const REFUSED_PREFIX: &str = "delegate: refused: ";
+/// How often `wait` asks Slurm about the jobs still waited for.
+pub const SLURM_INTERVAL: Duration = Duration::from_secs(2);
+/// How long `cancel` waits for the jobs to end.
+pub const CANCEL_WAIT: Duration = Duration::from_secs(15);
+const MAX_JOBS_LISTED: usize = 100_000;
+const MAX_SLURM_ID_BYTES: u64 = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot find the home directory: $HOME is unset and uid {0} has no passwd entry")]
+    NoHome(u32),
+    #[error("cannot use the delegate root {path}: {reason}")]
+    Root { path: String, reason: String },
+    #[error("no job {id} in {root}")]
+    NoSuchJob { id: String, root: String },
+    #[error("invalid job request: {0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("{0}")]
+    Policy(#[from] PolicyError),
+    #[error("{0}")]
+    Slurm(#[from] SlurmError),
+    #[error("job {id} could not be submitted: {reason}")]
+    SubmitFailed { id: JobId, reason: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// Where the client keeps jobs and how it submits them.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The delegate root: job directories live in it.
+    pub root: PathBuf,
+    /// The runner executed by the batch script on the worker.
+    pub runner: PathBuf,
+    pub slurm: Slurm,
+}
+
+impl Config {
+    /// Root from `$DELEGATE_ROOT` (default `~/.delegate/jobs`), runner from
+    /// `$DELEGATE_RUNNER`, partition from `$DELEGATE_PARTITION`.
+    pub fn from_env() -> Result<Config> {
+        let root = match std::env::var_os(ROOT_ENV).filter(|v| !v.is_empty()) {
+            Some(r) => PathBuf::from(r),
+            None => default_root()?,
+        };
+        let runner = std::env::var_os(RUNNER_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNNER));
+        Ok(Config {
+            root,
+            runner,
+            slurm: Slurm::from_env(),
+        })
+    }
+}
+
+/// The user's home: `$HOME` when set to an absolute path, else the passwd
+/// entry of the real uid.
+pub fn home_dir() -> Result<PathBuf> {
+    if let Some(h) = std::env::var_os("HOME").map(PathBuf::from) {
+        if h.is_absolute() {
+            return Ok(h);
+        }
+    }
+    let uid = nix::unistd::getuid().as_raw();
+    uzers::get_user_by_uid(uid)
+        .map(|u| uzers::os::unix::UserExt::home_dir(&u).to_path_buf())
+        .filter(|h| h.is_absolute())
+        .ok_or(ClientError::NoHome(uid))
+}
+
+/// `~/.delegate/jobs`.
+pub fn default_root() -> Result<PathBuf> {
+    Ok(home_dir()?.join(".delegate").join("jobs"))
+}
+
+/// What to run and with which resources.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubmitRequest {
+    pub task: Task,
+    /// `None`: the site policy's default image.
+    pub image: Option<String>,
+    pub cpus: u32,
+    pub mem_bytes: u64,
+    pub time_limit_secs: u64,
+    pub env: Vec<(String, String)>,
+    /// Opaque bytes for the sandbox (a pickled call); at most [`MAX_PAYLOAD_BYTES`].
+    pub payload: Option<Vec<u8>>,
+}
+
+impl SubmitRequest {
+    /// A request with the default resources (1 CPU, 1G, 10 minutes).
+    pub fn new(task: Task) -> SubmitRequest {
+        let r = Resources::default();
+        SubmitRequest {
+            task,
+            image: None,
+            cpus: r.cpus,
+            mem_bytes: r.mem_bytes,
+            time_limit_secs: r.time_limit_secs,
+            env: Vec::new(),
+            payload: None,
+        }
+    }
+
+    /// A command job (argv, no shell).
+    pub fn command(argv: Vec<String>) -> SubmitRequest {
+        SubmitRequest::new(Task::Command { argv })
+    }
+}
+
+/// A submitted job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct JobHandle {
+    pub id: JobId,
+    pub slurm_id: String,
+    pub dir: PathBuf,
+}
+
+fn serialize_state<S: serde::Serializer>(s: &State, ser: S) -> std::result::Result<S::Ok, S::Error> {
+    ser.serialize_str(s.as_str())
+}
+
+/// What is known about a job, for humans and for `--json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobStatus {
+    pub id: JobId,
+    pub slurm_id: Option<String>,
+    /// `pending`, `running`, `completed`, `failed`, `timed-out`, `cancelled`, `lost`.
+    #[serde(serialize_with = "serialize_state")]
+    pub state: State,
+    /// One human-readable sentence.
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub refused: bool,
+    pub oom_killed: bool,
+    pub host: Option<String>,
+    pub submitted_ms: Option<u64>,
+    pub started_ms: Option<u64>,
+    pub finished_ms: Option<u64>,
+    pub elapsed_secs: Option<f64>,
+}
+
+impl JobStatus {
+    pub fn is_terminal(&self) -> bool {
+        self.state.is_terminal()
+    }
+}
+
+/// Which output stream of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Stream::Stdout => protocol::STDOUT,
+            Stream::Stderr => protocol::STDERR,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The reconciliation decision (pure)
+// ---------------------------------------------------------------------------
+
+/// What Slurm says about a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlurmView<'a> {
+    /// Slurm was not asked this time (a file-only check).
+    NotAsked,
+    /// Slurm could not be asked (squeue failed); the job's fate is unknown.
+    Unavailable,
+    /// squeue does not list the job any more.
+    Absent,
+    Present(&'a SlurmJob),
+}
+
+/// What the job directory and Slurm say about a job without an outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Facts<'a> {
+    /// A `slurm-id` file exists.
+    pub submitted: bool,
+    /// Seconds since the job was created.
+    pub age_secs: u64,
+    /// A `started` file exists; the host it names.
+    pub started: Option<&'a str>,
+    /// The `cancel` marker exists.
+    pub cancel_requested: bool,
+    pub slurm: SlurmView<'a>,
+}
+
+/// What Slurm's log of the batch script says, read only when needed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogFacts {
+    /// The text after [`REFUSED_PREFIX`] on the last such line.
+    pub refusal: Option<String>,
+    /// The last non-empty line, for a lost job's reason.
+    pub last_line: Option<String>,
+}
+
+/// The decision for a job without an outcome file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Still pending or running.
+    Live { state: State, reason: String },
+    /// Over without an outcome from the runner: one must be derived and
+    /// written (unless the runner's appears meanwhile).
+    Ended { state: State, reason: String, refused: bool },
+}
+
+/// Decides the state of a job that has no outcome file. `log` is called
+/// only when the job is over according to Slurm.
+pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
+    let cancel_note = if f.cancel_requested { "; cancellation requested" } else { "" };
+    let live_running = || Verdict::Live {
+        state: State::Running,
+        reason: match f.started {
+            Some(h) if !h.is_empty() => format!("running on {h}{cancel_note}"),
+            _ => format!("running{cancel_note}"),
+        },
+    };
+    if !f.submitted {
+        if f.age_secs > SUBMIT_GRACE_SECS {
+            return if f.cancel_requested {
+                Verdict::Ended {
+                    state: State::Cancelled,
+                    reason: "cancelled by the user before it was submitted to Slurm".into(),
+                    refused: false,
+                }
+            } else {
+                Verdict::Ended {
+                    state: State::Failed,
+                    reason: format!(
+                        "the job was never submitted (no Slurm job id was recorded within {SUBMIT_GRACE_SECS} s)"
+                    ),
+                    refused: false,
+                }
+            };
+        }
+        return Verdict::Live {
+            state: State::Pending,
+            reason: format!("being submitted to Slurm{cancel_note}"),
+        };
+    }
+    let (slurm_state, slurm_reason) = match f.slurm {
+        SlurmView::NotAsked | SlurmView::Unavailable => {
+            return if f.started.is_some() {
+                live_running()
+            } else {
+                Verdict::Live {
+                    state: State::Pending,
+                    reason: if f.slurm == SlurmView::Unavailable {
+                        format!("submitted; Slurm could not be asked about it{cancel_note}")
+                    } else {
+                        format!("submitted{cancel_note}")
+                    },
+                }
+            };
+        }
+        SlurmView::Present(j) => match slurm::phase(&j.state) {
+            SlurmPhase::Queued if f.started.is_none() => {
+                let why = match j.reason.as_str() {
+                    "" | "None" => String::new(),
+                    r => format!(" ({r})"),
+                };
+                return Verdict::Live {
+                    state: State::Pending,
+                    reason: format!("waiting in Slurm's queue{why}{cancel_note}"),
+                };
+            }
+            SlurmPhase::Queued | SlurmPhase::Active => return live_running(),
+            SlurmPhase::Ended => (j.state.as_str(), j.reason.as_str()),
+        },
+        SlurmView::Absent => ("gone", ""),
+    };
+    // Over according to Slurm, and the runner wrote no outcome.
+    if f.cancel_requested {
+        return Verdict::Ended {
+            state: State::Cancelled,
+            reason: "cancelled by the user".into(),
+            refused: false,
+        };
+    }
+    match slurm_state {
+        "CANCELLED" => {
+            return Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm".into(),
+                refused: false,
+            }
+        }
+        "TIMEOUT" => {
+            return Verdict::Ended {
+                state: State::TimedOut,
+                reason: "Slurm's time limit was reached before the runner wrote an outcome".into(),
+                refused: false,
+            }
+        }
+        _ => {}
+    }
+    let log = log();
+    if let Some(r) = log.refusal {
+        return Verdict::Ended {
+            state: State::Failed,
+            reason: r,
+            refused: true,
+        };
+    }
+    let why = match slurm_reason {
+        "" if slurm_state == "gone" => "it is no longer in Slurm's queue",
+        "" => "no reason given",
+        r => r,
+    };
+    let mut reason = format!("Slurm reports the job {slurm_state} and the runner wrote no outcome ({why})");
+    if let Some(l) = log.last_line {
+        reason.push_str(&format!("; Slurm's log of the job ends with: {l}"));
+    }
+    Verdict::Ended {
+        state: State::Lost,
+        reason,
+        refused: false,
+    }
+}
+
+/// Extracts the refusal and the last line from the tail of a Slurm log.
+pub fn scan_log(tail: &str) -> LogFacts {
+    let mut facts = LogFacts::default();
+    for line in tail.lines() {
+        let line = line.trim_end();
+        if let Some(r) = line.strip_prefix(REFUSED_PREFIX) {
+            facts.refusal = Some(r.trim().chars().take(1000).collect());
+        }
+        if !line.trim().is_empty() {
+            facts.last_line = Some(line.trim().chars().take(300).collect());
+        }
+    }
+    facts
+}
+
+/// The exit status a CLI reports for a job: the job's own exit code when it
+/// ran to an exit, 124 timed out, 130 cancelled, 125 any other failure, and
+/// `None` while it is not over.
+pub fn exit_status_for(s: &JobStatus) -> Option<i32> {
+    let clamp = |c: i32| if (0..=255).contains(&c) { c } else { 125 };
+    match s.state {
+        State::Pending | State::Running => None,
+        State::Completed => Some(s.exit_code.map(clamp).unwrap_or(0)),
+        State::Failed => Some(match s.exit_code {
+            Some(c) if c != 0 && !s.refused => clamp(c),
+            _ => 125,
+        }),
+        State::TimedOut => Some(124),
+        State::Cancelled => Some(130),
+        State::Lost => Some(125),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The client
+// ---------------------------------------------------------------------------
+
+/// The files of one job directory, read once.
+struct JobFiles {
+    id: JobId,
+    dir: PathBuf,
+    fd: OwnedFd,
+    slurm_id: Option<String>,
+    started: Option<Started>,
+    outcome: Option<Outcome>,
+    cancel: bool,
+    created_ms: u64,
+}
+
+pub struct Client {
+    config: Config,
+    root: PathBuf,
+    root_fd: OwnedFd,
+    uid: u32,
+    gid: u32,
+}
+
+fn optional<T>(r: Result<T, ProtocolError>) -> Result<Option<T>, ProtocolError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn exists_at(dir: impl AsFd, name: &str) -> bool {
+    fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
+}
+
+impl Client {
+    /// A client configured from the environment ([`Config::from_env`]).
+    pub fn from_env() -> Result<Client> {
+        Client::new(Config::from_env()?)
+    }
+
+    /// Creates the root (mode 0700, parents too) if needed and opens it. The
+    /// root is used by its canonical path, which is what the runner is given.
+    pub fn new(config: Config) -> Result<Client> {
+        let shown = config.root.display().to_string();
+        let root_err = |reason: String| ClientError::Root {
+            path: shown.clone(),
+            reason,
+        };
+        if !config.root.is_absolute() {
+            return Err(root_err("it is not an absolute path".into()));
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&config.root)
+            .map_err(|e| root_err(e.to_string()))?;
+        let root = std::fs::canonicalize(&config.root).map_err(|e| root_err(e.to_string()))?;
+        let root_fd = open_dir_nofollow(&root).map_err(|e| root_err(e.to_string()))?;
+        let uid = nix::unistd::getuid().as_raw();
+        let gid = nix::unistd::getgid().as_raw();
+        check_owner(&root_fd, &root.display().to_string(), uid, true).map_err(|e| root_err(e.to_string()))?;
+        tracing::debug!(root = %root.display(), uid, "client ready");
+        Ok(Client {
+            config,
+            root,
+            root_fd,
+            uid,
+            gid,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The canonical delegate root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn job_dir(&self, id: &JobId) -> PathBuf {
+        self.root.join(id.as_str())
+    }
+
+    /// Slurm's log of the job's batch script, beside its directory.
+    pub fn log_path(&self, id: &JobId) -> PathBuf {
+        self.root.join(format!("{id}.log"))
+    }
+
+    fn open_job_dir(&self, id: &JobId) -> Result<OwnedFd> {
+        let dir = self.job_dir(id);
+        match open_dir_nofollow(&dir) {
+            Ok(fd) => Ok(fd),
+            Err(e) if e.is_not_found() => Err(ClientError::NoSuchJob {
+                id: id.to_string(),
+                root: self.root.display().to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    // --- submit -----------------------------------------------------------
+
+    /// Creates the job directory, writes the spec and payload, submits one
+    /// batch job and records its Slurm id.
+    pub fn submit(&self, req: &SubmitRequest) -> Result<JobHandle> {
+        let image = match &req.image {
+            Some(i) => i.clone(),
+            None => Policy::load_for_client()?.default_image,
+        };
+        if let Some(p) = &req.payload {
+            if p.len() as u64 > MAX_PAYLOAD_BYTES {
+                return Err(ClientError::InvalidRequest(format!(
+                    "the payload is {} bytes, more than the limit of {MAX_PAYLOAD_BYTES}",
+                    p.len()
+                )));
+            }
+        }
+        let mut spec = Spec {
+            job_id: JobId::new(),
+            uid: self.uid,
+            gid: self.gid,
+            created_ms: now_ms(),
+            image,
+            task: req.task.clone(),
+            resources: Resources {
+                cpus: req.cpus,
+                mem_bytes: req.mem_bytes,
+                time_limit_secs: req.time_limit_secs,
+                ..Resources::default()
+            },
+            env: req.env.clone(),
+        };
+        spec.validate().map_err(|e| match e {
+            ProtocolError::InvalidSpec(m) => ClientError::InvalidRequest(m),
+            other => other.into(),
+        })?;
+        encode(&spec).map_err(|e| ClientError::InvalidRequest(format!("the spec is too large ({e})")))?;
+
+        // A fresh directory; a collision of ids is astronomically unlikely,
+        // but retry rather than share a directory.
+        let mut attempts = 0;
+        let fd = loop {
+            let id = spec.job_id.as_str();
+            match nix::sys::stat::mkdirat(&self.root_fd, id, Mode::from_bits_truncate(0o700)) {
+                Ok(()) => break self.open_job_dir(&spec.job_id)?,
+                Err(Errno::EEXIST) if attempts < 5 => {
+                    attempts += 1;
+                    spec.job_id = JobId::new();
+                }
+                Err(e) => {
+                    return Err(ClientError::Io {
+                        what: format!("cannot create the job directory {}", self.job_dir(&spec.job_id).display()),
+                        source: e.into(),
+                    })
+                }
+            }
+        };
+        let id = spec.job_id.clone();
+        let dir = self.job_dir(&id);
+        write_record_at(&fd, &dir, &spec)?;
+        if let Some(p) = &req.payload {
+            atomic_write_at(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
+        }
+
+        let batch = BatchRequest {
+            job_name: id.to_string(),
+            chdir: self.root.clone(),
+            output: self.log_path(&id),
+            cpus: req.cpus,
+            time_limit_secs: req.time_limit_secs,
+            script: slurm::batch_script(&self.config.runner, &dir),
+        };
+        let slurm_id = match self.config.slurm.submit(&batch) {
+            Ok(s) => s,
+            Err(e) => {
+                let why = match &e {
+                    SlurmError::Failed { message, .. } => message.clone(),
+                    other => other.to_string(),
+                };
+                let reason = format!("sbatch failed: {why}");
+                self.write_client_outcome(&fd, &dir, State::Failed, &reason, false, None)?;
+                return Err(ClientError::SubmitFailed { id, reason });
+            }
+        };
+        if let Err(e) = atomic_write_at(&fd, &dir, protocol::SLURM_ID, format!("{slurm_id}\n").as_bytes(), 0o644) {
+            // Without the id nobody can follow the job: withdraw it.
+            let _ = self.config.slurm.cancel(std::slice::from_ref(&slurm_id));
+            let reason = format!("its Slurm id could not be recorded ({e}); Slurm job {slurm_id} was cancelled");
+            let _ = self.write_client_outcome(&fd, &dir, State::Failed, &reason, false, None);
+            return Err(ClientError::SubmitFailed { id, reason });
+        }
+        tracing::info!(job = %id, slurm_id = %slurm_id, "submitted");
+        Ok(JobHandle { id, slurm_id, dir })
+    }
+
+    /// Writes an outcome unless one exists (link of a complete temporary file,
+    /// so two writers never clobber each other, also on NFS). Returns the
+    /// outcome in effect.
+    fn write_client_outcome(
+        &self,
+        fd: &OwnedFd,
+        dir: &Path,
+        state: State,
+        reason: &str,
+        refused: bool,
+        started: Option<&Started>,
+    ) -> Result<Outcome> {
+        let outcome = Outcome {
+            state,
+            exit_code: None,
+            reason: reason.to_owned(),
+            refused,
+            oom_killed: false,
+            started_ms: started.map(|s| s.started_ms),
+            finished_ms: now_ms(),
+            host: started.map(|s| s.host.clone()).unwrap_or_default(),
+            writer: Writer::Client,
+        };
+        let bytes = encode(&outcome)?;
+        let mut rnd = [0u8; 4];
+        let _ = getrandom::fill(&mut rnd);
+        let tmp = format!(".outcome.client-{}-{:08x}", std::process::id(), u32::from_le_bytes(rnd));
+        atomic_write_at(fd, dir, &tmp, &bytes, 0o644)?;
+        let linked = nix::unistd::linkat(fd, tmp.as_str(), fd, protocol::OUTCOME, AtFlags::empty());
+        let _ = nix::unistd::unlinkat(fd, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        match linked {
+            Ok(()) => {
+                let _ = nix::unistd::fsync(fd);
+                tracing::info!(dir = %dir.display(), state = %state, reason, "wrote a client outcome");
+                Ok(outcome)
+            }
+            Err(Errno::EEXIST) => Ok(read_record_at::<Outcome>(fd, dir, None)?),
+            Err(e) => Err(ProtocolError::io(dir.join(protocol::OUTCOME).display(), e).into()),
+        }
+    }
+
+    // --- reading and reconciling ------------------------------------------
+
+    fn load(&self, id: &JobId) -> Result<JobFiles> {
+        let fd = self.open_job_dir(id)?;
+        let dir = self.job_dir(id);
+        let spec: Option<Spec> = optional(read_record_at(&fd, &dir, None))?;
+        let slurm_id = match optional(read_bounded_at(&fd, &dir, protocol::SLURM_ID, MAX_SLURM_ID_BYTES, None))? {
+            None => None,
+            Some(b) => {
+                let s = String::from_utf8_lossy(&b).trim().to_owned();
+                if !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit() || c == b'_') {
+                    Some(s)
+                } else {
+                    tracing::warn!(job = %id, content = %s, "ignoring a slurm-id file that holds no job id");
+                    None
+                }
+            }
+        };
+        let started: Option<Started> = optional(read_record_at(&fd, &dir, None))?;
+        let outcome: Option<Outcome> = optional(read_record_at(&fd, &dir, None))?;
+        let cancel = exists_at(&fd, protocol::CANCEL);
+        let created_ms = match &spec {
+            Some(s) => s.created_ms,
+            None => fstat(&fd)
+                .map(|st| (st.st_mtime.max(0) as u64) * 1000)
+                .unwrap_or_else(|_| now_ms()),
+        };
+        Ok(JobFiles {
+            id: id.clone(),
+            dir,
+            fd,
+            slurm_id,
+            started,
+            outcome,
+            cancel,
+            created_ms,
+        })
+    }
+
+    /// The last [`LOG_TAIL_BYTES`] of Slurm's log of the job, if any.
+    fn log_facts(&self, id: &JobId) -> LogFacts {
+        let name = format!("{id}.log");
+        let fd = match openat(
+            &self.root_fd,
+            name.as_str(),
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(_) => return LogFacts::default(),
+        };
+        match fstat(&fd) {
+            Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG => {}
+            _ => return LogFacts::default(),
+        }
+        let mut f = File::from(fd);
+        let len = f.seek(SeekFrom::End(0)).unwrap_or(0);
+        let start = len.saturating_sub(LOG_TAIL_BYTES);
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(start)).is_err() || f.take(LOG_TAIL_BYTES).read_to_end(&mut buf).is_err() {
+            return LogFacts::default();
+        }
+        let text = String::from_utf8_lossy(&buf);
+        // Drop a partial first line when the tail starts mid-file.
+        let text = if start > 0 {
+            text.split_once('\n').map(|(_, rest)| rest).unwrap_or("")
+        } else {
+            &text
+        };
+        scan_log(text)
+    }
+
+    fn status_of(&self, f: &JobFiles, outcome: &Outcome) -> JobStatus {
+        let started_ms = outcome.started_ms.or(f.started.as_ref().map(|s| s.started_ms));
+        let host = Some(outcome.host.clone())
+            .filter(|h| !h.is_empty())
+            .or_else(|| f.started.as_ref().map(|s| s.host.clone()));
+        JobStatus {
+            id: f.id.clone(),
+            slurm_id: f.slurm_id.clone(),
+            state: outcome.state,
+            reason: outcome.reason.clone(),
+            exit_code: outcome.exit_code,
+            refused: outcome.refused,
+            oom_killed: outcome.oom_killed,
+            host,
+            submitted_ms: Some(f.created_ms),
+            started_ms,
+            finished_ms: Some(outcome.finished_ms),
+            elapsed_secs: started_ms.map(|s| outcome.finished_ms.saturating_sub(s) as f64 / 1000.0),
+        }
+    }
+
+    fn live_status(&self, f: &JobFiles, state: State, reason: String) -> JobStatus {
+        let started_ms = f.started.as_ref().map(|s| s.started_ms);
+        JobStatus {
+            id: f.id.clone(),
+            slurm_id: f.slurm_id.clone(),
+            state,
+            reason,
+            exit_code: None,
+            refused: false,
+            oom_killed: false,
+            host: f.started.as_ref().map(|s| s.host.clone()),
+            submitted_ms: Some(f.created_ms),
+            started_ms,
+            finished_ms: None,
+            elapsed_secs: started_ms.map(|s| now_ms().saturating_sub(s) as f64 / 1000.0),
+        }
+    }
+
+    /// Reconciles loaded jobs; asks Slurm once (when `ask_slurm`) about all
+    /// the jobs that have no outcome yet.
+    fn reconcile(&self, jobs: &mut [JobFiles], ask_slurm: bool) -> Result<Vec<JobStatus>> {
+        let need_slurm = ask_slurm && jobs.iter().any(|j| j.outcome.is_none() && j.slurm_id.is_some());
+        let queue = if need_slurm {
+            match self.config.slurm.query_user(self.uid) {
+                Ok(q) => Some(q),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot ask Slurm about the jobs");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut out = Vec::with_capacity(jobs.len());
+        for f in jobs.iter_mut() {
+            if let Some(o) = &f.outcome {
+                out.push(self.status_of(f, o));
+                continue;
+            }
+            let view = match (&f.slurm_id, ask_slurm, &queue) {
+                (_, false, _) => SlurmView::NotAsked,
+                (None, true, _) => SlurmView::NotAsked,
+                (Some(_), true, None) => SlurmView::Unavailable,
+                (Some(sid), true, Some(q)) => q.get(sid).map_or(SlurmView::Absent, SlurmView::Present),
+            };
+            let facts = Facts {
+                submitted: f.slurm_id.is_some(),
+                age_secs: now_ms().saturating_sub(f.created_ms) / 1000,
+                started: f.started.as_ref().map(|s| s.host.as_str()),
+                cancel_requested: f.cancel,
+                slurm: view,
+            };
+            match decide(&facts, || self.log_facts(&f.id)) {
+                Verdict::Live { state, reason } => out.push(self.live_status(f, state, reason)),
+                Verdict::Ended { state, reason, refused } => {
+                    // The runner writes its outcome before it exits: look again.
+                    let outcome = match optional(read_record_at::<Outcome>(&f.fd, &f.dir, None))? {
+                        Some(o) => o,
+                        None => {
+                            self.write_client_outcome(&f.fd, &f.dir, state, &reason, refused, f.started.as_ref())?
+                        }
+                    };
+                    out.push(self.status_of(f, &outcome));
+                    f.outcome = Some(outcome);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The state of each job, asking Slurm once for all of them.
+    pub fn status(&self, ids: &[JobId]) -> Result<Vec<JobStatus>> {
+        let mut jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
+        self.reconcile(&mut jobs, true)
+    }
+
+    /// The spec of a job.
+    pub fn spec(&self, id: &JobId) -> Result<Spec> {
+        let fd = self.open_job_dir(id)?;
+        Ok(read_record_at(&fd, &self.job_dir(id), None)?)
+    }
+
+    /// The ids of all job directories in the root, oldest first.
+    pub fn job_ids(&self) -> Result<Vec<JobId>> {
+        let names = protocol::list_entries(&self.root_fd, &self.root, MAX_JOBS_LISTED)?;
+        let mut ids: Vec<JobId> = names
+            .iter()
+            .filter_map(|n| JobId::parse(n).ok())
+            .filter(|id| {
+                fstatat(&self.root_fd, id.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
+            })
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// All jobs in the root, oldest first; unreadable directories are
+    /// skipped with a warning.
+    pub fn list(&self) -> Result<Vec<JobStatus>> {
+        let mut jobs = Vec::new();
+        for id in self.job_ids()? {
+            match self.load(&id) {
+                Ok(j) => jobs.push(j),
+                Err(e) => tracing::warn!(job = %id, error = %e, "skipping an unreadable job directory"),
+            }
+        }
+        self.reconcile(&mut jobs, true)
+    }
+
+    /// Waits until every job is over or `timeout` passes; returns the last
+    /// statuses (some may still be pending or running after a timeout).
+    ///
+    /// Wakes on inotify events in the job directories, else polls with a
+    /// backoff from 50 ms to 1 s (NFS gives no events), and asks Slurm once
+    /// every [`SLURM_INTERVAL`] about all jobs still waited for.
+    pub fn wait(&self, ids: &[JobId], timeout: Option<Duration>) -> Result<Vec<JobStatus>> {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
+        let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                tracing::debug!(error = %e, "no inotify; polling only");
+                None
+            }
+        };
+        if let Some(ino) = &inotify {
+            let mask = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE | AddWatchFlags::IN_CLOSE_WRITE;
+            for j in &jobs {
+                if let Err(e) = ino.add_watch(&j.dir, mask) {
+                    tracing::debug!(dir = %j.dir.display(), error = %e, "cannot watch; polling");
+                }
+            }
+        }
+        let mut statuses: Vec<Option<JobStatus>> = vec![None; jobs.len()];
+        let mut last_slurm: Option<Instant> = None;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let ask = last_slurm.is_none_or(|t| t.elapsed() >= SLURM_INTERVAL);
+            if ask {
+                last_slurm = Some(Instant::now());
+            }
+            // Re-read the jobs not over yet, then reconcile them together.
+            let open: Vec<usize> = (0..jobs.len())
+                .filter(|&i| !statuses[i].as_ref().is_some_and(JobStatus::is_terminal))
+                .collect();
+            let mut batch = Vec::with_capacity(open.len());
+            for &i in &open {
+                batch.push(self.load(&jobs[i].id)?);
+            }
+            let fresh = self.reconcile(&mut batch, ask)?;
+            for ((&i, s), f) in open.iter().zip(fresh).zip(batch) {
+                // A file-only check knows less than the last Slurm answer:
+                // keep that one unless the files show progress.
+                let keep_previous = !ask
+                    && !s.is_terminal()
+                    && statuses[i]
+                        .as_ref()
+                        .is_some_and(|p| !(p.state == State::Pending && s.state == State::Running));
+                if !keep_previous {
+                    statuses[i] = Some(s);
+                }
+                jobs[i] = f;
+            }
+            let done = statuses.iter().all(|s| s.as_ref().is_some_and(JobStatus::is_terminal));
+            let now = Instant::now();
+            if done || deadline.is_some_and(|d| now >= d) {
+                return Ok(statuses.into_iter().flatten().collect());
+            }
+            let mut sleep = backoff;
+            if let Some(t) = last_slurm {
+                sleep = sleep.min((t + SLURM_INTERVAL).saturating_duration_since(now));
+            }
+            if let Some(d) = deadline {
+                sleep = sleep.min(d.saturating_duration_since(now));
+            }
+            let sleep = sleep.max(Duration::from_millis(1));
+            let woke = match &inotify {
+                Some(ino) => wait_readable(ino, sleep),
+                None => {
+                    std::thread::sleep(sleep);
+                    false
+                }
+            };
+            if woke {
+                if let Some(ino) = &inotify {
+                    while matches!(ino.read_events(), Ok(ev) if !ev.is_empty()) {}
+                }
+                backoff = Duration::from_millis(50);
+            } else {
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+
+    /// Asks for the jobs to end: writes the `cancel` marker in each, cancels
+    /// them in Slurm with one `scancel`, then waits up to [`CANCEL_WAIT`]
+    /// for each to be over. Returns the last statuses.
+    pub fn cancel(&self, ids: &[JobId]) -> Result<Vec<JobStatus>> {
+        let jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
+        let mut slurm_ids = Vec::new();
+        for j in &jobs {
+            if j.outcome.is_some() {
+                continue;
+            }
+            atomic_write_at(&j.fd, &j.dir, protocol::CANCEL, b"", 0o644)?;
+            if let Some(s) = &j.slurm_id {
+                slurm_ids.push(s.clone());
+            }
+        }
+        if let Err(e) = self.config.slurm.cancel(&slurm_ids) {
+            // Jobs that ended meanwhile make scancel fail; the wait decides.
+            tracing::warn!(error = %e, "scancel reported an error");
+        }
+        self.wait(ids, Some(CANCEL_WAIT))
+    }
+
+    // --- readers ----------------------------------------------------------
+
+    /// Opens a job's stdout or stderr file for streaming; `None` while it
+    /// does not exist yet.
+    pub fn open_output(&self, id: &JobId, stream: Stream) -> Result<Option<File>> {
+        let fd = self.open_job_dir(id)?;
+        self.open_file_at(&fd, id, stream.file_name())
+    }
+
+    fn open_file_at(&self, dir: &OwnedFd, id: &JobId, name: &str) -> Result<Option<File>> {
+        let path = self.job_dir(id).join(name).display().to_string();
+        let fd = match openat(
+            dir,
+            name,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP) => return Err(ProtocolError::Symlink { path }.into()),
+            Err(e) => return Err(ProtocolError::io(path, e).into()),
+        };
+        let st = fstat(&fd).map_err(|e| ProtocolError::io(&path, e))?;
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(ProtocolError::NotKind {
+                path,
+                expected: "regular file",
+            }
+            .into());
+        }
+        // Blocking reads from here on (O_NONBLOCK only guarded the open).
+        let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()));
+        Ok(Some(File::from(fd)))
+    }
+
+    /// Reads at most `limit` bytes of a job's stdout or stderr; `None` while
+    /// it does not exist.
+    pub fn read_output(&self, id: &JobId, stream: Stream, limit: u64) -> Result<Option<Vec<u8>>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_bounded_at(&fd, &self.job_dir(id), stream.file_name(), limit, None))?)
+    }
+
+    /// The `result` file (a pickled return value or exception), bounded by
+    /// [`MAX_PAYLOAD_BYTES`]; `None` when the job wrote none.
+    pub fn read_result(&self, id: &JobId) -> Result<Option<Vec<u8>>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_bounded_at(
+            &fd,
+            &self.job_dir(id),
+            protocol::RESULT,
+            MAX_PAYLOAD_BYTES,
+            None,
+        ))?)
+    }
+
+    /// True when the job's outcome file exists.
+    pub fn has_outcome(&self, id: &JobId) -> Result<bool> {
+        let fd = self.open_job_dir(id)?;
+        Ok(exists_at(&fd, protocol::OUTCOME))
+    }
+}
+
+/// Waits until the inotify descriptor is readable or `timeout` passes.
+fn wait_readable(fd: &impl AsFd, timeout: Duration) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let t = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+    matches!(poll(&mut fds, t), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts<'a>(slurm: SlurmView<'a>) -> Facts<'a> {
+        Facts {
+            submitted: true,
+            age_secs: 5,
+            started: None,
+            cancel_requested: false,
+            slurm,
+        }
+    }
+    fn sj(state: &str, reason: &str) -> SlurmJob {
+        SlurmJob {
+            state: state.into(),
+            reason: reason.into(),
+        }
+    }
+    fn no_log() -> LogFacts {
+        LogFacts::default()
+    }
+    fn state_of(v: &Verdict) -> State {
+        match v {
+            Verdict::Live { state, .. } | Verdict::Ended { state, .. } => *state,
+        }
+    }
+
+    #[test]
+    fn live_states() {
+        let p = sj("PENDING", "Priority");
+        let v = decide(&facts(SlurmView::Present(&p)), || panic!("log read for a live job"));
+        assert_eq!(
+            v,
+            Verdict::Live {
+                state: State::Pending,
+                reason: "waiting in Slurm's queue (Priority)".into()
+            }
+        );
+        let c = sj("CONFIGURING", "None");
+        assert_eq!(state_of(&decide(&facts(SlurmView::Present(&c)), no_log)), State::Pending);
+        for s in ["RUNNING", "COMPLETING"] {
+            let r = sj(s, "None");
+            assert_eq!(state_of(&decide(&facts(SlurmView::Present(&r)), no_log)), State::Running);
+        }
+        // A started file makes a job running whatever Slurm's queue says.
+        let mut f = facts(SlurmView::Present(&p));
+        f.started = Some("node1");
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Running,
+                reason: "running on node1".into()
+            }
+        );
+        // Slurm unreachable or not asked: never a terminal verdict.
+        for view in [SlurmView::Unavailable, SlurmView::NotAsked] {
+            assert_eq!(state_of(&decide(&facts(view), || panic!())), State::Pending);
+            let mut f = facts(view);
+            f.started = Some("n");
+            assert_eq!(state_of(&decide(&f, || panic!())), State::Running);
+        }
+    }
+
+    #[test]
+    fn ended_without_outcome() {
+        let gone = decide(&facts(SlurmView::Absent), no_log);
+        assert_eq!(
+            gone,
+            Verdict::Ended {
+                state: State::Lost,
+                reason: "Slurm reports the job gone and the runner wrote no outcome (it is no longer in Slurm's queue)"
+                    .into(),
+                refused: false
+            }
+        );
+        let nf = sj("NODE_FAIL", "NodeDown");
+        match decide(&facts(SlurmView::Present(&nf)), no_log) {
+            Verdict::Ended { state: State::Lost, reason, .. } => assert_eq!(
+                reason,
+                "Slurm reports the job NODE_FAIL and the runner wrote no outcome (NodeDown)"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let failed = sj("FAILED", "NonZeroExitCode");
+        let v = decide(&facts(SlurmView::Present(&failed)), || LogFacts {
+            refusal: None,
+            last_line: Some("exec: /usr/local/bin/sandbox-runner: not found".into()),
+        });
+        match v {
+            Verdict::Ended { state: State::Lost, reason, .. } => {
+                assert!(reason.ends_with("ends with: exec: /usr/local/bin/sandbox-runner: not found"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // A refusal in the log.
+        let done = sj("COMPLETED", "None");
+        assert_eq!(
+            decide(&facts(SlurmView::Present(&done)), || scan_log(
+                "noise\ndelegate: refused: image \"x\" is not allowed\nmore\n"
+            )),
+            Verdict::Ended {
+                state: State::Failed,
+                reason: "image \"x\" is not allowed".into(),
+                refused: true
+            }
+        );
+        let to = sj("TIMEOUT", "TimeLimit");
+        assert_eq!(state_of(&decide(&facts(SlurmView::Present(&to)), no_log)), State::TimedOut);
+        let ca = sj("CANCELLED", "None");
+        assert_eq!(
+            decide(&facts(SlurmView::Present(&ca)), no_log),
+            Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm".into(),
+                refused: false
+            }
+        );
+        let mut f = facts(SlurmView::Absent);
+        f.cancel_requested = true;
+        assert_eq!(
+            decide(&f, || panic!()),
+            Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by the user".into(),
+                refused: false
+            }
+        );
+    }
+
+    #[test]
+    fn never_submitted() {
+        let mut f = facts(SlurmView::NotAsked);
+        f.submitted = false;
+        assert_eq!(state_of(&decide(&f, || panic!())), State::Pending);
+        f.age_secs = SUBMIT_GRACE_SECS + 1;
+        match decide(&f, || panic!()) {
+            Verdict::Ended { state: State::Failed, reason, .. } => assert!(reason.contains("never submitted")),
+            other => panic!("{other:?}"),
+        }
+        f.cancel_requested = true;
+        assert_eq!(state_of(&decide(&f, || panic!())), State::Cancelled);
+    }
+
+    #[test]
+    fn log_scanning() {
+        assert_eq!(scan_log(""), LogFacts::default());
+        let l = scan_log("a\n\ndelegate: refused: first\nb\ndelegate: refused: second  \n\n");
+        assert_eq!(l.refusal.as_deref(), Some("second"));
+        assert_eq!(l.last_line.as_deref(), Some("delegate: refused: second"));
+    }
+
+    fn st(state: State, exit: Option<i32>, refused: bool) -> JobStatus {
+        JobStatus {
+            id: JobId::new(),
+            slurm_id: None,
+            state,
+            reason: String::new(),
+            exit_code: exit,
+            refused,
+            oom_killed: false,
+            host: None,
+            submitted_ms: None,
+            started_ms: None,
+            finished_ms: None,
+            elapsed_secs: None,
+        }
+    }
+
+    #[test]
+    fn exit_statuses() {
+        assert_eq!(exit_status_for(&st(State::Running, None, false)), None);
+        assert_eq!(exit_status_for(&st(State::Completed, Some(0), false)), Some(0));
+        assert_eq!(exit_status_for(&st(State::Completed, Some(3), false)), Some(3));
+        assert_eq!(exit_status_for(&st(State::Failed, Some(3), false)), Some(3));
+        assert_eq!(exit_status_for(&st(State::Failed, None, true)), Some(125));
+        assert_eq!(exit_status_for(&st(State::Failed, Some(-1), false)), Some(125));
+        assert_eq!(exit_status_for(&st(State::TimedOut, None, false)), Some(124));
+        assert_eq!(exit_status_for(&st(State::Cancelled, Some(143), false)), Some(130));
+        assert_eq!(exit_status_for(&st(State::Lost, None, false)), Some(125));
+    }
+
+    #[test]
+    fn json_state_is_kebab_case() {
+        let j = serde_json::to_value(st(State::TimedOut, None, false)).unwrap();
+        assert_eq!(j["state"], "timed-out");
+    }
+
+    fn fake_slurm(dir: &Path, sbatch_body: &str, squeue_body: &str) -> Slurm {
+        use std::os::unix::fs::PermissionsExt;
+        let mk = |name: &str, body: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        Slurm {
+            partition: None,
+            sbatch: mk("sbatch", sbatch_body),
+            squeue: mk("squeue", squeue_body),
+            scancel: mk("scancel", "exit 0"),
+        }
+    }
+
+    fn client(tmp: &Path, slurm: Slurm) -> Client {
+        Client::new(Config {
+            root: tmp.join("home/.delegate/jobs"),
+            runner: "/nonexistent/runner".into(),
+            slurm,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn root_is_created_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let c = client(tmp.path(), Slurm::default());
+        for p in [tmp.path().join("home/.delegate"), tmp.path().join("home/.delegate/jobs")] {
+            assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
+        }
+        assert!(c.root().is_absolute());
+        let id = JobId::new();
+        assert_eq!(c.job_dir(&id), c.root().join(id.as_str()));
+        assert!(matches!(c.status(&[id]), Err(ClientError::NoSuchJob { .. })));
+        let rel = Client::new(Config {
+            root: "relative/root".into(),
+            runner: "/x".into(),
+            slurm: Slurm::default(),
+        });
+        assert!(matches!(rel, Err(ClientError::Root { .. })));
+    }
+
+    #[test]
+    fn submit_then_lost_then_stable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        // sbatch records its arguments and stdin; squeue lists nothing.
+        let slurm = fake_slurm(
+            &bin,
+            &format!("echo \"$@\" > {0}/args; cat > {0}/script; echo '42;cluster'", bin.display()),
+            "exit 0",
+        );
+        let c = client(tmp.path(), slurm);
+        let mut req = SubmitRequest::command(vec!["echo".into(), "hi".into()]);
+        req.image = Some("img:1".into());
+        req.payload = Some(b"abc".to_vec());
+        let h = c.submit(&req).unwrap();
+        assert_eq!(h.slurm_id, "42");
+        let args = std::fs::read_to_string(bin.join("args")).unwrap();
+        assert!(args.contains(&format!("--job-name={}", h.id)), "{args}");
+        assert!(args.contains("--time=11"), "{args}");
+        let script = std::fs::read_to_string(bin.join("script")).unwrap();
+        assert_eq!(script, format!("#!/bin/sh\nexec '/nonexistent/runner' '{}'\n", h.dir.display()));
+        assert_eq!(std::fs::read(h.dir.join("payload")).unwrap(), b"abc");
+        assert_eq!(c.spec(&h.id).unwrap().image, "img:1");
+        // Slurm no longer lists it and there is no outcome: lost, written once.
+        std::fs::write(c.log_path(&h.id), "slurm_script: exec: /nonexistent/runner: not found\n").unwrap();
+        let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+        assert_eq!(s[0].state, State::Lost);
+        assert!(s[0].reason.contains("gone"), "{}", s[0].reason);
+        assert!(s[0].reason.contains("not found"), "{}", s[0].reason);
+        let again = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(again[0].reason, s[0].reason);
+        assert_eq!(again[0].finished_ms, s[0].finished_ms);
+        let listed = c.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].id, h.id);
+    }
+
+    #[test]
+    fn refused_and_sbatch_failure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let c = client(
+            tmp.path(),
+            fake_slurm(&bin, "echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1", ""),
+        );
+        let mut req = SubmitRequest::command(vec!["true".into()]);
+        req.image = Some("img".into());
+        match c.submit(&req) {
+            Err(ClientError::SubmitFailed { id, reason }) => {
+                assert_eq!(reason, "sbatch failed: sbatch: error: Batch job submission failed: Invalid partition");
+                let s = c.status(&[id]).unwrap();
+                assert_eq!(s[0].state, State::Failed);
+                assert_eq!(s[0].reason, reason);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A job the runner refused: Slurm says COMPLETED, the log says why.
+        let c = client(
+            tmp.path(),
+            fake_slurm(&bin, "echo 7", "echo '7|COMPLETED|None'; echo '8|RUNNING|None'"),
+        );
+        let h = c.submit(&req).unwrap();
+        std::fs::write(c.log_path(&h.id), "delegate: refused: cpus 99 is more than the site maximum of 2\n").unwrap();
+        let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(s[0].state, State::Failed);
+        assert!(s[0].refused);
+        assert_eq!(s[0].reason, "cpus 99 is more than the site maximum of 2");
+    }
+
+    #[test]
+    fn wait_wakes_on_outcome_and_times_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let c = client(tmp.path(), fake_slurm(&bin, "echo 9", "echo '9|RUNNING|None'"));
+        let mut req = SubmitRequest::command(vec!["true".into()]);
+        req.image = Some("img".into());
+        let h = c.submit(&req).unwrap();
+        let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(300))).unwrap();
+        assert_eq!(s[0].state, State::Running, "{:?}", s);
+        let dir = h.dir.clone();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let fd = open_dir_nofollow(&dir).unwrap();
+            let o = Outcome {
+                state: State::Completed,
+                exit_code: Some(3),
+                reason: "exited with 3".into(),
+                refused: false,
+                oom_killed: false,
+                started_ms: Some(now_ms() - 1000),
+                finished_ms: now_ms(),
+                host: "n1".into(),
+                writer: Writer::Runner,
+            };
+            write_record_at(&fd, &dir, &o).unwrap();
+        });
+        let t0 = Instant::now();
+        let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(10))).unwrap();
+        writer.join().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert_eq!(s[0].state, State::Completed);
+        assert_eq!(s[0].exit_code, Some(3));
+        assert_eq!(exit_status_for(&s[0]), Some(3));
+        assert_eq!(s[0].host.as_deref(), Some("n1"));
+    }
+}

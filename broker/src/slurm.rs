@@ -1,0 +1,376 @@
+//! The user side's adapter around Slurm's command-line tools: one `sbatch`
+//! per job, one `squeue` per interval for all of a user's jobs, one
+//! `scancel` for many jobs.
+//!
+//! The parsers are pure functions so they can be tested without a cluster;
+//! they never panic on odd output (junk lines are skipped with a warning).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Environment variable naming the Slurm partition to submit to (default:
+/// Slurm's default partition).
+pub const PARTITION_ENV: &str = "DELEGATE_PARTITION";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error("could not run {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} failed: {message}")]
+    Failed { program: String, message: String },
+    #[error("sbatch printed no job id (its output was {0:?})")]
+    NoJobId(String),
+}
+
+/// What `squeue` says about one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlurmJob {
+    /// Slurm's long state name, e.g. `PENDING`, `RUNNING`, `COMPLETED`.
+    pub state: String,
+    /// Slurm's reason, e.g. `Priority`, `Resources`, `None`.
+    pub reason: String,
+}
+
+/// Where a Slurm state is in a job's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlurmPhase {
+    /// Waiting for an allocation.
+    Queued,
+    /// Allocated; the batch script (the runner) is running or ending.
+    Active,
+    /// Slurm considers the job over.
+    Ended,
+}
+
+/// Classifies a Slurm state name. Unknown names are treated as active: a job
+/// is only declared lost on a state Slurm documents as final.
+pub fn phase(state: &str) -> SlurmPhase {
+    match state {
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" => {
+            SlurmPhase::Queued
+        }
+        "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "PREEMPTED"
+        | "OUT_OF_MEMORY" | "BOOT_FAIL" | "DEADLINE" | "REVOKED" | "SPECIAL_EXIT" => SlurmPhase::Ended,
+        _ => SlurmPhase::Active,
+    }
+}
+
+/// Slurm's time limit in minutes for a job whose runner enforces
+/// `time_limit_secs` itself: one extra minute of slack, rounded up. Slurm's
+/// limit is only a backstop.
+pub fn time_limit_minutes(time_limit_secs: u64) -> u64 {
+    time_limit_secs.saturating_add(60).div_ceil(60)
+}
+
+/// Quotes `s` for a POSIX shell (single quotes; embedded quotes escaped).
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The batch script: exec the runner on the job directory.
+pub fn batch_script(runner: &Path, job_dir: &Path) -> String {
+    format!(
+        "#!/bin/sh\nexec {} {}\n",
+        shell_quote(&runner.display().to_string()),
+        shell_quote(&job_dir.display().to_string())
+    )
+}
+
+/// One batch submission.
+#[derive(Clone, Debug)]
+pub struct BatchRequest {
+    pub job_name: String,
+    /// The delegate root (working directory of the batch script).
+    pub chdir: PathBuf,
+    /// Slurm's log of the batch script.
+    pub output: PathBuf,
+    pub cpus: u32,
+    pub time_limit_secs: u64,
+    pub script: String,
+}
+
+/// The arguments of `sbatch` for `req`.
+pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
+    let mut args = vec![
+        "--parsable".to_owned(),
+        "--exclusive".to_owned(),
+        format!("--job-name={}", req.job_name),
+        format!("--chdir={}", req.chdir.display()),
+        format!("--output={}", req.output.display()),
+        format!("--cpus-per-task={}", req.cpus),
+        format!("--time={}", time_limit_minutes(req.time_limit_secs)),
+    ];
+    if let Some(p) = partition.filter(|p| !p.is_empty()) {
+        args.push(format!("--partition={p}"));
+    }
+    args
+}
+
+/// The job id from `sbatch --parsable` output: `123` or `123;cluster`.
+/// Warnings sbatch prints before the id are skipped: the id is the last
+/// non-empty line.
+pub fn parse_sbatch_parsable(out: &str) -> Result<String, SlurmError> {
+    let line = out.lines().map(str::trim).rev().find(|l| !l.is_empty()).unwrap_or("");
+    let id = line.split(';').next().unwrap_or("").trim();
+    if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(id.to_owned())
+    } else {
+        Err(SlurmError::NoJobId(out.chars().take(200).collect()))
+    }
+}
+
+/// Parses `squeue --noheader --format='%i|%T|%r'` output into a map from
+/// Slurm job id (`123`, or `123_4` for an array element) to state and
+/// reason. Blank lines are ignored; junk lines are skipped with a warning.
+pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
+    let mut jobs = HashMap::new();
+    for line in out.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut parts = line.splitn(3, '|');
+        let (id, state, reason) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(i), Some(s), r) => (i.trim(), s.trim(), r.unwrap_or("").trim()),
+            _ => {
+                tracing::warn!(line, "skipping an squeue line that is not id|state|reason");
+                continue;
+            }
+        };
+        let id_ok = !id.is_empty()
+            && id.bytes().next().is_some_and(|b| b.is_ascii_digit())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'_' | b'[' | b']' | b'-' | b',' | b'%' | b'+'));
+        let state_ok = !state.is_empty() && state.bytes().all(|b| b.is_ascii_uppercase() || b == b'_');
+        if !id_ok || !state_ok {
+            tracing::warn!(line, "skipping an squeue line with an unexpected id or state");
+            continue;
+        }
+        jobs.insert(
+            id.to_owned(),
+            SlurmJob {
+                state: state.to_owned(),
+                reason: reason.to_owned(),
+            },
+        );
+    }
+    jobs
+}
+
+/// The first non-empty line of a command's stderr (or stdout), for messages.
+fn first_line(stderr: &[u8], stdout: &[u8], status: std::process::ExitStatus) -> String {
+    let pick = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(|l| l.chars().take(300).collect::<String>())
+    };
+    pick(stderr)
+        .or_else(|| pick(stdout))
+        .unwrap_or_else(|| format!("it exited with {status} and printed nothing"))
+}
+
+/// Slurm's command-line tools.
+#[derive(Clone, Debug)]
+pub struct Slurm {
+    pub partition: Option<String>,
+    pub sbatch: PathBuf,
+    pub squeue: PathBuf,
+    pub scancel: PathBuf,
+}
+
+impl Default for Slurm {
+    fn default() -> Self {
+        Slurm {
+            partition: None,
+            sbatch: "sbatch".into(),
+            squeue: "squeue".into(),
+            scancel: "scancel".into(),
+        }
+    }
+}
+
+impl Slurm {
+    /// The tools from `$PATH`, the partition from `$DELEGATE_PARTITION`.
+    pub fn from_env() -> Slurm {
+        Slurm {
+            partition: std::env::var(PARTITION_ENV).ok().filter(|p| !p.trim().is_empty()),
+            ..Slurm::default()
+        }
+    }
+
+    fn run(&self, program: &Path, args: &[String], stdin: Option<&str>) -> Result<String, SlurmError> {
+        let name = program.display().to_string();
+        tracing::debug!(program = %name, ?args, "running");
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| SlurmError::Spawn {
+                program: name.clone(),
+                source,
+            })?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            // A write error (the tool exited early) shows up in its status.
+            let _ = pipe.write_all(input.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(|source| SlurmError::Spawn {
+            program: name.clone(),
+            source,
+        })?;
+        if !out.status.success() {
+            return Err(SlurmError::Failed {
+                program: name,
+                message: first_line(&out.stderr, &out.stdout, out.status),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Submits one batch job; returns its Slurm id.
+    pub fn submit(&self, req: &BatchRequest) -> Result<String, SlurmError> {
+        let args = sbatch_args(req, self.partition.as_deref());
+        let out = self.run(&self.sbatch, &args, Some(&req.script))?;
+        parse_sbatch_parsable(&out)
+    }
+
+    /// All jobs of `uid` that Slurm still knows, in one query.
+    pub fn query_user(&self, uid: u32) -> Result<HashMap<String, SlurmJob>, SlurmError> {
+        let args = vec![
+            "--noheader".to_owned(),
+            "--states=all".to_owned(),
+            format!("--user={uid}"),
+            "--format=%i|%T|%r".to_owned(),
+        ];
+        Ok(parse_squeue(&self.run(&self.squeue, &args, None)?))
+    }
+
+    /// Cancels all `ids` in one call.
+    pub fn cancel(&self, ids: &[String]) -> Result<(), SlurmError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.run(&self.scancel, ids, None).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sbatch_parsable() {
+        assert_eq!(parse_sbatch_parsable("123\n").unwrap(), "123");
+        assert_eq!(parse_sbatch_parsable("123;cluster\n").unwrap(), "123");
+        assert_eq!(
+            parse_sbatch_parsable("sbatch: warning: something odd\n77\n").unwrap(),
+            "77"
+        );
+        assert!(parse_sbatch_parsable("").is_err());
+        assert!(parse_sbatch_parsable("\n\n").is_err());
+        assert!(parse_sbatch_parsable("Submitted batch job 12").is_err());
+        assert!(parse_sbatch_parsable(";cluster").is_err());
+        assert!(parse_sbatch_parsable("12a").is_err());
+    }
+
+    #[test]
+    fn squeue_lines() {
+        let out = "\n12|PENDING|Priority\n13|RUNNING|None\n\n14_2|COMPLETED|None\n15_[3-9]|PENDING|Resources\n\
+                   garbage\n|RUNNING|x\n16|running|x\n17|NODE_FAIL|NodeDown\n18|TIMEOUT\n  19 | CANCELLED | None  \n";
+        let m = parse_squeue(out);
+        assert_eq!(m.len(), 7);
+        assert_eq!(m["12"], SlurmJob { state: "PENDING".into(), reason: "Priority".into() });
+        assert_eq!(m["13"].state, "RUNNING");
+        assert_eq!(m["14_2"].state, "COMPLETED");
+        assert_eq!(m["15_[3-9]"].reason, "Resources");
+        assert_eq!(m["17"].reason, "NodeDown");
+        assert_eq!(m["18"], SlurmJob { state: "TIMEOUT".into(), reason: "".into() });
+        assert_eq!(m["19"].state, "CANCELLED");
+        assert!(!m.contains_key("16"));
+        assert!(parse_squeue("").is_empty());
+        // Reasons may contain the separator.
+        assert_eq!(parse_squeue("5|PENDING|a|b")["5"].reason, "a|b");
+    }
+
+    #[test]
+    fn phases() {
+        assert_eq!(phase("PENDING"), SlurmPhase::Queued);
+        assert_eq!(phase("CONFIGURING"), SlurmPhase::Queued);
+        assert_eq!(phase("RUNNING"), SlurmPhase::Active);
+        assert_eq!(phase("COMPLETING"), SlurmPhase::Active);
+        assert_eq!(phase("SUSPENDED"), SlurmPhase::Active);
+        for s in [
+            "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE",
+        ] {
+            assert_eq!(phase(s), SlurmPhase::Ended, "{s}");
+        }
+        assert_eq!(phase("SOMETHING_NEW"), SlurmPhase::Active);
+    }
+
+    #[test]
+    fn args_and_script() {
+        assert_eq!(time_limit_minutes(600), 11);
+        assert_eq!(time_limit_minutes(5), 2);
+        assert_eq!(time_limit_minutes(60), 2);
+        assert_eq!(time_limit_minutes(61), 3);
+        let req = BatchRequest {
+            job_name: "20261123T103000-abcdef01".into(),
+            chdir: "/home/a/.delegate/jobs".into(),
+            output: "/home/a/.delegate/jobs/20261123T103000-abcdef01.log".into(),
+            cpus: 2,
+            time_limit_secs: 300,
+            script: String::new(),
+        };
+        let a = sbatch_args(&req, None);
+        assert_eq!(
+            a,
+            [
+                "--parsable",
+                "--exclusive",
+                "--job-name=20261123T103000-abcdef01",
+                "--chdir=/home/a/.delegate/jobs",
+                "--output=/home/a/.delegate/jobs/20261123T103000-abcdef01.log",
+                "--cpus-per-task=2",
+                "--time=6"
+            ]
+        );
+        assert_eq!(sbatch_args(&req, Some("debug")).last().unwrap(), "--partition=debug");
+        assert_eq!(
+            batch_script(Path::new("/usr/local/bin/sandbox-runner"), Path::new("/home/o'k/j")),
+            "#!/bin/sh\nexec '/usr/local/bin/sandbox-runner' '/home/o'\\''k/j'\n"
+        );
+    }
+
+    #[test]
+    fn missing_tool_is_a_clear_error() {
+        let s = Slurm {
+            squeue: "/nonexistent/squeue".into(),
+            ..Slurm::default()
+        };
+        let e = s.query_user(1).unwrap_err();
+        assert!(e.to_string().starts_with("could not run /nonexistent/squeue: "), "{e}");
+    }
+
+    #[test]
+    fn failing_tool_reports_first_stderr_line() {
+        let s = Slurm {
+            scancel: "/bin/sh".into(),
+            ..Slurm::default()
+        };
+        let e = s
+            .cancel(&["-c".into(), "echo '' >&2; echo 'first line' >&2; echo second >&2; exit 3".into()])
+            .unwrap_err();
+        assert_eq!(e.to_string(), "/bin/sh failed: first line");
+    }
+}
