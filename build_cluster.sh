@@ -422,14 +422,19 @@ local_demo() {
     fi
     command -v delegate >/dev/null || die "the delegate CLI is not installed; cannot run the demo job
        (set DELEGATE_SKIP_DEMO=1 to skip it)"
-    local u; u=$(demo_user)
-    log "demo: submitting a job as $u"
-    # cd to the user's home: the CLI keeps job dirs under ~/.delegate.
-    (cd "$(getent passwd "$u" | cut -d: -f6)" && \
-        runuser -u "$u" -- delegate submit --wait -- sh -c 'echo hello from $(hostname) as uid $(id -u)') \
+    local u home
+    u=$(demo_user)
+    home=$(getent passwd "$u" | cut -d: -f6)
+    # As that user, in their home and with their HOME (runuser keeps root's
+    # environment otherwise): the CLI keeps job dirs under ~/.delegate.
+    as_user() {
+        (cd "$home" && runuser -u "$u" -- env HOME="$home" USER="$u" LOGNAME="$u" "$@")
+    }
+    log "demo: delegate submit --wait, as $u"
+    as_user delegate submit --wait -- sh -c 'echo hello from $(hostname) as uid $(id -u)' \
         || die "the demo job failed (as $u); see 'delegate doctor' and $DELEGATE_LOG_DIR/"
-    log "demo: delegate doctor"
-    runuser -u "$u" -- delegate doctor || die "delegate doctor reports a problem"
+    log "demo: delegate doctor, as $u"
+    as_user delegate doctor || die "delegate doctor reports a problem"
 }
 
 # ------------------------------------------------------------ actions
@@ -467,7 +472,7 @@ local_status() {
         pids=$(pgrep -x "$d" | tr '\n' ' ' || true)
         printf '%-10s %s\n' "$d" "${pids:-(not running)}"
     done
-    echo "started by this script: $(tr '\n' ' ' <"$STARTED_FILE" 2>/dev/null || echo none)"
+    echo "started by this script: $( { [[ -s $STARTED_FILE ]] && tr "\n" " " <"$STARTED_FILE"; } || echo none)"
     scontrol ping 2>&1 || true
     sinfo -N -l 2>&1 || true
     squeue 2>&1 || true
