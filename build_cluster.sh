@@ -96,7 +96,9 @@ need_root() {
 # Remember a daemon we started so `stop` stops it and nothing else.
 record_started() {
     mkdir -p "$DELEGATE_STATE_DIR"
-    echo "$1 $2" >>"$STARTED_FILE"
+    # One line per daemon: drop an older entry for the same name.
+    { grep -v "^$1 " "$STARTED_FILE" 2>/dev/null || true; echo "$1 $2"; } >"$STARTED_FILE.tmp"
+    mv "$STARTED_FILE.tmp" "$STARTED_FILE"
 }
 
 # ------------------------------------------------------ 1. Debian packages
@@ -431,8 +433,15 @@ local_demo() {
         (cd "$home" && runuser -u "$u" -- env HOME="$home" USER="$u" LOGNAME="$u" "$@")
     }
     log "demo: delegate submit --wait, as $u"
-    as_user delegate submit --wait -- sh -c 'echo hello from $(hostname) as uid $(id -u)' \
-        || die "the demo job failed (as $u); see 'delegate doctor' and $DELEGATE_LOG_DIR/"
+    local out
+    out=$(as_user delegate submit --wait -- sh -c 'echo hello from $(hostname) as uid $(id -u)' 2>&1) \
+        || die "the demo job failed (as $u):
+$out
+       see 'delegate doctor' and $DELEGATE_LOG_DIR/"
+    printf '%s\n' "$out"
+    # The job's stdout must have come back, with the user's uid.
+    grep -q "hello from .* as uid $(id -u "$u")" <<<"$out" \
+        || die "the demo job did not print the expected 'hello from ... as uid $(id -u "$u")'"
     log "demo: delegate doctor, as $u"
     as_user delegate doctor || die "delegate doctor reports a problem"
 }
