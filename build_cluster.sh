@@ -56,6 +56,7 @@ DELEGATE_POLICY_FILE=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
 # User for the demo job: $SUDO_USER when it is a real user, else this one
 # (created with a home under /home when missing).
 DELEGATE_DEMO_USER=${DELEGATE_DEMO_USER:-}
+DELEGATE_DEMO_UID=${DELEGATE_DEMO_UID:-2000}     # used when creating it, if free
 # Set to 1 to skip the demo job (e.g. while the CLI is being written).
 DELEGATE_SKIP_DEMO=${DELEGATE_SKIP_DEMO:-0}
 # Seconds to wait for a daemon / the node to become ready.
@@ -410,7 +411,14 @@ demo_user() {
     fi
     u=${u:-delegate-demo}
     if ! id "$u" >/dev/null 2>&1; then
-        useradd --create-home --home-dir "/home/$u" --shell /bin/bash "$u" >&2 \
+        # A fixed uid (like the test students' 2001/2002) when it is free, so
+        # the demo user never takes an id the tests or a deployment expect.
+        local uidopt=()
+        if ! getent passwd "$DELEGATE_DEMO_UID" >/dev/null && ! getent group "$DELEGATE_DEMO_UID" >/dev/null; then
+            uidopt=(--uid "$DELEGATE_DEMO_UID" --gid "$DELEGATE_DEMO_UID")
+            groupadd --gid "$DELEGATE_DEMO_UID" "$u" >&2 || die "cannot create group $u"
+        fi
+        useradd --create-home --home-dir "/home/$u" --shell /bin/bash "${uidopt[@]}" "$u" >&2 \
             || die "cannot create demo user $u"
     fi
     [[ $(id -u "$u") -ne 0 ]] || die "the demo user must not be root"
