@@ -346,7 +346,7 @@ local_build_install() {
 local_build_images() {
     if docker image inspect "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
         log "image $DELEGATE_BASE_IMAGE: present"
-    elif timeout 120 docker pull -q "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
+    elif timeout 30 docker pull -q "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
         log "image $DELEGATE_BASE_IMAGE: pulled"
     else
         build_base_image

@@ -6,6 +6,8 @@
 #   2. cargo test --workspace --release   (unit tests)
 #   3. pytest -v tests/e2e          (end-to-end, in a venv)
 # Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
+# The venv gets tests/requirements.txt when it exists (pip -r syntax, so it
+# may name the Python package: ./python), else just pytest.
 # Exits non-zero on the first failing stage.
 set -euo pipefail
 
