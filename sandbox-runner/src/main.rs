@@ -1,3 +1,161 @@
+//! `sandbox-runner`: runs one delegate job in a Docker sandbox on a worker.
+//!
+//! ```text
+//! sandbox-runner <JOB_DIR>          run the job in the absolute job directory
+//! sandbox-runner probe [--json]     report engine, image and perf mode (for `delegate doctor`)
+//! ```
+//!
+//! Installed `root:docker`, mode `2755` (setgid docker): that is how it
+//! reaches the Docker socket, so everything from the caller is hostile. It
+//! ignores `DOCKER_HOST` and the rest of the environment (only
+//! `SLURM_JOB_ID` is read, sanitised, and only used to label and sweep the
+//! caller's own containers), connects only to the socket named by the site
+//! policy, and reads the policy only from `/etc/delegate/policy.toml`
+//! (root-owned). `DELEGATE_POLICY` names another policy file only when the
+//! real uid is 0 (tests).
+//!
+//! Exit codes of `sandbox-runner <JOB_DIR>`:
+//! - `0`: an outcome was written into the job directory (whatever the job's
+//!   fate: completed, failed, timed out, cancelled or refused).
+//! - `2`: usage error (bad arguments).
+//! - `3`: refused without an outcome: the directory itself failed the checks
+//!   (bad path, symlink, wrong owner, writable by others) or an outcome
+//!   already exists. Nothing was written into it.
+//! - `4`: internal error: no outcome could be written.
+//!
+//! Exit codes of `probe`: `0` when the engine is reachable and the default
+//! image present, `1` otherwise.
+//!
+//! Logs go to stderr (Slurm's log of the batch job). When the job did not
+//! complete, the last stderr line is one of
+//! `delegate: refused: <reason>`, `delegate: <state>: <reason>` (state being
+//! failed, timed-out or cancelled) or `delegate: error: <reason>`.
+
+mod config;
+mod engine;
+mod probe;
+mod run;
+mod seccomp;
+mod validate;
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use delegate_broker::policy::{Policy, PolicyError, DEFAULT_POLICY_PATH, POLICY_ENV};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sandbox-runner",
+    version,
+    about = "Runs one delegate job in a Docker sandbox (started by the Slurm batch script)",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    /// Absolute path of the job directory (`<root>/<job-id>`).
+    #[arg(required = true, value_name = "JOB_DIR")]
+    job_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Report the Docker engine, the default image and the perf mode in effect.
+    Probe {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The policy: only the root-owned default file, unless the real uid is 0.
+fn load_policy() -> Result<Policy, PolicyError> {
+    let real_root = nix::unistd::getuid().is_root();
+    let path = match std::env::var_os(POLICY_ENV) {
+        Some(p) if real_root => PathBuf::from(p),
+        _ => PathBuf::from(DEFAULT_POLICY_PATH),
+    };
+    Policy::load(Path::new(&path), true)
+}
+
+fn init_logging() {
+    let level = if nix::unistd::getuid().is_root() && std::env::var_os("DELEGATE_RUNNER_DEBUG").is_some() {
+        tracing::Level::DEBUG
+    } else {
+        tracing::Level::INFO
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .with_max_level(level)
+        .init();
+}
+
 fn main() {
-    println!("Hello, world!");
+    let cli = Cli::parse();
+    init_logging();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("delegate: error: cannot start the runtime: {e}");
+            std::process::exit(run::EXIT_INTERNAL);
+        }
+    };
+    let code = rt.block_on(async_main(cli));
+    // Do not wait for lingering blocking tasks (e.g. a hung file write).
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    std::process::exit(code);
+}
+
+async fn async_main(cli: Cli) -> i32 {
+    match (cli.command, cli.job_dir) {
+        (Some(Command::Probe { json }), _) => {
+            let report = match load_policy() {
+                Ok(policy) => probe::probe(&policy).await,
+                Err(e) => probe::Report {
+                    error: e.to_string(),
+                    perf_mode: "unknown".into(),
+                    perf_detail: "the site policy could not be read".into(),
+                    ..Default::default()
+                },
+            };
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_text());
+            }
+            if report.ok() {
+                0
+            } else {
+                1
+            }
+        }
+        (None, Some(dir)) => {
+            // Signal handlers first: a signal must never kill the runner
+            // while it holds a container.
+            let signals = match run::install_signal_handlers() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("delegate: error: cannot install signal handlers: {e}");
+                    return run::EXIT_INTERNAL;
+                }
+            };
+            let slurm_job = std::env::var("SLURM_JOB_ID").ok();
+            let finish = run::run_job(&dir, load_policy(), slurm_job, signals).await;
+            if let Some(line) = finish.final_line {
+                eprintln!("{line}");
+            }
+            finish.code
+        }
+        (None, None) => {
+            eprintln!("delegate: error: a job directory or the probe subcommand is required");
+            2
+        }
+    }
 }

@@ -1,0 +1,299 @@
+//! The container configuration, built as a pure function of the (already
+//! validated) spec, the site policy and the perf mode, so that its security
+//! properties can be unit tested without an engine.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountBindOptions,
+    MountBindOptionsPropagationEnum, MountType,
+};
+use delegate_broker::protocol::{Spec, Task, SANDBOX_JOB_DIR};
+
+use crate::seccomp;
+
+pub const LABEL_JOB: &str = "delegate.job";
+pub const LABEL_SLURM_JOB: &str = "delegate.slurm-job";
+pub const LABEL_UID: &str = "delegate.uid";
+pub const LABEL_PROBE: &str = "delegate.probe";
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The capability asked for in perfmon mode.
+pub const CAP_PERFMON: &str = "CAP_PERFMON";
+
+/// How the sandbox reaches perf counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Perf {
+    /// `CAP_PERFMON` added (Docker 24+), engine's default seccomp profile.
+    Perfmon,
+    /// delegate's own seccomp profile allowing `perf_event_open`, no capability.
+    Seccomp,
+    /// Neither: the engine's defaults.
+    Off,
+}
+
+impl Perf {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Perf::Perfmon => "perfmon",
+            Perf::Seccomp => "seccomp",
+            Perf::Off => "off",
+        }
+    }
+}
+
+/// Everything the container configuration depends on.
+#[derive(Clone, Debug)]
+pub struct Params<'a> {
+    pub spec: &'a Spec,
+    /// Absolute, validated path of the job directory on the host.
+    pub job_dir: &'a Path,
+    /// The uid and gid the sandbox runs as.
+    pub uid: u32,
+    pub gid: u32,
+    /// `$SLURM_JOB_ID` after sanitising, or "none".
+    pub slurm_job: &'a str,
+    pub tmp_bytes: u64,
+    pub max_pids: i64,
+    pub perf: Perf,
+}
+
+/// The command the container runs.
+pub fn command(task: &Task) -> Vec<String> {
+    match task {
+        Task::Command { argv } => argv.clone(),
+        Task::Python { .. } => ["python3", "-m", "delegate_executor", SANDBOX_JOB_DIR]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    }
+}
+
+/// Environment of the sandbox: ours first, then the spec's (which may
+/// override HOME or PATH but not DELEGATE_JOB_ID).
+pub fn environment(spec: &Spec) -> Vec<String> {
+    let mut env = vec![
+        format!("HOME={SANDBOX_JOB_DIR}"),
+        format!("PATH={SANDBOX_PATH}"),
+    ];
+    env.extend(
+        spec.env
+            .iter()
+            .filter(|(k, _)| k != "DELEGATE_JOB_ID")
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    env.push(format!("DELEGATE_JOB_ID={}", spec.job_id));
+    env
+}
+
+pub fn labels(job: &str, slurm_job: &str, uid: u32) -> HashMap<String, String> {
+    HashMap::from([
+        (LABEL_JOB.to_string(), job.to_string()),
+        (LABEL_SLURM_JOB.to_string(), slurm_job.to_string()),
+        (LABEL_UID.to_string(), uid.to_string()),
+    ])
+}
+
+/// Security-relevant host configuration shared by jobs and the probe.
+pub fn base_host_config(tmp_bytes: u64, max_pids: i64, perf: Perf) -> HostConfig {
+    let mut security_opt = vec!["no-new-privileges:true".to_string()];
+    let mut cap_add = None;
+    match perf {
+        Perf::Perfmon => cap_add = Some(vec![CAP_PERFMON.to_string()]),
+        Perf::Seccomp => security_opt.push(format!("seccomp={}", seccomp::profile_json())),
+        Perf::Off => {}
+    }
+    HostConfig {
+        network_mode: Some("none".into()),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_string(),
+            format!("rw,nosuid,nodev,size={tmp_bytes}"),
+        )])),
+        cap_drop: Some(vec!["ALL".into()]),
+        cap_add,
+        security_opt: Some(security_opt),
+        privileged: Some(false),
+        pids_limit: Some(max_pids),
+        ipc_mode: Some("private".into()),
+        // Output is taken from the attach stream; the engine keeps no log.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
+        binds: None,
+        mounts: None,
+        auto_remove: Some(false),
+        ..Default::default()
+    }
+}
+
+/// The whole container configuration for a job.
+pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
+    let spec = p.spec;
+    let mem = i64::try_from(spec.resources.mem_bytes).unwrap_or(i64::MAX);
+    let mut host = base_host_config(p.tmp_bytes, p.max_pids, p.perf);
+    host.mounts = Some(vec![Mount {
+        typ: Some(MountType::BIND),
+        source: Some(p.job_dir.display().to_string()),
+        target: Some(SANDBOX_JOB_DIR.into()),
+        read_only: Some(false),
+        bind_options: Some(MountBindOptions {
+            propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    host.memory = Some(mem);
+    host.memory_swap = Some(mem);
+    host.nano_cpus = Some(i64::from(spec.resources.cpus).saturating_mul(1_000_000_000));
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        cmd: Some(command(&spec.task)),
+        // The image's entrypoint (if any, e.g. an init such as tini) is
+        // kept: images come from the site's allowlist.
+        user: Some(format!("{}:{}", p.uid, p.gid)),
+        working_dir: Some(SANDBOX_JOB_DIR.into()),
+        env: Some(environment(spec)),
+        labels: Some(labels(spec.job_id.as_str(), p.slurm_job, p.uid)),
+        attach_stdin: Some(false),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        open_stdin: Some(false),
+        tty: Some(false),
+        network_disabled: Some(true),
+        host_config: Some(host),
+        ..Default::default()
+    }
+}
+
+/// `$SLURM_JOB_ID` as a label value: digits and `_` only (array jobs), else "none".
+pub fn sanitize_slurm_job(v: Option<&str>) -> String {
+    match v {
+        Some(s) if !s.is_empty() && s.len() <= 32 && s.bytes().all(|c| c.is_ascii_digit() || c == b'_') => {
+            s.to_string()
+        }
+        _ => "none".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delegate_broker::protocol::{now_ms, JobId, Resources};
+
+    fn spec() -> Spec {
+        Spec {
+            job_id: JobId::new(),
+            uid: 2001,
+            gid: 2001,
+            created_ms: now_ms(),
+            image: "delegate-sandbox:latest".into(),
+            task: Task::Command {
+                argv: vec!["echo".into(), "hi".into()],
+            },
+            resources: Resources {
+                cpus: 2,
+                mem_bytes: 512 << 20,
+                ..Resources::default()
+            },
+            env: vec![("FOO".into(), "bar".into()), ("DELEGATE_JOB_ID".into(), "evil".into())],
+        }
+    }
+
+    fn build(perf: Perf) -> ContainerCreateBody {
+        let s = spec();
+        let p = Params {
+            spec: &s,
+            job_dir: Path::new("/home/u/.delegate/jobs/x"),
+            uid: 2001,
+            gid: 2001,
+            slurm_job: "42",
+            tmp_bytes: 256 << 20,
+            max_pids: 512,
+            perf,
+        };
+        container_config(&p)
+    }
+
+    #[test]
+    fn sandbox_is_locked_down() {
+        for perf in [Perf::Perfmon, Perf::Seccomp, Perf::Off] {
+            let c = build(perf);
+            let h = c.host_config.clone().unwrap();
+            assert_eq!(h.cap_drop, Some(vec!["ALL".to_string()]));
+            assert_eq!(h.network_mode.as_deref(), Some("none"));
+            assert_eq!(h.readonly_rootfs, Some(true));
+            assert_eq!(h.privileged, Some(false));
+            assert_eq!(h.ipc_mode.as_deref(), Some("private"));
+            assert!(h.binds.is_none());
+            let mounts = h.mounts.clone().unwrap();
+            assert_eq!(mounts.len(), 1, "only the job directory is mounted");
+            assert_eq!(mounts[0].source.as_deref(), Some("/home/u/.delegate/jobs/x"));
+            assert_eq!(mounts[0].target.as_deref(), Some("/job"));
+            assert_eq!(mounts[0].typ, Some(MountType::BIND));
+            assert!(h.volumes_from.is_none() && h.devices.is_none());
+            assert!(h.pid_mode.is_none() && h.userns_mode.is_none() && h.uts_mode.is_none());
+            let sec = h.security_opt.clone().unwrap();
+            assert!(sec.contains(&"no-new-privileges:true".to_string()));
+            assert!(!sec.iter().any(|s| s.contains("unconfined")));
+            let caps = h.cap_add.clone().unwrap_or_default();
+            assert!(!caps.iter().any(|c| c.contains("SYS_ADMIN")));
+            assert_eq!(h.memory, Some(512 << 20));
+            assert_eq!(h.memory_swap, Some(512 << 20));
+            assert_eq!(h.nano_cpus, Some(2_000_000_000));
+            assert_eq!(h.pids_limit, Some(512));
+            assert_eq!(
+                h.tmpfs.unwrap().get("/tmp").map(String::as_str),
+                Some("rw,nosuid,nodev,size=268435456")
+            );
+            assert_eq!(c.user.as_deref(), Some("2001:2001"));
+            assert_eq!(c.working_dir.as_deref(), Some("/job"));
+            assert_eq!(c.tty, Some(false));
+            assert_eq!(c.network_disabled, Some(true));
+        }
+    }
+
+    #[test]
+    fn perf_modes() {
+        let h = build(Perf::Perfmon).host_config.unwrap();
+        assert_eq!(h.cap_add, Some(vec!["CAP_PERFMON".to_string()]));
+        assert!(!h.security_opt.unwrap().iter().any(|s| s.starts_with("seccomp=")));
+        let h = build(Perf::Seccomp).host_config.unwrap();
+        assert!(h.cap_add.is_none());
+        let sec = h.security_opt.unwrap();
+        let prof = sec.iter().find_map(|s| s.strip_prefix("seccomp=")).unwrap();
+        assert!(prof.contains("perf_event_open"));
+        let h = build(Perf::Off).host_config.unwrap();
+        assert!(h.cap_add.is_none());
+        assert_eq!(h.security_opt, Some(vec!["no-new-privileges:true".to_string()]));
+    }
+
+    #[test]
+    fn env_labels_and_command() {
+        let c = build(Perf::Off);
+        let env = c.env.unwrap();
+        assert_eq!(env[0], "HOME=/job");
+        assert!(env.contains(&format!("PATH={SANDBOX_PATH}")));
+        assert!(env.contains(&"FOO=bar".to_string()));
+        assert!(!env.contains(&"DELEGATE_JOB_ID=evil".to_string()));
+        assert!(env.last().unwrap().starts_with("DELEGATE_JOB_ID="));
+        let labels = c.labels.unwrap();
+        assert_eq!(labels.get(LABEL_SLURM_JOB).map(String::as_str), Some("42"));
+        assert_eq!(labels.get(LABEL_UID).map(String::as_str), Some("2001"));
+        assert_eq!(c.cmd, Some(vec!["echo".to_string(), "hi".to_string()]));
+        let py = command(&Task::Python {
+            python_version: "3.11".into(),
+            cloudpickle_version: "3".into(),
+        });
+        assert_eq!(py, ["python3", "-m", "delegate_executor", "/job"]);
+    }
+
+    #[test]
+    fn slurm_job_sanitised() {
+        assert_eq!(sanitize_slurm_job(Some("123")), "123");
+        assert_eq!(sanitize_slurm_job(Some("123_4")), "123_4");
+        assert_eq!(sanitize_slurm_job(Some("1,label=x")), "none");
+        assert_eq!(sanitize_slurm_job(None), "none");
+    }
+}

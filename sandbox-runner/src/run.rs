@@ -1,0 +1,564 @@
+//! Running one job: checks, one container, output streaming, the outcome.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
+use bollard::Docker;
+use delegate_broker::policy::{PerfMode, Policy, PolicyError};
+use delegate_broker::protocol::{
+    check_clean_absolute, now_ms, write_record_at, Outcome, Started, State, Writer, CANCEL, STDERR, STDOUT,
+};
+use delegate_broker::units::{format_duration, format_size};
+use futures_util::{FutureExt, StreamExt};
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::Mode;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+
+use crate::config::{self, Params, Perf};
+use crate::engine::{self, EngineError};
+use crate::validate::{self, Checked, JobDir, Refusal};
+
+/// How the process ends.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Finish {
+    pub code: i32,
+    /// The last line printed to stderr, if any.
+    pub final_line: Option<String>,
+}
+
+pub const EXIT_OUTCOME: i32 = 0;
+pub const EXIT_REFUSED: i32 = 3;
+pub const EXIT_INTERNAL: i32 = 4;
+
+/// Time allowed for the output to drain after the container ended.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(30);
+/// Time allowed for the output to drain after a kill (SIGKILL from Slurm
+/// follows SIGTERM after KillWait, 5 s by default).
+const DRAIN_AFTER_KILL: Duration = Duration::from_millis(1500);
+/// Time allowed for the wait/inspect/remove calls on the kill path.
+const KILL_PATH_CALL: Duration = Duration::from_millis(1500);
+
+/// Which signal asked the runner to stop.
+pub type SignalWatch = watch::Receiver<Option<&'static str>>;
+
+/// Installs handlers for SIGTERM, SIGINT and SIGHUP. Must be called inside
+/// the runtime and before anything else, so a signal never kills the runner
+/// while it holds a container.
+pub fn install_signal_handlers() -> std::io::Result<SignalWatch> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (tx, rx) = watch::channel(None);
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        loop {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+                _ = hup.recv() => "SIGHUP",
+            };
+            tracing::warn!("received {name}");
+            if tx.borrow().is_none() {
+                let _ = tx.send(Some(name));
+            }
+        }
+    });
+    Ok(rx)
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn refused_line(reason: &str) -> String {
+    format!("delegate: refused: {}", one_line(reason))
+}
+
+fn one_line(s: &str) -> String {
+    s.replace(['\n', '\r'], " ")
+}
+
+/// Everything about the job the docker phase needs.
+struct Ctx<'a> {
+    dir: &'a JobDir,
+    checked: &'a Checked,
+    policy: &'a Policy,
+    host: String,
+    uid: u32,
+    gid: u32,
+    slurm_job: String,
+    signals: SignalWatch,
+}
+
+impl Ctx<'_> {
+    fn outcome(&self, state: State, reason: String) -> Outcome {
+        Outcome {
+            state,
+            exit_code: None,
+            reason,
+            refused: false,
+            oom_killed: false,
+            started_ms: None,
+            finished_ms: now_ms(),
+            host: self.host.clone(),
+            writer: Writer::Runner,
+        }
+    }
+    fn signalled(&self) -> Option<&'static str> {
+        *self.signals.borrow()
+    }
+    fn cancel_reason(&self, signal: &str) -> String {
+        let marker = nix::sys::stat::fstatat(self.dir.fd.as_fd(), CANCEL, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
+        if marker {
+            "cancelled by the user".into()
+        } else if signal == "SIGTERM" {
+            "cancelled (SIGTERM from Slurm: scancel or Slurm time limit)".into()
+        } else {
+            format!("cancelled ({signal})")
+        }
+    }
+}
+
+/// Runs the job in `path` as the calling user. Never panics on bad input.
+pub async fn run_job(
+    path: &Path,
+    policy: Result<Policy, PolicyError>,
+    slurm_job_env: Option<String>,
+    signals: SignalWatch,
+) -> Finish {
+    let uid = nix::unistd::getuid().as_raw();
+    let real_gid = nix::unistd::getgid().as_raw();
+    let dir = match validate::open_job_dir(path, uid) {
+        Ok(d) => d,
+        Err(r) => {
+            tracing::error!("refusing {}: {}", path.display(), r.reason());
+            return Finish {
+                code: EXIT_REFUSED,
+                final_line: Some(refused_line(r.reason())),
+            };
+        }
+    };
+    let host = hostname();
+    let write = |o: &Outcome, line: Option<String>| -> Finish {
+        match write_record_at(&dir.fd, &dir.path, o) {
+            Ok(()) => Finish {
+                code: EXIT_OUTCOME,
+                final_line: line,
+            },
+            Err(e) => {
+                tracing::error!("cannot write the outcome: {e}");
+                Finish {
+                    code: if o.refused { EXIT_REFUSED } else { EXIT_INTERNAL },
+                    final_line: Some(line.unwrap_or_else(|| format!("delegate: error: {}", one_line(&o.reason)))),
+                }
+            }
+        }
+    };
+    let base = |state, reason: String| Outcome {
+        state,
+        exit_code: None,
+        reason,
+        refused: false,
+        oom_killed: false,
+        started_ms: None,
+        finished_ms: now_ms(),
+        host: host.clone(),
+        writer: Writer::Runner,
+    };
+
+    let policy = match policy {
+        Ok(p) => p,
+        Err(e) => {
+            let reason = format!("{e}; ask the cluster's administrators");
+            tracing::error!("{reason}");
+            let line = format!("delegate: error: {}", one_line(&reason));
+            return write(&base(State::Failed, reason), Some(line));
+        }
+    };
+    let checked = match validate::check_job(&dir, uid, &policy) {
+        Ok(c) => c,
+        Err(Refusal::Job {
+            reason,
+            write_outcome: false,
+        }) => {
+            tracing::error!("refusing {}: {reason}", path.display());
+            return Finish {
+                code: EXIT_REFUSED,
+                final_line: Some(refused_line(&reason)),
+            };
+        }
+        Err(r) => {
+            let reason = r.reason().to_string();
+            tracing::error!("refusing {}: {reason}", path.display());
+            let mut o = base(State::Failed, format!("refused: {reason}"));
+            o.refused = true;
+            return write(&o, Some(refused_line(&reason)));
+        }
+    };
+    if checked.cancel_requested {
+        tracing::info!("job {} was cancelled before it started", checked.job_id);
+        return write(&base(State::Cancelled, "cancelled before it started".into()), None);
+    }
+    let groups: Vec<u32> = nix::unistd::getgroups()
+        .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+        .unwrap_or_default();
+    let ctx = Ctx {
+        dir: &dir,
+        checked: &checked,
+        policy: &policy,
+        host: host.clone(),
+        uid,
+        gid: validate::sandbox_gid(checked.spec.gid, real_gid, &groups),
+        slurm_job: config::sanitize_slurm_job(slurm_job_env.as_deref()),
+        signals,
+    };
+    let outcome = docker_phase(&ctx).await;
+    tracing::info!("job {}: {}: {}", checked.job_id, outcome.state, outcome.reason);
+    let line = match outcome.state {
+        State::Completed => None,
+        _ => Some(format!("delegate: {}: {}", outcome.state, one_line(&outcome.reason))),
+    };
+    write(&outcome, line)
+}
+
+/// Creates the output files; they must not exist.
+fn create_output(dir: &JobDir, name: &str) -> Result<tokio::fs::File, String> {
+    let fd: OwnedFd = openat(
+        dir.fd.as_fd(),
+        name,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|e| format!("cannot create {}: {e}", dir.path.join(name).display()))?;
+    Ok(tokio::fs::File::from_std(std::fs::File::from(fd)))
+}
+
+/// The docker part: always returns an outcome, never leaves a container.
+async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
+    let spec = &ctx.checked.spec;
+    let socket = &ctx.policy.docker_socket;
+    if let Err(e) = check_clean_absolute(socket) {
+        return ctx.outcome(State::Failed, format!("the site policy's docker_socket is invalid: {e}"));
+    }
+    let limits = match ctx.policy.limits() {
+        Ok(l) => l,
+        Err(e) => return ctx.outcome(State::Failed, format!("the site policy is invalid: {e}")),
+    };
+    let docker = match engine::connect(socket).await {
+        Ok(d) => d,
+        Err(e) => return ctx.outcome(State::Failed, e.to_string()),
+    };
+    let job = ctx.checked.job_id.as_str();
+    if let Err(e) = engine::sweep(&docker, job, &ctx.slurm_job, ctx.uid).await {
+        tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+    }
+    if let Some(sig) = ctx.signalled() {
+        return ctx.outcome(State::Cancelled, ctx.cancel_reason(sig));
+    }
+    let (stdout, stderr) = match (create_output(ctx.dir, STDOUT), create_output(ctx.dir, STDERR)) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
+    };
+
+    let params = |perf| Params {
+        spec,
+        job_dir: &ctx.dir.path,
+        uid: ctx.uid,
+        gid: ctx.gid,
+        slurm_job: &ctx.slurm_job,
+        tmp_bytes: limits.tmp_bytes,
+        max_pids: ctx.policy.max_pids,
+        perf,
+    };
+    let mut perf = match ctx.policy.perf_mode {
+        PerfMode::Auto | PerfMode::Perfmon => Perf::Perfmon,
+        PerfMode::Seccomp => Perf::Seccomp,
+        PerfMode::Off => Perf::Off,
+    };
+    let name = format!("delegate-{job}");
+    let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
+    let mut created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+    if let Err(e) = &created {
+        if perf == Perf::Perfmon && engine::is_unknown_capability(e) {
+            if ctx.policy.perf_mode == PerfMode::Perfmon {
+                return ctx.outcome(
+                    State::Failed,
+                    EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string(),
+                );
+            }
+            tracing::warn!(
+                "the Docker engine rejects CAP_PERFMON ({}); falling back to delegate's seccomp profile",
+                engine::short_reason(e)
+            );
+            perf = Perf::Seccomp;
+            created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+        }
+    }
+    let id = match created {
+        Ok(id) => id,
+        Err(e) => return ctx.outcome(State::Failed, classify(&e, "create the sandbox").to_string()),
+    };
+    tracing::info!("created container {id} for job {job} (perf mode {})", perf.as_str());
+
+    // Everything from here on ends with the container removed, panics included.
+    let result = AssertUnwindSafe(supervise(ctx, &docker, &id, perf, stdout, stderr))
+        .catch_unwind()
+        .await;
+    let removed = engine::remove(&docker, &id).await;
+    let mut outcome = match result {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => ctx.outcome(State::Failed, e),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            ctx.outcome(State::Failed, format!("internal error in sandbox-runner: {msg}"))
+        }
+    };
+    match removed {
+        Ok(()) => tracing::info!("removed container {id}"),
+        Err(e) => {
+            let r = engine::short_reason(&e);
+            tracing::error!("could not remove container {id}: {r}");
+            outcome.reason.push_str(&format!("; the sandbox container {id} could not be removed: {r}"));
+        }
+    }
+    outcome.finished_ms = now_ms();
+    outcome
+}
+
+/// How the container's run ended.
+enum Ended {
+    Exited,
+    TimedOut,
+    Signalled(&'static str),
+    WaitFailed(String),
+}
+
+/// Output pump result.
+struct Pumped {
+    error: Option<String>,
+}
+
+type OutputStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+
+/// One output file; after the first write error it only counts what is lost.
+struct Sink {
+    file: tokio::fs::File,
+    name: &'static str,
+    ok: bool,
+}
+
+impl Sink {
+    async fn write(&mut self, bytes: &[u8], error: &mut Option<String>) {
+        if !self.ok {
+            return;
+        }
+        if let Err(e) = self.file.write_all(bytes).await {
+            self.ok = false;
+            tracing::error!("cannot write {}: {e}", self.name);
+            error.get_or_insert_with(|| format!("cannot write {}: {e}", self.name));
+        }
+    }
+    async fn finish(&mut self, error: &mut Option<String>) {
+        let r = async {
+            self.file.flush().await?;
+            self.file.sync_all().await
+        }
+        .await;
+        if let Err(e) = r {
+            error.get_or_insert_with(|| format!("cannot save {}: {e}", self.name));
+        }
+    }
+}
+
+/// Copies the attach stream to the output files chunk by chunk, as it
+/// arrives (never the whole output in memory).
+async fn pump(mut stream: OutputStream, stdout: tokio::fs::File, stderr: tokio::fs::File) -> Pumped {
+    let mut error: Option<String> = None;
+    let mut out = Sink { file: stdout, name: STDOUT, ok: true };
+    let mut err = Sink { file: stderr, name: STDERR, ok: true };
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                out.write(&message, &mut error).await
+            }
+            Ok(LogOutput::StdErr { message }) => err.write(&message, &mut error).await,
+            Ok(LogOutput::StdIn { .. }) => {}
+            Err(e) => {
+                error.get_or_insert_with(|| format!("the output stream broke: {}", engine::short_reason(&e)));
+                break;
+            }
+        }
+    }
+    out.finish(&mut error).await;
+    err.finish(&mut error).await;
+    Pumped { error }
+}
+
+/// Attaches, starts, waits (time limit, signals), kills if needed, drains
+/// the output and inspects the container. The caller removes it.
+async fn supervise(
+    ctx: &Ctx<'_>,
+    docker: &Docker,
+    id: &str,
+    perf: Perf,
+    stdout: tokio::fs::File,
+    stderr: tokio::fs::File,
+) -> Result<Outcome, String> {
+    let spec = &ctx.checked.spec;
+    let socket = &ctx.policy.docker_socket;
+    let classify = |e: &bollard::errors::Error, action| {
+        engine::classify(e, action, socket, &ctx.host, &spec.image).to_string()
+    };
+    if let Some(sig) = ctx.signalled() {
+        return Ok(ctx.outcome(State::Cancelled, ctx.cancel_reason(sig)));
+    }
+    // Attach before starting, so no output is lost.
+    let attach = AttachContainerOptions {
+        stream: true,
+        stdout: true,
+        stderr: true,
+        stdin: false,
+        logs: false,
+        detach_keys: None,
+    };
+    let attached = docker
+        .attach_container(id, Some(attach))
+        .await
+        .map_err(|e| classify(&e, "attach to the sandbox"))?;
+    let mut pump_task = tokio::spawn(pump(attached.output, stdout, stderr));
+    drop(attached.input);
+
+    docker
+        .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
+        .await
+        .map_err(|e| classify(&e, "start the sandbox"))?;
+    let started_ms = now_ms();
+    tracing::info!("started container {id}");
+    let started = Started {
+        host: ctx.host.clone(),
+        started_ms,
+        container_id: id.to_string(),
+        perf_mode: perf.as_str().to_string(),
+    };
+    // A job whose start cannot be recorded is stopped: the directory is broken.
+    write_record_at(&ctx.dir.fd, &ctx.dir.path, &started).map_err(|e| format!("cannot record the start: {e}"))?;
+
+    let limit = Duration::from_secs(spec.resources.time_limit_secs);
+    let mut signals = ctx.signals.clone();
+    let mut wait = docker.wait_container(id, None::<WaitContainerOptions>);
+    let ended = tokio::select! {
+        w = wait.next() => match w {
+            // Non-zero exits come back as DockerContainerWaitError.
+            Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => Ended::Exited,
+            Some(Err(e)) => Ended::WaitFailed(classify(&e, "wait for the sandbox")),
+            None => Ended::WaitFailed("the Docker engine ended the wait without a result".into()),
+        },
+        _ = tokio::time::sleep(limit) => Ended::TimedOut,
+        sig = async {
+            loop {
+                if let Some(s) = *signals.borrow_and_update() {
+                    return s;
+                }
+                if signals.changed().await.is_err() {
+                    // The signal task is gone: never resolve.
+                    std::future::pending::<()>().await;
+                }
+            }
+        } => Ended::Signalled(sig),
+    };
+
+    let killing = !matches!(ended, Ended::Exited);
+    if killing {
+        tracing::warn!("killing container {id}");
+        if let Err(e) = engine::kill(docker, id).await {
+            tracing::error!("could not kill container {id}: {}", engine::short_reason(&e));
+        }
+        // Let the engine notice the death before inspecting; bounded.
+        let _ = tokio::time::timeout(KILL_PATH_CALL, wait.next()).await;
+    }
+    drop(wait);
+
+    let drain = if killing { DRAIN_AFTER_KILL } else { DRAIN_AFTER_EXIT };
+    let pumped = match tokio::time::timeout(drain, &mut pump_task).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => Pumped {
+            error: Some(format!("the output copier failed: {e}")),
+        },
+        Err(_) => {
+            pump_task.abort();
+            Pumped {
+                error: Some("the output did not finish draining in time and may be incomplete".into()),
+            }
+        }
+    };
+
+    let inspect_timeout = if killing { KILL_PATH_CALL } else { Duration::from_secs(30) };
+    let state = match tokio::time::timeout(
+        inspect_timeout,
+        docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>),
+    )
+    .await
+    {
+        Ok(Ok(info)) => info.state,
+        Ok(Err(e)) => {
+            tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
+            None
+        }
+        Err(_) => {
+            tracing::error!("inspecting container {id} timed out");
+            None
+        }
+    };
+    let exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
+    let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+
+    let mut o = ctx.outcome(State::Failed, String::new());
+    o.started_ms = Some(started_ms);
+    o.oom_killed = oom;
+    match ended {
+        Ended::TimedOut => {
+            o.state = State::TimedOut;
+            o.reason = format!("time limit of {} reached", format_duration(spec.resources.time_limit_secs));
+        }
+        Ended::Signalled(sig) => {
+            o.state = State::Cancelled;
+            o.reason = ctx.cancel_reason(sig);
+        }
+        Ended::WaitFailed(reason) => {
+            o.reason = reason;
+        }
+        Ended::Exited => {
+            o.exit_code = exit_code;
+            match exit_code {
+                _ if oom => {
+                    o.reason = format!("killed: out of memory (limit {})", format_size(spec.resources.mem_bytes));
+                }
+                Some(0) => {
+                    o.state = State::Completed;
+                    o.reason = "exited with code 0".into();
+                }
+                Some(c) if (129..160).contains(&c) => {
+                    o.reason = format!("exited with code {c} (killed by signal {})", c - 128);
+                }
+                Some(c) => o.reason = format!("exited with code {c}"),
+                None => o.reason = "the sandbox ended but its exit code is unknown".into(),
+            }
+        }
+    }
+    if let Some(e) = pumped.error {
+        o.reason.push_str(&format!("; the output may be incomplete: {e}"));
+    }
+    Ok(o)
+}
