@@ -1,0 +1,232 @@
+"""delegate: run a Python function on a Slurm cluster, inside a single-use
+Docker sandbox on a node allocated exclusively to it.
+
+    import delegate
+
+    @delegate.remote(cpus=2, time="5m")
+    def measure(n):
+        ...
+
+    fut = measure.submit(1000)   # a concurrent.futures.Future, at once
+    print(fut.result())          # the value, or the remote exception re-raised
+
+    with delegate.Executor(time="2m") as ex:
+        squares = list(ex.map(lambda x: x * x, range(50)))   # one sbatch
+
+    delegate.Job(job_id).result()   # reattach from another process
+
+The job handling (job directory, sbatch, squeue, scancel, waiting) is the
+Rust core (``delegate._core``); Python does the pickling only.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import operator
+import os
+import sys
+import threading
+import time as _time
+
+import delegate_executor as _fmt
+from delegate import _core
+from delegate._client import WAITER, DelegateFuture, attach
+from delegate._errors import (DelegateError, JobFailed, JobTimedOut, RemoteError,
+                              RemoteTraceback, VersionMismatchError)
+
+__all__ = [
+    "remote", "Executor", "Job", "DelegateFuture", "DelegateError", "RemoteError",
+    "VersionMismatchError", "JobFailed", "JobTimedOut", "RemoteTraceback", "status",
+    "cancel", "sbatch_count",
+]
+__version__ = _core.__version__
+
+_RESOURCE_KEYS = ("cpus", "mem", "time", "image", "env")
+
+
+def _cloudpickle():
+    import cloudpickle
+    return cloudpickle
+
+
+def _register_local_module(fn, cloudpickle) -> None:
+    """Pickle by value the module of ``fn`` when it is the user's own file
+    (not installed, not the standard library): the sandbox cannot import it."""
+    modname = getattr(fn, "__module__", None)
+    if not modname or modname == "__main__":
+        return
+    mod = sys.modules.get(modname)
+    path = getattr(mod, "__file__", None)
+    if mod is None or not path or "." in modname:
+        return
+    path = os.path.realpath(path)
+    import sysconfig
+    installed = {os.path.realpath(p) for p in (sysconfig.get_paths().get(k) for k in
+                                               ("stdlib", "platstdlib", "purelib", "platlib")) if p}
+    installed |= {os.path.realpath(p) for p in sys.path if "site-packages" in p or "dist-packages" in p}
+    if any(path.startswith(d + os.sep) for d in installed):
+        return
+    try:
+        cloudpickle.register_pickle_by_value(mod)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _payload(fn, args, kwargs) -> bytes:
+    cloudpickle = _cloudpickle()
+    _register_local_module(fn, cloudpickle)
+    body = cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=4)
+    return _fmt.encode_payload(body, _fmt.python_version(), cloudpickle.__version__)
+
+
+def _label(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _resources(res: dict) -> dict:
+    out = {}
+    for k, v in res.items():
+        if k not in _RESOURCE_KEYS:
+            raise TypeError("unknown resource %r (expected one of %s)" % (k, ", ".join(_RESOURCE_KEYS)))
+        if v is None:
+            continue
+        if k in ("mem", "time") and not isinstance(v, str):
+            v = str(int(v))  # bytes / seconds
+        if k == "env":
+            v = {str(a): str(b) for a, b in dict(v).items()}
+        out[k] = v
+    return out
+
+
+def _submit_many(fn, calls, res: dict) -> list:
+    """Submits every (args, kwargs) of ``calls`` in one sbatch; returns futures."""
+    cloudpickle = _cloudpickle()
+    payloads = [_payload(fn, a, k) for a, k in calls]
+    ids = _core.submit_python(payloads, _fmt.python_version(), cloudpickle.__version__,
+                              **_resources(res))
+    label = _label(fn)
+    return [attach(i, "%s [%s]" % (label, i)) for i in ids]
+
+
+def _submit(fn, args, kwargs, res: dict) -> DelegateFuture:
+    (fut,) = _submit_many(fn, [(args, kwargs)], res)
+    return fut
+
+
+class RemoteFunction:
+    """A function that runs on the cluster: calling it waits for the remote
+    value; ``submit`` returns a future at once; ``map`` runs many calls in one
+    sbatch."""
+
+    def __init__(self, fn, **resources):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._resources = resources
+        _resources(resources)  # validate early
+
+    def __call__(self, *args, **kwargs):
+        return self.submit(*args, **kwargs).result()
+
+    def submit(self, *args, **kwargs) -> DelegateFuture:
+        return _submit(self._fn, args, kwargs, self._resources)
+
+    def map(self, *iterables, timeout=None):
+        with Executor(**self._resources) as ex:
+            return list(ex.map(self._fn, *iterables, timeout=timeout))
+
+    def options(self, **resources) -> "RemoteFunction":
+        return RemoteFunction(self._fn, **{**self._resources, **resources})
+
+    def __reduce__(self):
+        # Inside the sandbox (where delegate is not installed) a reference to
+        # the decorated function is the plain function.
+        return operator.itemgetter(0), ((self._fn,),)
+
+
+def remote(fn=None, *, cpus=None, mem=None, time=None, image=None, env=None):
+    """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, mem="2G",
+    time="5m", image="delegate-sandbox:latest", env={"K": "v"})``."""
+    res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env)
+    res = {k: v for k, v in res.items() if v is not None}
+    if fn is None:
+        return lambda f: RemoteFunction(f, **res)
+    return RemoteFunction(fn, **res)
+
+
+class Executor(cf.Executor):
+    """A ``concurrent.futures.Executor`` running each call in its own sandbox
+    on the cluster. ``map`` submits all its calls in one sbatch."""
+
+    def __init__(self, cpus=None, mem=None, time=None, image=None, env=None):
+        self._resources = {k: v for k, v in dict(cpus=cpus, mem=mem, time=time, image=image,
+                                                  env=env).items() if v is not None}
+        _resources(self._resources)
+        self._futures = []
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def _track(self, futs):
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._futures = [f for f in self._futures if not f.done()] + list(futs)
+        return futs
+
+    def submit(self, fn, /, *args, **kwargs) -> DelegateFuture:
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        (fut,) = self._track(_submit_many(fn, [(args, kwargs)], self._resources))
+        return fut
+
+    def map(self, fn, *iterables, timeout=None, chunksize=1):
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        if isinstance(fn, RemoteFunction):
+            fn = fn._fn
+        calls = [(args, {}) for args in zip(*iterables)]
+        end = None if timeout is None else _time.monotonic() + timeout
+        futs = self._track(_submit_many(fn, calls, self._resources)) if calls else []
+
+        def results():
+            try:
+                for f in futs:
+                    left = None if end is None else max(0.0, end - _time.monotonic())
+                    yield f.result(left)
+            finally:
+                for f in futs:
+                    if not f.done():
+                        f.cancel()
+        return results()
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        with self._lock:
+            self._shutdown = True
+            futs = list(self._futures)
+        if cancel_futures:
+            pending = [f for f in futs if not f.done()]
+            if pending:
+                _core.cancel([f.job_id for f in pending])
+                for f in pending:
+                    cf.Future.cancel(f)
+        if wait:
+            cf.wait(futs)
+
+
+def Job(job_id: str) -> DelegateFuture:  # noqa: N802 - reads like a class
+    """Reattaches to a job by id (from any process): the same kind of future."""
+    _core.status([job_id])  # validates the id and that the job exists
+    return attach(job_id, job_id)
+
+
+def status(job_ids) -> list:
+    """The status dicts of the given jobs (one Slurm query)."""
+    return _core.status(list(job_ids))
+
+
+def cancel(job_ids) -> None:
+    _core.cancel(list(job_ids))
+
+
+def sbatch_count() -> int:
+    """How many sbatch calls this process made (the core counts them)."""
+    return _core.sbatch_count()

@@ -1,0 +1,277 @@
+"""Futures, the shared waiter thread, result decoding. All job handling
+(job directories, sbatch, squeue, scancel, waiting on the directory) is the
+Rust core, ``delegate._core``; this module only turns its answers into
+``concurrent.futures`` semantics and pickled values into Python objects."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import linecache
+import os
+import pickle
+import sys
+import threading
+import time
+import weakref
+
+import delegate_executor as fmt
+from delegate import _core
+from delegate._display import StatusLine
+from delegate._errors import (DelegateError, JobFailed, JobTimedOut, RemoteError,
+                              RemoteTraceback, VersionMismatchError)
+
+TERMINAL = ("completed", "failed", "timed-out", "cancelled", "lost")
+# Seconds between two Slurm queries of the shared waiter (the Rust core
+# returns earlier when a job directory changes).
+POLL_INTERVAL = float(os.environ.get("DELEGATE_POLL_INTERVAL", "2"))
+# Largest result read back (the payload limit of the protocol).
+MAX_RESULT = 256 * 1024 * 1024
+MAX_LOG = 64 * 1024 * 1024
+
+
+def _format_frames(frames, summary: str, remote_text: str) -> str:
+    """The remote traceback, with source lines taken from the caller's files
+    when the sandbox could not read them (a function from __main__ or a
+    notebook cell runs remotely without its source file)."""
+    if not frames:
+        return remote_text
+    lines = ["Traceback (most recent call last, remote):\n"]
+    for filename, lineno, name, line in frames:
+        lines.append('  File "%s", line %d, in %s\n' % (filename, lineno, name))
+        src = line or linecache.getline(filename, lineno).strip()
+        if src:
+            lines.append("    %s\n" % src)
+    lines.append(summary.rstrip() + "\n")
+    return "".join(lines)
+
+
+def decode_result(data: bytes, job_id: str):
+    """("ok", value) or ("err", exception) from a result file."""
+    try:
+        rec = fmt.decode_result(data)
+    except Exception as e:  # noqa: BLE001
+        return "err", RemoteError("job %s: the result file is unreadable: %s" % (job_id, e), job_id=job_id)
+    status, kind = rec.get("status"), rec.get("kind", "")
+    summary, tb_text = str(rec.get("summary", "")), str(rec.get("traceback", ""))
+    exc_type = str(rec.get("exc_type", ""))
+    text = _format_frames(rec.get("frames") or [], summary, tb_text)
+    if status == "ok":
+        try:
+            return "ok", pickle.loads(rec["data"])
+        except Exception as e:  # noqa: BLE001
+            return "err", RemoteError(
+                "job %s: the return value could not be unpickled here: %s: %s"
+                % (job_id, type(e).__name__, e), "", "", job_id, "unpicklable-result")
+    if status == "err":
+        try:
+            exc = pickle.loads(rec["data"])
+            if not isinstance(exc, BaseException):
+                raise TypeError("not an exception: %r" % type(exc))
+        except Exception as e:  # noqa: BLE001
+            return "err", RemoteError(
+                "job %s: the remote %s could not be unpickled here (%s: %s): %s"
+                % (job_id, exc_type, type(e).__name__, e, summary), text, exc_type, job_id,
+                "unpicklable-exception")
+        exc.__cause__ = RemoteTraceback(text)
+        if hasattr(exc, "add_note"):
+            try:
+                exc.add_note("(raised remotely in delegate job %s; remote traceback above)" % job_id)
+            except Exception:  # noqa: BLE001
+                pass
+        return "err", exc
+    if kind == "version-mismatch":
+        return "err", VersionMismatchError("job %s: %s" % (job_id, summary), "", "", job_id, kind)
+    return "err", RemoteError("job %s: %s" % (job_id, summary), text, exc_type, job_id, kind)
+
+
+class DelegateFuture(cf.Future):
+    """A ``concurrent.futures.Future`` of a delegate job, with ``job_id``,
+    ``state``, ``stdout`` and ``stderr``. ``cancel()`` cancels the Slurm job
+    whether it is pending or running."""
+
+    def __init__(self, job_id: str, label: str = ""):
+        super().__init__()
+        self.job_id = job_id
+        self._status = {"state": "pending", "reason": ""}
+        self._stdout = None
+        self._stderr = None
+        self._shown = False
+        self._line = StatusLine(label or job_id)
+
+    def __repr__(self) -> str:
+        return "<DelegateFuture job %s %s>" % (self.job_id, self.state)
+
+    # -- state -------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """pending, running, completed, failed, timed-out, cancelled or lost."""
+        return str(self._status.get("state", "pending"))
+
+    @property
+    def reason(self) -> str:
+        return str(self._status.get("reason", ""))
+
+    @property
+    def status(self) -> dict:
+        return dict(self._status)
+
+    def running(self) -> bool:
+        return self.state == "running" and not self.done()
+
+    def _read_log(self, name: str) -> str:
+        try:
+            data = _core.read_file(self.job_id, name, MAX_LOG)
+        except DelegateError:
+            data = None
+        return (data or b"").decode("utf-8", "replace")
+
+    @property
+    def stdout(self) -> str:
+        """The remote standard output so far (all of it once the job ended)."""
+        return self._stdout if self._stdout is not None else self._read_log("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self._stderr if self._stderr is not None else self._read_log("stderr")
+
+    # -- concurrent.futures ------------------------------------------------
+    def cancel(self) -> bool:
+        with self._condition:
+            if self._state in (cf._base.CANCELLED, cf._base.CANCELLED_AND_NOTIFIED):
+                return True
+            if self._state == cf._base.FINISHED:
+                return False
+        _core.cancel([self.job_id])
+        return super().cancel()
+
+    def _show_output(self) -> None:
+        if self._shown or not self.done() or self.cancelled():
+            return
+        self._shown = True
+        for text, stream in ((self._stdout, sys.stdout), (self._stderr, sys.stderr)):
+            if text:
+                try:
+                    stream.write(text)
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def result(self, timeout=None):
+        try:
+            return super().result(timeout)
+        finally:
+            self._show_output()
+
+    def exception(self, timeout=None):
+        try:
+            return super().exception(timeout)
+        finally:
+            self._show_output()
+
+    # -- called by the waiter ---------------------------------------------
+    def _update(self, st: dict) -> None:
+        self._status = st
+        self._line.update(self.state)
+
+    def _finish(self, st: dict) -> None:
+        self._status = st
+        state = self.state
+        self._stdout = self._read_log("stdout")
+        self._stderr = self._read_log("stderr")
+        try:
+            data = _core.read_file(self.job_id, "result", MAX_RESULT)
+        except DelegateError as e:
+            data = None
+            if state == "completed":
+                self._set(False, RemoteError("job %s: %s" % (self.job_id, e), job_id=self.job_id))
+                return
+        self._line.update(state, final=True)
+        if state == "cancelled":
+            cf.Future.cancel(self)
+            return
+        if data is not None:
+            kind, obj = decode_result(data, self.job_id)
+            self._set(kind == "ok", obj)
+            return
+        why = self.reason or "no reason given"
+        tail = self._stderr[-2000:] if self._stderr else ""
+        msg = "job %s %s without a result: %s" % (self.job_id, state, why)
+        if state == "timed-out":
+            self._set(False, JobTimedOut(msg, tail, "", self.job_id, state))
+        else:
+            self._set(False, JobFailed(msg, tail, "", self.job_id, state))
+
+    def _set(self, ok: bool, obj) -> None:
+        try:
+            if ok:
+                self.set_result(obj)
+            else:
+                self.set_exception(obj)
+        except cf.InvalidStateError:
+            pass  # cancelled in the meantime
+
+
+class _Waiter:
+    """One thread waiting for every job of this process: each round is one
+    call of the Rust core's ``wait`` for all ids (one Slurm query, and the
+    job directories' notifications), whatever the number of futures."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._futures = {}  # job id -> list of futures
+        self._thread = None
+        self.rounds = 0
+
+    def add(self, fut: DelegateFuture) -> None:
+        with self._cv:
+            self._futures.setdefault(fut.job_id, []).append(fut)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="delegate-waiter", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            with self._cv:
+                while not self._futures:
+                    self._cv.wait()
+                ids = list(self._futures)
+            try:
+                statuses = _core.wait(ids, POLL_INTERVAL)
+                failures = 0
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                if failures >= 5:
+                    with self._cv:
+                        dead = {i: self._futures.pop(i) for i in ids if i in self._futures}
+                    for futs in dead.values():
+                        for f in futs:
+                            f._set(False, e)
+                    failures = 0
+                time.sleep(min(POLL_INTERVAL * failures, 10))
+                continue
+            self.rounds += 1
+            for st in statuses:
+                jid = st.get("id")
+                if st.get("state") in TERMINAL:
+                    with self._cv:
+                        futs = self._futures.pop(jid, [])
+                    for f in futs:
+                        try:
+                            f._finish(st)
+                        except Exception as e:  # noqa: BLE001 - never kill the waiter
+                            f._set(False, e)
+                else:
+                    with self._cv:
+                        futs = list(self._futures.get(jid, []))
+                    for f in futs:
+                        f._update(st)
+
+
+WAITER = _Waiter()
+
+
+def attach(job_id: str, label: str = "") -> DelegateFuture:
+    fut = DelegateFuture(job_id, label)
+    WAITER.add(fut)
+    return fut

@@ -1,0 +1,5 @@
+import sys
+
+from delegate_executor import main
+
+sys.exit(main())

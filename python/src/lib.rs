@@ -1,0 +1,268 @@
+//! `delegate._core`: the Rust core of the Python package. Job directories,
+//! submission (one sbatch per call, or one job array for a `map`), waiting,
+//! status, cancel and the readers are the broker's client library
+//! (`delegate_broker::client`); this module only converts arguments and
+//! errors. Every call that may block (sbatch, squeue, scancel, waiting,
+//! reading large files) releases the GIL.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use delegate_broker::client::{Client, ClientError, JobStatus, Stream, SubmitRequest};
+use delegate_broker::protocol::{JobId, Task};
+use delegate_broker::units::{parse_duration, parse_size};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+mod array;
+
+create_exception!(_core, DelegateError, PyException, "A delegate operation failed (submission, Slurm, the job directory).");
+create_exception!(_core, NoSuchJobError, DelegateError, "No job with this id in the delegate root.");
+create_exception!(_core, SubmitError, DelegateError, "The job could not be submitted.");
+
+/// Number of sbatch calls made by this process (tests assert that a `map`
+/// makes exactly one).
+static SBATCH_CALLS: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug, thiserror::Error)]
+enum CoreError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<CoreError> for PyErr {
+    fn from(e: CoreError) -> PyErr {
+        match e {
+            CoreError::Invalid(m) => PyValueError::new_err(m),
+            CoreError::Client(c) => {
+                let msg = c.to_string();
+                match c {
+                    ClientError::NoSuchJob { .. } => NoSuchJobError::new_err(msg),
+                    ClientError::SubmitFailed { .. } => SubmitError::new_err(msg),
+                    ClientError::InvalidRequest(_) => SubmitError::new_err(msg),
+                    _ => DelegateError::new_err(msg),
+                }
+            }
+        }
+    }
+}
+
+type CoreResult<T> = Result<T, CoreError>;
+
+fn client() -> CoreResult<Client> {
+    Ok(Client::from_env()?)
+}
+
+fn parse_ids(ids: &[String]) -> CoreResult<Vec<JobId>> {
+    ids.iter()
+        .map(|s| JobId::parse(s).map_err(|e| CoreError::Invalid(e.to_string())))
+        .collect()
+}
+
+fn opt_ms(py: Python<'_>, v: Option<u64>) -> Py<PyAny> {
+    match v {
+        Some(ms) => (ms as f64 / 1000.0).into_pyobject(py).map(|o| o.into_any().unbind()).unwrap_or_else(|_| py.None()),
+        None => py.None(),
+    }
+}
+
+fn status_dict<'py>(py: Python<'py>, s: &JobStatus) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", s.id.as_str())?;
+    d.set_item("slurm_id", s.slurm_id.clone())?;
+    d.set_item("state", s.state.as_str())?;
+    d.set_item("reason", &s.reason)?;
+    d.set_item("exit_code", s.exit_code)?;
+    d.set_item("refused", s.refused)?;
+    d.set_item("oom_killed", s.oom_killed)?;
+    d.set_item("host", s.host.clone())?;
+    d.set_item("submitted", opt_ms(py, s.submitted_ms))?;
+    d.set_item("started", opt_ms(py, s.started_ms))?;
+    d.set_item("finished", opt_ms(py, s.finished_ms))?;
+    d.set_item("elapsed", s.elapsed_secs)?;
+    Ok(d)
+}
+
+fn status_list<'py>(py: Python<'py>, v: &[JobStatus]) -> PyResult<Bound<'py, PyList>> {
+    let items = v.iter().map(|s| status_dict(py, s)).collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn request(
+    payload: Vec<u8>,
+    python_version: &str,
+    cloudpickle_version: &str,
+    cpus: Option<u32>,
+    mem: Option<&str>,
+    time: Option<&str>,
+    image: Option<&str>,
+    env: &[(String, String)],
+) -> CoreResult<SubmitRequest> {
+    let mut req = SubmitRequest::new(Task::Python {
+        python_version: python_version.to_owned(),
+        cloudpickle_version: cloudpickle_version.to_owned(),
+    });
+    if let Some(c) = cpus {
+        req.cpus = c;
+    }
+    if let Some(m) = mem {
+        req.mem_bytes = parse_size(m).map_err(|e| CoreError::Invalid(format!("mem={m:?}: {e}")))?;
+    }
+    if let Some(t) = time {
+        req.time_limit_secs = parse_duration(t).map_err(|e| CoreError::Invalid(format!("time={t:?}: {e}")))?;
+    }
+    req.image = image.map(str::to_owned);
+    req.env = env.to_vec();
+    req.payload = Some(payload);
+    Ok(req)
+}
+
+/// Submits Python calls (each payload is one pickled call). One payload: one
+/// sbatch. Several: ONE sbatch of a job array, one job directory (and one
+/// sandbox) per call. Returns the job ids in order.
+#[pyfunction]
+#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, mem=None, time=None, image=None, env=None))]
+#[allow(clippy::too_many_arguments)]
+fn submit_python(
+    py: Python<'_>,
+    payloads: Vec<Bound<'_, PyBytes>>,
+    python_version: String,
+    cloudpickle_version: String,
+    cpus: Option<u32>,
+    mem: Option<String>,
+    time: Option<String>,
+    image: Option<String>,
+    env: Option<HashMap<String, String>>,
+) -> PyResult<Vec<String>> {
+    let mut env: Vec<(String, String)> = env.unwrap_or_default().into_iter().collect();
+    env.sort();
+    let reqs = payloads
+        .iter()
+        .map(|p| {
+            request(
+                p.as_bytes().to_vec(),
+                &python_version,
+                &cloudpickle_version,
+                cpus,
+                mem.as_deref(),
+                time.as_deref(),
+                image.as_deref(),
+                &env,
+            )
+        })
+        .collect::<CoreResult<Vec<_>>>()?;
+    drop(payloads);
+    let ids = py.detach(move || -> CoreResult<Vec<String>> {
+        let c = client()?;
+        match reqs.len() {
+            0 => Ok(Vec::new()),
+            1 => {
+                SBATCH_CALLS.fetch_add(1, Ordering::SeqCst);
+                Ok(vec![c.submit(&reqs[0])?.id.to_string()])
+            }
+            _ => {
+                SBATCH_CALLS.fetch_add(1, Ordering::SeqCst);
+                Ok(array::submit_array(&c, &reqs)?.into_iter().map(|i| i.to_string()).collect())
+            }
+        }
+    })?;
+    Ok(ids)
+}
+
+/// The status of each job (one Slurm query for all).
+#[pyfunction]
+fn status<'py>(py: Python<'py>, ids: Vec<String>) -> PyResult<Bound<'py, PyList>> {
+    let ids = parse_ids(&ids)?;
+    let v = py.detach(move || -> CoreResult<Vec<JobStatus>> { Ok(client()?.status(&ids)?) })?;
+    status_list(py, &v)
+}
+
+/// Waits up to `timeout` seconds (None: until all are over) for the jobs;
+/// returns their statuses. The job directories' inotify events wake it;
+/// Slurm is asked once per interval for all of them.
+#[pyfunction]
+#[pyo3(signature = (ids, timeout=None))]
+fn wait<'py>(py: Python<'py>, ids: Vec<String>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
+    let ids = parse_ids(&ids)?;
+    let timeout = match timeout {
+        Some(t) if !(t.is_finite() && t >= 0.0) => {
+            return Err(PyValueError::new_err(format!("timeout must be a non-negative number of seconds, not {t}")))
+        }
+        Some(t) => Some(Duration::from_secs_f64(t)),
+        None => None,
+    };
+    let v = py.detach(move || -> CoreResult<Vec<JobStatus>> { Ok(client()?.wait(&ids, timeout)?) })?;
+    status_list(py, &v)
+}
+
+/// Cancels the jobs (one scancel), waits briefly for them to end, returns
+/// their statuses.
+#[pyfunction]
+fn cancel<'py>(py: Python<'py>, ids: Vec<String>) -> PyResult<Bound<'py, PyList>> {
+    let ids = parse_ids(&ids)?;
+    let v = py.detach(move || -> CoreResult<Vec<JobStatus>> { Ok(client()?.cancel(&ids)?) })?;
+    status_list(py, &v)
+}
+
+/// Reads a job's `stdout`, `stderr` (at most `limit` bytes) or `result`;
+/// None when the file does not exist.
+#[pyfunction]
+#[pyo3(signature = (id, name, limit=64 * 1024 * 1024))]
+fn read_file<'py>(py: Python<'py>, id: String, name: String, limit: u64) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let id = JobId::parse(&id).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let data = py.detach(move || -> CoreResult<Option<Vec<u8>>> {
+        let c = client()?;
+        Ok(match name.as_str() {
+            "stdout" => c.read_output(&id, Stream::Stdout, limit)?,
+            "stderr" => c.read_output(&id, Stream::Stderr, limit)?,
+            "result" => c.read_result(&id)?,
+            other => return Err(CoreError::Invalid(format!("unknown job file {other:?} (stdout, stderr or result)"))),
+        })
+    })?;
+    Ok(data.map(|d| PyBytes::new(py, &d)))
+}
+
+/// The job directory of a job.
+#[pyfunction]
+fn job_dir(py: Python<'_>, id: String) -> PyResult<String> {
+    let id = JobId::parse(&id).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let c = py.detach(client)?;
+    Ok(c.job_dir(&id).display().to_string())
+}
+
+/// The delegate root in use.
+#[pyfunction]
+fn root(py: Python<'_>) -> PyResult<String> {
+    let c = py.detach(client)?;
+    Ok(c.root().display().to_string())
+}
+
+/// How many sbatch calls this process made.
+#[pyfunction]
+fn sbatch_count() -> u64 {
+    SBATCH_CALLS.load(Ordering::SeqCst)
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DelegateError", py.get_type::<DelegateError>())?;
+    m.add("NoSuchJobError", py.get_type::<NoSuchJobError>())?;
+    m.add("SubmitError", py.get_type::<SubmitError>())?;
+    m.add_function(wrap_pyfunction!(submit_python, m)?)?;
+    m.add_function(wrap_pyfunction!(status, m)?)?;
+    m.add_function(wrap_pyfunction!(wait, m)?)?;
+    m.add_function(wrap_pyfunction!(cancel, m)?)?;
+    m.add_function(wrap_pyfunction!(read_file, m)?)?;
+    m.add_function(wrap_pyfunction!(job_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(root, m)?)?;
+    m.add_function(wrap_pyfunction!(sbatch_count, m)?)?;
+    Ok(())
+}
