@@ -352,9 +352,21 @@ local_build_images() {
         build_base_image
     fi
     log "image $DELEGATE_SANDBOX_IMAGE: building from docker/sandbox.Dockerfile (cached)"
-    docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
-        -t "$DELEGATE_SANDBOX_IMAGE" -f "$REPO/docker/sandbox.Dockerfile" "$REPO/docker" \
-        || die "docker build of $DELEGATE_SANDBOX_IMAGE failed"
+    # The context is only what the image needs: docker/, the Python executor,
+    # the pyproject.toml that pins cloudpickle, and that cloudpickle's wheel
+    # (downloaded here: the image build has no pip and trusts no proxy CA).
+    local pin wheels
+    pin=$(python3 -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb")); print(*[r for r in d["project"]["dependencies"] if r.startswith("cloudpickle==")])' \
+        "$REPO/python/pyproject.toml") || die "cannot read the cloudpickle pin from python/pyproject.toml"
+    wheels=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheels/wheels" "$pin" \
+        || die "cannot download $pin (pip download)"
+    tar --exclude=__pycache__ -c -C "$REPO" docker python/pyproject.toml python/pysrc/delegate_executor \
+        -C "$wheels" wheels \
+        | docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
+            -t "$DELEGATE_SANDBOX_IMAGE" -f docker/sandbox.Dockerfile - \
+        || { rm -rf "$wheels"; die "docker build of $DELEGATE_SANDBOX_IMAGE failed"; }
+    rm -rf "$wheels"
 }
 
 # No registry: debootstrap a minimal Debian with python3 and import it. The

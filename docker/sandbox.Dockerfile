@@ -20,5 +20,29 @@ RUN apt-get update \
  && find / -xdev -perm /6000 -type f -exec chmod a-s {} + \
  && python3 --version && gcc --version | head -n1
 
+# The Python side of delegate (build_cluster.sh sends a context of docker/,
+# python/pyproject.toml, the executor and wheels/): cloudpickle at exactly
+# the version pinned in python/pyproject.toml -- the one place it is pinned,
+# so the wheel and the sandbox cannot drift; its pure-Python wheel is
+# downloaded on the host and unpacked here, no pip or network in the image --
+# and the executor module the runner starts for a Python job
+# (python3 -m delegate_executor /job).
+COPY python/pyproject.toml /tmp/delegate/pyproject.toml
+COPY python/pysrc/delegate_executor /tmp/delegate/delegate_executor
+COPY wheels /tmp/delegate/wheels
+RUN set -e; \
+    pin=$(python3 -c 'import tomllib; d = tomllib.load(open("/tmp/delegate/pyproject.toml", "rb")); print(*[r for r in d["project"]["dependencies"] if r.startswith("cloudpickle==")])'); \
+    ver=${pin#cloudpickle==}; test -n "$ver"; \
+    whl=/tmp/delegate/wheels/cloudpickle-$ver-py3-none-any.whl; \
+    test -f "$whl" || { echo "missing $whl (build_cluster.sh downloads it)" >&2; exit 1; }; \
+    site=$(python3 -c 'import site; print([p for p in site.getsitepackages() if p.startswith("/usr/local/")][0])'); \
+    mkdir -p "$site"; \
+    python3 -m zipfile -e "$whl" "$site"; \
+    cp -r /tmp/delegate/delegate_executor "$site/"; rm -rf /tmp/delegate; \
+    find "$site" -name __pycache__ -prune -exec rm -rf {} +; \
+    chmod -R a+rX "$site"; \
+    python3 -m compileall -q "$site"; \
+    python3 -c 'import cloudpickle, delegate_executor; assert cloudpickle.__version__ == "'"$ver"'"; print("cloudpickle", cloudpickle.__version__)'
+
 LABEL org.opencontainers.image.title="delegate-sandbox" \
       org.opencontainers.image.description="Sandbox image for delegate jobs"
