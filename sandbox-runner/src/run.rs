@@ -71,6 +71,26 @@ pub fn install_signal_handlers() -> std::io::Result<SignalWatch> {
     Ok(rx)
 }
 
+/// Runs `f` with the effective gid switched to the real gid, so files the
+/// runner creates in the job directory belong to the user's group rather
+/// than to `docker` (the setgid group). Only called where no connection to
+/// the engine is being opened (the engine socket needs the docker group).
+fn as_user_group<T>(f: impl FnOnce() -> T) -> T {
+    let real = nix::unistd::getgid();
+    let effective = nix::unistd::getegid();
+    if real == effective {
+        return f();
+    }
+    let switched = nix::unistd::setegid(real).is_ok();
+    let out = f();
+    if switched {
+        if let Err(e) = nix::unistd::setegid(effective) {
+            tracing::error!("cannot restore the effective gid: {e}");
+        }
+    }
+    out
+}
+
 fn hostname() -> String {
     nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
@@ -147,7 +167,7 @@ pub async fn run_job(
     };
     let host = hostname();
     let write = |o: &Outcome, line: Option<String>| -> Finish {
-        match write_record_at(&dir.fd, &dir.path, o) {
+        match as_user_group(|| write_record_at(&dir.fd, &dir.path, o)) {
             Ok(()) => Finish {
                 code: EXIT_OUTCOME,
                 final_line: line,
@@ -262,7 +282,7 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
     if let Some(sig) = ctx.signalled() {
         return ctx.outcome(State::Cancelled, ctx.cancel_reason(sig));
     }
-    let (stdout, stderr) = match (create_output(ctx.dir, STDOUT), create_output(ctx.dir, STDERR)) {
+    let (stdout, stderr) = match as_user_group(|| (create_output(ctx.dir, STDOUT), create_output(ctx.dir, STDERR))) {
         (Ok(o), Ok(e)) => (o, e),
         (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
     };
@@ -453,7 +473,7 @@ async fn supervise(
         perf_mode: perf.as_str().to_string(),
     };
     // A job whose start cannot be recorded is stopped: the directory is broken.
-    write_record_at(&ctx.dir.fd, &ctx.dir.path, &started).map_err(|e| format!("cannot record the start: {e}"))?;
+    as_user_group(|| write_record_at(&ctx.dir.fd, &ctx.dir.path, &started)).map_err(|e| format!("cannot record the start: {e}"))?;
 
     let limit = Duration::from_secs(spec.resources.time_limit_secs);
     let mut signals = ctx.signals.clone();
