@@ -5,6 +5,7 @@
 #                                    idempotent, fast when already up)
 #   2. cargo test --workspace --release   (unit tests)
 #   3. pytest -v tests/e2e          (end-to-end, in a venv)
+#   4. maturin build + pip install of python/, pytest -v tests/python
 # Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
 # The venv gets tests/requirements.txt when it exists (pip -r syntax, so it
 # may name the Python package: ./python), else just pytest.
@@ -72,6 +73,24 @@ if [[ -d tests/e2e ]]; then
 else
     echo "WARNING: no tests/e2e directory; end-to-end tests skipped" >&2
 fi
+
+section "Python package: maturin build, install, pytest -v tests/python"
+# The wheel is built with maturin into the test venv (readable by the test
+# students: jobs are submitted as delegate-alice, never as root).
+"$VENV/bin/python" -c 'import maturin' 2>/dev/null \
+    || "$VENV/bin/pip" install -q "maturin>=1.8,<2" || fail "pip install maturin"
+wheels=$(mktemp -d)
+"$VENV/bin/maturin" build --release -q -m python/Cargo.toml -i "$VENV/bin/python" -o "$wheels" \
+    || fail "maturin build of the Python package"
+"$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/delegate-*.whl \
+    && "$VENV/bin/pip" install -q "$wheels"/delegate-*.whl || fail "pip install of the delegate wheel"
+rm -rf "$wheels"
+chmod -R a+rX "$VENV"
+set +e
+"$VENV/bin/python" -m pytest -v tests/python "$@"
+rc=$?
+set -e
+((rc == 0)) || fail "Python package tests (pytest exit $rc)"
 
 section "all tests passed"
 printf 'total %ds\n' "$((SECONDS - T0))"

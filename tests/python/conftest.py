@@ -1,0 +1,108 @@
+"""Fixtures for the Python package's tests: the real local cluster (brought
+up by `build_cluster.sh --local`; tests/run.sh runs it first), and a student
+who runs Python scripts using the installed `delegate` package.
+
+The tests run as root (they inspect Docker), but jobs must be submitted by an
+ordinary user (the runner refuses uid 0): each test writes a small script and
+runs it as `delegate-alice` with this interpreter (the test venv, which must
+be readable by that user: tests/run.sh puts it under /var/lib/delegate).
+Scripts print one line `RESULT: <json>` that the test reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+USERS = {"delegate-alice": 2001, "delegate-bob": 2002}
+PYTHON = sys.executable
+
+
+def _problem() -> str | None:
+    if os.geteuid() != 0:
+        return "run the tests as root (tests/run.sh); jobs are submitted as delegate-alice"
+    for cmd in (["scontrol", "ping"], ["docker", "info"]):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{cmd[0]} does not answer: {e}"
+        if r.returncode != 0 or "DOWN" in r.stdout:
+            return f"{' '.join(cmd)} failed: {r.stdout.strip()} {r.stderr.strip()}"
+    if not Path("/usr/local/bin/sandbox-runner").exists():
+        return "sandbox-runner is not installed: run ./build_cluster.sh --local"
+    r = subprocess.run([PYTHON, "-c", "import delegate"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"the delegate package is not installed in {PYTHON}: {r.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster():
+    problem = _problem()
+    if problem and os.geteuid() == 0 and "not installed in" not in problem:
+        subprocess.run([str(REPO / "build_cluster.sh"), "--local"], timeout=1800)
+        problem = _problem()
+    if problem:
+        pytest.fail(f"LOCAL CLUSTER UNAVAILABLE: {problem}", pytrace=False)
+    for name, uid in USERS.items():
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--uid", str(uid), "--user-group",
+                            "--shell", "/bin/sh", name], check=True, capture_output=True)
+    yield
+
+
+class Student:
+    """Runs Python scripts as an ordinary user with the test interpreter."""
+
+    def __init__(self, name: str):
+        pw = pwd.getpwnam(name)
+        self.name, self.uid, self.home = name, pw.pw_uid, Path(pw.pw_dir)
+        self.root = self.home / ".delegate" / "jobs"
+        self.scripts = Path(tempfile.mkdtemp(prefix="delegate-pytest-"))
+        os.chmod(self.scripts, 0o755)
+
+    def env(self) -> dict:
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8",
+                "DELEGATE_POLL_INTERVAL": "1"}
+
+    def run(self, code: str, timeout: float = 300, name: str = "script") -> subprocess.CompletedProcess:
+        path = self.scripts / f"{name}.py"
+        path.write_text(textwrap.dedent(code))
+        os.chmod(path, 0o644)
+        return subprocess.run(["runuser", "-u", self.name, "--", PYTHON, str(path)],
+                              capture_output=True, text=True, timeout=timeout, env=self.env(), cwd="/")
+
+    def result(self, code: str, timeout: float = 300, name: str = "script"):
+        """Runs `code` and returns (the RESULT json, the completed process)."""
+        r = self.run(code, timeout, name)
+        lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT: ")]
+        assert r.returncode == 0 and lines, (
+            f"script failed (rc={r.returncode})\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-4000:]}")
+        return json.loads(lines[-1][len("RESULT: "):]), r
+
+    def cleanup(self):
+        shutil.rmtree(self.scripts, ignore_errors=True)
+
+
+@pytest.fixture
+def alice():
+    s = Student("delegate-alice")
+    yield s
+    s.cleanup()
+
+
+def containers_with_label(job: str) -> list[str]:
+    r = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=delegate.job={job}"],
+                       capture_output=True, text=True, timeout=60)
+    return r.stdout.split()
