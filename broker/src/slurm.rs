@@ -249,6 +249,10 @@ impl Slurm {
         let args = vec![
             "--noheader".to_owned(),
             "--states=all".to_owned(),
+            // One line per job-array element (`123_4`), also while pending
+            // (otherwise pending elements collapse into `123_[4-49]` and a
+            // job directory naming `123_4` would look gone).
+            "--array".to_owned(),
             format!("--user={uid}"),
             "--format=%i|%T|%r".to_owned(),
         ];
