@@ -75,15 +75,15 @@ class User:
         self.root = self.home / ".delegate" / "jobs"
 
     def run(self, *args, check=False, timeout=180, text=True, input=None):
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8"}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(self.home), "LANG": "C.UTF-8"}
         return subprocess.run(
-            ["runuser", "-u", self.name, "--", DELEGATE, *args],
+            ["/usr/sbin/runuser", "-u", self.name, "--", DELEGATE, *args],
             capture_output=True, text=text, timeout=timeout, check=check, env=env, input=input,
             cwd="/",
         )
 
     def as_user(self, *cmd, check=True, timeout=60):
-        return subprocess.run(["runuser", "-u", self.name, "--", *cmd],
+        return subprocess.run(["/usr/sbin/runuser", "-u", self.name, "--", *cmd],
                               capture_output=True, text=True, timeout=timeout, check=check, cwd="/")
 
     def submit(self, *cmd, opts=()):
