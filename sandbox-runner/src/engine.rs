@@ -53,18 +53,13 @@ pub fn short_reason(e: &BollardError) -> String {
         BollardError::DockerResponseServerError { message, .. } => message.trim().to_string(),
         BollardError::SocketNotFoundError(p) => format!("{p} does not exist"),
         other => {
-            // Include the source chain: hyper's errors are terse on their own.
-            let mut s = other.to_string();
-            let mut src = std::error::Error::source(other);
-            while let Some(e) = src {
-                let m = e.to_string();
-                if !s.contains(&m) {
-                    s.push_str(": ");
-                    s.push_str(&m);
-                }
-                src = e.source();
+            // The innermost cause (e.g. "Connection refused (os error 111)")
+            // says more than hyper's wrappers around it.
+            let mut last: &dyn std::error::Error = other;
+            while let Some(e) = last.source() {
+                last = e;
             }
-            s
+            last.to_string()
         }
     }
 }

@@ -119,7 +119,10 @@ pub async fn probe(policy: &Policy) -> Report {
                 "the engine rejects CAP_PERFMON and the site policy asks for perf_mode = \"perfmon\": jobs will fail"
                     .to_string(),
             ),
-            Ok(false) => ("seccomp".to_string(), "seccomp (engine rejects CAP_PERFMON)".to_string()),
+            Ok(false) => (
+                "seccomp".to_string(),
+                "engine rejects CAP_PERFMON; delegate's seccomp profile permits perf_event_open".to_string(),
+            ),
             Err(e) => (
                 "unknown".to_string(),
                 format!("could not test CAP_PERFMON: {}", engine::short_reason(&e)),

@@ -10,12 +10,12 @@ use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
 use delegate_broker::policy::{PerfMode, Policy, PolicyError};
 use delegate_broker::protocol::{
-    check_clean_absolute, now_ms, write_record_at, Outcome, Started, State, Writer, CANCEL, STDERR, STDOUT,
+    check_clean_absolute, now_ms, open_dir_nofollow, write_record_at, Outcome, Started, State, Writer, CANCEL, STDERR, STDOUT,
 };
 use delegate_broker::units::{format_duration, format_size};
 use futures_util::{FutureExt, StreamExt};
 use nix::fcntl::{openat, AtFlags, OFlag};
-use nix::sys::stat::Mode;
+use nix::sys::stat::{fstat, Mode};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
@@ -248,6 +248,23 @@ pub async fn run_job(
     write(&outcome, line)
 }
 
+/// True when the job directory's path still names the directory that was
+/// checked (same device and inode, still no symlink on the way). The engine
+/// resolves the bind-mount source by path, as root; this narrows (it cannot
+/// close) the window in which a user could swap a path component.
+fn still_same_dir(dir: &JobDir) -> bool {
+    let now = match open_dir_nofollow(&dir.path) {
+        Ok(fd) => fd,
+        Err(_) => return false,
+    };
+    match (fstat(dir.fd.as_fd()), fstat(now.as_fd())) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    }
+}
+
+const REPLACED: &str = "the job directory was replaced while the job was starting";
+
 /// Creates the output files; they must not exist.
 fn create_output(dir: &JobDir, name: &str) -> Result<tokio::fs::File, String> {
     let fd: OwnedFd = openat(
@@ -302,6 +319,9 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
         PerfMode::Seccomp => Perf::Seccomp,
         PerfMode::Off => Perf::Off,
     };
+    if !still_same_dir(ctx.dir) {
+        return ctx.outcome(State::Failed, REPLACED.into());
+    }
     let name = format!("delegate-{job}");
     let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
     let mut created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
@@ -466,6 +486,10 @@ async fn supervise(
         .map_err(|e| classify(&e, "start the sandbox"))?;
     let started_ms = now_ms();
     tracing::info!("started container {id}");
+    if !still_same_dir(ctx.dir) {
+        // The caller removes (and so kills) the container.
+        return Err(REPLACED.into());
+    }
     let started = Started {
         host: ctx.host.clone(),
         started_ms,
