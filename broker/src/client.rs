@@ -360,7 +360,7 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
     }
     let why = match slurm_reason {
         "" if slurm_state == "gone" => "it is no longer in Slurm's queue",
-        "" => "no reason given",
+        "" | "None" => "Slurm gives no reason",
         r => r,
     };
     let mut reason = format!("Slurm reports the job {slurm_state} and the runner wrote no outcome ({why})");
@@ -782,7 +782,7 @@ impl Client {
                 (_, false, _) => SlurmView::NotAsked,
                 (None, true, _) => SlurmView::NotAsked,
                 (Some(_), true, None) => SlurmView::Unavailable,
-                (Some(sid), true, Some(q)) => q.get(sid).map_or(SlurmView::Absent, SlurmView::Present),
+                (Some(sid), true, Some(q)) => slurm::lookup(q, sid).map_or(SlurmView::Absent, SlurmView::Present),
             };
             let facts = Facts {
                 submitted: f.slurm_id.is_some(),

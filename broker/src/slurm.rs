@@ -147,7 +147,7 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
             && id.bytes().next().is_some_and(|b| b.is_ascii_digit())
             && id
                 .bytes()
-                .all(|b| b.is_ascii_digit() || matches!(b, b'_' | b'[' | b']' | b'-' | b',' | b'%' | b'+'));
+                .all(|b| b.is_ascii_digit() || matches!(b, b'_' | b'[' | b']' | b'-' | b',' | b'%' | b'+' | b':'));
         let state_ok = !state.is_empty() && state.bytes().all(|b| b.is_ascii_uppercase() || b == b'_');
         if !id_ok || !state_ok {
             tracing::warn!(line, "skipping an squeue line with an unexpected id or state");
@@ -162,6 +162,46 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
         );
     }
     jobs
+}
+
+/// True when the task list of a pending array record (`1-49`, `1,3,5-9`,
+/// `0-99%4`; without the brackets) includes `task`.
+pub fn array_spec_contains(spec: &str, task: u64) -> bool {
+    let spec = spec.split('%').next().unwrap_or("");
+    spec.split(',').any(|part| {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((a, b)) => match (a.parse::<u64>(), b.split(':').next().unwrap_or("").parse::<u64>()) {
+                // `a-b:step`
+                (Ok(a), Ok(b)) => {
+                    let step = b_step(part).max(1);
+                    (a..=b).contains(&task) && (task - a) % step == 0
+                }
+                _ => false,
+            },
+            None => part.parse::<u64>() == Ok(task),
+        }
+    })
+}
+
+fn b_step(part: &str) -> u64 {
+    part.split_once(':').and_then(|(_, s)| s.parse().ok()).unwrap_or(1)
+}
+
+/// Looks up a Slurm job id in parsed squeue output. An array element
+/// `123_4` also matches a pending array record such as `123_[0-9]`, which
+/// is how squeue shows elements that have not started yet.
+pub fn lookup<'a>(queue: &'a HashMap<String, SlurmJob>, id: &str) -> Option<&'a SlurmJob> {
+    if let Some(j) = queue.get(id) {
+        return Some(j);
+    }
+    let (base, task) = id.split_once('_')?;
+    let task: u64 = task.parse().ok()?;
+    let prefix = format!("{base}_[");
+    queue.iter().find_map(|(k, j)| {
+        let inner = k.strip_prefix(&prefix)?.strip_suffix(']')?;
+        array_spec_contains(inner, task).then_some(j)
+    })
 }
 
 /// The first non-empty line of a command's stderr (or stdout), for messages.
@@ -304,6 +344,24 @@ mod tests {
         assert!(parse_squeue("").is_empty());
         // Reasons may contain the separator.
         assert_eq!(parse_squeue("5|PENDING|a|b")["5"].reason, "a|b");
+    }
+
+    #[test]
+    fn array_records() {
+        let q = parse_squeue("26_[1-49%4]|PENDING|JobArrayTaskLimit\n26_0|RUNNING|None\n30_[1,3,5-9]|PENDING|Priority\n31_[0-10:2]|PENDING|None\n");
+        assert_eq!(lookup(&q, "26_0").unwrap().state, "RUNNING");
+        assert_eq!(lookup(&q, "26_1").unwrap().state, "PENDING");
+        assert_eq!(lookup(&q, "26_49").unwrap().reason, "JobArrayTaskLimit");
+        assert!(lookup(&q, "26_50").is_none());
+        assert!(lookup(&q, "30_3").is_some());
+        assert!(lookup(&q, "30_4").is_none());
+        assert!(lookup(&q, "30_7").is_some());
+        assert!(lookup(&q, "31_4").is_some());
+        assert!(lookup(&q, "31_5").is_none());
+        assert!(lookup(&q, "27").is_none());
+        assert!(lookup(&q, "26_x").is_none());
+        assert!(!array_spec_contains("garbage", 1));
+        assert!(!array_spec_contains("", 0));
     }
 
     #[test]
