@@ -93,9 +93,25 @@ fn init_logging() {
         .init();
 }
 
+/// The runner needs no capability: it reaches the Docker socket through its
+/// setgid group. Whatever it was started with (run by root, installed with
+/// file capabilities by mistake) is dropped before anything else, so no
+/// capability can leak into what it does for the user.
+fn drop_capabilities() -> Result<(), caps::errors::CapsError> {
+    use caps::CapSet;
+    for set in [CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+        caps::clear(None, set)?;
+    }
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
     init_logging();
+    if let Err(e) = drop_capabilities() {
+        eprintln!("delegate: error: cannot drop capabilities: {e}");
+        std::process::exit(run::EXIT_INTERNAL);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
