@@ -344,7 +344,9 @@ fn finish_wait(st: &[JobStatus], timeout: Option<u64>) -> CliResult {
     let mut code = 0u8;
     for s in st {
         let c = exit_status_for(s).unwrap_or(1).clamp(0, 255) as u8;
-        if s.state != State::Completed {
+        // A job that ran to an exit speaks through its exit code; explain the rest.
+        let ran_to_exit = s.exit_code.is_some() && !s.refused && matches!(s.state, State::Completed | State::Failed);
+        if !ran_to_exit {
             eprintln!("delegate: job {} {}: {}", s.id, s.state, s.reason);
         }
         if code == 0 {
