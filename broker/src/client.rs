@@ -856,6 +856,18 @@ impl Client {
     /// backoff from 50 ms to 1 s (NFS gives no events), and asks Slurm once
     /// every [`SLURM_INTERVAL`] about all jobs still waited for.
     pub fn wait(&self, ids: &[JobId], timeout: Option<Duration>) -> Result<Vec<JobStatus>> {
+        self.wait_with(ids, timeout, || false)
+    }
+
+    /// [`Client::wait`] that also stops, returning the current statuses, as
+    /// soon as `stop` returns true; `stop` is called at least once a second
+    /// (e.g. to notice Ctrl-C, or Python's pending signals).
+    pub fn wait_with(
+        &self,
+        ids: &[JobId],
+        timeout: Option<Duration>,
+        mut stop: impl FnMut() -> bool,
+    ) -> Result<Vec<JobStatus>> {
         use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
@@ -906,7 +918,7 @@ impl Client {
             }
             let done = statuses.iter().all(|s| s.as_ref().is_some_and(JobStatus::is_terminal));
             let now = Instant::now();
-            if done || deadline.is_some_and(|d| now >= d) {
+            if done || deadline.is_some_and(|d| now >= d) || stop() {
                 return Ok(statuses.into_iter().flatten().collect());
             }
             let mut sleep = backoff;

@@ -302,7 +302,17 @@ fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
         return Ok(0);
     }
     tracing::info!(job = %h.id, slurm_id = %h.slurm_id, "waiting");
-    let st = c.wait(std::slice::from_ref(&h.id), None)?;
+    // Ctrl-C (or SIGTERM) while waiting cancels the job, as srun does.
+    install_interrupt_handler();
+    let st = c.wait_with(std::slice::from_ref(&h.id), None, interrupted)?;
+    if interrupted() && !st.iter().all(JobStatus::is_terminal) {
+        eprintln!("delegate: interrupted; cancelling job {}", h.id);
+        let st = c.cancel(std::slice::from_ref(&h.id))?;
+        if cli.json {
+            print_json(&st[0])?;
+        }
+        return Ok(130);
+    }
     if cli.json {
         print_json(&st[0])?;
     } else {
@@ -310,6 +320,27 @@ fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
         copy_output(&c, &h.id, Stream::Stderr)?;
     }
     finish_wait(&st, None)
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+fn install_interrupt_handler() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(SigHandler::Handler(on_interrupt), SaFlags::empty(), SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        if let Err(e) = unsafe { sigaction(sig, &action) } {
+            tracing::debug!(signal = ?sig, error = %e, "cannot install a signal handler");
+        }
+    }
 }
 
 /// Streams a job's stdout or stderr file to ours.
