@@ -1345,6 +1345,32 @@ mod tests {
     }
 
     #[test]
+    fn cancel_marks_and_scancels_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let mut slurm = fake_slurm(&bin, "echo $$", "exit 0");
+        // scancel records its arguments (all ids in one call).
+        let log = bin.join("scancel.log");
+        std::fs::write(&slurm.scancel, format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display())).unwrap();
+        slurm.squeue = bin.join("squeue");
+        let c = client(tmp.path(), slurm);
+        let mut req = SubmitRequest::command(vec!["true".into()]);
+        req.image = Some("img".into());
+        let a = c.submit(&req).unwrap();
+        let b = c.submit(&req).unwrap();
+        let st = c.cancel(&[a.id.clone(), b.id.clone()]).unwrap();
+        assert!(st.iter().all(|s| s.state == State::Cancelled && s.reason == "cancelled by the user"));
+        assert!(a.dir.join("cancel").exists());
+        let calls = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(calls.trim(), format!("{} {}", a.slurm_id, b.slurm_id));
+        // Cancelling a finished job changes nothing and calls no scancel.
+        let again = c.cancel(std::slice::from_ref(&a.id)).unwrap();
+        assert_eq!(again[0].finished_ms, st[0].finished_ms);
+        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+    }
+
+    #[test]
     fn wait_wakes_on_outcome_and_times_out() {
         let tmp = tempfile::tempdir().unwrap();
         let bin = tmp.path().join("bin");

@@ -250,16 +250,31 @@ impl Slurm {
     fn run(&self, program: &Path, args: &[String], stdin: Option<&str>) -> Result<String, SlurmError> {
         let name = program.display().to_string();
         tracing::debug!(program = %name, ?args, "running");
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| SlurmError::Spawn {
-                program: name.clone(),
-                source,
-            })?;
+        let spawn = || {
+            Command::new(program)
+                .args(args)
+                .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        };
+        // ETXTBSY: the program was just written and another thread's fork
+        // still holds it open for writing; it clears within moments.
+        let mut attempt = 0;
+        let mut child = loop {
+            match spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < 20 => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(25));
+                }
+                other => {
+                    break other.map_err(|source| SlurmError::Spawn {
+                        program: name.clone(),
+                        source,
+                    })?
+                }
+            }
+        };
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             // A write error (the tool exited early) shows up in its status.
             let _ = pipe.write_all(input.as_bytes());
