@@ -134,6 +134,8 @@ pub struct SubmitRequest {
     pub env: Vec<(String, String)>,
     /// Opaque bytes for the sandbox (a pickled call); at most [`MAX_PAYLOAD_BYTES`].
     pub payload: Option<Vec<u8>>,
+    /// Submit held: the job stays pending until `scontrol release <slurm-id>`.
+    pub hold: bool,
 }
 
 impl SubmitRequest {
@@ -148,6 +150,7 @@ impl SubmitRequest {
             time_limit_secs: r.time_limit_secs,
             env: Vec::new(),
             payload: None,
+            hold: false,
         }
     }
 
@@ -415,7 +418,10 @@ pub fn exit_status_for(s: &JobStatus) -> Option<i32> {
 struct JobFiles {
     id: JobId,
     dir: PathBuf,
-    fd: OwnedFd,
+    /// `None` when the directory cannot be opened safely (a symlink, another
+    /// owner, no permission): `unreadable` says why.
+    fd: Option<OwnedFd>,
+    unreadable: Option<String>,
     slurm_id: Option<String>,
     started: Option<Started>,
     outcome: Option<Outcome>,
@@ -581,6 +587,7 @@ impl Client {
             cpus: req.cpus,
             time_limit_secs: req.time_limit_secs,
             script: slurm::batch_script(&self.config.runner, &dir),
+            hold: req.hold,
         };
         let slurm_id = match self.config.slurm.submit(&batch) {
             Ok(s) => s,
@@ -649,9 +656,36 @@ impl Client {
     // --- reading and reconciling ------------------------------------------
 
     fn load(&self, id: &JobId) -> Result<JobFiles> {
-        let fd = self.open_job_dir(id)?;
         let dir = self.job_dir(id);
-        let spec: Option<Spec> = optional(read_record_at(&fd, &dir, None))?;
+        let fd = match self.open_job_dir(id) {
+            Ok(fd) => fd,
+            Err(ClientError::Protocol(e)) => {
+                // The directory exists but cannot be opened safely: the
+                // runner refuses such a job too, and says so in the Slurm
+                // log beside the directory.
+                return Ok(JobFiles {
+                    id: id.clone(),
+                    dir,
+                    fd: None,
+                    unreadable: Some(e.to_string()),
+                    slurm_id: None,
+                    started: None,
+                    outcome: None,
+                    cancel: false,
+                    created_ms: now_ms(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        // A damaged spec does not hide the job's state: the runner reports
+        // on it in the outcome.
+        let spec: Option<Spec> = match optional(read_record_at(&fd, &dir, None)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "cannot read the spec");
+                None
+            }
+        };
         let slurm_id = match optional(read_bounded_at(&fd, &dir, protocol::SLURM_ID, MAX_SLURM_ID_BYTES, None))? {
             None => None,
             Some(b) => {
@@ -676,7 +710,8 @@ impl Client {
         Ok(JobFiles {
             id: id.clone(),
             dir,
-            fd,
+            fd: Some(fd),
+            unreadable: None,
             slurm_id,
             started,
             outcome,
@@ -778,6 +813,26 @@ impl Client {
                 out.push(self.status_of(f, o));
                 continue;
             }
+            let fd = match (&f.fd, &f.unreadable) {
+                (Some(fd), _) => fd,
+                (None, why) => {
+                    let why = why.clone().unwrap_or_default();
+                    out.push(match self.log_facts(&f.id).refusal {
+                        Some(reason) => {
+                            let mut st = self.live_status(f, State::Failed, format!("refused: {reason}"));
+                            st.refused = true;
+                            st.finished_ms = Some(now_ms());
+                            st
+                        }
+                        None => self.live_status(
+                            f,
+                            State::Pending,
+                            format!("the job directory cannot be read ({why}); waiting for the runner's verdict"),
+                        ),
+                    });
+                    continue;
+                }
+            };
             let view = match (&f.slurm_id, ask_slurm, &queue) {
                 (_, false, _) => SlurmView::NotAsked,
                 (None, true, _) => SlurmView::NotAsked,
@@ -795,10 +850,10 @@ impl Client {
                 Verdict::Live { state, reason } => out.push(self.live_status(f, state, reason)),
                 Verdict::Ended { state, reason, refused } => {
                     // The runner writes its outcome before it exits: look again.
-                    let outcome = match optional(read_record_at::<Outcome>(&f.fd, &f.dir, None))? {
+                    let outcome = match optional(read_record_at::<Outcome>(fd, &f.dir, None))? {
                         Some(o) => o,
                         None => {
-                            self.write_client_outcome(&f.fd, &f.dir, state, &reason, refused, f.started.as_ref())?
+                            self.write_client_outcome(fd, &f.dir, state, &reason, refused, f.started.as_ref())?
                         }
                     };
                     out.push(self.status_of(f, &outcome));
@@ -957,7 +1012,13 @@ impl Client {
             if j.outcome.is_some() {
                 continue;
             }
-            atomic_write_at(&j.fd, &j.dir, protocol::CANCEL, b"", 0o644)?;
+            let Some(fd) = &j.fd else {
+                return Err(ClientError::Protocol(ProtocolError::NotKind {
+                    path: j.dir.display().to_string(),
+                    expected: "job directory delegate can open (it cannot cancel this job)",
+                }));
+            };
+            atomic_write_at(fd, &j.dir, protocol::CANCEL, b"", 0o644)?;
             if let Some(s) = &j.slurm_id {
                 slurm_ids.push(s.clone());
             }

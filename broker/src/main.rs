@@ -118,6 +118,9 @@ struct SubmitArgs {
     /// Wait for the job, print its stdout and stderr, exit with its exit code.
     #[arg(long)]
     wait: bool,
+    /// Submit held: the job stays pending until `scontrol release <slurm-id>`.
+    #[arg(long, conflicts_with = "wait")]
+    hold: bool,
     /// The command and its arguments (run without a shell).
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -291,6 +294,7 @@ fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     req.mem_bytes = a.mem;
     req.time_limit_secs = a.time;
     req.env = env;
+    req.hold = a.hold;
     let c = client(&cli.root)?;
     let h = c.submit(&req)?;
     if !a.wait {

@@ -113,6 +113,8 @@ pub enum ProtocolError {
         found: u32,
         expected: u32,
     },
+    #[error("{path} is owned by uid {owner} and cannot be opened (permission denied)")]
+    NoAccess { path: String, owner: u32 },
     #[error("{path} is writable by group or others (mode {mode:o})")]
     TooOpen { path: String, mode: u32 },
     #[error("{path} is not a clean absolute path (it must be absolute, without '..' or '.')")]
@@ -569,6 +571,16 @@ pub fn open_dir_nofollow(path: &Path) -> Result<OwnedFd> {
                     return Err(ProtocolError::NotKind {
                         path: sofar.display().to_string(),
                         expected: "directory",
+                    });
+                }
+                Err(Errno::EACCES) => {
+                    let owner = nix::sys::stat::fstatat(&fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW);
+                    return Err(match owner {
+                        Ok(st) => ProtocolError::NoAccess {
+                            path: sofar.display().to_string(),
+                            owner: st.st_uid,
+                        },
+                        Err(_) => ProtocolError::io(sofar.display(), Errno::EACCES),
                     });
                 }
                 Err(e) => return Err(ProtocolError::io(sofar.display(), e)),

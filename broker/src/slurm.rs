@@ -93,6 +93,8 @@ pub struct BatchRequest {
     pub cpus: u32,
     pub time_limit_secs: u64,
     pub script: String,
+    /// Submit held (`--hold`): the job waits for `scontrol release`.
+    pub hold: bool,
 }
 
 /// The arguments of `sbatch` for `req`.
@@ -108,6 +110,9 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
     ];
     if let Some(p) = partition.filter(|p| !p.is_empty()) {
         args.push(format!("--partition={p}"));
+    }
+    if req.hold {
+        args.push("--hold".to_owned());
     }
     args
 }
@@ -408,6 +413,7 @@ mod tests {
             cpus: 2,
             time_limit_secs: 300,
             script: String::new(),
+            hold: false,
         };
         let a = sbatch_args(&req, None);
         assert_eq!(

@@ -173,6 +173,7 @@ pub fn submit_array(client: &Client, reqs: &[SubmitRequest]) -> Result<Vec<JobId
         cpus: first.cpus,
         time_limit_secs: first.time_limit_secs,
         script: array_script(&client.config().runner, &root, &ids),
+        hold: false,
     };
     let array_id = match client.config().slurm.submit(&batch) {
         Ok(s) => s,

@@ -213,7 +213,7 @@ def test_refuses_image_not_in_allowlist(alice):
 
 @pytest.mark.parametrize("opts,expect", [
     (("--mem", "999G"), "memory"),
-    (("--time", "100h"), "time limit"),
+    (("--time", "90m"), "time limit"),  # above the policy, below the partition MaxTime
 ])
 def test_refuses_limits_beyond_policy(alice, opts, expect):
     t0 = time.time() - 1
