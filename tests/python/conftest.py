@@ -25,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 USERS = {"delegate-alice": 2001, "delegate-bob": 2002}
 PYTHON = sys.executable
+RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 
 
 def _problem() -> str | None:
@@ -80,7 +81,7 @@ class Student:
         path = self.scripts / f"{name}.py"
         path.write_text(textwrap.dedent(code))
         os.chmod(path, 0o644)
-        return subprocess.run(["runuser", "-u", self.name, "--", PYTHON, str(path)],
+        return subprocess.run([RUNUSER, "-u", self.name, "--", PYTHON, str(path)],
                               capture_output=True, text=True, timeout=timeout, env=self.env(), cwd="/")
 
     def result(self, code: str, timeout: float = 300, name: str = "script"):

@@ -193,9 +193,7 @@ class Executor(cf.Executor):
                     left = None if end is None else max(0.0, end - _time.monotonic())
                     yield f.result(left)
             finally:
-                for f in futs:
-                    if not f.done():
-                        f.cancel()
+                _cancel_futures([f for f in futs if not f.done()])
         return results()
 
     def shutdown(self, wait=True, *, cancel_futures=False):
@@ -203,13 +201,18 @@ class Executor(cf.Executor):
             self._shutdown = True
             futs = list(self._futures)
         if cancel_futures:
-            pending = [f for f in futs if not f.done()]
-            if pending:
-                _core.cancel([f.job_id for f in pending])
-                for f in pending:
-                    cf.Future.cancel(f)
+            _cancel_futures([f for f in futs if not f.done()])
         if wait:
             cf.wait(futs)
+
+
+def _cancel_futures(futs) -> None:
+    """Cancels many futures with one scancel."""
+    if not futs:
+        return
+    _core.cancel([f.job_id for f in futs])
+    for f in futs:
+        cf.Future.cancel(f)
 
 
 def Job(job_id: str) -> DelegateFuture:  # noqa: N802 - reads like a class
