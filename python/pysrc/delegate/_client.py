@@ -4,6 +4,7 @@ Rust core, ``delegate._core``; this module only turns its answers into
 ``concurrent.futures`` semantics and pickled values into Python objects."""
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import linecache
 import os
@@ -219,10 +220,25 @@ class _Waiter:
         self._cv = threading.Condition()
         self._futures = {}  # job id -> list of futures
         self._thread = None
+        self._stopping = False
         self.rounds = 0
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """At interpreter exit: let the thread leave the Rust core before the
+        interpreter finalizes (a daemon thread inside a call that released
+        the GIL would otherwise be torn down mid-call)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+            t = self._thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(POLL_INTERVAL + 5)
 
     def add(self, fut: DelegateFuture) -> None:
         with self._cv:
+            if self._stopping:
+                raise RuntimeError("the interpreter is shutting down")
             self._futures.setdefault(fut.job_id, []).append(fut)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="delegate-waiter", daemon=True)
@@ -233,8 +249,10 @@ class _Waiter:
         failures = 0
         while True:
             with self._cv:
-                while not self._futures:
+                while not self._futures and not self._stopping:
                     self._cv.wait()
+                if self._stopping:
+                    return
                 ids = list(self._futures)
             try:
                 statuses = _core.wait(ids, POLL_INTERVAL)
@@ -251,6 +269,8 @@ class _Waiter:
                 time.sleep(min(POLL_INTERVAL * failures, 10))
                 continue
             self.rounds += 1
+            if self._stopping:
+                return
             for st in statuses:
                 jid = st.get("id")
                 if st.get("state") in TERMINAL:
