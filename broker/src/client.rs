@@ -43,6 +43,8 @@ pub const SLURM_INTERVAL: Duration = Duration::from_secs(2);
 pub const CANCEL_WAIT: Duration = Duration::from_secs(15);
 const MAX_JOBS_LISTED: usize = 100_000;
 const MAX_SLURM_ID_BYTES: u64 = 64;
+/// Upper bound of one job array (Slurm's default MaxArraySize is 1001).
+pub const MAX_ARRAY: usize = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -521,10 +523,112 @@ impl Client {
     /// Creates the job directory, writes the spec and payload, submits one
     /// batch job and records its Slurm id.
     pub fn submit(&self, req: &SubmitRequest) -> Result<JobHandle> {
-        let image = match &req.image {
+        let mut handles = self.submit_many(std::slice::from_ref(req))?;
+        handles.pop().ok_or_else(|| ClientError::InvalidRequest("nothing was submitted".into()))
+    }
+
+    /// Submits every request with ONE `sbatch`: a plain batch job for one
+    /// request, a Slurm job array for several (element `i` runs the runner
+    /// on the `i`-th job directory, so each call still gets its own job
+    /// directory, outcome and single-use sandbox, and status, wait, cancel
+    /// and reattach work per call). Several requests must ask for the same
+    /// resources and image (they come from one `map`). Returns the handles
+    /// in the order of `reqs`.
+    pub fn submit_many(&self, reqs: &[SubmitRequest]) -> Result<Vec<JobHandle>> {
+        let Some(first) = reqs.first() else {
+            return Ok(Vec::new());
+        };
+        if reqs.len() > MAX_ARRAY {
+            return Err(ClientError::InvalidRequest(format!(
+                "{} calls in one submission, more than the limit of {MAX_ARRAY} of one job array",
+                reqs.len()
+            )));
+        }
+        let same = |r: &SubmitRequest| {
+            (r.cpus, r.mem_bytes, r.time_limit_secs, &r.image, r.hold)
+                == (first.cpus, first.mem_bytes, first.time_limit_secs, &first.image, first.hold)
+        };
+        if !reqs.iter().all(same) {
+            return Err(ClientError::InvalidRequest(
+                "the calls of one job array must ask for the same resources and image".into(),
+            ));
+        }
+        let image = match &first.image {
             Some(i) => i.clone(),
             None => Policy::load_for_client()?.default_image,
         };
+        let specs = reqs
+            .iter()
+            .map(|r| self.spec_for(r, &image))
+            .collect::<Result<Vec<_>>>()?;
+        let mut jobs: Vec<(JobId, PathBuf, OwnedFd)> = Vec::with_capacity(reqs.len());
+        for (spec, req) in specs.into_iter().zip(reqs) {
+            match self.prepare(spec, req.payload.as_deref()) {
+                Ok(j) => jobs.push(j),
+                Err(e) => {
+                    self.fail_all(&jobs, &format!("another call of the same submission could not be prepared: {e}"));
+                    return Err(e);
+                }
+            }
+        }
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
+        let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
+        let batch = if jobs.len() == 1 {
+            BatchRequest {
+                job_name: ids[0].to_string(),
+                chdir: self.root.clone(),
+                output: self.log_path(&ids[0]),
+                cpus: first.cpus,
+                time_limit_secs: first.time_limit_secs,
+                script: slurm::batch_script(&self.config.runner, &dirs[0]),
+                hold: first.hold,
+            }
+        } else {
+            let logs: Vec<PathBuf> = ids.iter().map(|id| self.log_path(id)).collect();
+            BatchRequest {
+                job_name: format!("{}-array", ids[0]),
+                chdir: self.root.clone(),
+                output: self.root.join(format!("{}.array.log", ids[0])),
+                cpus: first.cpus,
+                time_limit_secs: first.time_limit_secs,
+                script: slurm::array_script(&self.config.runner, &dirs, &logs),
+                hold: first.hold,
+            }
+        };
+        let slurm_id = match self.config.slurm.submit(&batch) {
+            Ok(s) => s,
+            Err(e) => {
+                let why = match &e {
+                    SlurmError::Failed { message, .. } => message.clone(),
+                    other => other.to_string(),
+                };
+                let reason = format!("sbatch failed: {why}");
+                self.fail_all(&jobs, &reason);
+                return Err(ClientError::SubmitFailed { id: ids[0].clone(), reason });
+            }
+        };
+        let mut handles = Vec::with_capacity(jobs.len());
+        for (i, (id, dir, fd)) in jobs.iter().enumerate() {
+            let sid = if jobs.len() == 1 { slurm_id.clone() } else { format!("{slurm_id}_{i}") };
+            if let Err(e) = atomic_write_at(fd, dir, protocol::SLURM_ID, format!("{sid}\n").as_bytes(), 0o644) {
+                // Without the id nobody can follow the job: withdraw it.
+                let _ = self.config.slurm.cancel(std::slice::from_ref(&slurm_id));
+                let reason = format!("its Slurm id could not be recorded ({e}); Slurm job {slurm_id} was cancelled");
+                self.fail_all(&jobs, &reason);
+                return Err(ClientError::SubmitFailed { id: id.clone(), reason });
+            }
+            handles.push(JobHandle {
+                id: id.clone(),
+                slurm_id: sid,
+                dir: dir.clone(),
+            });
+        }
+        tracing::info!(jobs = handles.len(), slurm_id = %slurm_id, "submitted");
+        Ok(handles)
+    }
+
+    /// The spec of a request, checked for bounds before anything is written.
+    fn spec_for(&self, req: &SubmitRequest, image: &str) -> Result<Spec> {
         if let Some(p) = &req.payload {
             if p.len() as u64 > MAX_PAYLOAD_BYTES {
                 return Err(ClientError::InvalidRequest(format!(
@@ -533,12 +637,12 @@ impl Client {
                 )));
             }
         }
-        let mut spec = Spec {
+        let spec = Spec {
             job_id: JobId::new(),
             uid: self.uid,
             gid: self.gid,
             created_ms: now_ms(),
-            image,
+            image: image.to_owned(),
             task: req.task.clone(),
             resources: Resources {
                 cpus: req.cpus,
@@ -553,13 +657,16 @@ impl Client {
             other => other.into(),
         })?;
         encode(&spec).map_err(|e| ClientError::InvalidRequest(format!("the spec is too large ({e})")))?;
+        Ok(spec)
+    }
 
-        // A fresh directory; a collision of ids is astronomically unlikely,
-        // but retry rather than share a directory.
+    /// Creates a fresh job directory (mode 0700) and writes the spec and
+    /// payload into it. A collision of ids is astronomically unlikely, but
+    /// retried rather than sharing a directory.
+    fn prepare(&self, mut spec: Spec, payload: Option<&[u8]>) -> Result<(JobId, PathBuf, OwnedFd)> {
         let mut attempts = 0;
         let fd = loop {
-            let id = spec.job_id.as_str();
-            match nix::sys::stat::mkdirat(&self.root_fd, id, Mode::from_bits_truncate(0o700)) {
+            match nix::sys::stat::mkdirat(&self.root_fd, spec.job_id.as_str(), Mode::from_bits_truncate(0o700)) {
                 Ok(()) => break self.open_job_dir(&spec.job_id)?,
                 Err(Errno::EEXIST) if attempts < 5 => {
                     attempts += 1;
@@ -573,43 +680,19 @@ impl Client {
                 }
             }
         };
-        let id = spec.job_id.clone();
-        let dir = self.job_dir(&id);
+        let dir = self.job_dir(&spec.job_id);
         write_record_at(&fd, &dir, &spec)?;
-        if let Some(p) = &req.payload {
+        if let Some(p) = payload {
             atomic_write_at(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
         }
+        Ok((spec.job_id, dir, fd))
+    }
 
-        let batch = BatchRequest {
-            job_name: id.to_string(),
-            chdir: self.root.clone(),
-            output: self.log_path(&id),
-            cpus: req.cpus,
-            time_limit_secs: req.time_limit_secs,
-            script: slurm::batch_script(&self.config.runner, &dir),
-            hold: req.hold,
-        };
-        let slurm_id = match self.config.slurm.submit(&batch) {
-            Ok(s) => s,
-            Err(e) => {
-                let why = match &e {
-                    SlurmError::Failed { message, .. } => message.clone(),
-                    other => other.to_string(),
-                };
-                let reason = format!("sbatch failed: {why}");
-                self.write_client_outcome(&fd, &dir, State::Failed, &reason, false, None)?;
-                return Err(ClientError::SubmitFailed { id, reason });
-            }
-        };
-        if let Err(e) = atomic_write_at(&fd, &dir, protocol::SLURM_ID, format!("{slurm_id}\n").as_bytes(), 0o644) {
-            // Without the id nobody can follow the job: withdraw it.
-            let _ = self.config.slurm.cancel(std::slice::from_ref(&slurm_id));
-            let reason = format!("its Slurm id could not be recorded ({e}); Slurm job {slurm_id} was cancelled");
-            let _ = self.write_client_outcome(&fd, &dir, State::Failed, &reason, false, None);
-            return Err(ClientError::SubmitFailed { id, reason });
+    /// Marks every prepared job failed with `reason` (best effort).
+    fn fail_all(&self, jobs: &[(JobId, PathBuf, OwnedFd)], reason: &str) {
+        for (_, dir, fd) in jobs {
+            let _ = self.write_client_outcome(fd, dir, State::Failed, reason, false, None);
         }
-        tracing::info!(job = %id, slurm_id = %slurm_id, "submitted");
-        Ok(JobHandle { id, slurm_id, dir })
     }
 
     /// Writes an outcome unless one exists (link of a complete temporary file,
@@ -1312,6 +1395,37 @@ mod tests {
             slurm,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn submit_many_is_one_sbatch_of_an_array() {
+        let tmp = tempfile::tempdir().unwrap();
+        let calls = tmp.path().join("calls");
+        let slurm = fake_slurm(
+            tmp.path(),
+            &format!("cat > {d}/script; echo x >> {d}/calls; echo 77", d = tmp.path().display()),
+            "exit 0",
+        );
+        let c = client(tmp.path(), slurm);
+        let mut reqs: Vec<SubmitRequest> =
+            (0..3).map(|i| SubmitRequest::command(vec!["echo".into(), i.to_string()])).collect();
+        for r in &mut reqs {
+            r.image = Some("img:1".into());
+        }
+        let hs = c.submit_many(&reqs).unwrap();
+        assert_eq!(std::fs::read_to_string(&calls).unwrap(), "x\n");
+        let sids: Vec<_> = hs.iter().map(|h| h.slurm_id.as_str()).collect();
+        assert_eq!(sids, ["77_0", "77_1", "77_2"]);
+        let script = std::fs::read_to_string(tmp.path().join("script")).unwrap();
+        assert!(script.contains("#SBATCH --array=0-2"), "{script}");
+        for (i, h) in hs.iter().enumerate() {
+            assert!(script.contains(&format!("{i}) exec >>'{}'", c.log_path(&h.id).display())), "{script}");
+            assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), format!("77_{i}\n"));
+        }
+        // Mixed resources cannot share one array.
+        reqs[1].cpus = 2;
+        assert!(matches!(c.submit_many(&reqs), Err(ClientError::InvalidRequest(_))));
+        assert_eq!(std::fs::read_to_string(&calls).unwrap(), "x\n");
     }
 
     #[test]

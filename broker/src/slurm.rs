@@ -82,6 +82,38 @@ pub fn batch_script(runner: &Path, job_dir: &Path) -> String {
     )
 }
 
+/// The batch script of a job array: element `i` sends its output to
+/// `logs[i]` (the per-job Slurm log the client reads for a refusal or a lost
+/// job's reason) and execs the runner on `job_dirs[i]`.
+pub fn array_script(runner: &Path, job_dirs: &[PathBuf], logs: &[PathBuf]) -> String {
+    let mut s = format!("#!/bin/sh\n#SBATCH --array=0-{}\n", job_dirs.len().saturating_sub(1));
+    s.push_str("case \"$SLURM_ARRAY_TASK_ID\" in\n");
+    for (i, (dir, log)) in job_dirs.iter().zip(logs).enumerate() {
+        s.push_str(&format!(
+            "{i}) exec >>{} 2>&1; exec {} {} ;;\n",
+            shell_quote(&log.display().to_string()),
+            shell_quote(&runner.display().to_string()),
+            shell_quote(&dir.display().to_string())
+        ));
+    }
+    s.push_str("esac\necho \"delegate: no job directory for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n");
+    s
+}
+
+static SBATCH_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SQUEUE_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many `sbatch` processes this process has started (tests and
+/// benchmarks check that a `map` is one submission).
+pub fn sbatch_calls() -> u64 {
+    SBATCH_CALLS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// How many `squeue` processes this process has started.
+pub fn squeue_calls() -> u64 {
+    SQUEUE_CALLS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// One batch submission.
 #[derive(Clone, Debug)]
 pub struct BatchRequest {
@@ -300,6 +332,7 @@ impl Slurm {
     /// Submits one batch job; returns its Slurm id.
     pub fn submit(&self, req: &BatchRequest) -> Result<String, SlurmError> {
         let args = sbatch_args(req, self.partition.as_deref());
+        SBATCH_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let out = self.run(&self.sbatch, &args, Some(&req.script))?;
         parse_sbatch_parsable(&out)
     }
@@ -316,6 +349,7 @@ impl Slurm {
             format!("--user={uid}"),
             "--format=%i|%T|%r".to_owned(),
         ];
+        SQUEUE_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(parse_squeue(&self.run(&self.squeue, &args, None)?))
     }
 

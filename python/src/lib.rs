@@ -6,7 +6,6 @@
 //! reading large files) releases the GIL.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use delegate_broker::client::{Client, ClientError, JobStatus, Stream, SubmitRequest};
@@ -17,15 +16,10 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-mod array;
 
 create_exception!(_core, DelegateError, PyException, "A delegate operation failed (submission, Slurm, the job directory).");
 create_exception!(_core, NoSuchJobError, DelegateError, "No job with this id in the delegate root.");
 create_exception!(_core, SubmitError, DelegateError, "The job could not be submitted.");
-
-/// Number of sbatch calls made by this process (tests assert that a `map`
-/// makes exactly one).
-static SBATCH_CALLS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, thiserror::Error)]
 enum CoreError {
@@ -160,17 +154,7 @@ fn submit_python(
     drop(payloads);
     let ids = py.detach(move || -> CoreResult<Vec<String>> {
         let c = client()?;
-        match reqs.len() {
-            0 => Ok(Vec::new()),
-            1 => {
-                SBATCH_CALLS.fetch_add(1, Ordering::SeqCst);
-                Ok(vec![c.submit(&reqs[0])?.id.to_string()])
-            }
-            _ => {
-                SBATCH_CALLS.fetch_add(1, Ordering::SeqCst);
-                Ok(array::submit_array(&c, &reqs)?.into_iter().map(|i| i.to_string()).collect())
-            }
-        }
+        Ok(c.submit_many(&reqs)?.into_iter().map(|h| h.id.to_string()).collect())
     })?;
     Ok(ids)
 }
@@ -246,7 +230,14 @@ fn root(py: Python<'_>) -> PyResult<String> {
 /// How many sbatch calls this process made.
 #[pyfunction]
 fn sbatch_count() -> u64 {
-    SBATCH_CALLS.load(Ordering::SeqCst)
+    delegate_broker::slurm::sbatch_calls()
+}
+
+/// How many squeue calls this process made (one per wait interval, however
+/// many futures wait).
+#[pyfunction]
+fn squeue_count() -> u64 {
+    delegate_broker::slurm::squeue_calls()
 }
 
 #[pymodule]
@@ -264,5 +255,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(job_dir, m)?)?;
     m.add_function(wrap_pyfunction!(root, m)?)?;
     m.add_function(wrap_pyfunction!(sbatch_count, m)?)?;
+    m.add_function(wrap_pyfunction!(squeue_count, m)?)?;
     Ok(())
 }
