@@ -1,0 +1,92 @@
+#!/bin/bash
+# Entrypoint of the stack's nodes: cluster-entrypoint head|worker|user
+#
+# Inputs (from the stack file, stack/delegate-stack.yml.in):
+#   /etc/delegate-stack/slurm.conf, gres.conf, policy.toml, accounts   (swarm configs)
+#   /run/secrets/munge.key, /run/secrets/jupyter-token                 (swarm secrets)
+#   DELEGATE_STACK_HOME   the shared home (same absolute path everywhere)
+#   DELEGATE_JUPYTER_USER the account JupyterLab runs as (user node)
+# It installs them, creates the accounts, starts munged, then runs the
+# role's daemon in the foreground (slurmctld, slurmd or JupyterLab) so the
+# container lives exactly as long as the daemon.
+set -euo pipefail
+role=${1:-worker}
+CFG=/etc/delegate-stack
+HOME_ROOT=${DELEGATE_STACK_HOME:?DELEGATE_STACK_HOME not set}
+log() { printf '%s [%s %s] %s\n' "$(date '+%H:%M:%S')" "$role" "$(hostname)" "$*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+
+# --- configuration
+install -d -m 0755 /etc/slurm /etc/delegate /var/lib/delegate /var/log/delegate /run/delegate
+install -o root -g root -m 0644 "$CFG/slurm.conf" /etc/slurm/slurm.conf
+install -o root -g root -m 0644 "$CFG/gres.conf" /etc/slurm/gres.conf
+# The site policy: root-owned, not writable by others (the runner checks).
+install -o root -g root -m 0644 "$CFG/policy.toml" /etc/delegate/policy.toml
+
+# --- accounts: "name uid" per line; same uid/gid on every node
+while read -r name uid; do
+    [[ -z $name || $name == \#* ]] && continue
+    getent group "$name" >/dev/null || groupadd --gid "$uid" "$name"
+    if ! id "$name" >/dev/null 2>&1; then
+        useradd --uid "$uid" --gid "$uid" --home-dir "$HOME_ROOT/$name" --no-create-home \
+            --shell /bin/bash "$name"
+    fi
+    # Homes are created by the user node (the workers only use them).
+    if [[ $role == user && ! -d $HOME_ROOT/$name ]]; then
+        install -d -o "$uid" -g "$uid" -m 0700 "$HOME_ROOT/$name"
+        log "created home $HOME_ROOT/$name"
+    fi
+done <"$CFG/accounts"
+
+# --- munge: the one key of the cluster
+install -d -o munge -g munge -m 0700 /etc/munge
+install -o munge -g munge -m 0400 /run/secrets/munge.key /etc/munge/munge.key
+install -d -o munge -g munge -m 0755 /run/munge
+install -d -o munge -g munge -m 0700 /var/lib/munge /var/log/munge
+runuser -u munge -- munged --force
+for _ in $(seq 20); do munge -n | unmunge >/dev/null 2>&1 && break; sleep 0.5; done
+munge -n | unmunge >/dev/null || die "munged does not answer"
+
+slurmuser=$(sed -n 's/^SlurmUser=//p' /etc/slurm/slurm.conf)
+install -d -m 0755 /var/lib/delegate/slurm /var/lib/delegate/slurm/d
+install -d -m 0700 -o "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
+touch /var/log/delegate/slurmctld.log /var/log/delegate/epilog.log
+chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
+
+case $role in
+head)
+    log "starting slurmctld"
+    exec slurmctld -D -i
+    ;;
+worker)
+    # The runner must be setgid to the group owning the HOST's socket (the
+    # image was built for the gid of the build host; another host may differ).
+    [[ -S /var/run/docker.sock ]] || die "the host's Docker socket is not mounted at /var/run/docker.sock"
+    gid=$(stat -c %g /var/run/docker.sock)
+    if [[ $(stat -c %g /usr/local/bin/sandbox-runner) != "$gid" ]]; then
+        log "docker socket group is $gid: re-setting the runner's group"
+        chgrp "$gid" /usr/local/bin/sandbox-runner
+        chmod 2755 /usr/local/bin/sandbox-runner
+    fi
+    docker image inspect "$(sed -n 's/^default_image *= *"\(.*\)"/\1/p' /etc/delegate/policy.toml)" >/dev/null 2>&1 \
+        || log "WARNING: the sandbox image is not present on this host's Docker engine"
+    log "starting slurmd"
+    # slurmd's log goes to the container's output too (docker service logs).
+    tail -F /var/log/delegate/slurmd.log /var/log/delegate/epilog.log 2>/dev/null &
+    exec slurmd -D
+    ;;
+user)
+    u=${DELEGATE_JUPYTER_USER:?DELEGATE_JUPYTER_USER not set}
+    home=$(getent passwd "$u" | cut -d: -f6)
+    [[ -n $home ]] || die "no account $u for JupyterLab"
+    token=$(cat /run/secrets/jupyter-token)
+    log "starting JupyterLab as $u on :8888"
+    cd "$home"
+    # The token is passed in the environment (JUPYTER_TOKEN), not on the
+    # command line, so other accounts cannot read it from ps.
+    exec runuser -u "$u" -- env -i PATH="$PATH" HOME="$home" USER="$u" LOGNAME="$u" LANG=C.UTF-8 \
+        SHELL=/bin/bash JUPYTER_TOKEN="$token" \
+        jupyter lab --ip=0.0.0.0 --port=8888 --no-browser --ServerApp.root_dir="$home"
+    ;;
+*) die "unknown role '$role' (head|worker|user)" ;;
+esac

@@ -1,0 +1,51 @@
+# The image of the stack's head and worker nodes (docker/cluster.Dockerfile),
+# and the base of the user node's image (docker/user.Dockerfile).
+# Built by `build_cluster.sh deploy|update` with a context of docker/,
+# slurm-conf/epilog.sh and bin/ (the workspace's release binaries and the
+# host's Docker CLI), on top of BASE_IMAGE (a registry image such as
+# debian:bookworm-slim, or the local debootstrap import).
+ARG BASE_IMAGE=delegate-base:bookworm
+FROM ${BASE_IMAGE}
+
+ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
+
+# Slurm (controller, node daemon, client commands) and munge from Debian.
+# The packages' postinst scripts try to start services: harmless here (no
+# init in the build), the entrypoint starts the daemons itself.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+        slurmctld slurmd slurm-client munge ca-certificates procps curl \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
+ && slurmd -V
+
+# The Docker CLI, only for the epilog's sweep by label (the runner talks to
+# the engine's API itself). It is the host's own client binary: the engine
+# it talks to is the host's, and Debian has no CLI-only package. No engine
+# runs in this image: workers use the host's engine through its socket.
+COPY bin/docker /usr/bin/docker
+
+# delegate: the CLI (user node, and `delegate doctor` anywhere) and the
+# runner. The runner is the only way a job reaches the Docker socket: it is
+# setgid to the group owning the HOST's socket (DOCKER_GID, looked up by
+# build_cluster.sh; the entrypoint re-checks it against the mounted socket).
+# Students are never in that group.
+ARG DOCKER_GID=999
+COPY bin/delegate bin/sandbox-runner /tmp/bin/
+RUN set -e; \
+    if ! getent group "$DOCKER_GID" >/dev/null; then groupadd --system --gid "$DOCKER_GID" docker-host; fi; \
+    install -o root -g root -m 0755 /tmp/bin/delegate /usr/local/bin/delegate; \
+    install -o root -g "$DOCKER_GID" -m 2755 /tmp/bin/sandbox-runner /usr/local/bin/sandbox-runner; \
+    rm -rf /tmp/bin; \
+    ls -l /usr/local/bin/sandbox-runner
+
+# The Slurm epilog (sweeps leftover sandbox containers of the ending job).
+COPY slurm-conf/epilog.sh /etc/slurm/delegate-epilog.sh
+COPY docker/cluster-entrypoint.sh /usr/local/sbin/cluster-entrypoint
+RUN chmod 0755 /etc/slurm/delegate-epilog.sh /usr/local/sbin/cluster-entrypoint \
+ && install -d -m 0755 /var/lib/delegate /var/log/delegate /run/delegate /etc/delegate
+
+ENTRYPOINT ["/usr/local/sbin/cluster-entrypoint"]
+CMD ["worker"]
+LABEL org.opencontainers.image.title="delegate-cluster" \
+      org.opencontainers.image.description="delegate head/worker node: munge, Slurm, sandbox-runner"

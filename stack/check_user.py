@@ -1,0 +1,82 @@
+"""The user-side part of `build_cluster.sh test`, run on the user node as a
+test account (python3 - MODE < check_user.py). Prints one line per check;
+exits non-zero with the reason on the first failure.
+
+  basic   a Python function through the delegate package: runs as this
+          account's uid, and measures with a perf counter (task-clock)
+  excl    4 jobs of 5 s at once: no two on one node at the same time
+"""
+import os
+import sys
+
+import delegate
+
+PERF_NR = {"x86_64": 298, "aarch64": 241}
+
+
+@delegate.remote(cpus=1, time="2m")
+def identity_and_perf():
+    import ctypes, os, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = (1 << 5) | (1 << 6)  # exclude_kernel | exclude_hv
+    # PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK: works in VMs too.
+    attr = struct.pack("IIQQQQQQIIQQ", 1, 64, 1, 0, 0, 0, flags, 0, 0, 0, 0, 0)[:64]
+    buf = ctypes.create_string_buffer(attr, 64)
+    fd = libc.syscall({"x86_64": 298, "aarch64": 241}[os.uname().machine], buf, 0, -1, -1, 0)
+    if fd < 0:
+        return os.getuid(), os.getgid(), "perf_event_open failed: " + os.strerror(ctypes.get_errno())
+    sum(i * i for i in range(200000))
+    return os.getuid(), os.getgid(), struct.unpack("Q", os.read(fd, 8))[0]
+
+
+@delegate.remote(cpus=1, time="2m")
+def nap(i):
+    import time
+    t0 = time.time()
+    time.sleep(5)
+    return i, t0, time.time()
+
+
+def fail(msg):
+    print("FAIL:", msg, flush=True)
+    sys.exit(1)
+
+
+def basic():
+    fut = identity_and_perf.submit()
+    uid, gid, perf = fut.result(timeout=300)
+    st = fut.status()
+    if uid != os.getuid() or gid != os.getgid():
+        fail(f"the sandbox ran as {uid}:{gid}, not as {os.getuid()}:{os.getgid()}")
+    if not isinstance(perf, int) or perf <= 0:
+        fail(f"perf counter measurement: {perf}")
+    print(f"ok: Python function as uid {uid} on {st.get('host')}, task-clock {perf} ns", flush=True)
+
+
+def excl(workers):
+    futs = [nap.submit(i) for i in range(2 * workers)]
+    runs = []
+    for f in futs:
+        f.result(timeout=600)
+        st = f.status()
+        runs.append((st["host"], st["started_ms"], st["finished_ms"], f.job_id))
+    for a in runs:
+        for b in runs:
+            if a is not b and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]:
+                fail(f"jobs {a[3]} and {b[3]} overlapped on node {a[0]}")
+    hosts = sorted({r[0] for r in runs})
+    for h, s, e, j in sorted(runs, key=lambda r: r[1]):
+        print(f"   {j} on {h}: {s / 1000:.1f} .. {e / 1000:.1f}", flush=True)
+    if len(hosts) != workers:
+        fail(f"{len(runs)} jobs ran on {hosts}, expected all {workers} workers used")
+    print(f"ok: {len(runs)} jobs of 5 s, never two on one node at once (nodes {', '.join(hosts)})", flush=True)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "basic":
+        basic()
+    elif mode == "excl":
+        excl(int(sys.argv[2]))
+    else:
+        fail(f"unknown mode {mode}")
