@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""delegate's benchmark: every figure of issue 6 side by side in one run.
+
+Started by bench/run.sh (read that first); three phases:
+
+  bench.py root   OUT.json        as root: the floors (docker run --rm, sbatch of
+                                  the same container run on an idle node, a raw
+                                  Slurm array), sandbox-runner's own cost and
+                                  peak memory, the CPU loop on the bare node
+  bench.py user   OUT.json        as a student (non-root): delegate and submitit
+                                  (single call, maps), Slurm queries while
+                                  N futures wait, the CPU loop in the sandbox
+  bench.py report OUT.json A B    merges, prints the table of ratios, writes
+                                  the JSON and a PNG of the latency distributions
+
+Benchmarks print figures; nothing here asserts on time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+IMAGE = os.environ.get("BENCH_IMAGE", "delegate-sandbox:latest")
+PARTITION = os.environ.get("BENCH_PARTITION", "delegate")
+RUNNER = os.environ.get("DELEGATE_RUNNER", "/usr/local/bin/sandbox-runner")
+DELEGATE_CLI = os.environ.get("BENCH_DELEGATE_CLI", "/usr/local/bin/delegate")
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+SKIP_200 = os.environ.get("BENCH_SKIP_200") == "1"
+USER = os.environ.get("BENCH_USER", "delegate-alice")
+REPS = 3 if QUICK else int(os.environ.get("BENCH_REPS", "10"))
+LOOP_N = 200_000 if QUICK else 2_000_000   # iterations of the CPU-bound loop
+LOOP_K = 5 if QUICK else 15                # timings of it per side
+
+# The CPU-bound loop, timed the same way on both sides (same Python 3.11).
+LOOP_SRC = """
+import time
+def loop(n, k):
+    out = []
+    for _ in range(k):
+        t = time.perf_counter()
+        s = 0
+        for i in range(n):
+            s += i * i
+        out.append(time.perf_counter() - t)
+    return out
+"""
+
+
+def log(*a):
+    print("[bench %s]" % time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
+
+
+def stats(xs):
+    xs = sorted(float(x) for x in xs)
+    if not xs:
+        return {"n": 0}
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return {"n": len(xs), "median": statistics.median(xs), "min": xs[0], "max": xs[-1],
+            "q1": q[0], "q3": q[2], "mean": statistics.fmean(xs),
+            "stdev": statistics.stdev(xs) if len(xs) >= 2 else 0.0, "samples": xs}
+
+
+def sh(*cmd, check=True, **kw):
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True, **kw)
+
+
+def slurm_busy() -> bool:
+    """Any job of the partition not over yet, or the node not idle."""
+    q = sh("squeue", "-h", "-p", PARTITION, "-t", "PD,R,CG,CF,S", "-o", "%i", check=False).stdout.strip()
+    if q:
+        return True
+    st = sh("sinfo", "-h", "-p", PARTITION, "-o", "%T", check=False).stdout.split()
+    return any(s.rstrip("*~#") not in ("idle",) for s in st)
+
+
+def wait_idle(limit=120.0, settle=1.0):
+    """Until the partition is idle (other engineers' tests share the node)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if not slurm_busy():
+            time.sleep(settle)
+            if not slurm_busy():
+                return True
+        time.sleep(0.2)
+    log("the partition did not become idle within %.0f s; measuring anyway" % limit)
+    return False
+
+
+def squeue_gone(jid: str) -> bool:
+    out = sh("squeue", "-h", "-j", jid, "-t", "PD,R,CG,CF,S", "-o", "%i", check=False).stdout
+    return not out.strip()
+
+
+def sbatch_until_gone(wrap: str, extra=()) -> float:
+    """Submit → gone from the queue, polling squeue every 20 ms."""
+    t = time.perf_counter()
+    jid = sh("sbatch", "--parsable", "-p", PARTITION, "--exclusive", "-o", "/dev/null",
+             *extra, "--wrap", wrap).stdout.strip().split(";")[0]
+    while not squeue_gone(jid):
+        time.sleep(0.02)
+    return time.perf_counter() - t
+
+
+# --- root phase -----------------------------------------------------------
+
+def docker_run_cmd(extra=()):
+    return ["docker", "run", "--rm", "--network", "none", *extra, IMAGE, "true"]
+
+
+def root_phase(out: str):
+    res = {}
+    pw = __import__("pwd").getpwnam(USER)
+    uid, gid = pw.pw_uid, pw.pw_gid
+    # 1. bare docker run --rm of the sandbox image (plain, and with the
+    #    sandbox's own settings minus the seccomp profile and the job mount).
+    sandboxish = ["--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,size=256m", "--cap-drop", "ALL",
+                  "--security-opt", "no-new-privileges", "--pids-limit", "512", "--ipc", "private",
+                  "--log-driver", "none", "--user", "%d:%d" % (uid, gid), "--memory", "1g", "--cpus", "1"]
+    log("docker run --rm x%d" % REPS)
+    plain, like = [], []
+    for _ in range(REPS):
+        t = time.perf_counter(); sh(*docker_run_cmd()); plain.append(time.perf_counter() - t)
+        t = time.perf_counter(); sh(*docker_run_cmd(sandboxish)); like.append(time.perf_counter() - t)
+    res["docker_run"] = stats(plain)
+    res["docker_run_sandbox_flags"] = stats(like)
+
+    # 2. the floor: sbatch of the same container run, submit → gone, idle node.
+    wrap = " ".join(docker_run_cmd())
+    log("sbatch floor x%d (waiting for an idle node before each)" % REPS)
+    floor, floor_wait, floor_true = [], [], []
+    for _ in range(REPS):
+        wait_idle(); floor.append(sbatch_until_gone(wrap))
+    for _ in range(max(2, REPS // 3)):
+        wait_idle()
+        t = time.perf_counter()
+        sh("sbatch", "--wait", "-Q", "-p", PARTITION, "--exclusive", "-o", "/dev/null", "--wrap", wrap)
+        floor_wait.append(time.perf_counter() - t)
+        wait_idle(); floor_true.append(sbatch_until_gone("true"))
+    res["floor_sbatch_docker"] = stats(floor)
+    res["floor_sbatch_wait_docker"] = stats(floor_wait)
+    res["floor_sbatch_true"] = stats(floor_true)
+
+    # 3. a raw Slurm array of 20 exclusive `true`: node turnover alone.
+    wait_idle()
+    log("raw sbatch --array=0-19 --exclusive true")
+    t = time.perf_counter()
+    jid = sh("sbatch", "--parsable", "-p", PARTITION, "--exclusive", "-o", "/dev/null",
+             "--array=0-19", "--wrap", "true").stdout.strip().split(";")[0]
+    while not squeue_gone(jid):
+        time.sleep(0.05)
+    res["raw_array20_true"] = {"seconds": time.perf_counter() - t}
+
+    # 4. sandbox-runner's own cost: the runner (as the student, via setpriv,
+    #    which execs, so wait4 sees the runner itself) on a job directory of
+    #    `true`, interleaved with docker run --rm of the same container.
+    log("sandbox-runner vs docker run --rm x%d" % REPS)
+    runner_t, runner_rss, ref_t = [], [], []
+    for _ in range(REPS):
+        o = sh("runuser", "-u", USER, "--", DELEGATE_CLI, "--json", "submit", "--hold", "--time", "1m",
+               "--", "true")
+        job = json.loads(o.stdout)
+        sh("scancel", str(job["slurm_id"]), check=False)   # held: never starts by Slurm
+        t = time.perf_counter()
+        p = subprocess.Popen(["setpriv", "--reuid", str(uid), "--regid", str(gid), "--init-groups",
+                              RUNNER, job["dir"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, ru = os.wait4(p.pid, 0)
+        runner_t.append(time.perf_counter() - t)
+        runner_rss.append(ru.ru_maxrss)  # KiB
+        p.returncode = os.waitstatus_to_exitcode(status)
+        t = time.perf_counter()
+        sh(*docker_run_cmd(sandboxish + ["-v", "%s:/job" % job["dir"], "-w", "/job"]))
+        ref_t.append(time.perf_counter() - t)
+    res["runner"] = stats(runner_t)
+    res["runner_peak_rss_kib"] = stats(runner_rss)
+    res["runner_docker_ref"] = stats(ref_t)
+    res["runner_over_docker_ms"] = [1000 * (a - b) for a, b in zip(runner_t, ref_t)]
+
+    # 5. measurement fidelity, bare-node side: the loop in the host's python3.
+    log("CPU loop on the bare node")
+    code = LOOP_SRC + "\nimport json; print(json.dumps(loop(%d, %d)))" % (LOOP_N, LOOP_K)
+    bare = json.loads(sh("python3", "-c", code).stdout)
+    res["loop_bare"] = stats(bare)
+    res["loop_params"] = {"n": LOOP_N, "k": LOOP_K}
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+# --- user phase -----------------------------------------------------------
+
+def trivial(x):
+    return x
+
+
+def user_phase(out: str):
+    import delegate
+    from delegate import _core
+    res = {}
+
+    # 1. a single trivial delegate call, submit → result, on an idle node.
+    log("delegate single call x%d" % REPS)
+    f = delegate.remote(time="2m")(trivial)
+    single = []
+    for i in range(REPS):
+        wait_idle()
+        t = time.perf_counter()
+        assert f.submit(i).result(timeout=300) == i
+        single.append(time.perf_counter() - t)
+    res["delegate_single"] = stats(single)
+
+    # 2. delegate maps (one sbatch each).
+    sizes = [20] + ([] if (QUICK or SKIP_200) else [200])
+    for n in sizes:
+        wait_idle()
+        log("delegate map of %d" % n)
+        s0, q0 = _core.sbatch_count(), _core.squeue_count()
+        t = time.perf_counter()
+        with delegate.Executor(time="2m") as ex:
+            got = list(ex.map(trivial, range(n)))
+        dt = time.perf_counter() - t
+        assert got == list(range(n))
+        res["delegate_map%d" % n] = {"seconds": dt, "sbatch": _core.sbatch_count() - s0,
+                                     "squeue": _core.squeue_count() - q0}
+
+    # 3. Slurm queries while N futures wait: squeue calls per interval.
+    window = 6.0 if QUICK else 10.0
+    res["squeue_while_waiting"] = {}
+    for n in ([10, 1000] if QUICK else [1, 100, 1000]):
+        wait_idle()
+        log("squeue calls while %d futures wait (%.0f s window)" % (n, window))
+        from delegate import _submit_many, _cancel_futures
+        # One array of n calls that each sleep 60 s: the first runs, the
+        # others stay pending (exclusive node), and all n futures wait.
+        futs = _submit_many(time.sleep, [((60,), {})] * n, {"time": "2m"})
+        time.sleep(1.0)
+        q0, t0 = _core.squeue_count(), time.monotonic()
+        time.sleep(window)
+        q, dt = _core.squeue_count() - q0, time.monotonic() - t0
+        _cancel_futures(futs)  # one scancel
+        res["squeue_while_waiting"][str(n)] = {"squeue": q, "seconds": dt, "per_2s": 2 * q / dt}
+        time.sleep(2)
+
+    # 4. measurement fidelity, sandbox side: the same loop, same Python.
+    wait_idle()
+    log("CPU loop in the sandbox")
+    ns = {}
+    exec(LOOP_SRC, ns)
+    loop = delegate.remote(time="5m")(ns["loop"])
+    res["loop_sandbox"] = stats(loop(LOOP_N, LOOP_K))
+
+    # 5. submitit (its own venv: this one), same cluster, exclusive.
+    try:
+        import submitit
+        res["submitit_version"] = submitit.__version__
+        folder = os.path.join(os.path.expanduser("~"), ".delegate-bench", "submitit")
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        ex.update_parameters(timeout_min=2, slurm_partition=PARTITION,
+                             slurm_additional_parameters={"exclusive": True})
+        log("submitit single call x%d" % REPS)
+        ss = []
+        for i in range(REPS):
+            wait_idle()
+            t = time.perf_counter()
+            assert ex.submit(trivial, i).result() == i
+            ss.append(time.perf_counter() - t)
+        res["submitit_single"] = stats(ss)
+        wait_idle()
+        log("submitit map_array of 20")
+        t = time.perf_counter()
+        jobs = ex.map_array(trivial, range(20))
+        assert [j.result() for j in jobs] == list(range(20))
+        res["submitit_map20"] = {"seconds": time.perf_counter() - t}
+    except ImportError:
+        log("submitit is not installed in this venv; skipped")
+    res["counters"] = {"sbatch": _core.sbatch_count(), "squeue": _core.squeue_count()}
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+# --- report ---------------------------------------------------------------
+
+def med(d, k):
+    v = d.get(k) or {}
+    return v.get("median", v.get("seconds"))
+
+
+def report(out: str, root_json: str, user_json: str):
+    r = json.load(open(root_json))
+    u = json.load(open(user_json))
+    allres = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": os.uname().nodename,
+              "quick": QUICK, "reps": REPS, **r, **u}
+    floor = med(r, "floor_sbatch_docker")
+    rows = []
+
+    def row(name, value, ref=None, refname="", goal=""):
+        ratio = "" if (value is None or not ref) else "%.2fx %s" % (value / ref, refname)
+        rows.append((name, "-" if value is None else "%.3f s" % value, ratio, goal))
+
+    row("docker run --rm (bare)", med(r, "docker_run"))
+    row("sbatch+docker run, submit→gone (floor)", floor)
+    row("sbatch --wait + docker run", med(r, "floor_sbatch_wait_docker"), floor, "floor")
+    row("sbatch of true, submit→gone", med(r, "floor_sbatch_true"), floor, "floor")
+    row("delegate single call", med(u, "delegate_single"), floor, "floor", "≤ 1.2x floor")
+    row("submitit single call", med(u, "submitit_single"), floor, "floor")
+    row("  delegate vs submitit (single)", med(u, "delegate_single"), med(u, "submitit_single"),
+        "submitit")
+    row("raw sbatch --array of 20 true", med(r, "raw_array20_true"))
+    row("delegate map 20", med(u, "delegate_map20"), None, "", "≤ 8 s")
+    row("submitit map_array 20", med(u, "submitit_map20"))
+    row("  delegate vs submitit (map 20)", med(u, "delegate_map20"), med(u, "submitit_map20"),
+        "submitit")
+    if "delegate_map200" in u:
+        row("delegate map 200", med(u, "delegate_map200"), None, "", "≤ 60 s")
+    row("sandbox-runner (true job)", med(r, "runner"), med(r, "runner_docker_ref"), "docker run")
+    row("docker run --rm, sandbox flags", med(r, "runner_docker_ref"))
+    over = statistics.median(r["runner_over_docker_ms"]) if r.get("runner_over_docker_ms") else None
+    lb, ls = r.get("loop_bare", {}), u.get("loop_sandbox", {})
+    print("\n delegate benchmark, %s (%s, reps=%d%s)" % (allres["date"], allres["host"], REPS,
+                                                         ", quick" if QUICK else ""))
+    w = max(len(x[0]) for x in rows) + 2
+    print(" %-*s %10s  %-22s %s" % (w, "figure (median)", "value", "ratio", "goal"))
+    print(" " + "-" * (w + 50))
+    for name, v, ratio, goal in rows:
+        print(" %-*s %10s  %-22s %s" % (w, name, v, ratio, goal))
+    print(" " + "-" * (w + 50))
+    if over is not None:
+        print(" sandbox-runner over docker run --rm: median %+.0f ms (goal ≤ 20 ms); peak RSS %.1f MiB"
+              % (over, r["runner_peak_rss_kib"]["max"] / 1024))
+    for n, q in sorted(u.get("squeue_while_waiting", {}).items(), key=lambda kv: int(kv[0])):
+        print(" squeue while %5s futures wait: %d in %.1f s = %.2f per 2 s (goal: constant in N)"
+              % (n, q["squeue"], q["seconds"], q["per_2s"]))
+    for m in ("delegate_map20", "delegate_map200"):
+        if m in u:
+            print(" %s: %d sbatch, %d squeue" % (m, u[m]["sbatch"], u[m]["squeue"]))
+    if lb.get("n") and ls.get("n"):
+        spread = lambda s: 100 * (s["q3"] - s["q1"]) / s["median"]
+        print(" CPU loop (%d iterations): bare median %.4f s (IQR %.1f%%, min %.4f max %.4f); "
+              "sandbox median %.4f s (IQR %.1f%%, min %.4f max %.4f); sandbox/bare %.3f"
+              % (r["loop_params"]["n"], lb["median"], spread(lb), lb["min"], lb["max"],
+                 ls["median"], spread(ls), ls["min"], ls["max"], ls["median"] / lb["median"]))
+    allres["table"] = [list(x) for x in rows]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(allres, f, indent=1)
+    print(" wrote %s" % os.path.join(out, "results.json"))
+    try:
+        plot(allres, os.path.join(out, "latency.png"))
+        print(" wrote %s" % os.path.join(out, "latency.png"))
+    except ImportError as e:
+        print(" no plot (%s)" % e)
+
+
+def plot(d, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    series = [("docker run --rm", "docker_run"), ("docker run\n(sandbox flags)", "runner_docker_ref"),
+              ("sandbox-runner", "runner"), ("sbatch+docker\n(floor)", "floor_sbatch_docker"),
+              ("delegate\nsingle", "delegate_single"), ("submitit\nsingle", "submitit_single")]
+    series = [(n, d[k]["samples"]) for n, k in series if d.get(k, {}).get("samples")]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1.3, 1.3]})
+    a1.boxplot([s for _, s in series], labels=[n for n, _ in series], showfliers=True)
+    for i, (_, s) in enumerate(series, 1):
+        a1.plot([i] * len(s), s, "o", alpha=0.4, ms=4)
+    a1.set_ylabel("seconds (submit → result / gone)")
+    a1.set_title("single-call latency distributions")
+    a1.tick_params(axis="x", labelsize=8)
+    maps = [(n, d[k]["seconds"]) for n, k in (("delegate\nmap 20", "delegate_map20"),
+                                              ("submitit\nmap_array 20", "submitit_map20"),
+                                              ("raw array\n20 true", "raw_array20_true"),
+                                              ("delegate\nmap 200", "delegate_map200")) if k in d]
+    a2.bar([n for n, _ in maps], [v for _, v in maps], color="tab:orange")
+    a2.set_ylabel("seconds until all results")
+    a2.set_title("maps (one exclusive node)")
+    a2.tick_params(axis="x", labelsize=8)
+    loops = [(n, d[k]["samples"]) for n, k in (("bare node", "loop_bare"), ("sandbox", "loop_sandbox"))
+             if d.get(k, {}).get("samples")]
+    if loops:
+        a3.boxplot([s for _, s in loops], labels=[n for n, _ in loops])
+        a3.set_title("CPU loop timings (fidelity)")
+        a3.set_ylabel("seconds")
+    fig.suptitle("delegate benchmark %s" % d["date"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "root":
+        root_phase(sys.argv[2])
+    elif cmd == "user":
+        user_phase(sys.argv[2])
+    elif cmd == "report":
+        report(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit(__doc__)

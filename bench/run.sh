@@ -1,0 +1,73 @@
+#!/bin/bash
+# bench/run.sh -- delegate's benchmark (issue 6): every figure side by side in
+# one run, against the floor (bare docker run --rm; sbatch of the same
+# container run, submit -> gone, on an idle node) and against submitit.
+#
+#   bench/run.sh [--quick] [--skip-200] [--no-build] [--out DIR]
+#
+#   --quick     smoke mode: 3 repetitions, no map of 200, short windows (~2 min)
+#   --skip-200  everything but the map of 200 calls
+#   --no-build  reuse the delegate wheel already in the bench venv
+#   --out DIR   where results.json and latency.png go (default bench/results)
+#
+# Run as root on the single-machine cluster (./build_cluster.sh --local): the
+# floors need the Docker socket; the delegate and submitit calls are made as
+# a student ($BENCH_USER, default delegate-alice), as they must be.
+# The bench venv ($BENCH_VENV, default /var/lib/delegate/bench-venv) is its
+# own: delegate (wheel built with maturin from this tree), submitit and
+# matplotlib from PyPI. Benchmarks print figures; nothing asserts on time,
+# and this is not part of tests/run.sh.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${BENCH_VENV:-/var/lib/delegate/bench-venv}
+export BENCH_USER=${BENCH_USER:-delegate-alice}
+SUBMITIT_VERSION=${SUBMITIT_VERSION:-1.5.4}
+OUT=$REPO/bench/results
+BUILD=1
+export BENCH_QUICK=0 BENCH_SKIP_200=0
+export PATH="$HOME/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+while (($#)); do
+    case $1 in
+        --quick) BENCH_QUICK=1 ;;
+        --skip-200) BENCH_SKIP_200=1 ;;
+        --no-build) BUILD=0 ;;
+        --out) OUT=$(realpath -m "$2"); shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "bench/run.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+[[ $(id -u) -eq 0 ]] || { echo "bench/run.sh must run as root" >&2; exit 1; }
+cd "$REPO"
+
+# 1. The bench venv: delegate + submitit + matplotlib.
+if [[ ! -x $VENV/bin/python ]]; then
+    python3 -m venv "$VENV"
+fi
+want="submitit==$SUBMITIT_VERSION matplotlib maturin>=1.8,<2"
+stamp=$VENV/.bench-requirements
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    # shellcheck disable=SC2086
+    "$VENV/bin/pip" install -q $want
+    printf '%s' "$want" >"$stamp"
+fi
+if ((BUILD)) || ! "$VENV/bin/python" -c 'import delegate' 2>/dev/null; then
+    wheels=$(mktemp -d)
+    "$VENV/bin/maturin" build --release -q -m python/Cargo.toml -i "$VENV/bin/python" -o "$wheels"
+    "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/delegate-*.whl
+    "$VENV/bin/pip" install -q "$wheels"/delegate-*.whl
+    rm -rf "$wheels"
+fi
+chmod -R a+rX "$VENV"
+"$VENV/bin/python" -c 'import submitit, delegate, matplotlib; print("bench venv:", "submitit", submitit.__version__)'
+
+# 2. The phases: root (floors, runner cost), user (delegate, submitit), report.
+work=$(mktemp -d /tmp/delegate-bench.XXXXXX)
+chmod 0777 "$work"
+trap 'rm -rf "$work"' EXIT
+cp bench/bench.py "$work/bench.py"
+chmod 0644 "$work/bench.py"
+"$VENV/bin/python" "$work/bench.py" root "$work/root.json"
+(cd "$work" && runuser -u "$BENCH_USER" -- env BENCH_QUICK="$BENCH_QUICK" BENCH_SKIP_200="$BENCH_SKIP_200" \
+    BENCH_USER="$BENCH_USER" "$VENV/bin/python" "$work/bench.py" user "$work/user.json")
+"$VENV/bin/python" "$work/bench.py" report "$OUT" "$work/root.json" "$work/user.json"
