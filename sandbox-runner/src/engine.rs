@@ -130,6 +130,30 @@ pub async fn remove(docker: &Docker, id: &str) -> Result<(), BollardError> {
     }
 }
 
+/// Like [`remove`], but while the engine does not answer at all (it is being
+/// restarted) keeps trying, with backoff, for up to `patience`: a container
+/// is never left behind just because the engine blinked. Engine answers
+/// (errors included) end it at once.
+pub async fn remove_patiently(docker: &Docker, id: &str, patience: std::time::Duration) -> Result<(), BollardError> {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut pause = std::time::Duration::from_millis(250);
+    loop {
+        match remove(docker, id).await {
+            Err(e) if is_transport(&e) && tokio::time::Instant::now() + pause < deadline => {
+                tracing::warn!("the Docker engine does not answer ({}); retrying the removal of {id}", short_reason(&e));
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// True when the error means the engine did not answer (not an engine error).
+pub fn unreachable(e: &BollardError) -> bool {
+    is_transport(e)
+}
+
 /// Sends SIGKILL; a container that is not running counts as success.
 pub async fn kill(docker: &Docker, id: &str) -> Result<(), BollardError> {
     let opts = KillContainerOptions {

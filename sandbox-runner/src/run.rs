@@ -42,6 +42,8 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(30);
 const DRAIN_AFTER_KILL: Duration = Duration::from_millis(1500);
 /// Time allowed for the wait/inspect/remove calls on the kill path.
 const KILL_PATH_CALL: Duration = Duration::from_millis(1500);
+/// How long the removal waits for an engine that does not answer (restarting).
+const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Which signal asked the runner to stop.
 pub type SignalWatch = watch::Receiver<Option<&'static str>>;
@@ -351,7 +353,9 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
     let result = AssertUnwindSafe(supervise(ctx, &docker, &id, perf, stdout, stderr))
         .catch_unwind()
         .await;
-    let removed = engine::remove(&docker, &id).await;
+    // A restarting engine is waited for (bounded) rather than leaving the
+    // container behind; the Slurm epilog is the next safety net.
+    let removed = engine::remove_patiently(&docker, &id, REMOVE_PATIENCE).await;
     let mut outcome = match result {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => ctx.outcome(State::Failed, e),
@@ -549,6 +553,7 @@ async fn supervise(
     };
 
     let inspect_timeout = if killing { KILL_PATH_CALL } else { Duration::from_secs(30) };
+    let mut engine_gone = None;
     let state = match tokio::time::timeout(
         inspect_timeout,
         docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>),
@@ -558,6 +563,9 @@ async fn supervise(
         Ok(Ok(info)) => info.state,
         Ok(Err(e)) => {
             tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
+            if engine::unreachable(&e) {
+                engine_gone = Some(classify(&e, "inspect the sandbox"));
+            }
             None
         }
         Err(_) => {
@@ -586,6 +594,13 @@ async fn supervise(
         Ended::Exited => {
             o.exit_code = exit_code;
             match exit_code {
+                // The main process survived, a child of it was the one killed.
+                Some(c) if oom && c != 137 => {
+                    o.reason = format!(
+                        "a process in the sandbox was killed: out of memory (limit {}); the main process exited with code {c}",
+                        format_size(spec.resources.mem_bytes)
+                    );
+                }
                 _ if oom => {
                     o.reason = format!("killed: out of memory (limit {})", format_size(spec.resources.mem_bytes));
                 }
@@ -597,7 +612,11 @@ async fn supervise(
                     o.reason = format!("exited with code {c} (killed by signal {})", c - 128);
                 }
                 Some(c) => o.reason = format!("exited with code {c}"),
-                None => o.reason = "the sandbox ended but its exit code is unknown".into(),
+                None => match engine_gone.take() {
+                    // The engine stopped (restart, crash) and took the sandbox with it.
+                    Some(why) => o.reason = format!("the Docker engine stopped during the job and the sandbox ended with it ({why})"),
+                    None => o.reason = "the sandbox ended but its exit code is unknown".into(),
+                },
             }
         }
     }
