@@ -1,0 +1,89 @@
+"""The multi-node deployment end to end: `build_cluster.sh deploy` (2
+workers, as several containers on this machine), `status`, `test` (the
+instructor's check), `down` -- and nothing of the stack is left behind.
+
+Run by tests/run.sh as root, after the single-machine stages: the local
+cluster keeps running beside the stack and must still work afterwards.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = str(REPO / "build_cluster.sh")
+STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
+LABEL = f"label=com.docker.stack.namespace={STACK}"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
+
+
+def run(*args, timeout=1800):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    print(r.stdout[-6000:], r.stderr[-4000:], sep="\n")
+    return r
+
+
+def docker_ids(*args):
+    r = run("docker", *args, "-q", "--filter", LABEL)
+    return r.stdout.split() if r.returncode == 0 else []
+
+
+def swarm_active():
+    r = run("docker", "info", "--format", "{{.Swarm.LocalNodeState}}")
+    return r.stdout.strip() == "active"
+
+
+@pytest.fixture(scope="module")
+def stack():
+    r = run(SCRIPT, "deploy", "--workers", "2")
+    try:
+        assert r.returncode == 0, "deploy failed"
+        yield r
+    finally:
+        down = run(SCRIPT, "down")
+        assert down.returncode == 0, "down failed"
+
+
+def test_status_shows_every_worker(stack):
+    r = run(SCRIPT, "status")
+    assert r.returncode == 0
+    for node in ("worker1", "worker2"):
+        assert node in r.stdout
+    assert "JupyterLab" in r.stdout
+
+
+def test_instructor_check(stack):
+    r = run(SCRIPT, "test")
+    assert r.returncode == 0, "build_cluster.sh test failed"
+    assert "FAIL" not in r.stdout
+    assert "all checks passed" in r.stdout
+
+
+def test_deploy_is_idempotent(stack):
+    r = run(SCRIPT, "deploy", "--workers", "2")
+    assert r.returncode == 0
+    assert "building" not in r.stdout  # images reused
+
+
+def test_local_cluster_untouched(stack):
+    # The single-machine cluster on the host network still answers.
+    r = run("sinfo", "-h", "-o", "%N %T")
+    assert r.returncode == 0
+
+
+def test_down_leaves_nothing_behind(stack):
+    r = run(SCRIPT, "down")
+    assert r.returncode == 0, "down failed"
+    assert docker_ids("ps", "-a") == []
+    assert docker_ids("network", "ls") == []
+    assert docker_ids("volume", "ls") == []
+    if swarm_active():
+        assert docker_ids("service", "ls") == []
+        assert docker_ids("config", "ls") == []
+        assert docker_ids("secret", "ls") == []
+    # A second down is harmless.
+    assert run(SCRIPT, "down").returncode == 0
