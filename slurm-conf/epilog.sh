@@ -43,6 +43,31 @@ main() {
     return 0
 }
 
+# Orphans: delegate containers of Slurm jobs that no longer run on this node
+# (the node crashed or slurmd was killed, so their own epilog never ran, or
+# the engine was down when it ran). Only when Slurm answers: without the list
+# of running jobs nothing is removed.
+sweep_orphans() {
+    running=$(timeout 10 squeue -h -t RUNNING,COMPLETING,SUSPENDED -o '%A %i' 2>>"$LOG") || {
+        log "squeue failed, skipping the orphan sweep"
+        return 0
+    }
+    timeout 20 docker ps -a --filter label=delegate.slurm-job \
+        --format '{{.ID}} {{.Label "delegate.slurm-job"}}' 2>>"$LOG" |
+    while read -r id sj; do
+        case "$sj" in ''|*[!0-9_]*) continue ;; esac
+        # Still running (as a plain job id or as an array element's ids)?
+        if printf ' %s \n' $running | grep -q " $sj "; then
+            continue
+        fi
+        if timeout 60 docker rm -f "$id" >>"$LOG" 2>&1; then
+            log "removed orphan container $id of ended Slurm job $sj"
+        fi
+    done
+    return 0
+}
+
 mkdir -p /var/log/delegate 2>/dev/null
 main
+sweep_orphans
 exit 0

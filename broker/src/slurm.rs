@@ -134,6 +134,9 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
     let mut args = vec![
         "--parsable".to_owned(),
         "--exclusive".to_owned(),
+        // A job directory is single-use: a job whose node failed must end
+        // (lost, with Slurm's reason), not silently run again on the same dir.
+        "--no-requeue".to_owned(),
         format!("--job-name={}", req.job_name),
         format!("--chdir={}", req.chdir.display()),
         format!("--output={}", req.output.display()),
@@ -455,6 +458,7 @@ mod tests {
             [
                 "--parsable",
                 "--exclusive",
+                "--no-requeue",
                 "--job-name=20261123T103000-abcdef01",
                 "--chdir=/home/a/.delegate/jobs",
                 "--output=/home/a/.delegate/jobs/20261123T103000-abcdef01.log",
