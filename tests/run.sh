@@ -6,6 +6,7 @@
 #   2. cargo test --workspace --release   (unit tests)
 #   3. pytest -v tests/e2e          (end-to-end, in a venv)
 #   4. maturin build + pip install of python/, pytest -v tests/python
+#   5. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
 # Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
 # The venv gets tests/requirements.txt when it exists (pip -r syntax, so it
 # may name the Python package: ./python), else just pytest.
@@ -91,6 +92,21 @@ set +e
 rc=$?
 set -e
 ((rc == 0)) || fail "Python package tests (pytest exit $rc)"
+
+section "cluster stack: pytest -v tests/cluster (build_cluster.sh deploy, test, down)"
+# The multi-node deployment as containers on this machine (head, 2 workers,
+# user node with JupyterLab), beside the single-machine cluster. Images are
+# reused when present. DELEGATE_SKIP_STACK=1 skips this stage.
+if [[ ${DELEGATE_SKIP_STACK:-0} == 1 ]]; then
+    echo "WARNING: DELEGATE_SKIP_STACK=1: cluster stack tests skipped" >&2
+else
+    set +e
+    "$VENV/bin/python" -m pytest -v tests/cluster "$@"
+    rc=$?
+    set -e
+    # 5 = every test deselected by the extra arguments (-k ...).
+    ((rc == 0 || rc == 5)) || fail "cluster stack tests (pytest exit $rc)"
+fi
 
 section "all tests passed"
 printf 'total %ds\n' "$((SECONDS - T0))"
