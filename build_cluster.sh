@@ -857,6 +857,11 @@ $(docker service logs --tail 15 "${STACK}_head" 2>&1)"
         sleep 2
     done
     log "stack: all $DELEGATE_STACK_WORKERS workers idle"
+    # JupyterLab takes a few seconds more to listen.
+    wait_for "$DELEGATE_STACK_WAIT" "stack: JupyterLab" \
+        stack_exec user curl -fsS -o /dev/null "http://127.0.0.1:8888/api/status?token=$JUPYTER_TOKEN" \
+        || die "JupyterLab does not answer in the user node after ${DELEGATE_STACK_WAIT}s:
+$(docker service logs --tail 20 "${STACK}_user" 2>&1)"
 }
 
 # --- actions
