@@ -722,7 +722,25 @@ impl Client {
         let mut rnd = [0u8; 4];
         let _ = getrandom::fill(&mut rnd);
         let tmp = format!(".outcome.client-{}-{:08x}", std::process::id(), u32::from_le_bytes(rnd));
-        atomic_write_at(fd, dir, &tmp, &bytes, 0o644)?;
+        if let Err(e) = atomic_write_at(fd, dir, &tmp, &bytes, 0o644) {
+            // A full (or read-only) delegate root: the verdict still stands,
+            // it just cannot be recorded; say so instead of failing the
+            // status of the job (the next reader derives it again).
+            let full = matches!(&e, ProtocolError::Io { source, .. }
+                if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS)));
+            if !full {
+                return Err(e.into());
+            }
+            let _ = nix::unistd::unlinkat(fd, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+            let why = match &e {
+                ProtocolError::Io { source, .. } => source.to_string(),
+                e => e.to_string(),
+            };
+            tracing::warn!(dir = %dir.display(), "cannot record the client outcome: {why}");
+            let mut outcome = outcome;
+            outcome.reason.push_str(&format!("; this verdict could not be recorded in the job directory: {why}"));
+            return Ok(outcome);
+        }
         let linked = nix::unistd::linkat(fd, tmp.as_str(), fd, protocol::OUTCOME, AtFlags::empty());
         let _ = nix::unistd::unlinkat(fd, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
         match linked {

@@ -178,7 +178,9 @@ pub async fn run_job(
                 tracing::error!("cannot write the outcome: {e}");
                 Finish {
                     code: if o.refused { EXIT_REFUSED } else { EXIT_INTERNAL },
-                    final_line: Some(line.unwrap_or_else(|| format!("delegate: error: {}", one_line(&o.reason)))),
+                    final_line: Some(line.unwrap_or_else(|| {
+                        format!("delegate: error: cannot write the outcome ({e}); the job {}: {}", o.state, one_line(&o.reason))
+                    })),
                 }
             }
         }
