@@ -32,7 +32,8 @@ DELEGATE_CLI = os.environ.get("BENCH_DELEGATE_CLI", "/usr/local/bin/delegate")
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 SKIP_200 = os.environ.get("BENCH_SKIP_200") == "1"
 USER = os.environ.get("BENCH_USER", "delegate-alice")
-REPS = 3 if QUICK else int(os.environ.get("BENCH_REPS", "10"))
+REPS = 3 if QUICK else int(os.environ.get("BENCH_REPS", "10"))          # cheap figures
+SREPS = 3 if QUICK else int(os.environ.get("BENCH_SLURM_REPS", "6"))   # each waits for an idle node
 LOOP_N = 200_000 if QUICK else 2_000_000   # iterations of the CPU-bound loop
 LOOP_K = 5 if QUICK else 15                # timings of it per side
 
@@ -66,7 +67,16 @@ def stats(xs):
 
 
 def sh(*cmd, check=True, **kw):
-    return subprocess.run(list(cmd), check=check, capture_output=True, text=True, **kw)
+    """Runs a command; a failure is retried twice (the machine is shared:
+    another engineer's image build or test run can make one docker call fail)."""
+    for attempt in range(3):
+        p = subprocess.run(list(cmd), check=False, capture_output=True, text=True, **kw)
+        if p.returncode == 0 or not check:
+            return p
+        log("%s failed (exit %d): %s%s" % (" ".join(cmd[:3]), p.returncode, p.stderr.strip()[-300:],
+                                            "; retrying" if attempt < 2 else ""))
+        time.sleep(1)
+    raise subprocess.CalledProcessError(p.returncode, cmd, p.stdout, p.stderr)
 
 
 def slurm_busy() -> bool:
@@ -131,11 +141,11 @@ def root_phase(out: str):
 
     # 2. the floor: sbatch of the same container run, submit → gone, idle node.
     wrap = " ".join(docker_run_cmd())
-    log("sbatch floor x%d (waiting for an idle node before each)" % REPS)
+    log("sbatch floor x%d (waiting for an idle node before each)" % SREPS)
     floor, floor_wait, floor_true = [], [], []
-    for _ in range(REPS):
+    for _ in range(SREPS):
         wait_idle(); floor.append(sbatch_until_gone(wrap))
-    for _ in range(max(2, REPS // 3)):
+    for _ in range(max(2, SREPS // 2)):
         wait_idle()
         t = time.perf_counter()
         sh("sbatch", "--wait", "-Q", "-p", PARTITION, "--exclusive", "-o", "/dev/null", "--wrap", wrap)
@@ -202,10 +212,10 @@ def user_phase(out: str):
     res = {}
 
     # 1. a single trivial delegate call, submit → result, on an idle node.
-    log("delegate single call x%d" % REPS)
+    log("delegate single call x%d" % SREPS)
     f = delegate.remote(time="2m")(trivial)
     single = []
-    for i in range(REPS):
+    for i in range(SREPS):
         wait_idle()
         t = time.perf_counter()
         assert f.submit(i).result(timeout=300) == i
@@ -260,9 +270,9 @@ def user_phase(out: str):
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         ex.update_parameters(timeout_min=2, slurm_partition=PARTITION,
                              slurm_additional_parameters={"exclusive": True})
-        log("submitit single call x%d" % REPS)
+        log("submitit single call x%d" % SREPS)
         ss = []
-        for i in range(REPS):
+        for i in range(SREPS):
             wait_idle()
             t = time.perf_counter()
             assert ex.submit(trivial, i).result() == i
@@ -292,7 +302,8 @@ def report(out: str, root_json: str, user_json: str):
     r = json.load(open(root_json))
     u = json.load(open(user_json))
     allres = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": os.uname().nodename,
-              "quick": QUICK, "reps": REPS, **r, **u}
+              "quick": QUICK, "reps": REPS, "slurm_reps": SREPS,
+              "load_average": os.getloadavg(), **r, **u}
     floor = med(r, "floor_sbatch_docker")
     rows = []
 
@@ -319,8 +330,9 @@ def report(out: str, root_json: str, user_json: str):
     row("docker run --rm, sandbox flags", med(r, "runner_docker_ref"))
     over = statistics.median(r["runner_over_docker_ms"]) if r.get("runner_over_docker_ms") else None
     lb, ls = r.get("loop_bare", {}), u.get("loop_sandbox", {})
-    print("\n delegate benchmark, %s (%s, reps=%d%s)" % (allres["date"], allres["host"], REPS,
-                                                         ", quick" if QUICK else ""))
+    print("\n delegate benchmark, %s (%s, reps=%d/%d%s, load average %.2f)"
+          % (allres["date"], allres["host"], REPS, SREPS, ", quick" if QUICK else "",
+             allres["load_average"][0]))
     w = max(len(x[0]) for x in rows) + 2
     print(" %-*s %10s  %-22s %s" % (w, "figure (median)", "value", "ratio", "goal"))
     print(" " + "-" * (w + 50))
@@ -363,7 +375,8 @@ def plot(d, path):
               ("delegate\nsingle", "delegate_single"), ("submitit\nsingle", "submitit_single")]
     series = [(n, d[k]["samples"]) for n, k in series if d.get(k, {}).get("samples")]
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1.3, 1.3]})
-    a1.boxplot([s for _, s in series], labels=[n for n, _ in series], showfliers=True)
+    a1.boxplot([s for _, s in series], showfliers=True)
+    a1.set_xticks(range(1, len(series) + 1), [n for n, _ in series])
     for i, (_, s) in enumerate(series, 1):
         a1.plot([i] * len(s), s, "o", alpha=0.4, ms=4)
     a1.set_ylabel("seconds (submit → result / gone)")
@@ -380,7 +393,8 @@ def plot(d, path):
     loops = [(n, d[k]["samples"]) for n, k in (("bare node", "loop_bare"), ("sandbox", "loop_sandbox"))
              if d.get(k, {}).get("samples")]
     if loops:
-        a3.boxplot([s for _, s in loops], labels=[n for n, _ in loops])
+        a3.boxplot([s for _, s in loops])
+        a3.set_xticks(range(1, len(loops) + 1), [n for n, _ in loops])
         a3.set_title("CPU loop timings (fidelity)")
         a3.set_ylabel("seconds")
     fig.suptitle("delegate benchmark %s" % d["date"])

@@ -437,6 +437,10 @@ pub struct Client {
     root_fd: OwnedFd,
     uid: u32,
     gid: u32,
+    /// When Slurm was last asked by a wait of this client: consecutive
+    /// waits (the Python waiter's rounds) share the one-query-per-interval
+    /// budget instead of each asking at its start.
+    last_slurm: std::sync::Mutex<Option<Instant>>,
 }
 
 fn optional<T>(r: Result<T, ProtocolError>) -> Result<Option<T>, ProtocolError> {
@@ -449,6 +453,30 @@ fn optional<T>(r: Result<T, ProtocolError>) -> Result<Option<T>, ProtocolError> 
 
 fn exists_at(dir: impl AsFd, name: &str) -> bool {
     fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
+}
+
+/// Waiting for (or cancelling) N jobs holds one descriptor per job
+/// directory, twice over while a round re-reads them: a student's 1,000
+/// futures exceed the usual soft limit of 1,024, and a job directory that
+/// cannot be opened for EMFILE would look unreadable. Raise the soft limit
+/// of open files to the hard limit (capped at 65,536), once per process.
+fn raise_nofile_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit/setrlimit only read/write the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+                let want = lim.rlim_max.min(65_536);
+                if lim.rlim_cur < want {
+                    lim.rlim_cur = want;
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        tracing::debug!("could not raise the open-files limit");
+                    }
+                }
+            }
+        }
+    });
 }
 
 impl Client {
@@ -478,6 +506,7 @@ impl Client {
         let uid = nix::unistd::getuid().as_raw();
         let gid = nix::unistd::getgid().as_raw();
         check_owner(&root_fd, &root.display().to_string(), uid, true).map_err(|e| root_err(e.to_string()))?;
+        raise_nofile_limit();
         tracing::debug!(root = %root.display(), uid, "client ready");
         Ok(Client {
             config,
@@ -485,6 +514,7 @@ impl Client {
             root_fd,
             uid,
             gid,
+            last_slurm: std::sync::Mutex::new(None),
         })
     }
 
@@ -1022,7 +1052,36 @@ impl Client {
         &self,
         ids: &[JobId],
         timeout: Option<Duration>,
+        stop: impl FnMut() -> bool,
+    ) -> Result<Vec<JobStatus>> {
+        self.wait_inner(ids, timeout, stop, false)
+    }
+
+    /// Claims this interval's Slurm query: true (and the interval restarts)
+    /// when none was made in the last [`SLURM_INTERVAL`] by any wait of
+    /// this client, or when `force`.
+    fn slurm_due(&self, force: bool) -> bool {
+        let mut last = self.last_slurm.lock().unwrap_or_else(|p| p.into_inner());
+        if force || last.is_none_or(|t| t.elapsed() >= SLURM_INTERVAL) {
+            *last = Some(Instant::now());
+            true
+        } else {
+            false
+        }
+    }
+
+    fn last_slurm(&self) -> Option<Instant> {
+        *self.last_slurm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The wait loop; `fresh`: ask Slurm in the first round whatever the
+    /// interval (after a scancel, to see the cancellation at once).
+    fn wait_inner(
+        &self,
+        ids: &[JobId],
+        timeout: Option<Duration>,
         mut stop: impl FnMut() -> bool,
+        fresh: bool,
     ) -> Result<Vec<JobStatus>> {
         use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -1043,13 +1102,11 @@ impl Client {
             }
         }
         let mut statuses: Vec<Option<JobStatus>> = vec![None; jobs.len()];
-        let mut last_slurm: Option<Instant> = None;
+        let mut first = true;
         let mut backoff = Duration::from_millis(50);
         loop {
-            let ask = last_slurm.is_none_or(|t| t.elapsed() >= SLURM_INTERVAL);
-            if ask {
-                last_slurm = Some(Instant::now());
-            }
+            let ask = self.slurm_due(fresh && first);
+            first = false;
             // Re-read the jobs not over yet, then reconcile them together.
             let open: Vec<usize> = (0..jobs.len())
                 .filter(|&i| !statuses[i].as_ref().is_some_and(JobStatus::is_terminal))
@@ -1078,7 +1135,7 @@ impl Client {
                 return Ok(statuses.into_iter().flatten().collect());
             }
             let mut sleep = backoff;
-            if let Some(t) = last_slurm {
+            if let Some(t) = self.last_slurm() {
                 sleep = sleep.min((t + SLURM_INTERVAL).saturating_duration_since(now));
             }
             if let Some(d) = deadline {
@@ -1128,7 +1185,7 @@ impl Client {
             // Jobs that ended meanwhile make scancel fail; the wait decides.
             tracing::warn!(error = %e, "scancel reported an error");
         }
-        self.wait(ids, Some(CANCEL_WAIT))
+        self.wait_inner(ids, Some(CANCEL_WAIT), || false, true)
     }
 
     // --- readers ----------------------------------------------------------
@@ -1599,5 +1656,27 @@ mod tests {
         assert_eq!(s[0].exit_code, Some(3));
         assert_eq!(exit_status_for(&s[0]), Some(3));
         assert_eq!(s[0].host.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn consecutive_waits_share_one_squeue_per_interval() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let log = tmp.path().join("squeue-calls");
+        let c = client(
+            tmp.path(),
+            fake_slurm(&bin, "echo 9", &format!("echo x >> {}; echo '9|PENDING|Resources'", log.display())),
+        );
+        let mut req = SubmitRequest::command(vec!["true".into()]);
+        req.image = Some("img".into());
+        let h = c.submit(&req).unwrap();
+        // Short rounds, as the Python waiter makes them: the first asks
+        // Slurm, the next ones within the interval read only the files.
+        for _ in 0..4 {
+            let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(100))).unwrap();
+            assert_eq!(s[0].state, State::Pending, "{s:?}");
+        }
+        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
     }
 }

@@ -319,6 +319,10 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
         perf,
     };
     let mut perf = match ctx.policy.perf_mode {
+        // Engines before Docker 24 (API 1.43) reject CAP_PERFMON by name:
+        // decide from the negotiated API version instead of paying a failed
+        // create per job. Newer engines still fall back below if they reject.
+        PerfMode::Auto if !engine::may_accept_perfmon(&docker) => Perf::Seccomp,
         PerfMode::Auto | PerfMode::Perfmon => Perf::Perfmon,
         PerfMode::Seccomp => Perf::Seccomp,
         PerfMode::Off => Perf::Off,
