@@ -43,25 +43,32 @@ main() {
     return 0
 }
 
-# Orphans: delegate containers of Slurm jobs that no longer run on this node
-# (the node crashed or slurmd was killed, so their own epilog never ran, or
-# the engine was down when it ran). Only when Slurm answers: without the list
-# of running jobs nothing is removed.
+# Orphans: delegate containers of Slurm jobs of THIS cluster that ran on THIS
+# node and have ended (the node crashed or slurmd was killed, so their own
+# epilog never ran, or the engine was down when it ran). Another cluster may
+# share this Docker engine (the multi-node stack on one machine): a container
+# is removed only when this cluster's slurmctld still knows its job, says it
+# is over, and lists this node among its nodes. Jobs forgotten by slurmctld
+# (MinJobAge) are left alone.
 sweep_orphans() {
-    running=$(timeout 10 squeue -h -t RUNNING,COMPLETING,SUSPENDED -o '%A %i' 2>>"$LOG") || {
-        log "squeue failed, skipping the orphan sweep"
-        return 0
-    }
+    node=${SLURMD_NODENAME:-}
+    [ -n "$node" ] || return 0
     timeout 20 docker ps -a --filter label=delegate.slurm-job \
         --format '{{.ID}} {{.Label "delegate.slurm-job"}}' 2>>"$LOG" |
     while read -r id sj; do
-        case "$sj" in ''|*[!0-9_]*) continue ;; esac
-        # Still running (as a plain job id or as an array element's ids)?
-        if printf ' %s \n' $running | grep -q " $sj "; then
-            continue
-        fi
+        case "$sj" in ''|*[!0-9]*) continue ;; esac
+        [ "$sj" = "${SLURM_JOB_ID:-}" ] && continue
+        info=$(timeout 10 scontrol -o show job "$sj" 2>/dev/null) || continue
+        state=$(printf '%s\n' "$info" | sed -n 's/.* JobState=\([A-Z_]*\) .*/\1/p')
+        case "$state" in
+            COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE) ;;
+            *) continue ;;
+        esac
+        nodes=$(printf '%s\n' "$info" | sed -n 's/.* NodeList=\([^ ]*\) .*/\1/p')
+        [ -n "$nodes" ] && [ "$nodes" != "(null)" ] || continue
+        timeout 10 scontrol show hostnames "$nodes" 2>/dev/null | grep -qx "$node" || continue
         if timeout 60 docker rm -f "$id" >>"$LOG" 2>&1; then
-            log "removed orphan container $id of ended Slurm job $sj"
+            log "removed orphan container $id of ended Slurm job $sj ($state)"
         fi
     done
     return 0
