@@ -796,6 +796,7 @@ $(tail -n 20 "$DELEGATE_LOG_DIR/build-user-image.log")"; }
     # cloudpickle pickles for one Python (major.minor): the user node's
     # Python and the sandbox's must be the same.
     local pu ps
+    wait_for 60 dockerd docker_ok >/dev/null || die "the Docker engine does not answer"
     pu=$(docker run --rm --entrypoint /opt/delegate/venv/bin/python "$DELEGATE_USER_IMAGE" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     ps=$(docker run --rm --entrypoint python3 "$DELEGATE_SANDBOX_IMAGE" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     [[ -n $pu && $pu == "$ps" ]] || die "Python of the user image ($pu) and of the sandbox image ($ps) differ; build both from the same base"
