@@ -676,6 +676,11 @@ stack_generate() {
 # cluster on the same Docker engine (the --local one) counts from 1, so the
 # two epilogs never match each other's containers.
 FirstJobId=$DELEGATE_STACK_FIRST_JOB_ID
+# Look a node's address up on every connection instead of caching it: a
+# restarted node container (swarm restarts it after a crash or an engine
+# restart) comes back with a new IP under the same name; with the cache
+# slurmctld would keep calling the old one and mark the node not responding.
+CommunicationParameters=NoAddrCache
 CONF
         ((DELEGATE_STACK_WORKER_GPUS > 0)) && printf '# GPUs per worker (gres.conf).\nGresTypes=gpu\n'
         echo "# Node hardware from cluster.conf (must not exceed what slurmd detects)."
@@ -749,7 +754,8 @@ CONF
 stack_build_images() {
     local force=${1:-0} ctx gid
     # Base and sandbox images: the single-machine functions (cached builds).
-    if ((force)) || ! docker image inspect "$DELEGATE_SANDBOX_IMAGE" >/dev/null 2>&1; then
+    if ((force)) || ! docker image inspect "$DELEGATE_SANDBOX_IMAGE" >/dev/null 2>&1 \
+        || ! docker image inspect "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
         local_build_images
     else
         log "image $DELEGATE_SANDBOX_IMAGE: present"
@@ -987,7 +993,7 @@ t_sinfo_idle() {
 t_job_on_each_worker() {
     local u=$1 i pids=() rc=0 out
     for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
-        stack_exec_as "$u" user sbatch --wait -Q -w "worker$i" -t 2 \
+        stack_exec_as "$u" user timeout 180 sbatch --wait -Q -w "worker$i" -t 2 \
             -o "$DELEGATE_STACK_HOME/$u/.stack-check-worker$i.out" --wrap 'hostname -s' </dev/null &
         pids+=($!)
     done
@@ -1002,7 +1008,7 @@ t_job_on_each_worker() {
 }
 t_python() {   # t_python USER ARGS...: stack/check_user.py on the user node
     local u=$1; shift
-    stack_exec_as "$u" user /opt/delegate/venv/bin/python - "$@" <"$REPO/stack/check_user.py"
+    stack_exec_as "$u" user timeout 600 /opt/delegate/venv/bin/python - "$@" <"$REPO/stack/check_user.py"
 }
 t_isolation() {
     local a=$1 b=$2 node

@@ -44,7 +44,7 @@ def fail(msg):
 
 def basic():
     fut = identity_and_perf.submit()
-    uid, gid, perf = fut.result(timeout=300)
+    uid, gid, perf = fut.result(timeout=240)
     st = fut.status
     if uid != os.getuid() or gid != os.getgid():
         fail(f"the sandbox ran as {uid}:{gid}, not as {os.getuid()}:{os.getgid()}")
@@ -57,7 +57,7 @@ def excl(workers):
     futs = [nap.submit(i) for i in range(2 * workers)]
     runs = []
     for f in futs:
-        f.result(timeout=600)
+        f.result(timeout=300)
         st = f.status
         # Seconds since the epoch, from the job's outcome (runner's clock).
         runs.append((st["host"], st["started"], st["finished"], f.job_id))
