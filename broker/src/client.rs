@@ -437,10 +437,16 @@ pub struct Client {
     root_fd: OwnedFd,
     uid: u32,
     gid: u32,
-    /// When Slurm was last asked by a wait of this client: consecutive
-    /// waits (the Python waiter's rounds) share the one-query-per-interval
-    /// budget instead of each asking at its start.
-    last_slurm: std::sync::Mutex<Option<Instant>>,
+}
+
+/// When Slurm was last asked by a wait, per delegate root, for the whole
+/// process: consecutive waits (the Python waiter's rounds, each with a
+/// client of its own) share the one-query-per-interval budget instead of
+/// each asking at its start.
+fn last_slurm_map() -> std::sync::MutexGuard<'static, std::collections::HashMap<PathBuf, Instant>> {
+    static LAST: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<PathBuf, Instant>>> =
+        std::sync::OnceLock::new();
+    LAST.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn optional<T>(r: Result<T, ProtocolError>) -> Result<Option<T>, ProtocolError> {
@@ -514,7 +520,6 @@ impl Client {
             root_fd,
             uid,
             gid,
-            last_slurm: std::sync::Mutex::new(None),
         })
     }
 
@@ -1054,24 +1059,35 @@ impl Client {
         timeout: Option<Duration>,
         stop: impl FnMut() -> bool,
     ) -> Result<Vec<JobStatus>> {
-        self.wait_inner(ids, timeout, stop, false)
+        self.wait_inner(ids, timeout, stop, false, false)
+    }
+
+    /// [`Client::wait_with`] that also returns as soon as any one of the
+    /// jobs is over (the Python waiter: each future is resolved when its
+    /// own job ends, not when the round does).
+    pub fn wait_any_with(
+        &self,
+        ids: &[JobId],
+        timeout: Option<Duration>,
+        stop: impl FnMut() -> bool,
+    ) -> Result<Vec<JobStatus>> {
+        self.wait_inner(ids, timeout, stop, false, true)
     }
 
     /// Claims this interval's Slurm query: true (and the interval restarts)
-    /// when none was made in the last [`SLURM_INTERVAL`] by any wait of
-    /// this client, or when `force`.
+    /// when no wait of this process asked about jobs of this root in the
+    /// last [`SLURM_INTERVAL`], or when `force`.
     fn slurm_due(&self, force: bool) -> bool {
-        let mut last = self.last_slurm.lock().unwrap_or_else(|p| p.into_inner());
-        if force || last.is_none_or(|t| t.elapsed() >= SLURM_INTERVAL) {
-            *last = Some(Instant::now());
-            true
-        } else {
-            false
+        let mut map = last_slurm_map();
+        let due = force || map.get(&self.root).is_none_or(|t| t.elapsed() >= SLURM_INTERVAL);
+        if due {
+            map.insert(self.root.clone(), Instant::now());
         }
+        due
     }
 
     fn last_slurm(&self) -> Option<Instant> {
-        *self.last_slurm.lock().unwrap_or_else(|p| p.into_inner())
+        last_slurm_map().get(&self.root).copied()
     }
 
     /// The wait loop; `fresh`: ask Slurm in the first round whatever the
@@ -1082,6 +1098,7 @@ impl Client {
         timeout: Option<Duration>,
         mut stop: impl FnMut() -> bool,
         fresh: bool,
+        any: bool,
     ) -> Result<Vec<JobStatus>> {
         use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -1130,8 +1147,9 @@ impl Client {
                 jobs[i] = f;
             }
             let done = statuses.iter().all(|s| s.as_ref().is_some_and(JobStatus::is_terminal));
+            let one_over = any && open.iter().any(|&i| statuses[i].as_ref().is_some_and(JobStatus::is_terminal));
             let now = Instant::now();
-            if done || deadline.is_some_and(|d| now >= d) || stop() {
+            if done || one_over || deadline.is_some_and(|d| now >= d) || stop() {
                 return Ok(statuses.into_iter().flatten().collect());
             }
             let mut sleep = backoff;
@@ -1185,7 +1203,7 @@ impl Client {
             // Jobs that ended meanwhile make scancel fail; the wait decides.
             tracing::warn!(error = %e, "scancel reported an error");
         }
-        self.wait_inner(ids, Some(CANCEL_WAIT), || false, true)
+        self.wait_inner(ids, Some(CANCEL_WAIT), || false, true, false)
     }
 
     // --- readers ----------------------------------------------------------
@@ -1677,6 +1695,46 @@ mod tests {
             let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(100))).unwrap();
             assert_eq!(s[0].state, State::Pending, "{s:?}");
         }
+        // So do the waits of another client of the same root (Python makes
+        // one per call).
+        let c2 = Client::new(c.config().clone()).unwrap();
+        c2.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(100))).unwrap();
         assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+    }
+
+    #[test]
+    fn wait_any_returns_when_one_job_is_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let c = client(tmp.path(), fake_slurm(&bin, "echo 9", "echo '9|RUNNING|None'"));
+        let mut req = SubmitRequest::command(vec!["true".into()]);
+        req.image = Some("img".into());
+        let a = c.submit(&req).unwrap();
+        let b = c.submit(&req).unwrap();
+        let dir = b.dir.clone();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let fd = open_dir_nofollow(&dir).unwrap();
+            let o = Outcome {
+                state: State::Completed,
+                exit_code: Some(0),
+                reason: "exited with code 0".into(),
+                refused: false,
+                oom_killed: false,
+                started_ms: Some(now_ms() - 100),
+                finished_ms: now_ms(),
+                host: "n1".into(),
+                writer: Writer::Runner,
+            };
+            write_record_at(&fd, &dir, &o).unwrap();
+        });
+        let t0 = Instant::now();
+        let s = c.wait_any_with(&[a.id.clone(), b.id.clone()], Some(Duration::from_secs(10)), || false).unwrap();
+        writer.join().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        assert_eq!(s.len(), 2);
+        assert!(!s[0].is_terminal(), "{s:?}");
+        assert_eq!(s[1].state, State::Completed);
     }
 }

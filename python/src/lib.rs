@@ -167,12 +167,24 @@ fn status<'py>(py: Python<'py>, ids: Vec<String>) -> PyResult<Bound<'py, PyList>
     status_list(py, &v)
 }
 
+/// Bumped by `wake()`: a wait in progress returns (within a second) so
+/// that the caller can add jobs to it.
+static WAKE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes the waits in progress return early (the waiter has new futures).
+#[pyfunction]
+fn wake() {
+    WAKE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Waits up to `timeout` seconds (None: until all are over) for the jobs;
 /// returns their statuses. The job directories' inotify events wake it;
-/// Slurm is asked once per interval for all of them.
+/// Slurm is asked once per interval for all of them (shared by consecutive
+/// waits of this process). With `any`, it returns as soon as one job is
+/// over, or when `wake()` is called.
 #[pyfunction]
-#[pyo3(signature = (ids, timeout=None))]
-fn wait<'py>(py: Python<'py>, ids: Vec<String>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
+#[pyo3(signature = (ids, timeout=None, any=false))]
+fn wait<'py>(py: Python<'py>, ids: Vec<String>, timeout: Option<f64>, any: bool) -> PyResult<Bound<'py, PyList>> {
     let ids = parse_ids(&ids)?;
     let timeout = match timeout {
         Some(t) if !(t.is_finite() && t >= 0.0) => {
@@ -181,7 +193,15 @@ fn wait<'py>(py: Python<'py>, ids: Vec<String>, timeout: Option<f64>) -> PyResul
         Some(t) => Some(Duration::from_secs_f64(t)),
         None => None,
     };
-    let v = py.detach(move || -> CoreResult<Vec<JobStatus>> { Ok(client()?.wait(&ids, timeout)?) })?;
+    let v = py.detach(move || -> CoreResult<Vec<JobStatus>> {
+        if any {
+            let seen = WAKE.load(std::sync::atomic::Ordering::SeqCst);
+            let woken = move || WAKE.load(std::sync::atomic::Ordering::SeqCst) != seen;
+            Ok(client()?.wait_any_with(&ids, timeout, woken)?)
+        } else {
+            Ok(client()?.wait(&ids, timeout)?)
+        }
+    })?;
     status_list(py, &v)
 }
 
@@ -250,6 +270,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(submit_python, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(wait, m)?)?;
+    m.add_function(wrap_pyfunction!(wake, m)?)?;
     m.add_function(wrap_pyfunction!(cancel, m)?)?;
     m.add_function(wrap_pyfunction!(read_file, m)?)?;
     m.add_function(wrap_pyfunction!(job_dir, m)?)?;

@@ -21,8 +21,9 @@ from delegate._errors import (DelegateError, JobFailed, JobTimedOut, RemoteError
                               RemoteTraceback, VersionMismatchError)
 
 TERMINAL = ("completed", "failed", "timed-out", "cancelled", "lost")
-# Seconds between two Slurm queries of the shared waiter (the Rust core
-# returns earlier when a job directory changes).
+# Longest round of the shared waiter. The Rust core returns earlier when one
+# of the jobs is over (inotify on the job directories) or when a future is
+# added (``_core.wake``); Slurm is asked at most once per 2 s across rounds.
 POLL_INTERVAL = float(os.environ.get("DELEGATE_POLL_INTERVAL", "2"))
 # Largest result read back (the payload limit of the protocol).
 MAX_RESULT = 256 * 1024 * 1024
@@ -232,6 +233,7 @@ class _Waiter:
             self._stopping = True
             self._cv.notify_all()
             t = self._thread
+        _wake()
         if t is not None and t.is_alive() and t is not threading.current_thread():
             t.join(POLL_INTERVAL + 5)
 
@@ -239,11 +241,14 @@ class _Waiter:
         with self._cv:
             if self._stopping:
                 raise RuntimeError("the interpreter is shutting down")
+            new = fut.job_id not in self._futures
             self._futures.setdefault(fut.job_id, []).append(fut)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="delegate-waiter", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
+        if new:
+            _wake()  # a round in progress returns and the next one includes it
 
     def _run(self) -> None:
         failures = 0
@@ -255,7 +260,7 @@ class _Waiter:
                     return
                 ids = list(self._futures)
             try:
-                statuses = _core.wait(ids, POLL_INTERVAL)
+                statuses = _core.wait(ids, POLL_INTERVAL, True)
                 failures = 0
             except Exception as e:  # noqa: BLE001
                 failures += 1
@@ -286,6 +291,13 @@ class _Waiter:
                         futs = list(self._futures.get(jid, []))
                     for f in futs:
                         f._update(st)
+
+
+def _wake() -> None:
+    try:
+        _core.wake()
+    except Exception:  # noqa: BLE001 - never fail an add for this
+        pass
 
 
 WAITER = _Waiter()
