@@ -354,7 +354,7 @@ print("RESULT:", json.dumps(out))
 """
 
 
-def test_many_users_submit_concurrently(tmp_path):
+def test_many_users_submit_concurrently():
     py = "/var/lib/delegate/venv/bin/python"
     if subprocess.run([py, "-c", "import delegate"], capture_output=True).returncode != 0:
         pytest.skip("the delegate Python package is not installed in the test venv yet (tests/run.sh installs it)")
@@ -367,9 +367,11 @@ def test_many_users_submit_concurrently(tmp_path):
         except KeyError:
             sh("useradd", "--create-home", "--uid", str(2200 + i), "--user-group", "--shell", "/bin/sh", name)
         users.append(User(name))
-    script = tmp_path / "stress.py"
+    import tempfile
+    scripts = Path(tempfile.mkdtemp(prefix="delegate-stress-"))
+    script = scripts / "stress.py"
     script.write_text(STRESS_SCRIPT)
-    os.chmod(tmp_path, 0o755)
+    os.chmod(scripts, 0o755)
     os.chmod(script, 0o644)
     t0 = time.monotonic()
     procs = []
@@ -392,3 +394,47 @@ def test_many_users_submit_concurrently(tmp_path):
     left = set(sh("docker", "ps", "-a", "--filter", "label=delegate.job",
                   "--format", '{{.Label "delegate.job"}}').stdout.split())
     assert not (left & ours), left & ours
+
+
+MAP_ONE_FAILS = """
+import json, time, delegate
+def f(x):
+    import os, time
+    if x == 1:
+        os._exit(137)        # this call's job fails without a result
+    time.sleep(2)
+    return x
+t = time.monotonic()
+try:
+    with delegate.Executor(time="2m") as ex:
+        futs = []
+        out = list(ex.map(f, range(6), timeout=120))
+    res = {"ok": True}
+except Exception as e:
+    res = {"ok": False, "type": type(e).__name__}
+res["secs"] = time.monotonic() - t
+print("RESULT:", json.dumps(res))
+"""
+
+
+def test_map_with_a_failing_call_ends_and_cancels_the_rest(alice):
+    # Regression: Executor.shutdown waited forever on the futures map had
+    # cancelled (Future.cancel never reaches CANCELLED_AND_NOTIFIED).
+    py = "/var/lib/delegate/venv/bin/python"
+    if subprocess.run([py, "-c", "import delegate"], capture_output=True).returncode != 0:
+        pytest.skip("the delegate Python package is not installed in the test venv yet (tests/run.sh installs it)")
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="delegate-map-"))
+    (d / "m.py").write_text(MAP_ONE_FAILS)
+    os.chmod(d, 0o755)
+    os.chmod(d / "m.py", 0o644)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(alice.home), "LANG": "C.UTF-8",
+           "DELEGATE_POLL_INTERVAL": "1"}
+    r = subprocess.run(["/usr/sbin/runuser", "-u", alice.name, "--", py, str(d / "m.py")],
+                       capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT: ")]
+    assert r.returncode == 0 and lines, (r.stdout, r.stderr)
+    res = json.loads(lines[-1][8:])
+    assert res["ok"] is False and res["type"] == "JobFailed", res
+    assert res["secs"] < 60, res
+    assert "unexpected state" not in r.stderr, r.stderr

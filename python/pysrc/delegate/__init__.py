@@ -30,7 +30,7 @@ import time as _time
 
 import delegate_executor as _fmt
 from delegate import _core
-from delegate._client import WAITER, DelegateFuture, attach
+from delegate._client import WAITER, DelegateFuture, attach, mark_cancelled
 from delegate._errors import (DelegateError, JobFailed, JobTimedOut, RemoteError,
                               RemoteTraceback, VersionMismatchError)
 
@@ -212,7 +212,7 @@ def _cancel_futures(futs) -> None:
         return
     _core.cancel([f.job_id for f in futs])
     for f in futs:
-        cf.Future.cancel(f)
+        mark_cancelled(f)
 
 
 def Job(job_id: str) -> DelegateFuture:  # noqa: N802 - reads like a class

@@ -143,7 +143,7 @@ class DelegateFuture(cf.Future):
             if self._state == cf._base.FINISHED:
                 return False
         _core.cancel([self.job_id])
-        return super().cancel()
+        return mark_cancelled(self)
 
     def _show_output(self) -> None:
         if self._shown or not self.done() or self.cancelled():
@@ -188,7 +188,7 @@ class DelegateFuture(cf.Future):
                 return
         self._line.update(state, final=True)
         if state == "cancelled":
-            cf.Future.cancel(self)
+            mark_cancelled(self)
             return
         if data is not None:
             kind, obj = decode_result(data, self.job_id)
@@ -210,6 +210,19 @@ class DelegateFuture(cf.Future):
                 self.set_exception(obj)
         except cf.InvalidStateError:
             pass  # cancelled in the meantime
+
+
+def mark_cancelled(fut) -> bool:
+    """Cancels a future AND notifies its waiters: ``concurrent.futures.wait``
+    (hence ``Executor.shutdown``) counts a future as done only once it is
+    CANCELLED_AND_NOTIFIED, which plain ``Future.cancel`` does not reach
+    (executors normally do it when they would have started the call)."""
+    if not cf.Future.cancel(fut):
+        return False
+    with fut._condition:  # re-entrant: set_running_or_notify_cancel takes it too
+        if fut._state == cf._base.CANCELLED:
+            fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED
+    return True
 
 
 class _Waiter:
