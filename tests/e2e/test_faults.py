@@ -8,7 +8,7 @@ Some of these stop and start the local daemons (dockerd, slurmd): they
 restore them before they return, record the new pids where build_cluster.sh
 keeps them (so `build_cluster.sh --local stop` still works) and check the
 cluster answers. DELEGATE_STRESS_JOBS sets the size of the many-users test
-(default 100 in CI; 500 is the full run documented in docs/robustness.md).
+(default 500, about 3 minutes on the 2-core CI machine; lower it for a quick run).
 """
 from __future__ import annotations
 
@@ -338,7 +338,7 @@ def test_full_root_python_result_is_never_half_read(alice, tiny_root):
 # Many users at once
 # ---------------------------------------------------------------------------
 
-STRESS_JOBS = int(os.environ.get("DELEGATE_STRESS_JOBS", "100"))
+STRESS_JOBS = int(os.environ.get("DELEGATE_STRESS_JOBS", "500"))
 STRESS_USERS = 10
 
 STRESS_SCRIPT = """

@@ -160,14 +160,18 @@ def test_shell_fork_bomb_is_ended_by_the_time_limit(alice):
 HOG = "b = []\nwhile True: b.append(bytearray(8 << 20))"
 
 
-@pytest.mark.parametrize("cmd", [["python3", "-c", HOG], ["sh", "-c", f"python3 -c '{HOG}'"]],
-                         ids=["main-process", "child-process"])
-def test_memory_hog_is_killed_and_outcome_says_out_of_memory(alice, cmd):
+@pytest.mark.parametrize("cmd,expect", [
+    (["python3", "-c", HOG], "killed: out of memory (limit 64M)"),
+    (["sh", "-c", f"python3 -c '{HOG}'"], "killed: out of memory (limit 64M)"),
+    (["sh", "-c", f"python3 -c '{HOG}'; echo survived"],
+     "a process in the sandbox was killed: out of memory (limit 64M); the main process exited with code 0"),
+], ids=["main-process", "exec-from-shell", "child-main-survives"])
+def test_memory_hog_is_killed_and_outcome_says_out_of_memory(alice, cmd, expect):
     job = alice.submit(*cmd, opts=("--mem", "64M"))
     st = alice.wait(job)
     assert st["state"] == "failed", st
     assert st["oom_killed"] is True, st
-    assert "out of memory" in st["reason"] and "64M" in st["reason"], st
+    assert st["reason"] == expect, st
     assert containers_with_label(job) == []
     node_usable(alice)
 
@@ -293,3 +297,75 @@ def test_cannot_read_another_users_job_dir(alice, bob):
     assert containers_created_since(secret, t0) == []
     # ... and cannot make it write as root either: alice's outcome is untouched.
     assert alice.status(secret)["state"] == "completed"
+
+
+# ---------------------------------------------------------------------------
+# Bad input to the runner (a held job, tampered with before the runner sees it)
+# ---------------------------------------------------------------------------
+
+def _held(user):
+    t0 = time.time() - 1
+    job = user.submit("true", opts=("--hold",))
+    return job, user.job_dir(job), t0
+
+
+def _release_refused(user, job, t0, expect):
+    user.as_user("scontrol", "release", (user.job_dir(job) / "slurm-id").read_text().strip())
+    st = user.wait(job, timeout=120)
+    assert st["state"] == "failed" and st.get("refused") is True, st
+    assert expect in st["reason"], st
+    from conftest import containers_created_since
+    assert containers_created_since(job, t0) == []
+    return st
+
+
+def test_spec_with_extra_fields_is_refused(alice):
+    # The spec has no field for an image outside the allowlist's checks,
+    # capabilities, host mounts, devices or privileged mode: a forged spec
+    # carrying anything beyond its known fields is refused whole (see also
+    # protocol::proptests::any_trailing_bytes_are_refused).
+    job, d, t0 = _held(alice)
+    with open(d / "spec", "ab") as f:
+        f.write(b"\x01privileged\x01CAP_SYS_ADMIN/:/host")
+    _release_refused(alice, job, t0, "trailing bytes")
+
+
+def test_spec_with_garbage_body_is_refused(alice):
+    job, d, t0 = _held(alice)
+    spec = bytearray((d / "spec").read_bytes())
+    spec[8:] = b"\xff" * (len(spec) - 8)
+    (d / "spec").write_bytes(bytes(spec))
+    _release_refused(alice, job, t0, "could not be decoded")
+
+
+def test_huge_payload_is_refused(alice):
+    job, d, t0 = _held(alice)
+    # Sparse: 256 MiB + 1 byte without writing them.
+    alice.as_user("truncate", "-s", str(256 * 1024 * 1024 + 1), str(d / "payload"))
+    _release_refused(alice, job, t0, "more than the limit")
+
+
+@pytest.mark.parametrize("name", ["evil", "..hidden", "stdout"])
+def test_unexpected_files_in_the_job_dir_are_refused(alice, name):
+    job, d, t0 = _held(alice)
+    alice.as_user("touch", str(d / name))
+    _release_refused(alice, job, t0, "unexpected file")
+
+
+@pytest.mark.parametrize("name", ["outcome", "started"])
+def test_forged_runner_records_are_refused(alice, name):
+    # A student forging the runner's own records in their own job dir: the
+    # runner refuses to run the job (no container), and the client never
+    # takes the forged bytes for a record: it names the bad file.
+    job, d, t0 = _held(alice)
+    alice.as_user("sh", "-c", f"printf 'completed, exit 0' > {d / name}")
+    alice.as_user("scontrol", "release", (d / "slurm-id").read_text().strip())
+    time.sleep(3)
+    r = alice.run("wait", "--json", "--timeout", "60s", job, timeout=90)
+    if r.returncode == 0:
+        (st,) = json.loads(r.stdout) if r.stdout.lstrip().startswith("[") else [json.loads(r.stdout)]
+        assert st["state"] == "failed" and st["refused"] is True and "unexpected file" in st["reason"], st
+    else:
+        assert r.stderr.startswith("delegate: error:") and f"{name} is not a delegate file" in r.stderr, r.stderr
+    from conftest import containers_created_since
+    assert containers_created_since(job, t0) == []
