@@ -901,8 +901,20 @@ stack_update() {
     STACK_FORCE_BUILD=1 STACK_RESTART=1 stack_deploy
 }
 
+# status/test: check the workers that are deployed (a deploy --workers N
+# may differ from cluster.conf).
+stack_deployed_workers() {
+    local n
+    n=$(docker service ls --format '{{.Name}}' --filter "label=com.docker.stack.namespace=$STACK" 2>/dev/null \
+        | grep -c "^${STACK}_worker[0-9]*$" || true)
+    if [[ -z $STACK_WORKERS_ARG && ${n:-0} -gt 0 ]]; then
+        DELEGATE_STACK_WORKERS=$n
+    fi
+}
+
 stack_status() {
     stack_load_config
+    stack_deployed_workers
     if ! docker stack services "$STACK" >/dev/null 2>&1 || [[ -z $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
         echo "stack $STACK: not deployed"; return 0
     fi
@@ -1038,6 +1050,7 @@ stack_test() {
     need_root test
     stack_load_config
     [[ -n $(docker stack services -q "$STACK" 2>/dev/null) ]] || die "stack $STACK is not deployed (./build_cluster.sh deploy)"
+    stack_deployed_workers
     stack_secrets
     local t1 t2 u
     read -r t1 t2 _ <<<"$(for u in $DELEGATE_STACK_TEST_USERS; do printf '%s ' "${u%%:*}"; done)"
