@@ -971,6 +971,8 @@ stack_down() {
         if [[ -z $(docker service ls -q 2>/dev/null) ]]; then
             log "down: leaving the swarm this script initialized"
             docker swarm leave --force >/dev/null || warn "docker swarm leave failed"
+            # The bridge swarm created for its containers' outside traffic.
+            docker network rm docker_gwbridge >/dev/null 2>&1 || true
             rm -f "$STACK_SWARM_MARK"
         else
             warn "down: other services run in the swarm; it is left active"
