@@ -88,8 +88,12 @@ def slurm_busy() -> bool:
     return any(s.rstrip("*~#") not in ("idle",) for s in st)
 
 
-def wait_idle(limit=120.0, settle=1.0):
+IDLE_WAIT = float(os.environ.get("BENCH_IDLE_WAIT", "300"))
+
+
+def wait_idle(limit=None, settle=1.0):
     """Until the partition is idle (other engineers' tests share the node)."""
+    limit = IDLE_WAIT if limit is None else limit
     end = time.monotonic() + limit
     while time.monotonic() < end:
         if not slurm_busy():
@@ -97,7 +101,7 @@ def wait_idle(limit=120.0, settle=1.0):
             if not slurm_busy():
                 return True
         time.sleep(0.2)
-    log("the partition did not become idle within %.0f s; measuring anyway" % limit)
+    log("the partition did not become idle within %.0f s (other users' jobs)" % limit)
     return False
 
 
@@ -144,7 +148,8 @@ def root_phase(out: str):
     log("sbatch floor x%d (waiting for an idle node before each)" % SREPS)
     floor, floor_wait, floor_true = [], [], []
     for _ in range(SREPS):
-        wait_idle(); floor.append(sbatch_until_gone(wrap))
+        if wait_idle():  # a sample behind other users' jobs is not the floor
+            floor.append(sbatch_until_gone(wrap))
     for _ in range(max(2, SREPS // 2)):
         wait_idle()
         t = time.perf_counter()
@@ -195,7 +200,8 @@ def root_phase(out: str):
     # 5. measurement fidelity, bare-node side: the loop in the host's python3.
     log("CPU loop on the bare node")
     code = LOOP_SRC + "\nimport json; print(json.dumps(loop(%d, %d)))" % (LOOP_N, LOOP_K)
-    bare = json.loads(sh("python3", "-c", code).stdout)
+    # Debian's /usr/bin/python3, the same 3.11 build as the sandbox image's.
+    bare = json.loads(sh("/usr/bin/python3", "-c", code).stdout)
     res["loop_bare"] = stats(bare)
     res["loop_params"] = {"n": LOOP_N, "k": LOOP_K}
     with open(out, "w") as f:
@@ -218,7 +224,8 @@ def user_phase(out: str):
     f = delegate.remote(time="2m")(trivial)
     single = []
     for i in range(SREPS):
-        wait_idle()
+        if not wait_idle():
+            continue
         t = time.perf_counter()
         assert f.submit(i).result(timeout=300) == i
         single.append(time.perf_counter() - t)
@@ -275,7 +282,8 @@ def user_phase(out: str):
         log("submitit single call x%d" % SREPS)
         ss = []
         for i in range(SREPS):
-            wait_idle()
+            if not wait_idle():
+                continue
             t = time.perf_counter()
             assert ex.submit(trivial, i).result() == i
             ss.append(time.perf_counter() - t)
