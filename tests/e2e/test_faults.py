@@ -35,7 +35,7 @@ def slurm_id(user, job):
     return (user.job_dir(job) / "slurm-id").read_text().strip()
 
 
-def wait_started(user, job, timeout=60):
+def wait_started(user, job, timeout=180):
     """Until the runner has recorded the container's start."""
     deadline = time.monotonic() + timeout
     while not (user.job_dir(job) / "started").exists():
@@ -99,7 +99,7 @@ def test_scancel_while_pending(alice):
     t0 = time.time() - 1
     job = alice.submit("true", opts=("--hold",))
     alice.as_user("scancel", slurm_id(alice, job))  # plain Slurm, not `delegate cancel`
-    st = alice.wait(job, timeout=60)
+    st = alice.wait(job, timeout=180)
     assert st["state"] == "cancelled" and "Slurm" in st["reason"], st
     assert containers_created_since(job, t0) == []
 
@@ -118,7 +118,7 @@ def test_scancel_while_running(alice):
     job = alice.submit("sleep", "600")
     wait_started(alice, job)
     alice.as_user("scancel", slurm_id(alice, job))
-    st = alice.wait(job, timeout=60)
+    st = alice.wait(job, timeout=180)
     assert st["state"] == "cancelled" and "SIGTERM from Slurm" in st["reason"], st
     assert containers_with_label(job) == []
 
@@ -148,7 +148,7 @@ def test_runner_killed_with_sigkill(alice):
     assert len(runner) == 1, runner
     os.kill(runner[0], signal.SIGKILL)
     t0 = time.monotonic()
-    st = alice.wait(job, timeout=60)
+    st = alice.wait(job, timeout=180)
     assert time.monotonic() - t0 < 30, "the wait must end promptly"
     assert st["state"] in ("lost", "failed"), st
     assert "runner wrote no outcome" in st["reason"], st
@@ -200,7 +200,7 @@ def test_slurmd_killed_mid_job(alice, healthy_after):
             os.kill(pid, signal.SIGKILL)
     sh("scontrol", "update", f"nodename={node}", "state=down", "reason=delegate test: node crash")
     t0 = time.monotonic()
-    st = alice.wait(job, timeout=60)
+    st = alice.wait(job, timeout=180)
     assert time.monotonic() - t0 < 30, "the wait must end, not hang"
     assert st["state"] == "lost", st
     assert "NODE_FAIL" in st["reason"], st
@@ -239,7 +239,7 @@ def test_caller_killed_and_a_new_process_reattaches(alice):
     subprocess.run(["pkill", "-KILL", "-f", f"^{DELEGATE} submit --wait -- sh -c sleep 3; echo reattached"])
     caller.wait()
     # A new process, knowing only the id.
-    st = alice.wait(job, timeout=60)
+    st = alice.wait(job, timeout=180)
     assert st["state"] == "failed" and st["exit_code"] == 5, st
     r = alice.run("logs", job)
     assert r.stdout == "reattached-output\n", r
@@ -287,7 +287,7 @@ def test_delegate_root_full(alice, tiny_root, when):
         r = run_with_root(alice, tiny_root, "submit", "--", "sh", "-c", cmd)
         assert r.returncode == 0, r.stderr
         job = r.stdout.split()[-1]
-    r = run_with_root(alice, tiny_root, "wait", "--json", "--timeout", "60s", job)
+    r = run_with_root(alice, tiny_root, "wait", "--json", "--timeout", "300s", job, timeout=330)
     r = run_with_root(alice, tiny_root, "status", "--json", job)
     assert r.returncode == 0, r.stderr  # the status is still shown
     (st,) = json.loads(r.stdout)
