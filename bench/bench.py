@@ -192,6 +192,11 @@ def root_phase(out: str):
         t = time.perf_counter()
         sh(*docker_run_cmd(sandboxish + ["-v", "%s:/job" % job["dir"], "-w", "/job"]))
         ref_t.append(time.perf_counter() - t)
+        if os.environ.get("BENCH_KEEP_JOBS") != "1":
+            import shutil
+            shutil.rmtree(job["dir"], ignore_errors=True)
+            if os.path.exists(job["dir"] + ".log"):
+                os.unlink(job["dir"] + ".log")
     res["runner"] = stats(runner_t)
     res["runner_peak_rss_kib"] = stats(runner_rss)
     res["runner_docker_ref"] = stats(ref_t)
@@ -214,10 +219,29 @@ def trivial(x):
     return x
 
 
+def cleanup(ids):
+    """Removes the job directories (and Slurm logs beside them) this run
+    created — only those: other users of the account may be running tests."""
+    import shutil
+    from delegate import _core
+    for jid in ids:
+        try:
+            d = _core.job_dir(jid)
+        except Exception:  # noqa: BLE001
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        for suffix in (".log", ".array.log"):
+            try:
+                os.unlink(d + suffix)
+            except OSError:
+                pass
+
+
 def user_phase(out: str):
     import delegate
     from delegate import _core
     res = {}
+    created = []
 
     # 1. a single trivial delegate call, submit → result, on an idle node.
     log("delegate single call x%d" % SREPS)
@@ -227,8 +251,10 @@ def user_phase(out: str):
         if not wait_idle():
             continue
         t = time.perf_counter()
-        assert f.submit(i).result(timeout=300) == i
+        fu = f.submit(i)
+        assert fu.result(timeout=300) == i
         single.append(time.perf_counter() - t)
+        created.append(fu.job_id)
     res["delegate_single"] = stats(single)
 
     # 2. delegate maps (one sbatch each).
@@ -240,6 +266,7 @@ def user_phase(out: str):
         t = time.perf_counter()
         with delegate.Executor(time="2m") as ex:
             got = list(ex.map(trivial, range(n)))
+            created.extend(fu.job_id for fu in ex._futures)
         dt = time.perf_counter() - t
         assert got == list(range(n))
         res["delegate_map%d" % n] = {"seconds": dt, "sbatch": _core.sbatch_count() - s0,
@@ -260,6 +287,7 @@ def user_phase(out: str):
         time.sleep(window)
         q, dt = _core.squeue_count() - q0, time.monotonic() - t0
         _cancel_futures(futs)  # one scancel
+        created.extend(fu.job_id for fu in futs)
         res["squeue_while_waiting"][str(n)] = {"squeue": q, "seconds": dt, "per_2s": 2 * q / dt}
         time.sleep(2)
 
@@ -268,8 +296,9 @@ def user_phase(out: str):
     log("CPU loop in the sandbox")
     ns = {}
     exec(LOOP_SRC, ns)
-    loop = delegate.remote(time="5m")(ns["loop"])
-    res["loop_sandbox"] = stats(loop(LOOP_N, LOOP_K))
+    loop = delegate.remote(time="5m")(ns["loop"]).submit(LOOP_N, LOOP_K)
+    res["loop_sandbox"] = stats(loop.result())
+    created.append(loop.job_id)
 
     # 5. submitit (its own venv: this one), same cluster, exclusive.
     try:
@@ -297,6 +326,10 @@ def user_phase(out: str):
     except ImportError:
         log("submitit is not installed in this venv; skipped")
     res["counters"] = {"sbatch": _core.sbatch_count(), "squeue": _core.squeue_count()}
+    if os.environ.get("BENCH_KEEP_JOBS") != "1":
+        time.sleep(2)
+        cleanup(created)
+        log("removed the %d job directories of this run (BENCH_KEEP_JOBS=1 keeps them)" % len(created))
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
 

@@ -10,6 +10,11 @@
 #   --no-build  reuse the delegate wheel already in the bench venv
 #   --out DIR   where results.json and latency.png go (default bench/results)
 #
+# Environment: BENCH_REPS (10, cheap figures), BENCH_SLURM_REPS (6, figures
+# that wait for an idle node first), BENCH_IDLE_WAIT (300 s; a sample whose
+# node never became idle is skipped), BENCH_KEEP_JOBS=1 (keep the job
+# directories the run creates; by default it removes exactly those).
+#
 # Run as root on the single-machine cluster (./build_cluster.sh --local): the
 # floors need the Docker socket; the delegate and submitit calls are made as
 # a student ($BENCH_USER, default delegate-alice), as they must be.
@@ -32,7 +37,7 @@ while (($#)); do
         --skip-200) BENCH_SKIP_200=1 ;;
         --no-build) BUILD=0 ;;
         --out) OUT=$(realpath -m "$2"); shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "bench/run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -69,5 +74,7 @@ cp bench/bench.py "$work/bench.py"
 chmod 0644 "$work/bench.py"
 "$VENV/bin/python" "$work/bench.py" root "$work/root.json"
 (cd "$work" && runuser -u "$BENCH_USER" -- env BENCH_QUICK="$BENCH_QUICK" BENCH_SKIP_200="$BENCH_SKIP_200" \
-    BENCH_USER="$BENCH_USER" "$VENV/bin/python" "$work/bench.py" user "$work/user.json")
+    BENCH_USER="$BENCH_USER" BENCH_KEEP_JOBS="${BENCH_KEEP_JOBS:-0}" BENCH_IDLE_WAIT="${BENCH_IDLE_WAIT:-300}" \
+    BENCH_REPS="${BENCH_REPS:-10}" BENCH_SLURM_REPS="${BENCH_SLURM_REPS:-6}" \
+    "$VENV/bin/python" "$work/bench.py" user "$work/user.json")
 "$VENV/bin/python" "$work/bench.py" report "$OUT" "$work/root.json" "$work/user.json"
