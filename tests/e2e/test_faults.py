@@ -124,9 +124,8 @@ def test_scancel_while_running(alice):
     assert containers_with_label(job) == []
 
 
-@pytest.mark.skipif(not os.environ.get("DELEGATE_SLOW_TESTS"),
-                    reason="about 90 s (slurmctld checks time limits on its own timer); DELEGATE_SLOW_TESTS=1")
 def test_slurm_time_limit_backstop(alice):
+    # About 90 s: slurmctld checks time limits on its own timer.
     # The runner enforces the job's own limit (test_cli.py::test_time_limit);
     # Slurm's limit (with a margin) is the backstop when that did not happen.
     job = alice.submit("sleep", "600", opts=("--time", "5m"))
