@@ -430,6 +430,24 @@ pub struct Outcome {
     pub writer: Writer,
 }
 
+impl Outcome {
+    /// An outcome of a job that did not run to an exit (no exit code, no
+    /// start time), finished now.
+    pub fn ended(state: State, reason: impl Into<String>, host: impl Into<String>, writer: Writer) -> Outcome {
+        Outcome {
+            state,
+            exit_code: None,
+            reason: reason.into(),
+            refused: false,
+            oom_killed: false,
+            started_ms: None,
+            finished_ms: now_ms(),
+            host: host.into(),
+            writer,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Encoding
 // ---------------------------------------------------------------------------

@@ -121,17 +121,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn outcome(&self, state: State, reason: String) -> Outcome {
-        Outcome {
-            state,
-            exit_code: None,
-            reason,
-            refused: false,
-            oom_killed: false,
-            started_ms: None,
-            finished_ms: now_ms(),
-            host: self.host.clone(),
-            writer: Writer::Runner,
-        }
+        Outcome::ended(state, reason, self.host.clone(), Writer::Runner)
     }
     fn signalled(&self) -> Option<&'static str> {
         *self.signals.borrow()
@@ -185,17 +175,7 @@ pub async fn run_job(
             }
         }
     };
-    let base = |state, reason: String| Outcome {
-        state,
-        exit_code: None,
-        reason,
-        refused: false,
-        oom_killed: false,
-        started_ms: None,
-        finished_ms: now_ms(),
-        host: host.clone(),
-        writer: Writer::Runner,
-    };
+    let base = |state, reason: String| Outcome::ended(state, reason, host.clone(), Writer::Runner);
 
     let policy = match policy {
         Ok(p) => p,
