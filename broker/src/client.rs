@@ -743,15 +743,9 @@ impl Client {
         started: Option<&Started>,
     ) -> Result<Outcome> {
         let outcome = Outcome {
-            state,
-            exit_code: None,
-            reason: reason.to_owned(),
             refused,
-            oom_killed: false,
             started_ms: started.map(|s| s.started_ms),
-            finished_ms: now_ms(),
-            host: started.map(|s| s.host.clone()).unwrap_or_default(),
-            writer: Writer::Client,
+            ..Outcome::ended(state, reason, started.map(|s| s.host.clone()).unwrap_or_default(), Writer::Client)
         };
         let bytes = encode(&outcome)?;
         let mut rnd = [0u8; 4];
@@ -1465,6 +1459,17 @@ mod tests {
         assert_eq!(j["state"], "timed-out");
     }
 
+    /// What the runner writes when a job exited with `code`, `ran_ms` after it started.
+    fn write_completed(dir: &Path, code: i32, reason: &str, ran_ms: u64) {
+        let fd = open_dir_nofollow(dir).unwrap();
+        let o = Outcome {
+            exit_code: Some(code),
+            started_ms: Some(now_ms() - ran_ms),
+            ..Outcome::ended(State::Completed, reason, "n1", Writer::Runner)
+        };
+        write_record_at(&fd, dir, &o).unwrap();
+    }
+
     fn fake_slurm(dir: &Path, sbatch_body: &str, squeue_body: &str) -> Slurm {
         use std::os::unix::fs::PermissionsExt;
         let mk = |name: &str, body: &str| {
@@ -1652,19 +1657,7 @@ mod tests {
         let dir = h.dir.clone();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
-            let fd = open_dir_nofollow(&dir).unwrap();
-            let o = Outcome {
-                state: State::Completed,
-                exit_code: Some(3),
-                reason: "exited with 3".into(),
-                refused: false,
-                oom_killed: false,
-                started_ms: Some(now_ms() - 1000),
-                finished_ms: now_ms(),
-                host: "n1".into(),
-                writer: Writer::Runner,
-            };
-            write_record_at(&fd, &dir, &o).unwrap();
+            write_completed(&dir, 3, "exited with 3", 1000);
         });
         let t0 = Instant::now();
         let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(10))).unwrap();
@@ -1715,19 +1708,7 @@ mod tests {
         let dir = b.dir.clone();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
-            let fd = open_dir_nofollow(&dir).unwrap();
-            let o = Outcome {
-                state: State::Completed,
-                exit_code: Some(0),
-                reason: "exited with code 0".into(),
-                refused: false,
-                oom_killed: false,
-                started_ms: Some(now_ms() - 100),
-                finished_ms: now_ms(),
-                host: "n1".into(),
-                writer: Writer::Runner,
-            };
-            write_record_at(&fd, &dir, &o).unwrap();
+            write_completed(&dir, 0, "exited with code 0", 100);
         });
         let t0 = Instant::now();
         let s = c.wait_any_with(&[a.id.clone(), b.id.clone()], Some(Duration::from_secs(10)), || false).unwrap();
