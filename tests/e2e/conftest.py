@@ -10,18 +10,20 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from testlib import USERS, ensure_users  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DELEGATE = shutil.which("delegate") or "/usr/local/bin/delegate"
 RUNNER = "/usr/local/bin/sandbox-runner"
 IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
 
-# Two test students with fixed ids (the same ids a multi-node deployment gives them).
-USERS = {"delegate-alice": 2001, "delegate-bob": 2002}
 
 
 def sh(*args, check=True, timeout=120, **kw):
@@ -57,11 +59,7 @@ def cluster():
         problem = _daemon_problem()
     if problem:
         pytest.fail(f"LOCAL CLUSTER UNAVAILABLE: {problem}", pytrace=False)
-    for name, uid in USERS.items():
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            sh("useradd", "--create-home", "--uid", str(uid), "--user-group", "--shell", "/bin/sh", name)
+    ensure_users(USERS)
     yield
 
 

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+import testlib
 
-from conftest import DELEGATE, RUNNER, User, containers_created_since, containers_with_label, sh
+from conftest import DELEGATE, RUNNER, containers_created_since, containers_with_label, sh
 
 STATE_DIR = Path(os.environ.get("DELEGATE_STATE_DIR", "/var/lib/delegate"))
 SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -254,14 +252,8 @@ def test_caller_killed_and_a_new_process_reattaches(alice):
 @pytest.fixture
 def tiny_root(alice):
     """A 256 KiB filesystem as alice's delegate root (below /home, as the policy wants)."""
-    mnt = alice.home / "tiny-root"
-    mnt.mkdir(exist_ok=True)
-    sh("mount", "-t", "tmpfs", "-o", f"size=256k,mode=700,uid={alice.uid},gid={alice.gid}", "tmpfs", str(mnt))
-    try:
-        yield mnt / "jobs"
-    finally:
-        sh("umount", "-l", str(mnt), check=False)
-        mnt.rmdir()
+    with testlib.tiny_root(alice.home, alice.uid, alice.gid) as root:
+        yield root
 
 
 def run_with_root(user, root, *args, timeout=120):

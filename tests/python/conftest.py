@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from testlib import USERS, ensure_users  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
-USERS = {"delegate-alice": 2001, "delegate-bob": 2002}
 PYTHON = sys.executable
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 
@@ -54,12 +56,7 @@ def cluster():
         problem = _problem()
     if problem:
         pytest.fail(f"LOCAL CLUSTER UNAVAILABLE: {problem}", pytrace=False)
-    for name, uid in USERS.items():
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "--create-home", "--uid", str(uid), "--user-group",
-                            "--shell", "/bin/sh", name], check=True, capture_output=True)
+    ensure_users(USERS)
     yield
 
 

@@ -2,11 +2,9 @@
 in its own sandbox through real Slurm and the real Docker engine."""
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 
-from conftest import PYTHON, containers_with_label
+from conftest import containers_with_label
 
 HEADER = """
 import hashlib, json, sys, threading, time

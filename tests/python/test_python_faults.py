@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import testlib
 
 PY = sys.executable
 RUNUSER = "/usr/sbin/runuser"
@@ -64,14 +65,8 @@ def result_of(r):
 @pytest.fixture
 def tiny_root(alice):
     """A 256 KiB filesystem as alice's delegate root (below /home, as the policy wants)."""
-    mnt = alice.home / "tiny-root"
-    mnt.mkdir(exist_ok=True)
-    sh("mount", "-t", "tmpfs", "-o", f"size=256k,mode=700,uid={alice.uid},gid={alice.gid}", "tmpfs", str(mnt))
-    try:
-        yield mnt / "jobs"
-    finally:
-        sh("umount", "-l", str(mnt), check=False)
-        mnt.rmdir()
+    with testlib.tiny_root(alice.home, alice.uid, alice.gid) as root:
+        yield root
 
 
 PY_BIG_RESULT = """
@@ -155,10 +150,7 @@ def test_many_users_submit_concurrently():
     users = []
     for i in range(STRESS_USERS):
         name = f"delegate-load{i}"
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            sh("useradd", "--create-home", "--uid", str(2200 + i), "--user-group", "--shell", "/bin/sh", name)
+        testlib.ensure_user(name, 2200 + i)
         users.append(U(name))
     d = script_dir()
     (d / "stress.py").write_text(STRESS_SCRIPT)
