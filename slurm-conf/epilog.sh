@@ -25,22 +25,31 @@ main() {
         log "docker CLI not found, skipping sweep"
         return 0
     fi
+    # One listing of every delegate container serves both sweeps below.
     # Bounded: a hung docker daemon must not hang the epilog forever.
-    ids=$(timeout 20 docker ps -aq --filter "label=delegate.slurm-job=${SLURM_JOB_ID}" 2>>"$LOG") || {
+    listing=$(timeout 20 docker ps -a --filter label=delegate.slurm-job \
+        --format '{{.ID}} {{.Label "delegate.slurm-job"}}' 2>>"$LOG") || {
         log "docker ps failed (exit $?), skipping sweep"
         return 0
     }
+    remove_own "$(printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" '$2 == j { print $1 }')"
+    printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" 'NF == 2 && $2 != j' | sweep_orphans
+    return 0
+}
+
+# This job's own containers: the runner removes them itself; these are the
+# ones it could not (SIGKILL after KillWait, runner crash).
+remove_own() {
+    ids=$1
     if [ -z "$ids" ]; then
         log "user=${SLURM_JOB_USER:-?} no leftover containers"
         return 0
     fi
-    # shellcheck disable=SC2086 # ids are word-split on purpose
     if timeout 60 docker rm -f $ids >>"$LOG" 2>&1; then
         log "user=${SLURM_JOB_USER:-?} removed leftover containers:" $ids
     else
         log "user=${SLURM_JOB_USER:-?} FAILED to remove some of:" $ids
     fi
-    return 0
 }
 
 # Orphans: delegate containers of Slurm jobs of THIS cluster that ran on THIS
@@ -49,15 +58,12 @@ main() {
 # share this Docker engine (the multi-node stack on one machine): a container
 # is removed only when this cluster's slurmctld still knows its job, says it
 # is over, and lists this node among its nodes. Jobs forgotten by slurmctld
-# (MinJobAge) are left alone.
+# (MinJobAge) are left alone. Reads "<container id> <slurm job id>" lines.
 sweep_orphans() {
     node=${SLURMD_NODENAME:-}
     [ -n "$node" ] || return 0
-    timeout 20 docker ps -a --filter label=delegate.slurm-job \
-        --format '{{.ID}} {{.Label "delegate.slurm-job"}}' 2>>"$LOG" |
     while read -r id sj; do
         case "$sj" in ''|*[!0-9]*) continue ;; esac
-        [ "$sj" = "${SLURM_JOB_ID:-}" ] && continue
         info=$(timeout 10 scontrol -o show job "$sj" 2>/dev/null) || continue
         state=$(printf '%s\n' "$info" | sed -n 's/.* JobState=\([A-Z_]*\) .*/\1/p')
         case "$state" in
@@ -76,5 +82,4 @@ sweep_orphans() {
 
 mkdir -p /var/log/delegate 2>/dev/null
 main
-sweep_orphans
 exit 0
