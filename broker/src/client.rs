@@ -28,6 +28,8 @@ use crate::slurm::{self, BatchRequest, Slurm, SlurmError, SlurmJob, SlurmPhase};
 
 /// Environment variable naming the delegate root.
 pub const ROOT_ENV: &str = "DELEGATE_ROOT";
+/// Environment variable lowering the number of calls per shared allocation.
+pub const CALLS_PER_ALLOCATION_ENV: &str = "DELEGATE_CALLS_PER_ALLOCATION";
 /// Environment variable naming the runner the batch script executes.
 pub const RUNNER_ENV: &str = "DELEGATE_RUNNER";
 pub const DEFAULT_RUNNER: &str = "/usr/local/bin/sandbox-runner";
@@ -45,6 +47,9 @@ const MAX_JOBS_LISTED: usize = 100_000;
 const MAX_SLURM_ID_BYTES: u64 = 64;
 /// Upper bound of one job array (Slurm's default MaxArraySize is 1001).
 pub const MAX_ARRAY: usize = 1000;
+/// Slurm time allowed per call of a shared allocation on top of the call's
+/// own limit (container create, start, removal; output draining).
+pub const SHARED_CALL_ALLOWANCE_SECS: u64 = 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -82,6 +87,10 @@ pub struct Config {
     /// The runner executed by the batch script on the worker.
     pub runner: PathBuf,
     pub slurm: Slurm,
+    /// At most this many calls per shared allocation, below the site
+    /// policy's `calls_per_allocation` (`$DELEGATE_CALLS_PER_ALLOCATION`;
+    /// `1`: one Slurm job per call). `None`: the policy's value.
+    pub calls_per_allocation: Option<u32>,
 }
 
 impl Config {
@@ -96,10 +105,22 @@ impl Config {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNNER));
+        let calls_per_allocation = match std::env::var(CALLS_PER_ALLOCATION_ENV) {
+            Ok(v) if !v.trim().is_empty() => match v.trim().parse::<u32>() {
+                Ok(n) if n >= 1 => Some(n),
+                _ => {
+                    return Err(ClientError::InvalidRequest(format!(
+                        "${CALLS_PER_ALLOCATION_ENV} must be a whole number of at least 1, not {v:?}"
+                    )))
+                }
+            },
+            _ => None,
+        };
         Ok(Config {
             root,
             runner,
             slurm: Slurm::from_env(),
+            calls_per_allocation,
         })
     }
 }
@@ -243,6 +264,9 @@ pub struct Facts<'a> {
     pub started: Option<&'a str>,
     /// The `cancel` marker exists.
     pub cancel_requested: bool,
+    /// The call shares its Slurm allocation with other calls of the same
+    /// submission, which run one after another in it.
+    pub shared: bool,
     pub slurm: SlurmView<'a>,
 }
 
@@ -263,6 +287,47 @@ pub enum Verdict {
     /// Over without an outcome from the runner: one must be derived and
     /// written (unless the runner's appears meanwhile).
     Ended { state: State, reason: String, refused: bool },
+}
+
+/// How the calls of one submission share exclusive allocations: `None` for
+/// one Slurm job per call, else the calls (indices) of each allocation, in
+/// the order each runs them. Calls are dealt round-robin so a map's results
+/// arrive roughly in order; there are at least as many allocations as the
+/// partition has usable nodes (up to one per call), none holds more than
+/// `per_allocation` calls, and each fits the partition's time limit with
+/// [`SHARED_CALL_ALLOWANCE_SECS`] per call. Sharing only pays off when some
+/// allocation runs at least two calls.
+pub fn plan_allocations(
+    calls: usize,
+    per_allocation: u32,
+    time_limit_secs: u64,
+    partition: &slurm::PartitionInfo,
+) -> Option<Vec<Vec<usize>>> {
+    if calls < 2 || per_allocation < 2 {
+        return None;
+    }
+    let per_call = time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS);
+    // Slurm's limit is rounded up to minutes with one minute of slack.
+    let fit_by_time = match partition.max_time_secs {
+        Some(max) => (max.saturating_sub(120) / per_call.max(1)) as usize,
+        None => usize::MAX,
+    };
+    let per = (per_allocation as usize).min(fit_by_time);
+    if per < 2 {
+        return None;
+    }
+    let k = calls
+        .min(partition.nodes.max(1) as usize)
+        .max(calls.div_ceil(per))
+        .min(MAX_ARRAY);
+    if k >= calls || calls.div_ceil(k) > per {
+        return None;
+    }
+    let mut groups = vec![Vec::with_capacity(calls.div_ceil(k)); k];
+    for i in 0..calls {
+        groups[i % k].push(i);
+    }
+    Some(groups)
 }
 
 /// Decides the state of a job that has no outcome file. `log` is called
@@ -299,6 +364,17 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
             reason: format!("being submitted to Slurm{cancel_note}"),
         };
     }
+    if f.shared && f.started.is_none() && f.cancel_requested {
+        // Its allocation runs other calls too, so Slurm is not asked to
+        // cancel it: the call is over now. (A runner reaching it later
+        // skips it; one starting it at this moment sees the marker and
+        // stops it.)
+        return Verdict::Ended {
+            state: State::Cancelled,
+            reason: "cancelled by the user before it started".into(),
+            refused: false,
+        };
+    }
     let (slurm_state, slurm_reason) = match f.slurm {
         SlurmView::NotAsked | SlurmView::Unavailable => {
             return if f.started.is_some() {
@@ -325,6 +401,12 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
                     reason: format!("waiting in Slurm's queue{why}{cancel_note}"),
                 };
             }
+            SlurmPhase::Active if f.shared && f.started.is_none() => {
+                return Verdict::Live {
+                    state: State::Pending,
+                    reason: "waiting for the calls before it in its allocation".into(),
+                };
+            }
             SlurmPhase::Queued | SlurmPhase::Active => return live_running(),
             SlurmPhase::Ended => (j.state.as_str(), j.reason.as_str()),
         },
@@ -338,7 +420,22 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
             refused: false,
         };
     }
+    let before_start = f.shared && f.started.is_none();
     match slurm_state {
+        "CANCELLED" if before_start => {
+            return Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm: its allocation was cancelled before this call started".into(),
+                refused: false,
+            }
+        }
+        "TIMEOUT" if before_start => {
+            return Verdict::Ended {
+                state: State::Cancelled,
+                reason: "its allocation reached Slurm's time limit before this call started".into(),
+                refused: false,
+            }
+        }
         "CANCELLED" => {
             return Verdict::Ended {
                 state: State::Cancelled,
@@ -368,7 +465,11 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
         "" | "None" => "Slurm gives no reason",
         r => r,
     };
-    let mut reason = format!("Slurm reports the job {slurm_state} and the runner wrote no outcome ({why})");
+    let mut reason = if before_start {
+        format!("Slurm reports its allocation {slurm_state} and this call never started ({why})")
+    } else {
+        format!("Slurm reports the job {slurm_state} and the runner wrote no outcome ({why})")
+    };
     if let Some(l) = log.last_line {
         reason.push_str(&format!("; Slurm's log of the job ends with: {l}"));
     }
@@ -425,6 +526,8 @@ struct JobFiles {
     fd: Option<OwnedFd>,
     unreadable: Option<String>,
     slurm_id: Option<String>,
+    /// Calls of the allocation this call runs in, when it shares one.
+    shared: Option<u32>,
     started: Option<Started>,
     outcome: Option<Outcome>,
     cancel: bool,
@@ -588,10 +691,13 @@ impl Client {
                 "the calls of one job array must ask for the same resources and image".into(),
             ));
         }
+        let policy = Policy::load_for_client();
         let image = match &first.image {
             Some(i) => i.clone(),
-            None => Policy::load_for_client()?.default_image,
+            None => policy.as_ref().map_err(|e| ClientError::Policy(e.clone()))?.default_image.clone(),
         };
+        let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
+        let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
         let specs = reqs
             .iter()
             .map(|r| self.spec_for(r, &image))
@@ -608,7 +714,41 @@ impl Client {
         }
         let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
         let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
-        let batch = if jobs.len() == 1 {
+        let groups = if jobs.len() > 1 && per_allocation > 1 {
+            match self.config.slurm.partition_info() {
+                Ok(info) => plan_allocations(jobs.len(), per_allocation, first.time_limit_secs, &info),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // For each call: its allocation (array element) and how many calls share it.
+        let mut placement: Vec<(usize, Option<u32>)> = (0..jobs.len()).map(|i| (i, None)).collect();
+        let batch = if let Some(groups) = &groups {
+            for (k, g) in groups.iter().enumerate() {
+                for &i in g {
+                    placement[i] = (k, Some(g.len() as u32));
+                }
+            }
+            let longest = groups.iter().map(Vec::len).max().unwrap_or(1) as u64;
+            let dir_groups: Vec<Vec<PathBuf>> = groups.iter().map(|g| g.iter().map(|&i| dirs[i].clone()).collect()).collect();
+            BatchRequest {
+                job_name: format!("{}-shared", ids[0]),
+                chdir: self.root.clone(),
+                output: self.root.join(if groups.len() == 1 {
+                    format!("{}.shared.log", ids[0])
+                } else {
+                    format!("{}.shared-%a.log", ids[0])
+                }),
+                cpus: first.cpus,
+                time_limit_secs: longest.saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
+                script: slurm::shared_script(&self.config.runner, &dir_groups),
+                hold: first.hold,
+            }
+        } else if jobs.len() == 1 {
             BatchRequest {
                 job_name: ids[0].to_string(),
                 chdir: self.root.clone(),
@@ -643,9 +783,12 @@ impl Client {
             }
         };
         let mut handles = Vec::with_capacity(jobs.len());
+        let elements = groups.as_ref().map_or(jobs.len(), Vec::len);
         for (i, (id, dir, fd)) in jobs.iter().enumerate() {
-            let sid = if jobs.len() == 1 { slurm_id.clone() } else { format!("{slurm_id}_{i}") };
-            if let Err(e) = atomic_write_at(fd, dir, protocol::SLURM_ID, format!("{sid}\n").as_bytes(), 0o644) {
+            let (element, shared) = placement[i];
+            let sid = if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{element}") };
+            let text = protocol::format_slurm_id(&sid, shared);
+            if let Err(e) = atomic_write_at(fd, dir, protocol::SLURM_ID, text.as_bytes(), 0o644) {
                 // Without the id nobody can follow the job: withdraw it.
                 let _ = self.config.slurm.cancel(std::slice::from_ref(&slurm_id));
                 let reason = format!("its Slurm id could not be recorded ({e}); Slurm job {slurm_id} was cancelled");
@@ -658,7 +801,7 @@ impl Client {
                 dir: dir.clone(),
             });
         }
-        tracing::info!(jobs = handles.len(), slurm_id = %slurm_id, "submitted");
+        tracing::info!(jobs = handles.len(), allocations = elements, slurm_id = %slurm_id, "submitted");
         Ok(handles)
     }
 
@@ -799,6 +942,7 @@ impl Client {
                     fd: None,
                     unreadable: Some(e.to_string()),
                     slurm_id: None,
+                    shared: None,
                     started: None,
                     outcome: None,
                     cancel: false,
@@ -816,17 +960,15 @@ impl Client {
                 None
             }
         };
-        let slurm_id = match optional(read_bounded_at(&fd, &dir, protocol::SLURM_ID, MAX_SLURM_ID_BYTES, None))? {
-            None => None,
-            Some(b) => {
-                let s = String::from_utf8_lossy(&b).trim().to_owned();
-                if !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit() || c == b'_') {
-                    Some(s)
-                } else {
-                    tracing::warn!(job = %id, content = %s, "ignoring a slurm-id file that holds no job id");
-                    None
+        let (slurm_id, shared) = match optional(read_bounded_at(&fd, &dir, protocol::SLURM_ID, MAX_SLURM_ID_BYTES, None))? {
+            None => (None, None),
+            Some(b) => match protocol::parse_slurm_id(&String::from_utf8_lossy(&b)) {
+                Some((sid, shared)) => (Some(sid), shared),
+                None => {
+                    tracing::warn!(job = %id, content = %String::from_utf8_lossy(&b), "ignoring a slurm-id file that holds no job id");
+                    (None, None)
                 }
-            }
+            },
         };
         let started: Option<Started> = optional(read_record_at(&fd, &dir, None))?;
         let outcome: Option<Outcome> = optional(read_record_at(&fd, &dir, None))?;
@@ -843,6 +985,7 @@ impl Client {
             fd: Some(fd),
             unreadable: None,
             slurm_id,
+            shared,
             started,
             outcome,
             cancel,
@@ -974,6 +1117,7 @@ impl Client {
                 age_secs: now_ms().saturating_sub(f.created_ms) / 1000,
                 started: f.started.as_ref().map(|s| s.host.as_str()),
                 cancel_requested: f.cancel,
+                shared: f.shared.is_some(),
                 slurm: view,
             };
             match decide(&facts, || self.log_facts(&f.id)) {
@@ -1173,7 +1317,9 @@ impl Client {
     }
 
     /// Asks for the jobs to end: writes the `cancel` marker in each, cancels
-    /// them in Slurm with one `scancel`, then waits up to [`CANCEL_WAIT`]
+    /// them in Slurm with one `scancel` (an allocation shared with calls not
+    /// being cancelled is left running: its runner stops just the cancelled
+    /// call, and a call that has not started there is over at once), then waits up to [`CANCEL_WAIT`]
     /// for each to be over. Returns the last statuses.
     pub fn cancel(&self, ids: &[JobId]) -> Result<Vec<JobStatus>> {
         let jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
@@ -1189,8 +1335,23 @@ impl Client {
                 }));
             };
             atomic_write_at(fd, &j.dir, protocol::CANCEL, b"", 0o644)?;
-            if let Some(s) = &j.slurm_id {
+            if let (Some(s), None) = (&j.slurm_id, j.shared) {
                 slurm_ids.push(s.clone());
+            }
+        }
+        // An allocation shared by several calls is cancelled in Slurm only
+        // when all of its calls are in this request; otherwise the runner
+        // stops the cancelled call (it watches the marker) and goes on.
+        let mut shared: std::collections::HashMap<&str, (u32, std::collections::HashSet<&JobId>)> =
+            std::collections::HashMap::new();
+        for j in &jobs {
+            if let (Some(s), Some(n)) = (&j.slurm_id, j.shared) {
+                shared.entry(s.as_str()).or_insert_with(|| (n, Default::default())).1.insert(&j.id);
+            }
+        }
+        for (sid, (n, members)) in shared {
+            if members.len() as u32 >= n && jobs.iter().any(|j| j.outcome.is_none() && j.slurm_id.as_deref() == Some(sid)) {
+                slurm_ids.push(sid.to_owned());
             }
         }
         if let Err(e) = self.config.slurm.cancel(&slurm_ids) {
@@ -1281,6 +1442,7 @@ mod tests {
             age_secs: 5,
             started: None,
             cancel_requested: false,
+            shared: false,
             slurm,
         }
     }
@@ -1402,6 +1564,55 @@ mod tests {
     }
 
     #[test]
+    fn shared_allocations() {
+        let running = sj("RUNNING", "None");
+        let mut f = facts(SlurmView::Present(&running));
+        f.shared = true;
+        // Its allocation runs an earlier call.
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live { state: State::Pending, reason: "waiting for the calls before it in its allocation".into() }
+        );
+        f.started = Some("n1");
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        // Cancelled before it started: over at once, whatever Slurm says.
+        f.started = None;
+        f.cancel_requested = true;
+        for view in [SlurmView::NotAsked, SlurmView::Present(&running), SlurmView::Absent] {
+            f.slurm = view;
+            assert_eq!(
+                decide(&f, no_log),
+                Verdict::Ended { state: State::Cancelled, reason: "cancelled by the user before it started".into(), refused: false }
+            );
+        }
+        // Started, then cancelled: the runner stops it; still running meanwhile.
+        f.started = Some("n1");
+        f.slurm = SlurmView::Present(&running);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        // The allocation ended before the call started.
+        f.started = None;
+        f.cancel_requested = false;
+        let cancelled = sj("CANCELLED", "None");
+        f.slurm = SlurmView::Present(&cancelled);
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm: its allocation was cancelled before this call started".into(),
+                refused: false
+            }
+        );
+        let timeout = sj("TIMEOUT", "TimeLimit");
+        f.slurm = SlurmView::Present(&timeout);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Cancelled);
+        f.slurm = SlurmView::Absent;
+        match decide(&f, no_log) {
+            Verdict::Ended { state: State::Lost, reason, .. } => assert!(reason.contains("this call never started"), "{reason}"),
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
     fn never_submitted() {
         let mut f = facts(SlurmView::NotAsked);
         f.submitted = false;
@@ -1470,6 +1681,17 @@ mod tests {
         write_record_at(&fd, dir, &o).unwrap();
     }
 
+    fn write_started(dir: &Path) {
+        let fd = open_dir_nofollow(dir).unwrap();
+        let st = Started {
+            host: "n1".into(),
+            started_ms: now_ms(),
+            container_id: "c".into(),
+            perf_mode: "seccomp".into(),
+        };
+        write_record_at(&fd, dir, &st).unwrap();
+    }
+
     fn fake_slurm(dir: &Path, sbatch_body: &str, squeue_body: &str) -> Slurm {
         use std::os::unix::fs::PermissionsExt;
         let mk = |name: &str, body: &str| {
@@ -1483,6 +1705,8 @@ mod tests {
             sbatch: mk("sbatch", sbatch_body),
             squeue: mk("squeue", squeue_body),
             scancel: mk("scancel", "exit 0"),
+            // No partition information: one Slurm job per call.
+            sinfo: mk("sinfo", "exit 1"),
         }
     }
 
@@ -1491,6 +1715,7 @@ mod tests {
             root: tmp.join("home/.delegate/jobs"),
             runner: "/nonexistent/runner".into(),
             slurm,
+            calls_per_allocation: None,
         })
         .unwrap()
     }
@@ -1527,6 +1752,84 @@ mod tests {
     }
 
     #[test]
+    fn allocation_plans() {
+        let part = |nodes, max: Option<u64>| slurm::PartitionInfo { name: "p".into(), nodes, max_time_secs: max };
+        // One node: everything in one allocation, in order.
+        assert_eq!(plan_allocations(3, 100, 60, &part(1, Some(7200))), Some(vec![vec![0, 1, 2]]));
+        // Two nodes: dealt round-robin.
+        assert_eq!(plan_allocations(5, 100, 60, &part(2, None)), Some(vec![vec![0, 2, 4], vec![1, 3]]));
+        // At most per_allocation calls each.
+        let g = plan_allocations(200, 64, 60, &part(1, None)).unwrap();
+        assert_eq!(g.len(), 4);
+        assert!(g.iter().all(|g| g.len() <= 64));
+        assert_eq!(g.iter().map(Vec::len).sum::<usize>(), 200);
+        // The partition's time limit bounds the calls per allocation:
+        // (2 h - 2 min) / (10 min + 30 s) = 11.
+        let g = plan_allocations(30, 100, 600, &part(1, Some(7200))).unwrap();
+        assert_eq!(g.len(), 3);
+        assert!(g.iter().all(|g| g.len() <= 11));
+        // Nothing to share: one call, one call per node, sharing off, or
+        // calls too long for two to fit.
+        assert_eq!(plan_allocations(1, 100, 60, &part(1, None)), None);
+        assert_eq!(plan_allocations(4, 100, 60, &part(4, None)), None);
+        assert_eq!(plan_allocations(4, 1, 60, &part(1, None)), None);
+        assert_eq!(plan_allocations(4, 100, 3600, &part(1, Some(7200))), None);
+    }
+
+    #[test]
+    fn shared_submission_and_cancel() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let mut slurm = fake_slurm(
+            &bin,
+            &format!("echo \"$@\" > {d}/args; cat > {d}/script; echo 77", d = bin.display()),
+            "echo '77|RUNNING|None'",
+        );
+        let log = bin.join("scancel.log");
+        std::fs::write(&slurm.scancel, format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display())).unwrap();
+        std::fs::write(&slurm.sinfo, "#!/bin/sh\necho 'delegate*|1|2:00:00|idle'\n").unwrap();
+        slurm.partition = None;
+        let c = client(tmp.path(), slurm);
+        let reqs: Vec<SubmitRequest> = (0..3)
+            .map(|i| {
+                let mut r = SubmitRequest::command(vec!["echo".into(), i.to_string()]);
+                r.image = Some("img:1".into());
+                r.time_limit_secs = 60;
+                r
+            })
+            .collect();
+        let hs = c.submit_many(&reqs).unwrap();
+        let script = std::fs::read_to_string(bin.join("script")).unwrap();
+        assert!(!script.contains("--array"), "{script}");
+        let dirs: Vec<String> = hs.iter().map(|h| format!("'{}'", h.dir.display())).collect();
+        assert_eq!(script, format!("#!/bin/sh\nexec '/nonexistent/runner' batch {}\n", dirs.join(" ")));
+        // Slurm's time: 3 x (60 s + allowance), plus a minute of slack.
+        let args = std::fs::read_to_string(bin.join("args")).unwrap();
+        assert!(args.contains(&format!("--time={}", slurm::time_limit_minutes(3 * (60 + SHARED_CALL_ALLOWANCE_SECS)))), "{args}");
+        for h in &hs {
+            assert_eq!(h.slurm_id, "77");
+            assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), "77\nshared 3\n");
+        }
+        // The first call runs; the others wait their turn in the allocation.
+        write_started(&hs[0].dir);
+        let st = c.status(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>()).unwrap();
+        assert_eq!(st[0].state, State::Running);
+        assert_eq!(st[1].state, State::Pending);
+        assert_eq!(st[1].reason, "waiting for the calls before it in its allocation");
+        // Cancelling one call that has not started ends it at once, without scancel.
+        let st = c.cancel(std::slice::from_ref(&hs[2].id)).unwrap();
+        assert_eq!(st[0].state, State::Cancelled);
+        assert_eq!(st[0].reason, "cancelled by the user before it started");
+        assert!(!log.exists(), "scancel must not be called for a shared allocation");
+        assert_eq!(c.status(std::slice::from_ref(&hs[1].id)).unwrap()[0].state, State::Pending);
+        // Cancelling all of its calls cancels the allocation in Slurm, once.
+        write_completed(&hs[0].dir, 0, "exited with code 0", 5);
+        let _ = c.cancel(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>());
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "77\n");
+    }
+
+    #[test]
     fn root_is_created_private() {
         use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
@@ -1542,6 +1845,7 @@ mod tests {
             root: "relative/root".into(),
             runner: "/x".into(),
             slurm: Slurm::default(),
+            calls_per_allocation: None,
         });
         assert!(matches!(rel, Err(ClientError::Root { .. })));
     }

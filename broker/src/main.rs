@@ -121,6 +121,11 @@ struct SubmitArgs {
     /// Submit held: the job stays pending until `scontrol release <slurm-id>`.
     #[arg(long, conflicts_with = "wait")]
     hold: bool,
+    /// Submit N copies of the command in one submission (call i gets
+    /// DELEGATE_INDEX=i). They run one after another in shared exclusive
+    /// allocations, each in its own fresh sandbox; prints one id per line.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    count: u32,
     /// The command and its arguments (run without a shell).
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -295,33 +300,59 @@ fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     req.time_limit_secs = a.time;
     req.env = env;
     req.hold = a.hold;
+    let reqs: Vec<SubmitRequest> = if a.count == 1 {
+        vec![req]
+    } else {
+        (0..a.count)
+            .map(|i| {
+                let mut r = req.clone();
+                r.env.retain(|(k, _)| k != "DELEGATE_INDEX");
+                r.env.push(("DELEGATE_INDEX".into(), i.to_string()));
+                r
+            })
+            .collect()
+    };
     let c = client(&cli.root)?;
-    let h = c.submit(&req)?;
+    let hs = c.submit_many(&reqs)?;
+    let ids: Vec<JobId> = hs.iter().map(|h| h.id.clone()).collect();
     if !a.wait {
         if cli.json {
-            print_json(&h)?;
+            match hs.as_slice() {
+                [h] => print_json(h)?,
+                hs => print_json(&hs)?,
+            }
         } else {
-            println!("{}", h.id);
+            for h in &hs {
+                println!("{}", h.id);
+            }
         }
         return Ok(0);
     }
-    tracing::info!(job = %h.id, slurm_id = %h.slurm_id, "waiting");
-    // Ctrl-C (or SIGTERM) while waiting cancels the job, as srun does.
+    tracing::info!(jobs = hs.len(), slurm_id = %hs[0].slurm_id, "waiting");
+    // Ctrl-C (or SIGTERM) while waiting cancels the jobs, as srun does.
     install_interrupt_handler();
-    let st = c.wait_with(std::slice::from_ref(&h.id), None, interrupted)?;
+    let st = c.wait_with(&ids, None, interrupted)?;
     if interrupted() && !st.iter().all(JobStatus::is_terminal) {
-        eprintln!("delegate: interrupted; cancelling job {}", h.id);
-        let st = c.cancel(std::slice::from_ref(&h.id))?;
+        eprintln!("delegate: interrupted; cancelling {}", if ids.len() == 1 { format!("job {}", ids[0]) } else { format!("{} jobs", ids.len()) });
+        let st = c.cancel(&ids)?;
         if cli.json {
-            print_json(&st[0])?;
+            match st.as_slice() {
+                [s] => print_json(s)?,
+                st => print_json(&st)?,
+            }
         }
         return Ok(130);
     }
     if cli.json {
-        print_json(&st[0])?;
+        match st.as_slice() {
+            [s] => print_json(s)?,
+            st => print_json(&st)?,
+        }
     } else {
-        copy_output(&c, &h.id, Stream::Stdout)?;
-        copy_output(&c, &h.id, Stream::Stderr)?;
+        for id in &ids {
+            copy_output(&c, id, Stream::Stdout)?;
+            copy_output(&c, id, Stream::Stderr)?;
+        }
     }
     finish_wait(&st, None)
 }

@@ -16,6 +16,7 @@
 //! job_roots = ["/home"]       # job directories must live below one of these
 //! docker_socket = "/var/run/docker.sock"
 //! allow_root = false          # jobs of uid 0 are refused unless true
+//! calls_per_allocation = 100  # a map's calls share exclusive allocations, at most this many each
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -60,6 +61,12 @@ pub struct Policy {
     pub job_roots: Vec<PathBuf>,
     pub docker_socket: PathBuf,
     pub allow_root: bool,
+    /// The calls of one submission (a `map`) run one after another in
+    /// shared exclusive allocations, at most this many per allocation, each
+    /// call still in its own fresh container. `1`: one Slurm job per call.
+    /// Read by the client when it submits (fairness towards other users of
+    /// the partition is the site's call).
+    pub calls_per_allocation: u32,
 }
 
 impl Default for Policy {
@@ -78,11 +85,12 @@ impl Default for Policy {
             job_roots: vec![PathBuf::from("/home")],
             docker_socket: PathBuf::from("/var/run/docker.sock"),
             allow_root: false,
+            calls_per_allocation: 100,
         }
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error("cannot read the site policy {path}: {reason}")]
     Read { path: String, reason: String },
@@ -153,6 +161,12 @@ impl Policy {
             path: origin.into(),
             reason,
         })?;
+        if policy.calls_per_allocation == 0 {
+            return Err(PolicyError::Invalid {
+                path: origin.into(),
+                reason: "calls_per_allocation must be at least 1".into(),
+            });
+        }
         for r in &policy.job_roots {
             check_clean_absolute(r).map_err(|e| PolicyError::Invalid {
                 path: origin.into(),
@@ -265,6 +279,10 @@ mod tests {
         assert!(Policy::parse("max_mem = \"lots\"", "t").is_err());
         assert!(Policy::parse("job_roots = [\"/home/../etc\"]", "t").is_err());
         assert!(Policy::parse("perf_mode = \"sysadmin\"", "t").is_err());
+        assert_eq!(p.calls_per_allocation, 100);
+        assert_eq!(Policy::parse("calls_per_allocation = 1", "t").unwrap().calls_per_allocation, 1);
+        assert!(Policy::parse("calls_per_allocation = 0", "t").is_err());
+        assert!(Policy::parse("calls_per_allocation = -3", "t").is_err());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! |------------|------------------|------------------------------------------------------|
 //! | `spec`     | client           | [`Spec`], encoded (header + postcard), bounded        |
 //! | `payload`  | client, optional | opaque bytes (a pickled call); never parsed by Rust   |
-//! | `slurm-id` | client           | the Slurm job id, decimal text                        |
+//! | `slurm-id` | client           | the Slurm job id, text (see [`format_slurm_id`])      |
 //! | `cancel`   | client, optional | marker: the user asked to cancel                      |
 //! | `started`  | runner           | [`Started`], encoded                                  |
 //! | `stdout`   | runner           | the container's standard output, streamed             |
@@ -18,7 +18,8 @@
 //!
 //! Slurm's own log of the batch script goes to `<delegate-root>/<job-id>.log`,
 //! beside (not inside) the directory, so a runner that refuses a directory can
-//! still explain why.
+//! still explain why. Calls that share an allocation (`sandbox-runner batch`,
+//! one after another) have the runner write that file per call instead.
 //!
 //! Every encoded file starts with an 8-byte header: the magic `DLGT`, a
 //! one-byte kind, a reserved zero byte and the protocol version (u16, little
@@ -71,6 +72,42 @@ pub const OUTCOME: &str = "outcome";
 pub const RESULT: &str = "result";
 /// Files the client writes before the runner starts; anything else present
 /// when the runner starts is refused.
+/// The content of a `slurm-id` file: the Slurm id of the job (`123`) or job
+/// array element (`123_4`) that runs the call, and, when that allocation
+/// runs `shared` calls of one submission one after another (each in its own
+/// container), a second line `shared <n>`.
+pub fn format_slurm_id(slurm_id: &str, shared: Option<u32>) -> String {
+    match shared {
+        Some(n) => format!("{slurm_id}\nshared {n}\n"),
+        None => format!("{slurm_id}\n"),
+    }
+}
+
+/// Parses a `slurm-id` file ([`format_slurm_id`]); `None` when it holds no
+/// job id (junk is never trusted as one).
+pub fn parse_slurm_id(text: &str) -> Option<(String, Option<u32>)> {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let id = lines.next()?;
+    let id_ok = id.bytes().next().is_some_and(|b| b.is_ascii_digit())
+        && id.bytes().all(|c| c.is_ascii_digit() || c == b'_')
+        && id.matches('_').count() <= 1
+        && !id.ends_with('_');
+    if !id_ok {
+        return None;
+    }
+    let shared = match lines.next() {
+        None => None,
+        Some(l) => match l.strip_prefix("shared ").and_then(|n| n.trim().parse::<u32>().ok()) {
+            Some(n) if n >= 1 => Some(n),
+            _ => return None,
+        },
+    };
+    if lines.next().is_some() {
+        return None;
+    }
+    Some((id.to_owned(), shared))
+}
+
 pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL];
 /// Where the job directory appears inside the sandbox.
 pub const SANDBOX_JOB_DIR: &str = "/job";
@@ -1182,6 +1219,17 @@ mod proptests {
                 let (r, _, largest) = measured::<Started>(&b);
                 assert!(r.is_err() && largest <= DECODE_ALLOC_BOUND);
             }
+        }
+    }
+
+    #[test]
+    fn slurm_id_files() {
+        for (sid, shared) in [("12", None), ("12_3", Some(7)), ("9", Some(1))] {
+            assert_eq!(parse_slurm_id(&format_slurm_id(sid, shared)), Some((sid.to_owned(), shared)));
+        }
+        assert_eq!(parse_slurm_id("  42 \n"), Some(("42".into(), None)));
+        for junk in ["", "\n", "abc", "_1", "1_", "1__2", "1_2_3", "12\nshared x", "12\nshared 0", "12\nshared 3\nmore", "12\nother 3"] {
+            assert_eq!(parse_slurm_id(junk), None, "{junk:?}");
         }
     }
 }

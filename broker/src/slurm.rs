@@ -100,6 +100,106 @@ pub fn array_script(runner: &Path, job_dirs: &[PathBuf], logs: &[PathBuf]) -> St
     s
 }
 
+/// The batch script of calls that share allocations: allocation `k` (array
+/// element `k` when there are several, the whole job when there is one)
+/// execs `sandbox-runner batch` on `groups[k]`, which runs those job
+/// directories one after another, each in its own fresh container, and
+/// writes each call's log to `<root>/<job-id>.log` itself.
+pub fn shared_script(runner: &Path, groups: &[Vec<PathBuf>]) -> String {
+    let line = |dirs: &[PathBuf]| {
+        let mut l = format!("exec {} batch", shell_quote(&runner.display().to_string()));
+        for d in dirs {
+            l.push(' ');
+            l.push_str(&shell_quote(&d.display().to_string()));
+        }
+        l
+    };
+    if let [only] = groups {
+        return format!("#!/bin/sh\n{}\n", line(only));
+    }
+    let mut s = format!("#!/bin/sh\n#SBATCH --array=0-{}\n", groups.len().saturating_sub(1));
+    s.push_str("case \"$SLURM_ARRAY_TASK_ID\" in\n");
+    for (i, dirs) in groups.iter().enumerate() {
+        s.push_str(&format!("{i}) {} ;;\n", line(dirs)));
+    }
+    s.push_str("esac\necho \"delegate: no job directories for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n");
+    s
+}
+
+/// What `sinfo` says about the partition jobs go to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub name: String,
+    /// Nodes that can run jobs (not down, drained or failed).
+    pub nodes: u32,
+    /// The partition's MaxTime; `None` when unlimited.
+    pub max_time_secs: Option<u64>,
+}
+
+/// Parses a Slurm time limit as sinfo prints it: `infinite`, `UNLIMITED`,
+/// `minutes`, `minutes:seconds`, `hours:minutes:seconds`,
+/// `days-hours[:minutes[:seconds]]`. `Ok(None)` means unlimited.
+pub fn parse_slurm_time(s: &str) -> Result<Option<u64>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("infinite") || s.eq_ignore_ascii_case("unlimited") {
+        return Ok(None);
+    }
+    let bad = || format!("{s:?} is not a Slurm time limit");
+    let num = |t: &str| t.parse::<u64>().map_err(|_| bad());
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (num(d)?, r),
+        None => (0, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Result<_, _>>()?;
+    let secs = match (s.contains('-'), parts.as_slice()) {
+        (false, [m]) => m * 60,
+        (false, [m, sec]) => m * 60 + sec,
+        (_, [h, m, sec]) => h * 3600 + m * 60 + sec,
+        (true, [h]) => h * 3600,
+        (true, [h, m]) => h * 3600 + m * 60,
+        _ => return Err(bad()),
+    };
+    Ok(Some(days * 86400 + secs))
+}
+
+/// Parses `sinfo --noheader --format=%P|%D|%l|%t` output for `partition`
+/// (`None`: Slurm's default partition, the one sinfo marks with `*`).
+pub fn parse_sinfo(out: &str, partition: Option<&str>) -> Option<PartitionInfo> {
+    let mut info: Option<PartitionInfo> = None;
+    for line in out.lines() {
+        let f: Vec<&str> = line.trim().split('|').map(str::trim).collect();
+        let [name, nodes, limit, state] = f.as_slice() else {
+            continue;
+        };
+        let (name, default) = match name.strip_suffix('*') {
+            Some(n) => (n, true),
+            None => (*name, false),
+        };
+        let wanted = match partition {
+            Some(p) => name == p,
+            None => default,
+        };
+        let (Ok(n), Ok(max)) = (nodes.parse::<u32>(), parse_slurm_time(limit)) else {
+            continue;
+        };
+        if !wanted {
+            continue;
+        }
+        let usable = !["down", "drain", "fail", "maint", "unk", "boot", "futr", "inval", "npc", "plnd", "pow"]
+            .iter()
+            .any(|bad| state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']).starts_with(bad));
+        let e = info.get_or_insert(PartitionInfo {
+            name: name.to_owned(),
+            nodes: 0,
+            max_time_secs: max,
+        });
+        if usable {
+            e.nodes = e.nodes.saturating_add(n);
+        }
+    }
+    info
+}
+
 static SBATCH_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static SQUEUE_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -265,6 +365,7 @@ pub struct Slurm {
     pub sbatch: PathBuf,
     pub squeue: PathBuf,
     pub scancel: PathBuf,
+    pub sinfo: PathBuf,
 }
 
 impl Default for Slurm {
@@ -274,6 +375,7 @@ impl Default for Slurm {
             sbatch: "sbatch".into(),
             squeue: "squeue".into(),
             scancel: "scancel".into(),
+            sinfo: "sinfo".into(),
         }
     }
 }
@@ -354,6 +456,23 @@ impl Slurm {
         ];
         SQUEUE_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(parse_squeue(&self.run(&self.squeue, &args, None)?))
+    }
+
+    /// The partition jobs go to: its usable nodes and time limit, in one
+    /// `sinfo`.
+    pub fn partition_info(&self) -> Result<PartitionInfo, SlurmError> {
+        let mut args = vec!["--noheader".to_owned(), "--format=%P|%D|%l|%t".to_owned()];
+        if let Some(p) = self.partition.as_deref().filter(|p| !p.is_empty()) {
+            args.push(format!("--partition={p}"));
+        }
+        let out = self.run(&self.sinfo, &args, None)?;
+        parse_sinfo(&out, self.partition.as_deref().filter(|p| !p.is_empty())).ok_or_else(|| SlurmError::Failed {
+            program: self.sinfo.display().to_string(),
+            message: match &self.partition {
+                Some(p) => format!("no partition {p:?} in its output"),
+                None => "no default partition in its output".into(),
+            },
+        })
     }
 
     /// Cancels all `ids` in one call.
@@ -471,6 +590,46 @@ mod tests {
             batch_script(Path::new("/usr/local/bin/sandbox-runner"), Path::new("/home/o'k/j")),
             "#!/bin/sh\nexec '/usr/local/bin/sandbox-runner' '/home/o'\\''k/j'\n"
         );
+    }
+
+    #[test]
+    fn shared_scripts() {
+        let r = Path::new("/r");
+        let one = shared_script(r, &[vec!["/h/a".into(), "/h/b".into()]]);
+        assert_eq!(one, "#!/bin/sh\nexec '/r' batch '/h/a' '/h/b'\n");
+        let two = shared_script(r, &[vec!["/h/a".into(), "/h/c".into()], vec!["/h/b".into()]]);
+        assert!(two.starts_with("#!/bin/sh\n#SBATCH --array=0-1\n"), "{two}");
+        assert!(two.contains("0) exec '/r' batch '/h/a' '/h/c' ;;\n1) exec '/r' batch '/h/b' ;;\n"), "{two}");
+    }
+
+    #[test]
+    fn slurm_times() {
+        assert_eq!(parse_slurm_time("infinite"), Ok(None));
+        assert_eq!(parse_slurm_time("UNLIMITED"), Ok(None));
+        assert_eq!(parse_slurm_time("5"), Ok(Some(300)));
+        assert_eq!(parse_slurm_time("30:00"), Ok(Some(1800)));
+        assert_eq!(parse_slurm_time("2:00:00"), Ok(Some(7200)));
+        assert_eq!(parse_slurm_time("1-00:00:00"), Ok(Some(86400)));
+        assert_eq!(parse_slurm_time("1-2"), Ok(Some(93600)));
+        assert_eq!(parse_slurm_time("1-2:30"), Ok(Some(95400)));
+        assert!(parse_slurm_time("").is_err());
+        assert!(parse_slurm_time("a:b").is_err());
+        assert!(parse_slurm_time("1:2:3:4").is_err());
+    }
+
+    #[test]
+    fn sinfo_lines() {
+        let out = "delegate*|1|2:00:00|idle\nother|3|infinite|alloc\nother|2|infinite|down*\nother|1|infinite|drain\njunk\n";
+        assert_eq!(
+            parse_sinfo(out, None),
+            Some(PartitionInfo { name: "delegate".into(), nodes: 1, max_time_secs: Some(7200) })
+        );
+        assert_eq!(
+            parse_sinfo(out, Some("other")),
+            Some(PartitionInfo { name: "other".into(), nodes: 3, max_time_secs: None })
+        );
+        assert_eq!(parse_sinfo(out, Some("nope")), None);
+        assert_eq!(parse_sinfo("", None), None);
     }
 
     #[test]
