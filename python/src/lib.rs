@@ -1,5 +1,5 @@
 //! `delegate._core`: the Rust core of the Python package. Job directories,
-//! submission (one sbatch per call, or one job array for a `map`), waiting,
+//! submission (one sbatch per call, or one for a whole `map`), waiting,
 //! status, cancel and the readers are the broker's client library
 //! (`delegate_broker::client`); this module only converts arguments and
 //! errors. Every call that may block (sbatch, squeue, scancel, waiting,
@@ -118,8 +118,9 @@ fn request(
 }
 
 /// Submits Python calls (each payload is one pickled call). One payload: one
-/// sbatch. Several: ONE sbatch of a job array, one job directory (and one
-/// sandbox) per call. Returns the job ids in order.
+/// sbatch. Several: ONE sbatch (the calls share exclusive allocations and
+/// run one after another), one job directory (and one fresh sandbox) per
+/// call. Returns the job ids in order.
 #[pyfunction]
 #[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, mem=None, time=None, image=None, env=None))]
 #[allow(clippy::too_many_arguments)]
