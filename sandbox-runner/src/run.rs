@@ -10,7 +10,8 @@ use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
 use delegate_broker::policy::{PerfMode, Policy, PolicyError};
 use delegate_broker::protocol::{
-    check_clean_absolute, now_ms, open_dir_nofollow, write_record_at, Outcome, Started, State, Writer, CANCEL, STDERR, STDOUT,
+    check_clean_absolute, now_ms, open_dir_nofollow, write_record_at, Outcome, Started, State, Writer, CANCEL, OUTCOME, STDERR,
+    STDOUT,
 };
 use delegate_broker::units::{format_duration, format_size};
 use futures_util::{FutureExt, StreamExt};
@@ -29,6 +30,9 @@ pub struct Finish {
     pub code: i32,
     /// The last line printed to stderr, if any.
     pub final_line: Option<String>,
+    /// The job already had an outcome this run did not write (the client
+    /// cancelled it before it started); it was left as it is.
+    pub already_ended: bool,
 }
 
 pub const EXIT_OUTCOME: i32 = 0;
@@ -42,6 +46,8 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(30);
 const DRAIN_AFTER_KILL: Duration = Duration::from_millis(1500);
 /// Time allowed for the wait/inspect/remove calls on the kill path.
 const KILL_PATH_CALL: Duration = Duration::from_millis(1500);
+/// How often a running job's `cancel` marker is looked for.
+const CANCEL_POLL: Duration = Duration::from_millis(250);
 /// How long the removal waits for an engine that does not answer (restarting).
 const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -77,7 +83,7 @@ pub fn install_signal_handlers() -> std::io::Result<SignalWatch> {
 /// runner creates in the job directory belong to the user's group rather
 /// than to `docker` (the setgid group). Only called where no connection to
 /// the engine is being opened (the engine socket needs the docker group).
-fn as_user_group<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn as_user_group<T>(f: impl FnOnce() -> T) -> T {
     let real = nix::unistd::getgid();
     let effective = nix::unistd::getegid();
     if real == effective {
@@ -97,6 +103,21 @@ fn hostname() -> String {
     nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Reason of a job that never started because the runner was signalled
+/// (in a batch: the allocation ended before this call's turn).
+pub fn not_started_reason(signal: &str) -> String {
+    if signal == "SIGTERM" {
+        "cancelled before it started: its allocation ended (SIGTERM from Slurm: scancel or Slurm time limit)".into()
+    } else {
+        format!("cancelled before it started: its allocation ended ({signal})")
+    }
+}
+
+/// True when `name` exists in the job directory (any type; not followed).
+fn exists_at(dir: &JobDir, name: &str) -> bool {
+    nix::sys::stat::fstatat(dir.fd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
 }
 
 fn refused_line(reason: &str) -> String {
@@ -126,9 +147,21 @@ impl Ctx<'_> {
     fn signalled(&self) -> Option<&'static str> {
         *self.signals.borrow()
     }
+    /// The outcome of a job that must not start after all: a signal
+    /// arrived, the user's cancel marker appeared, or the client already
+    /// wrote an outcome (cheap checks, no engine call).
+    fn must_not_start(&self) -> Option<Outcome> {
+        if let Some(sig) = self.signalled() {
+            return Some(self.outcome(State::Cancelled, self.cancel_reason(sig)));
+        }
+        if exists_at(self.dir, CANCEL) || exists_at(self.dir, OUTCOME) {
+            // With an outcome present the final write leaves it alone.
+            return Some(self.outcome(State::Cancelled, "cancelled before it started".into()));
+        }
+        None
+    }
     fn cancel_reason(&self, signal: &str) -> String {
-        let marker = nix::sys::stat::fstatat(self.dir.fd.as_fd(), CANCEL, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
-        if marker {
+        if exists_at(self.dir, CANCEL) {
             "cancelled by the user".into()
         } else if signal == "SIGTERM" {
             "cancelled (SIGTERM from Slurm: scancel or Slurm time limit)".into()
@@ -154,15 +187,30 @@ pub async fn run_job(
             return Finish {
                 code: EXIT_REFUSED,
                 final_line: Some(refused_line(r.reason())),
+                already_ended: false,
             };
         }
     };
     let host = hostname();
     let write = |o: &Outcome, line: Option<String>| -> Finish {
+        // An outcome that appeared while the job had not started is the
+        // client's (a cancel): it is never replaced by the runner's.
+        if o.started_ms.is_none() && exists_at(&dir, OUTCOME) {
+            tracing::info!(
+                "{}: an outcome already exists (the job was cancelled before it started); left as it is",
+                path.display()
+            );
+            return Finish {
+                code: EXIT_OUTCOME,
+                final_line: None,
+                already_ended: true,
+            };
+        }
         match as_user_group(|| write_record_at(&dir.fd, &dir.path, o)) {
             Ok(()) => Finish {
                 code: EXIT_OUTCOME,
                 final_line: line,
+                already_ended: false,
             },
             Err(e) => {
                 tracing::error!("cannot write the outcome: {e}");
@@ -171,6 +219,7 @@ pub async fn run_job(
                     final_line: Some(line.unwrap_or_else(|| {
                         format!("delegate: error: cannot write the outcome ({e}); the job {}: {}", o.state, one_line(&o.reason))
                     })),
+                    already_ended: false,
                 }
             }
         }
@@ -192,10 +241,13 @@ pub async fn run_job(
             reason,
             write_outcome: false,
         }) => {
-            tracing::error!("refusing {}: {reason}", path.display());
+            // Not an error of this run: the job ended before (in a batch,
+            // the client cancelled this call before its turn).
+            tracing::info!("not running {}: {reason}", path.display());
             return Finish {
                 code: EXIT_REFUSED,
                 final_line: Some(refused_line(&reason)),
+                already_ended: true,
             };
         }
         Err(r) => {
@@ -209,6 +261,14 @@ pub async fn run_job(
     if checked.cancel_requested {
         tracing::info!("job {} was cancelled before it started", checked.job_id);
         return write(&base(State::Cancelled, "cancelled before it started".into()), None);
+    }
+    // Signalled already (in a batch: a later call after the allocation
+    // ended): end at once, without any engine call.
+    if let Some(sig) = *signals.borrow() {
+        let reason = not_started_reason(sig);
+        tracing::info!("job {}: {reason}", checked.job_id);
+        let line = format!("delegate: cancelled: {reason}");
+        return write(&base(State::Cancelled, reason), Some(line));
     }
     let groups: Vec<u32> = nix::unistd::getgroups()
         .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
@@ -280,8 +340,8 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
     if let Err(e) = engine::sweep(&docker, job, &ctx.slurm_job, ctx.uid).await {
         tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
     }
-    if let Some(sig) = ctx.signalled() {
-        return ctx.outcome(State::Cancelled, ctx.cancel_reason(sig));
+    if let Some(o) = ctx.must_not_start() {
+        return o;
     }
     let (stdout, stderr) = match as_user_group(|| (create_output(ctx.dir, STDOUT), create_output(ctx.dir, STDERR))) {
         (Ok(o), Ok(e)) => (o, e),
@@ -309,6 +369,11 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
     };
     if !still_same_dir(ctx.dir) {
         return ctx.outcome(State::Failed, REPLACED.into());
+    }
+    // Last look before the container exists: a cancel (marker or the
+    // client's outcome) or a signal that arrived meanwhile.
+    if let Some(o) = ctx.must_not_start() {
+        return o;
     }
     let name = format!("delegate-{job}");
     let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
@@ -371,6 +436,8 @@ enum Ended {
     Exited,
     TimedOut,
     Signalled(&'static str),
+    /// The user's `cancel` marker appeared.
+    CancelMarker,
     WaitFailed(String),
 }
 
@@ -451,8 +518,8 @@ async fn supervise(
     let classify = |e: &bollard::errors::Error, action| {
         engine::classify(e, action, socket, &ctx.host, &spec.image).to_string()
     };
-    if let Some(sig) = ctx.signalled() {
-        return Ok(ctx.outcome(State::Cancelled, ctx.cancel_reason(sig)));
+    if let Some(o) = ctx.must_not_start() {
+        return Ok(o);
     }
     // Attach before starting, so no output is lost.
     let attach = AttachContainerOptions {
@@ -492,6 +559,8 @@ async fn supervise(
     let limit = Duration::from_secs(spec.resources.time_limit_secs);
     let mut signals = ctx.signals.clone();
     let mut wait = docker.wait_container(id, None::<WaitContainerOptions>);
+    let mut marker_poll = tokio::time::interval(CANCEL_POLL);
+    marker_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let ended = tokio::select! {
         w = wait.next() => match w {
             // Non-zero exits come back as DockerContainerWaitError.
@@ -511,6 +580,14 @@ async fn supervise(
                 }
             }
         } => Ended::Signalled(sig),
+        () = async {
+            loop {
+                marker_poll.tick().await;
+                if exists_at(ctx.dir, CANCEL) {
+                    return;
+                }
+            }
+        } => Ended::CancelMarker,
     };
 
     let killing = !matches!(ended, Ended::Exited);
@@ -573,6 +650,10 @@ async fn supervise(
         Ended::Signalled(sig) => {
             o.state = State::Cancelled;
             o.reason = ctx.cancel_reason(sig);
+        }
+        Ended::CancelMarker => {
+            o.state = State::Cancelled;
+            o.reason = "cancelled by the user".into();
         }
         Ended::WaitFailed(reason) => {
             o.reason = reason;
