@@ -1,8 +1,9 @@
-//! `sandbox-runner`: runs one delegate job in a Docker sandbox on a worker.
+//! `sandbox-runner`: runs delegate jobs in Docker sandboxes on a worker.
 //!
 //! ```text
-//! sandbox-runner <JOB_DIR>          run the job in the absolute job directory
-//! sandbox-runner probe [--json]     report engine, image and perf mode (for `delegate doctor`)
+//! sandbox-runner <JOB_DIR>                 run the job in the absolute job directory
+//! sandbox-runner batch <JOB_DIR>...        run several jobs one after another (one allocation)
+//! sandbox-runner probe [--json]            report engine, image and perf mode (for `delegate doctor`)
 //! ```
 //!
 //! Installed `root:docker`, mode `2755` (setgid docker): that is how it
@@ -23,6 +24,25 @@
 //!   already exists. Nothing was written into it.
 //! - `4`: internal error: no outcome could be written.
 //!
+//! `batch` runs the directories in the order given, each exactly as
+//! `sandbox-runner <JOB_DIR>` would, each in its own fresh container. While
+//! a call runs, stderr goes to its own log file `<parent>/<job-id>.log`
+//! (the file that is a single job's Slurm log): opened without following
+//! symlinks, created as the user's group, it must be a regular file of the
+//! caller; when it cannot be opened, that call logs to the batch's stderr
+//! with a warning. The batch's stderr gets one summary line per call.
+//! After SIGTERM/SIGINT/SIGHUP the call in progress is cancelled and every
+//! later call gets a `cancelled` outcome at once, without any container
+//! (after the usual directory checks). A directory that already holds an
+//! outcome (the client cancelled the call before its turn) is skipped.
+//! Exit codes of `batch`: `0` every call ended with an outcome (or was
+//! skipped as above); `3` some directory was refused without an outcome;
+//! `4` some call ended with an internal error (4 wins over 3).
+//!
+//! A running job (single or in a batch) whose `cancel` marker appears is
+//! killed and ends `cancelled` ("cancelled by the user"); in a batch only
+//! that call stops.
+//!
 //! Exit codes of `probe`: `0` when the engine is reachable and the default
 //! image present, `1` otherwise.
 //!
@@ -31,6 +51,8 @@
 //! `delegate: refused: <reason>`, `delegate: <state>: <reason>` (state being
 //! failed, timed-out or cancelled) or `delegate: error: <reason>`.
 
+mod batch;
+mod calllog;
 mod config;
 mod engine;
 mod probe;
@@ -61,6 +83,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run several jobs one after another, each in its own container, each
+    /// logging to `<parent>/<job-id>.log`.
+    Batch {
+        /// Absolute paths of the job directories, in the order to run them.
+        #[arg(required = true, num_args = 1.., value_name = "JOB_DIR")]
+        dirs: Vec<PathBuf>,
+    },
     /// Report the Docker engine, the default image and the perf mode in effect.
     Probe {
         /// Print JSON instead of text.
@@ -152,6 +181,17 @@ async fn async_main(cli: Cli) -> i32 {
                 1
             }
         }
+        (Some(Command::Batch { dirs }), _) => {
+            let signals = match run::install_signal_handlers() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("delegate: error: cannot install signal handlers: {e}");
+                    return run::EXIT_INTERNAL;
+                }
+            };
+            let slurm_job = std::env::var("SLURM_JOB_ID").ok();
+            batch::run_batch(&dirs, signals, slurm_job).await
+        }
         (None, Some(dir)) => {
             // Signal handlers first: a signal must never kill the runner
             // while it holds a container.
@@ -173,5 +213,46 @@ async fn async_main(cli: Cli) -> i32 {
             eprintln!("delegate: error: a job directory or the probe subcommand is required");
             2
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("sandbox-runner").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn single_job_dir() {
+        let c = parse(&["/home/a/.delegate/jobs/x"]).unwrap();
+        assert!(c.command.is_none());
+        assert_eq!(c.job_dir.unwrap(), PathBuf::from("/home/a/.delegate/jobs/x"));
+    }
+
+    #[test]
+    fn batch_dirs_in_order() {
+        let c = parse(&["batch", "/j/a", "/j/b", "/j/c"]).unwrap();
+        match c.command {
+            Some(Command::Batch { dirs }) => {
+                assert_eq!(dirs, vec![PathBuf::from("/j/a"), PathBuf::from("/j/b"), PathBuf::from("/j/c")])
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(c.job_dir.is_none());
+    }
+
+    #[test]
+    fn batch_needs_a_dir() {
+        assert!(parse(&["batch"]).is_err());
+    }
+
+    #[test]
+    fn probe_still_parses() {
+        let c = parse(&["probe", "--json"]).unwrap();
+        assert!(matches!(c.command, Some(Command::Probe { json: true })));
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["/j/a", "/j/b"]).is_err());
     }
 }
