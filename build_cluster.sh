@@ -1066,6 +1066,7 @@ stack_test() {
     check "$t1 cannot read $t2's job directories" t_isolation "$t1" "$t2"
     check "$t2 cannot read $t1's job directories" t_isolation "$t2" "$t1"
     check "exclusive nodes: $((2 * DELEGATE_STACK_WORKERS)) jobs of 5 s at once" t_python "$t1" excl "$DELEGATE_STACK_WORKERS"
+    check "a map shares one exclusive allocation per worker" t_python "$t1" map "$DELEGATE_STACK_WORKERS"
     check "JupyterLab answers with the token" t_jupyter
     if ((STACK_TEST_FAILED)); then
         die "test: some checks failed (see above; ./build_cluster.sh status, docker service logs ${STACK}_<service>)"

@@ -5,6 +5,9 @@ exits non-zero with the reason on the first failure.
   basic   a Python function through the delegate package: runs as this
           account's uid, and measures with a perf counter (task-clock)
   excl    4 jobs of 5 s at once: no two on one node at the same time
+  map     a map of 3 calls per worker: one sbatch, one shared allocation per
+          worker (every worker used), calls one after another on each node,
+          a fresh container for each call
 """
 import os
 import sys
@@ -73,11 +76,47 @@ def excl(workers):
     print(f"ok: {len(runs)} jobs of 5 s, never two on one node at once (nodes {', '.join(hosts)})", flush=True)
 
 
+def stamp(i):
+    import socket, time
+    t0 = time.time()
+    time.sleep(1)
+    # Inside the sandbox the hostname is the container's: one per call.
+    return i, socket.gethostname(), t0, time.time()
+
+
+def map_check(workers):
+    from delegate import _core
+    n = 3 * workers
+    s0 = _core.sbatch_count()
+    with delegate.Executor(cpus=1, time="2m") as ex:
+        got = list(ex.map(stamp, range(n), timeout=300))
+        sts = [f.status for f in ex._futures]
+    if [g[0] for g in got] != list(range(n)):
+        fail(f"map results out of order: {[g[0] for g in got]}")
+    if _core.sbatch_count() - s0 != 1:
+        fail(f"a map of {n} used {_core.sbatch_count() - s0} sbatch calls, not one")
+    if len({g[1] for g in got}) != n:
+        fail(f"calls shared a container: hostnames {[g[1] for g in got]}")
+    allocs = {st["slurm_id"] for st in sts}
+    hosts = {st["host"] for st in sts}
+    if len(allocs) != workers or len(hosts) != workers:
+        fail(f"a map of {n} ran in allocations {sorted(allocs)} on {sorted(hosts)}; expected one per worker")
+    runs = [(st["host"], g[2], g[3]) for st, g in zip(sts, got)]
+    for a in runs:
+        for b in runs:
+            if a is not b and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]:
+                fail(f"two calls of one map overlapped on node {a[0]}")
+    print(f"ok: map of {n}: one sbatch, allocations {', '.join(sorted(allocs))} on {', '.join(sorted(hosts))}, "
+          f"{n} containers, calls one after another per node", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "basic":
         basic()
     elif mode == "excl":
         excl(int(sys.argv[2]))
+    elif mode == "map":
+        map_check(int(sys.argv[2]))
     else:
         fail(f"unknown mode {mode}")
