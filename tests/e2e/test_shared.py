@@ -1,0 +1,447 @@
+"""Shared allocations, end to end: the calls of one submission
+(`delegate submit --count N`) run one after another in ONE exclusive Slurm
+job (`sandbox-runner batch <dir>...` on this one-node cluster), each in its
+own fresh container with its own output, state, log and outcome; cancelling
+one call leaves the others running; `scancel` of the allocation ends them all;
+a refused directory fails only its own call. `DELEGATE_CALLS_PER_ALLOCATION=1`
+gives back one Slurm job (array element) per call.
+
+Every call reads `$DELEGATE_INDEX` (set by `submit --count`) to know which
+call it is; the waits are generous, the sleeps short.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from conftest import DELEGATE, containers_created_since, containers_with_label, sh
+
+TERMINAL = {"completed", "failed", "timed-out", "cancelled", "lost"}
+WAITING_REASON = "waiting for the calls before it in its allocation"
+JOB_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{8}$")
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+_SUBMITTED: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_allocations():
+    """A failing test must not leave a held or sleeping allocation that
+    blocks the (only, exclusive) node for the tests after it."""
+    _SUBMITTED.clear()
+    yield
+    sids = sorted({s.split("_")[0] for s in _SUBMITTED})
+    if sids:
+        sh("scancel", *sids, check=False)
+
+
+def submit_count(user, n, *cmd, opts=(), env=None):
+    """`delegate submit --json --count n`; returns the job ids in order."""
+    r = run_env(user, env, "submit", "--json", "--count", str(n), *opts, "--", *cmd)
+    assert r.returncode == 0, f"submit failed: {r.stderr}"
+    handles = json.loads(r.stdout)
+    assert isinstance(handles, list) and len(handles) == n, r.stdout
+    ids = [h["id"] for h in handles]
+    _SUBMITTED.extend(h["slurm_id"] for h in handles)
+    assert len(set(ids)) == n, ids
+    return ids, handles
+
+
+def run_env(user, env, *args, timeout=180):
+    """Like User.run, with extra environment variables for the client."""
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(user.home), "LANG": "C.UTF-8"}
+    base.update(env or {})
+    return subprocess.run(["/usr/sbin/runuser", "-u", user.name, "--", DELEGATE, *args],
+                          capture_output=True, text=True, timeout=timeout, env=base, cwd="/")
+
+
+def statuses(user, jobs):
+    r = user.run("status", "--json", *jobs)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    if isinstance(data, dict):
+        data = [data]
+    by = {d["id"]: d for d in data}
+    return [by[j] for j in jobs]
+
+
+def wait_all(user, jobs, timeout=120):
+    r = user.run("wait", "--json", "--timeout", f"{int(timeout)}s", *jobs, timeout=timeout + 30)
+    assert r.stdout, f"wait printed nothing: rc={r.returncode} {r.stderr}"
+    st = statuses(user, jobs)
+    assert all(s["state"] in TERMINAL for s in st), st
+    return st
+
+
+def wait_until(user, jobs, pred, timeout=90, what="the condition"):
+    """Polls `delegate status` until pred(statuses) holds; returns them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = statuses(user, jobs)
+        if pred(st):
+            return st
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {st}"
+        time.sleep(0.2)
+
+
+def slurm_id_file(user, job):
+    return (user.job_dir(job) / "slurm-id").read_text()
+
+
+def allocation_of(user, job):
+    """The Slurm id (first line of the slurm-id file)."""
+    return slurm_id_file(user, job).splitlines()[0].strip()
+
+
+def stdout_of(user, job):
+    return (user.job_dir(job) / "stdout").read_text()
+
+
+def wait_started(user, job, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not (user.job_dir(job) / "started").exists():
+        assert time.monotonic() < deadline, f"{job} did not start: {user.status(job)}"
+        time.sleep(0.1)
+
+
+def in_squeue(slurm_id):
+    r = sh("squeue", "-h", "-j", slurm_id, "-o", "%i %T", check=False)
+    return r.stdout.strip()
+
+
+def wait_slurm_gone(slurm_id, timeout=60):
+    deadline = time.monotonic() + timeout
+    while in_squeue(slurm_id):
+        assert time.monotonic() < deadline, f"Slurm job {slurm_id} still there: {in_squeue(slurm_id)}"
+        time.sleep(0.5)
+
+
+def first_sleeps(seconds):
+    """A command: call 0 sleeps, every call then prints its index."""
+    return ("sh", "-c", f'if [ "$DELEGATE_INDEX" = 0 ]; then sleep {seconds}; fi; echo "done-$DELEGATE_INDEX"')
+
+
+# ---------------------------------------------------------------------------
+# One allocation for a --count submission
+# ---------------------------------------------------------------------------
+
+def test_count_is_one_slurm_job_and_every_call_runs_in_its_own_container(alice):
+    t0 = time.time() - 1
+    n = 3
+    r = alice.run("submit", "--count", str(n), "--",
+                  "sh", "-c", 'echo "call=$DELEGATE_INDEX host=$(hostname)"; echo "err=$DELEGATE_INDEX" >&2')
+    assert r.returncode == 0, r.stderr
+    jobs = r.stdout.split("\n")
+    assert jobs[-1] == "" and len(jobs) == n + 1, f"one id per line expected: {r.stdout!r}"
+    jobs = jobs[:-1]
+    assert all(JOB_ID.match(j) for j in jobs), jobs
+    assert len(set(jobs)) == n
+
+    # One Slurm job (not an array element) shared by all n calls.
+    sid = allocation_of(alice, jobs[0])
+    _SUBMITTED.append(sid)
+    assert sid.isdigit(), f"one plain Slurm job expected, got {sid!r}"
+    for j in jobs:
+        assert slurm_id_file(alice, j) == f"{sid}\nshared {n}\n", j
+    # Its batch script runs the runner's batch mode on the job dirs, in order.
+    script = sh("scontrol", "write", "batch_script", sid, "-", check=False)
+    if script.returncode == 0:
+        line = [l for l in script.stdout.splitlines() if "sandbox-runner" in l]
+        assert line and " batch " in line[0], script.stdout
+        positions = [line[0].find(str(alice.job_dir(j))) for j in jobs]
+        assert all(p > 0 for p in positions) and positions == sorted(positions), (line, jobs)
+
+    st = wait_all(alice, jobs)
+    assert [s["state"] for s in st] == ["completed"] * n, st
+    assert [s["exit_code"] for s in st] == [0] * n, st
+    assert {s["slurm_id"] for s in st} == {sid}, st
+
+    hosts = []
+    for i, j in enumerate(jobs):
+        out = stdout_of(alice, j)
+        m = re.fullmatch(rf"call={i} host=(\S+)\n", out)
+        assert m, (j, out)
+        hosts.append(m.group(1))
+        assert (alice.job_dir(j) / "stderr").read_text() == f"err={i}\n"
+        # Its own log beside the directory (written by the runner per call).
+        assert (alice.root / f"{j}.log").is_file(), f"no per-call log for {j}"
+        # Exactly one container was ever created for each call, none is left.
+        assert len(containers_created_since(j, t0)) == 1, j
+        assert containers_with_label(j) == [], j
+    assert len(set(hosts)) == n, f"each call needs its own fresh container: {hosts}"
+
+    # One after another: a call starts after the previous one finished.
+    for a, b in zip(st, st[1:]):
+        assert a["finished_ms"] and b["started_ms"] and b["started_ms"] >= a["finished_ms"] - 1000, (a, b)
+
+
+def test_count_wait_prints_every_output_in_order(alice):
+    r = alice.run("submit", "--count", "4", "--wait", "--",
+                  "sh", "-c", 'echo "out-$DELEGATE_INDEX"; echo "err-$DELEGATE_INDEX" >&2')
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["out-0", "out-1", "out-2", "out-3"], r.stdout
+    errs = [l for l in r.stderr.splitlines() if l.startswith("err-")]
+    assert errs == ["err-0", "err-1", "err-2", "err-3"], r.stderr
+
+
+def test_count_wait_exit_code_is_that_of_a_failing_call(alice):
+    token = uuid.uuid4().hex  # other jobs of alice's may appear meanwhile: find ours by it
+    t0 = time.time() - 2
+    r = alice.run("submit", "--count", "3", "--wait", "--",
+                  "sh", "-c", 'echo "ran-$DELEGATE_INDEX $0"; [ "$DELEGATE_INDEX" != 1 ] || exit 5', token)
+    assert r.returncode == 5, (r.returncode, r.stdout, r.stderr)
+    # The failing call does not stop the ones after it.
+    assert r.stdout.splitlines() == [f"ran-{i} {token}" for i in range(3)], r.stdout
+    ours = {}
+    for p in alice.root.iterdir():
+        try:
+            if p.stat().st_mtime < t0 or not p.is_dir():
+                continue
+            with open(p / "stdout", "rb") as f:
+                text = f.read(200).decode("utf-8", "replace")
+        except OSError:
+            continue
+        if token in text:
+            ours[int(text.split()[0].split("-")[1])] = p.name
+    assert sorted(ours) == [0, 1, 2], ours
+    st = statuses(alice, [ours[i] for i in range(3)])
+    assert [s["exit_code"] for s in st] == [0, 5, 0], st
+    assert [s["state"] for s in st] == ["completed", "failed", "completed"], st
+
+
+# ---------------------------------------------------------------------------
+# States inside the allocation
+# ---------------------------------------------------------------------------
+
+def test_later_calls_are_pending_while_the_first_runs(alice):
+    jobs, handles = submit_count(alice, 3, *first_sleeps(6))
+    sid = handles[0]["slurm_id"]
+    assert {h["slurm_id"] for h in handles} == {sid}, handles
+    st = wait_until(alice, jobs, lambda s: s[0]["state"] == "running" or s[0]["state"] in TERMINAL,
+                    what="call 0 running")
+    assert st[0]["state"] == "running", st
+    for s in st[1:]:
+        assert s["state"] == "pending", st
+        assert s["reason"] == WAITING_REASON, st
+        assert s["slurm_id"] == sid, st
+    assert st[0]["slurm_id"] == sid
+    # While call 0 sleeps, the next calls have not started a container.
+    assert not (alice.job_dir(jobs[1]) / "started").exists()
+    # Following a waiting call's output waits for its turn and ends with it.
+    r = alice.run("logs", "--follow", jobs[1], timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "done-1\n", r.stdout
+    assert alice.status(jobs[1])["state"] == "completed"
+    st = wait_all(alice, jobs)
+    assert [s["state"] for s in st] == ["completed"] * 3, st
+    assert [stdout_of(alice, j) for j in jobs] == ["done-0\n", "done-1\n", "done-2\n"]
+
+
+# ---------------------------------------------------------------------------
+# Cancelling one call
+# ---------------------------------------------------------------------------
+
+def test_cancel_of_a_pending_call_leaves_the_others_running(alice):
+    t0 = time.time() - 1
+    jobs, handles = submit_count(alice, 3, *first_sleeps(5))
+    sid = handles[0]["slurm_id"]
+    wait_until(alice, jobs, lambda s: s[0]["state"] != "pending", what="call 0 leaving pending")
+    r = alice.run("cancel", "--json", jobs[1])
+    assert r.returncode == 0, r.stderr
+    st1 = alice.status(jobs[1])
+    assert st1["state"] == "cancelled", st1
+    assert st1["reason"] == "cancelled by the user before it started", st1
+    # The allocation was not cancelled: the calls before and after it complete.
+    assert in_squeue(sid) or alice.status(jobs[2])["state"] == "completed", "the allocation was scancelled"
+    st = wait_all(alice, jobs)
+    assert [s["state"] for s in st] == ["completed", "cancelled", "completed"], st
+    assert st[1]["reason"] == "cancelled by the user before it started", st
+    assert stdout_of(alice, jobs[0]) == "done-0\n"
+    assert stdout_of(alice, jobs[2]) == "done-2\n"
+    assert containers_created_since(jobs[1], t0) == [], "the cancelled call must never get a container"
+    assert not (alice.job_dir(jobs[1]) / "started").exists()
+
+
+def test_cancel_of_the_running_call_starts_the_next(alice):
+    jobs, handles = submit_count(alice, 2, *first_sleeps(60))
+    wait_started(alice, jobs[0])
+    st = alice.wait_for_state(jobs[0], {"running"} | TERMINAL, timeout=30)
+    assert st["state"] == "running", st
+    assert alice.status(jobs[1])["state"] == "pending"
+    time.sleep(1)  # the container is up
+    t0 = time.monotonic()
+    r = alice.run("cancel", jobs[0])
+    assert r.returncode == 0, r.stderr
+    st = alice.wait_for_state(jobs[0], TERMINAL, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert st["state"] == "cancelled", st
+    assert st["reason"] == "cancelled by the user", st
+    assert elapsed < 15, f"cancel of the running call took {elapsed:.1f}s"
+    assert stdout_of(alice, jobs[0]) == "", "the cancelled call got to its echo"
+    # The next call of the allocation runs and completes (well before call 0's 60 s).
+    st = wait_all(alice, jobs, timeout=60)
+    assert [s["state"] for s in st] == ["cancelled", "completed"], st
+    assert stdout_of(alice, jobs[1]) == "done-1\n"
+    assert time.monotonic() - t0 < 45, "the next call waited for the cancelled one's sleep"
+    for j in jobs:
+        assert containers_with_label(j) == [], j
+
+
+def test_cancel_of_every_call_cancels_the_allocation_once(alice):
+    t0 = time.time() - 1
+    jobs, handles = submit_count(alice, 3, "sleep", "60")
+    sid = handles[0]["slurm_id"]
+    wait_started(alice, jobs[0])
+    r = alice.run("cancel", *jobs)
+    assert r.returncode == 0, r.stderr
+    st = wait_all(alice, jobs, timeout=60)
+    assert [s["state"] for s in st] == ["cancelled"] * 3, st
+    wait_slurm_gone(sid)
+    for j in jobs[1:]:
+        assert containers_created_since(j, t0) == [], j
+    for j in jobs:
+        assert containers_with_label(j) == [], j
+
+
+def test_scancel_of_the_allocation_ends_every_call(alice):
+    t0 = time.time() - 1
+    jobs, handles = submit_count(alice, 3, "sleep", "60")
+    sid = handles[0]["slurm_id"]
+    wait_started(alice, jobs[0])
+    time.sleep(1)
+    start = time.monotonic()
+    sh("scancel", sid)  # the admin (plain Slurm, not `delegate cancel`)
+    st = wait_all(alice, jobs, timeout=90)
+    took = time.monotonic() - start
+    assert [s["state"] for s in st] == ["cancelled"] * 3, st
+    assert all(s["reason"] for s in st), st
+    for s in st[1:]:
+        assert "allocation" in s["reason"] and "before" in s["reason"], s
+    assert took < 45, f"the calls took {took:.0f}s to end after the scancel"
+    for j in jobs[1:]:
+        assert containers_created_since(j, t0) == [], f"{j} started after the scancel"
+        assert not (alice.job_dir(j) / "started").exists()
+    for j in jobs:
+        assert containers_with_label(j) == [], j
+    wait_slurm_gone(sid)
+
+
+# ---------------------------------------------------------------------------
+# A refused call among good ones
+# ---------------------------------------------------------------------------
+
+def test_a_refused_directory_fails_only_its_own_call(alice):
+    t0 = time.time() - 1
+    # The last call sleeps: the refusals must show while the allocation still runs.
+    jobs, handles = submit_count(alice, 4, "sh", "-c",
+                                 '[ "$DELEGATE_INDEX" != 3 ] || sleep 6; echo "good-$DELEGATE_INDEX"',
+                                 opts=("--hold",))
+    sid = handles[0]["slurm_id"]
+    assert in_squeue(sid), "the held allocation is not in Slurm's queue"
+    # Call 1: a garbage spec body.
+    d1 = alice.job_dir(jobs[1])
+    spec = bytearray((d1 / "spec").read_bytes())
+    spec[8:] = b"\xff" * (len(spec) - 8)
+    (d1 / "spec").write_bytes(bytes(spec))
+    # Call 2: its directory replaced by a symlink.
+    d2 = alice.job_dir(jobs[2])
+    real = d2.with_name(jobs[2] + ".real")
+    alice.as_user("mv", str(d2), str(real))
+    alice.as_user("ln", "-s", str(real), str(d2))
+    try:
+        alice.as_user("scontrol", "release", sid)
+        wait_started(alice, jobs[3])
+        st = statuses(alice, jobs)
+        assert st[3]["state"] == "running", st
+        assert st[0]["state"] == "completed", st
+        assert st[1]["state"] == "failed" and st[1]["refused"] is True, st[1]
+        assert "could not be decoded" in st[1]["reason"], st[1]
+        st = wait_all(alice, jobs, timeout=120)
+        assert [s["state"] for s in st] == ["completed", "failed", "failed", "completed"], st
+        assert stdout_of(alice, jobs[0]) == "good-0\n"
+        assert stdout_of(alice, jobs[3]) == "good-3\n"
+        assert st[1]["refused"] is True and "could not be decoded" in st[1]["reason"], st[1]
+        assert st[2]["refused"] is True and "symbolic link" in st[2]["reason"], st[2]
+        assert not st[0]["refused"] and not st[3]["refused"]
+        # (The symlinked call's directory is not read at all: it shows no Slurm id.)
+        assert [st[i]["slurm_id"] for i in (0, 1, 3)] == [sid] * 3, st
+        for j in jobs[1:3]:
+            assert containers_created_since(j, t0) == [], j
+        for j in (jobs[0], jobs[3]):
+            assert len(containers_created_since(j, t0)) == 1, j
+    finally:
+        alice.as_user("rm", "-f", str(d2), check=False)
+        alice.as_user("mv", str(real), str(d2), check=False)
+
+
+def test_time_limit_of_one_call_does_not_end_the_others(alice):
+    jobs, _ = submit_count(alice, 2, *first_sleeps(600), opts=("--time", "5s"))
+    st = wait_all(alice, jobs, timeout=120)
+    assert [s["state"] for s in st] == ["timed-out", "completed"], st
+    assert "time limit" in st[0]["reason"], st[0]
+    assert stdout_of(alice, jobs[1]) == "done-1\n"
+    for j in jobs:
+        assert containers_with_label(j) == [], j
+
+
+def test_scancel_of_a_queued_allocation_cancels_every_call(alice):
+    t0 = time.time() - 1
+    jobs, handles = submit_count(alice, 2, "true", opts=("--hold",))
+    st = statuses(alice, jobs)
+    assert all(s["state"] == "pending" and "queue" in s["reason"] for s in st), st
+    sh("scancel", handles[0]["slurm_id"])
+    st = wait_all(alice, jobs, timeout=60)
+    assert [s["state"] for s in st] == ["cancelled"] * 2, st
+    for s in st:
+        assert "allocation" in s["reason"] and "before" in s["reason"], s
+    for j in jobs:
+        assert containers_created_since(j, t0) == [], j
+
+
+# ---------------------------------------------------------------------------
+# One Slurm job per call when sharing is turned off
+# ---------------------------------------------------------------------------
+
+def test_calls_per_allocation_1_gives_one_array_element_per_call(alice):
+    jobs, handles = submit_count(alice, 3, "sh", "-c", 'echo "idx=$DELEGATE_INDEX"',
+                                 env={"DELEGATE_CALLS_PER_ALLOCATION": "1"})
+    base = handles[0]["slurm_id"].split("_")[0]
+    for i, (j, h) in enumerate(zip(jobs, handles)):
+        assert h["slurm_id"] == f"{base}_{i}", handles
+        assert slurm_id_file(alice, j) == f"{base}_{i}\n", "no 'shared' line for an unshared call"
+    st = wait_all(alice, jobs)
+    assert [s["state"] for s in st] == ["completed"] * 3, st
+    assert [s["slurm_id"] for s in st] == [f"{base}_{i}" for i in range(3)], st
+    assert [stdout_of(alice, j) for j in jobs] == [f"idx={i}\n" for i in range(3)]
+
+
+def test_calls_per_allocation_env_must_be_a_positive_number(alice):
+    for bad in ("0", "many", "-2"):
+        r = run_env(alice, {"DELEGATE_CALLS_PER_ALLOCATION": bad}, "submit", "--count", "2", "--", "true")
+        assert r.returncode == 1, (bad, r.returncode, r.stdout, r.stderr)
+        assert r.stderr.startswith("delegate: error:") and "DELEGATE_CALLS_PER_ALLOCATION" in r.stderr, r.stderr
+        assert r.stdout == ""
+
+
+def test_calls_per_allocation_2_splits_into_an_array_of_allocations(alice):
+    # 5 calls, at most 2 per allocation: 3 allocations (array elements), dealt round-robin.
+    jobs, handles = submit_count(alice, 5, "sh", "-c", 'echo "idx=$DELEGATE_INDEX"',
+                                 env={"DELEGATE_CALLS_PER_ALLOCATION": "2"})
+    sids = [h["slurm_id"] for h in handles]
+    base = sids[0].split("_")[0]
+    assert sids == [f"{base}_{i % 3}" for i in range(5)], sids
+    counts = {s: sids.count(s) for s in sids}
+    for j, s in zip(jobs, sids):
+        assert slurm_id_file(alice, j) == f"{s}\nshared {counts[s]}\n", j
+    st = wait_all(alice, jobs)
+    assert [s["state"] for s in st] == ["completed"] * 5, st
+    assert [stdout_of(alice, j) for j in jobs] == [f"idx={i}\n" for i in range(5)]
