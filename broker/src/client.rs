@@ -404,7 +404,7 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
             SlurmPhase::Active if f.shared && f.started.is_none() => {
                 return Verdict::Live {
                     state: State::Pending,
-                    reason: "waiting for the calls before it in its allocation".into(),
+                    reason: "waiting for its turn in its shared allocation".into(),
                 };
             }
             SlurmPhase::Queued | SlurmPhase::Active => return live_running(),
@@ -784,6 +784,18 @@ impl Client {
         };
         let mut handles = Vec::with_capacity(jobs.len());
         let elements = groups.as_ref().map_or(jobs.len(), Vec::len);
+        if let Some(groups) = &groups {
+            // The calls of each allocation, for a cancel that reaches its
+            // last live call one by one. Best effort: without the list only
+            // a cancel of all its calls at once cancels the allocation.
+            for (k, g) in groups.iter().enumerate() {
+                let sid = if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{k}") };
+                let text: String = g.iter().map(|&i| format!("{}\n", ids[i])).collect();
+                if let Err(e) = atomic_write_at(&self.root_fd, &self.root, &protocol::shared_calls_name(&sid), text.as_bytes(), 0o644) {
+                    tracing::warn!(error = %e, slurm_id = %sid, "cannot record the calls of a shared allocation");
+                }
+            }
+        }
         for (i, (id, dir, fd)) in jobs.iter().enumerate() {
             let (element, shared) = placement[i];
             let sid = if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{element}") };
@@ -1340,17 +1352,17 @@ impl Client {
             }
         }
         // An allocation shared by several calls is cancelled in Slurm only
-        // when all of its calls are in this request; otherwise the runner
-        // stops the cancelled call (it watches the marker) and goes on.
+        // when none of its calls is left to run; otherwise the runner stops
+        // the cancelled call (it watches the marker) and goes on.
         let mut shared: std::collections::HashMap<&str, (u32, std::collections::HashSet<&JobId>)> =
             std::collections::HashMap::new();
         for j in &jobs {
-            if let (Some(s), Some(n)) = (&j.slurm_id, j.shared) {
+            if let (Some(s), Some(n), None) = (&j.slurm_id, j.shared, &j.outcome) {
                 shared.entry(s.as_str()).or_insert_with(|| (n, Default::default())).1.insert(&j.id);
             }
         }
         for (sid, (n, members)) in shared {
-            if members.len() as u32 >= n && jobs.iter().any(|j| j.outcome.is_none() && j.slurm_id.as_deref() == Some(sid)) {
+            if members.len() as u32 >= n || self.no_other_live_call(sid, &members) {
                 slurm_ids.push(sid.to_owned());
             }
         }
@@ -1359,6 +1371,29 @@ impl Client {
             tracing::warn!(error = %e, "scancel reported an error");
         }
         self.wait_inner(ids, Some(CANCEL_WAIT), || false, true, false)
+    }
+
+    /// True when every call of the shared allocation `sid` other than
+    /// `cancelling` is over or being cancelled (its list of calls says which
+    /// they are; false when that list cannot be read).
+    fn no_other_live_call(&self, sid: &str, cancelling: &std::collections::HashSet<&JobId>) -> bool {
+        let name = protocol::shared_calls_name(sid);
+        let text = match read_bounded_at(&self.root_fd, &self.root, &name, 64 * 1024, Some(self.uid)) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(e) => {
+                tracing::debug!(error = %e, "no list of the calls of allocation {sid}");
+                return false;
+            }
+        };
+        let calls = protocol::parse_shared_calls(&text);
+        !calls.is_empty()
+            && calls.iter().all(|id| {
+                cancelling.contains(id)
+                    || self
+                        .open_job_dir(id)
+                        .map(|fd| exists_at(&fd, protocol::OUTCOME) || exists_at(&fd, protocol::CANCEL))
+                        .unwrap_or(false)
+            })
     }
 
     // --- readers ----------------------------------------------------------
@@ -1571,7 +1606,7 @@ mod tests {
         // Its allocation runs an earlier call.
         assert_eq!(
             decide(&f, no_log),
-            Verdict::Live { state: State::Pending, reason: "waiting for the calls before it in its allocation".into() }
+            Verdict::Live { state: State::Pending, reason: "waiting for its turn in its shared allocation".into() }
         );
         f.started = Some("n1");
         assert_eq!(state_of(&decide(&f, no_log)), State::Running);
@@ -1816,17 +1851,31 @@ mod tests {
         let st = c.status(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>()).unwrap();
         assert_eq!(st[0].state, State::Running);
         assert_eq!(st[1].state, State::Pending);
-        assert_eq!(st[1].reason, "waiting for the calls before it in its allocation");
+        assert_eq!(st[1].reason, "waiting for its turn in its shared allocation");
         // Cancelling one call that has not started ends it at once, without scancel.
         let st = c.cancel(std::slice::from_ref(&hs[2].id)).unwrap();
         assert_eq!(st[0].state, State::Cancelled);
         assert_eq!(st[0].reason, "cancelled by the user before it started");
         assert!(!log.exists(), "scancel must not be called for a shared allocation");
         assert_eq!(c.status(std::slice::from_ref(&hs[1].id)).unwrap()[0].state, State::Pending);
-        // Cancelling all of its calls cancels the allocation in Slurm, once.
+        // Cancelling the last live call cancels the allocation in Slurm, once
+        // (the list of its calls says the others are over).
+        let list = c.root().join("shared-77.calls");
+        let want: String = hs.iter().map(|h| format!("{}\n", h.id)).collect();
+        assert_eq!(std::fs::read_to_string(&list).unwrap(), want);
         write_completed(&hs[0].dir, 0, "exited with code 0", 5);
-        let _ = c.cancel(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>());
+        let _ = c.cancel(std::slice::from_ref(&hs[1].id));
         assert_eq!(std::fs::read_to_string(&log).unwrap(), "77\n");
+        // Without the list, only a cancel of all its live calls at once does.
+        std::fs::remove_file(&log).unwrap();
+        let hs = c.submit_many(&reqs).unwrap();
+        std::fs::remove_file(c.root().join("shared-77.calls")).unwrap();
+        let _ = c.cancel(std::slice::from_ref(&hs[0].id));
+        assert!(!log.exists());
+        let _ = c.cancel(&hs[1..].iter().map(|h| h.id.clone()).collect::<Vec<_>>());
+        assert!(!log.exists(), "two of three calls: the allocation still has one to run");
+        let _ = c.cancel(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>());
+        assert!(!log.exists(), "all are over already: nothing left for scancel");
     }
 
     #[test]

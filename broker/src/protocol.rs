@@ -19,7 +19,11 @@
 //! Slurm's own log of the batch script goes to `<delegate-root>/<job-id>.log`,
 //! beside (not inside) the directory, so a runner that refuses a directory can
 //! still explain why. Calls that share an allocation (`sandbox-runner batch`,
-//! one after another) have the runner write that file per call instead.
+//! one after another) have the runner write that file per call instead, and
+//! the client lists the calls of each such allocation in
+//! `<delegate-root>/shared-<slurm-id>.calls` (job ids, one per line; see
+//! [`shared_calls_name`]) so that cancelling its last live call one by one
+//! also cancels the allocation.
 //!
 //! Every encoded file starts with an 8-byte header: the magic `DLGT`, a
 //! one-byte kind, a reserved zero byte and the protocol version (u16, little
@@ -81,6 +85,18 @@ pub fn format_slurm_id(slurm_id: &str, shared: Option<u32>) -> String {
         Some(n) => format!("{slurm_id}\nshared {n}\n"),
         None => format!("{slurm_id}\n"),
     }
+}
+
+/// The name (in the delegate root) of the list of the calls that share the
+/// allocation `slurm_id`.
+pub fn shared_calls_name(slurm_id: &str) -> String {
+    format!("shared-{slurm_id}.calls")
+}
+
+/// Parses a list of calls ([`shared_calls_name`]): the valid job ids in it
+/// (anything else is ignored).
+pub fn parse_shared_calls(text: &str) -> Vec<JobId> {
+    text.lines().filter_map(|l| JobId::parse(l.trim()).ok()).collect()
 }
 
 /// Parses a `slurm-id` file ([`format_slurm_id`]); `None` when it holds no

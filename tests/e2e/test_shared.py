@@ -22,7 +22,7 @@ import pytest
 from conftest import DELEGATE, containers_created_since, containers_with_label, sh
 
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "lost"}
-WAITING_REASON = "waiting for the calls before it in its allocation"
+WAITING_REASON = "waiting for its turn in its shared allocation"
 JOB_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{8}$")
 
 
@@ -403,6 +403,27 @@ def test_scancel_of_a_queued_allocation_cancels_every_call(alice):
     assert [s["state"] for s in st] == ["cancelled"] * 2, st
     for s in st:
         assert "allocation" in s["reason"] and "before" in s["reason"], s
+    for j in jobs:
+        assert containers_created_since(j, t0) == [], j
+
+
+def test_cancelling_the_calls_one_by_one_frees_the_queue(alice):
+    """Each cancel ends one call; the last one also cancels the allocation
+    (held here, so it would otherwise stay in the queue for ever)."""
+    t0 = time.time() - 1
+    jobs, handles = submit_count(alice, 3, "true", opts=("--hold",))
+    sid = handles[0]["slurm_id"]
+    calls = (alice.root / f"shared-{sid}.calls").read_text().split()
+    assert calls == jobs, calls
+    for i, j in enumerate(jobs):
+        r = alice.run("cancel", j)
+        assert r.returncode == 0, r.stderr
+        assert [s["state"] for s in statuses(alice, jobs[: i + 1])] == ["cancelled"] * (i + 1)
+        if i < len(jobs) - 1:
+            assert in_squeue(sid), f"the allocation went away with calls left to run ({i + 1} cancelled)"
+    wait_slurm_gone(sid)
+    st = statuses(alice, jobs)
+    assert all(s["reason"] == "cancelled by the user before it started" for s in st), st
     for j in jobs:
         assert containers_created_since(j, t0) == [], j
 

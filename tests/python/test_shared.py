@@ -92,7 +92,7 @@ ex.shutdown(wait=False)
     before = res["before"]
     assert before[0][0] == "running", before
     for state, reason in before[1:]:
-        assert state == "pending" and reason == "waiting for the calls before it in its allocation", before
+        assert state == "pending" and reason == "waiting for its turn in its shared allocation", before
     assert res["ok"] == [True, True], res
     assert res["after_pending"] == ["cancelled", "cancelled by the user before it started"], res
     assert res["st0"] == ["cancelled", "cancelled by the user"], res
