@@ -750,9 +750,25 @@ CONF
 }
 
 # --- images
-# stack_build_images [force]: build the images that are missing (all with force).
+# source_hash: one hash of the sources the cluster and user images are built
+# from; the images carry it as a label, so a deploy after a code change
+# rebuilds them instead of running stale binaries with new configuration.
+source_hash() {
+    (cd "$REPO" && find Cargo.toml Cargo.lock broker sandbox-runner python docker slurm-conf stack \
+        -type f ! -path '*/target/*' ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 2>/dev/null \
+        | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+}
+
+# image_is_current IMAGE HASH: the image exists and was built from HASH.
+image_is_current() {
+    [[ $(docker image inspect -f '{{index .Config.Labels "org.delegate.source"}}' "$1" 2>/dev/null) == "$2" ]]
+}
+
+# stack_build_images [force]: build the images that are missing or were
+# built from other sources (all with force).
 stack_build_images() {
-    local force=${1:-0} ctx gid
+    local force=${1:-0} ctx gid src
+    src=$(source_hash)
     # Base and sandbox images: the single-machine functions (cached builds).
     if ((force)) || ! docker image inspect "$DELEGATE_SANDBOX_IMAGE" >/dev/null 2>&1 \
         || ! docker image inspect "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
@@ -760,7 +776,7 @@ stack_build_images() {
     else
         log "image $DELEGATE_SANDBOX_IMAGE: present"
     fi
-    if ((force)) || ! docker image inspect "$DELEGATE_CLUSTER_IMAGE" >/dev/null 2>&1; then
+    if ((force)) || ! image_is_current "$DELEGATE_CLUSTER_IMAGE" "$src"; then
         command -v cargo >/dev/null || die "cargo not found (rustup's ~/.cargo/bin); needed to build the binaries"
         log "cargo: building the workspace (release) for the images"
         (cd "$REPO" && cargo build --release --workspace -q) || die "cargo build failed"
@@ -775,27 +791,29 @@ stack_build_images() {
         log "image $DELEGATE_CLUSTER_IMAGE: building (docker socket gid $gid; log $DELEGATE_LOG_DIR/build-cluster-image.log)"
         install -d -m 0755 "$DELEGATE_LOG_DIR"
         docker build --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" --build-arg "DOCKER_GID=$gid" \
-            -t "$DELEGATE_CLUSTER_IMAGE" -f "$ctx/docker/cluster.Dockerfile" "$ctx" \
+            --label "org.delegate.source=$src" -t "$DELEGATE_CLUSTER_IMAGE" -f "$ctx/docker/cluster.Dockerfile" "$ctx" \
             >"$DELEGATE_LOG_DIR/build-cluster-image.log" 2>&1 \
             || { rm -rf "$ctx"; die "docker build of $DELEGATE_CLUSTER_IMAGE failed; tail:
 $(tail -n 20 "$DELEGATE_LOG_DIR/build-cluster-image.log")"; }
         rm -rf "$ctx"
+        STACK_IMAGES_REBUILT=1
         force=1   # the user image is built on top of it
     else
-        log "image $DELEGATE_CLUSTER_IMAGE: present"
+        log "image $DELEGATE_CLUSTER_IMAGE: present, built from these sources ($src)"
     fi
-    if ((force)) || ! docker image inspect "$DELEGATE_USER_IMAGE" >/dev/null 2>&1; then
+    if ((force)) || ! image_is_current "$DELEGATE_USER_IMAGE" "$src"; then
         ctx=$(mktemp -d)
         mkdir -p "$ctx/docker" "$ctx/wheels"
         cp "$REPO/docker/user.Dockerfile" "$ctx/docker/"
         stack_wheels "$ctx/wheels"
         log "image $DELEGATE_USER_IMAGE: building (log $DELEGATE_LOG_DIR/build-user-image.log)"
         docker build --build-arg "CLUSTER_IMAGE=$DELEGATE_CLUSTER_IMAGE" \
-            -t "$DELEGATE_USER_IMAGE" -f "$ctx/docker/user.Dockerfile" "$ctx" \
+            --label "org.delegate.source=$src" -t "$DELEGATE_USER_IMAGE" -f "$ctx/docker/user.Dockerfile" "$ctx" \
             >"$DELEGATE_LOG_DIR/build-user-image.log" 2>&1 \
             || { rm -rf "$ctx"; die "docker build of $DELEGATE_USER_IMAGE failed; tail:
 $(tail -n 20 "$DELEGATE_LOG_DIR/build-user-image.log")"; }
         rm -rf "$ctx"
+        STACK_IMAGES_REBUILT=1
     else
         log "image $DELEGATE_USER_IMAGE: present"
     fi
@@ -878,6 +896,9 @@ stack_deploy() {
     install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_LOG_DIR" "$DELEGATE_CACHE_DIR"
     stack_preflight
     stack_port_check
+    local existed=0
+    docker stack services "$STACK" >/dev/null 2>&1 && existed=1
+    STACK_IMAGES_REBUILT=0
     stack_build_images "${STACK_FORCE_BUILD:-0}"
     stack_swarm
     stack_secrets
@@ -886,7 +907,7 @@ stack_deploy() {
     (cd "$STACK_GEN" && docker stack deploy --prune -c "$STACK_FILE" "$STACK" 2>&1 \
         | grep -v 'could not be accessed on a registry' ) || true
     docker stack services "$STACK" >/dev/null 2>&1 || die "docker stack deploy failed"
-    if ((${STACK_RESTART:-0})); then
+    if ((${STACK_RESTART:-0} || (existed && STACK_IMAGES_REBUILT))); then
         # Same tags, new images: swarm does not notice without a registry.
         local svc
         for svc in $(docker stack services -q "$STACK"); do
