@@ -488,14 +488,15 @@ def plot(d, path):
     a1.set_title("single-call latency distributions")
     a1.tick_params(axis="x", labelsize=8)
     maps = [(n, d[k]["seconds"]) for n, k in (("delegate\nmap 20", "delegate_map20"),
-                                              ("delegate map 20\njob per call", "delegate_map20_per_call"),
+                                              ("delegate map 20,\njob per call", "delegate_map20_per_call"),
                                               ("submitit\nmap_array 20", "submitit_map20"),
                                               ("raw array\n20 true", "raw_array20_true"),
-                                              ("delegate\nmap 200", "delegate_map200")) if k in d]
+                                              ("delegate\nmap 200", "delegate_map200"),
+                                              ("delegate map 200,\njob per call", "delegate_map200_per_call")) if k in d]
     a2.bar([n for n, _ in maps], [v for _, v in maps], color="tab:orange")
     a2.set_ylabel("seconds until all results")
     a2.set_title("maps (one exclusive node)")
-    a2.tick_params(axis="x", labelsize=8)
+    a2.tick_params(axis="x", labelsize=7, labelrotation=60)
     loops = [(n, d[k]["samples"]) for n, k in (("bare node", "loop_bare"), ("sandbox", "loop_sandbox"))
              if d.get(k, {}).get("samples")]
     if loops:
