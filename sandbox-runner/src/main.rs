@@ -158,6 +158,15 @@ fn main() {
     std::process::exit(code);
 }
 
+/// Signal handlers first, before any job is touched: a signal must never
+/// kill the runner while it holds a container. `Err` is the exit code.
+fn signal_handlers() -> Result<run::SignalWatch, i32> {
+    run::install_signal_handlers().map_err(|e| {
+        eprintln!("delegate: error: cannot install signal handlers: {e}");
+        run::EXIT_INTERNAL
+    })
+}
+
 async fn async_main(cli: Cli) -> i32 {
     match (cli.command, cli.job_dir) {
         (Some(Command::Probe { json }), _) => {
@@ -182,25 +191,17 @@ async fn async_main(cli: Cli) -> i32 {
             }
         }
         (Some(Command::Batch { dirs }), _) => {
-            let signals = match run::install_signal_handlers() {
+            let signals = match signal_handlers() {
                 Ok(s) => s,
-                Err(e) => {
-                    eprintln!("delegate: error: cannot install signal handlers: {e}");
-                    return run::EXIT_INTERNAL;
-                }
+                Err(code) => return code,
             };
             let slurm_job = std::env::var("SLURM_JOB_ID").ok();
             batch::run_batch(&dirs, signals, slurm_job).await
         }
         (None, Some(dir)) => {
-            // Signal handlers first: a signal must never kill the runner
-            // while it holds a container.
-            let signals = match run::install_signal_handlers() {
+            let signals = match signal_handlers() {
                 Ok(s) => s,
-                Err(e) => {
-                    eprintln!("delegate: error: cannot install signal handlers: {e}");
-                    return run::EXIT_INTERNAL;
-                }
+                Err(code) => return code,
             };
             let slurm_job = std::env::var("SLURM_JOB_ID").ok();
             let finish = run::run_job(&dir, load_policy(), slurm_job, signals).await;
