@@ -784,12 +784,14 @@ impl Client {
         };
         let mut handles = Vec::with_capacity(jobs.len());
         let elements = groups.as_ref().map_or(jobs.len(), Vec::len);
+        // The Slurm id of allocation (array element) `k`.
+        let sid_of = |k: usize| if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{k}") };
         if let Some(groups) = &groups {
             // The calls of each allocation, for a cancel that reaches its
             // last live call one by one. Best effort: without the list only
             // a cancel of all its calls at once cancels the allocation.
             for (k, g) in groups.iter().enumerate() {
-                let sid = if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{k}") };
+                let sid = sid_of(k);
                 let text: String = g.iter().map(|&i| format!("{}\n", ids[i])).collect();
                 if let Err(e) = atomic_write_at(&self.root_fd, &self.root, &protocol::shared_calls_name(&sid), text.as_bytes(), 0o644) {
                     tracing::warn!(error = %e, slurm_id = %sid, "cannot record the calls of a shared allocation");
@@ -798,7 +800,7 @@ impl Client {
         }
         for (i, (id, dir, fd)) in jobs.iter().enumerate() {
             let (element, shared) = placement[i];
-            let sid = if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{element}") };
+            let sid = sid_of(element);
             let text = protocol::format_slurm_id(&sid, shared);
             if let Err(e) = atomic_write_at(fd, dir, protocol::SLURM_ID, text.as_bytes(), 0o644) {
                 // Without the id nobody can follow the job: withdraw it.

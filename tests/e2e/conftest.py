@@ -112,6 +112,13 @@ class User:
                 return st
             time.sleep(0.2)
 
+    def wait_started(self, job: str, timeout: float = 180) -> None:
+        """Until the runner has recorded the container's start."""
+        deadline = time.monotonic() + timeout
+        while not (self.job_dir(job) / "started").exists():
+            assert time.monotonic() < deadline, f"{job} did not start: {self.status(job)}"
+            time.sleep(0.1)
+
     def job_dir(self, job: str) -> Path:
         return self.root / job
 

@@ -34,14 +34,6 @@ def slurm_id(user, job):
     return (user.job_dir(job) / "slurm-id").read_text().strip()
 
 
-def wait_started(user, job, timeout=180):
-    """Until the runner has recorded the container's start."""
-    deadline = time.monotonic() + timeout
-    while not (user.job_dir(job) / "started").exists():
-        assert time.monotonic() < deadline, f"{job} did not start: {user.status(job)}"
-        time.sleep(0.2)
-
-
 def pids_of(pattern):
     r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return [int(p) for p in r.stdout.split()]
@@ -115,7 +107,7 @@ def test_delegate_cancel_while_pending(alice):
 
 def test_scancel_while_running(alice):
     job = alice.submit("sleep", "600")
-    wait_started(alice, job)
+    alice.wait_started(job)
     alice.as_user("scancel", slurm_id(alice, job))
     st = alice.wait(job, timeout=180)
     assert st["state"] == "cancelled" and "SIGTERM from Slurm" in st["reason"], st
@@ -127,7 +119,7 @@ def test_slurm_time_limit_backstop(alice):
     # The runner enforces the job's own limit (test_cli.py::test_time_limit);
     # Slurm's limit (with a margin) is the backstop when that did not happen.
     job = alice.submit("sleep", "600", opts=("--time", "5m"))
-    wait_started(alice, job)
+    alice.wait_started(job)
     sh("scontrol", "update", f"jobid={slurm_id(alice, job)}", "timelimit=00:00:01")
     st = alice.wait(job, timeout=240)
     assert st["state"] in ("cancelled", "timed-out") and "time limit" in st["reason"], st
@@ -140,7 +132,7 @@ def test_slurm_time_limit_backstop(alice):
 
 def test_runner_killed_with_sigkill(alice):
     job = alice.submit("sleep", "600")
-    wait_started(alice, job)
+    alice.wait_started(job)
     assert containers_with_label(job), "the container should be up"
     runner = pids_of(f"^{RUNNER} {alice.job_dir(job)}$")
     assert len(runner) == 1, runner
@@ -161,7 +153,7 @@ def test_runner_killed_with_sigkill(alice):
 
 def test_docker_engine_restarted_mid_job(alice, healthy_after):
     job = alice.submit("sh", "-c", "echo before; sleep 600; echo after")
-    wait_started(alice, job)
+    alice.wait_started(job)
     (old,) = pids_of("^dockerd( |$)")
     os.kill(old, signal.SIGTERM)
     deadline = time.monotonic() + 60
@@ -190,7 +182,7 @@ def test_slurmd_killed_mid_job(alice, healthy_after):
     # the runner die at once; the administrator (here the test) marks the node
     # down, as slurmctld would after SlurmdTimeout.
     job = alice.submit("sh", "-c", "echo before; sleep 600")
-    wait_started(alice, job)
+    alice.wait_started(job)
     sid = slurm_id(alice, job)
     node = alice.status(job)["host"] or sh("hostname").stdout.strip()
     for pattern in ("^slurmd( |$)", rf"^slurmstepd: \[{sid}\.", f"^{RUNNER} {alice.job_dir(job)}$"):

@@ -106,13 +106,6 @@ def stdout_of(user, job):
     return (user.job_dir(job) / "stdout").read_text()
 
 
-def wait_started(user, job, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not (user.job_dir(job) / "started").exists():
-        assert time.monotonic() < deadline, f"{job} did not start: {user.status(job)}"
-        time.sleep(0.1)
-
-
 def in_squeue(slurm_id):
     r = sh("squeue", "-h", "-j", slurm_id, "-o", "%i %T", check=False)
     return r.stdout.strip()
@@ -273,7 +266,7 @@ def test_cancel_of_a_pending_call_leaves_the_others_running(alice):
 
 def test_cancel_of_the_running_call_starts_the_next(alice):
     jobs, handles = submit_count(alice, 2, *first_sleeps(60))
-    wait_started(alice, jobs[0])
+    alice.wait_started(jobs[0])
     st = alice.wait_for_state(jobs[0], {"running"} | TERMINAL, timeout=30)
     assert st["state"] == "running", st
     assert alice.status(jobs[1])["state"] == "pending"
@@ -300,7 +293,7 @@ def test_cancel_of_every_call_cancels_the_allocation_once(alice):
     t0 = time.time() - 1
     jobs, handles = submit_count(alice, 3, "sleep", "60")
     sid = handles[0]["slurm_id"]
-    wait_started(alice, jobs[0])
+    alice.wait_started(jobs[0])
     r = alice.run("cancel", *jobs)
     assert r.returncode == 0, r.stderr
     st = wait_all(alice, jobs, timeout=60)
@@ -316,7 +309,7 @@ def test_scancel_of_the_allocation_ends_every_call(alice):
     t0 = time.time() - 1
     jobs, handles = submit_count(alice, 3, "sleep", "60")
     sid = handles[0]["slurm_id"]
-    wait_started(alice, jobs[0])
+    alice.wait_started(jobs[0])
     time.sleep(1)
     start = time.monotonic()
     sh("scancel", sid)  # the admin (plain Slurm, not `delegate cancel`)
@@ -359,7 +352,7 @@ def test_a_refused_directory_fails_only_its_own_call(alice):
     alice.as_user("ln", "-s", str(real), str(d2))
     try:
         alice.as_user("scontrol", "release", sid)
-        wait_started(alice, jobs[3])
+        alice.wait_started(jobs[3])
         st = statuses(alice, jobs)
         assert st[3]["state"] == "running", st
         assert st[0]["state"] == "completed", st
