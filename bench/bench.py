@@ -15,6 +15,7 @@ Started by bench/run.sh (read that first); three phases:
 
 Benchmarks print figures; nothing here asserts on time.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,11 +33,11 @@ DELEGATE_CLI = os.environ.get("BENCH_DELEGATE_CLI", "/usr/local/bin/delegate")
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 SKIP_200 = os.environ.get("BENCH_SKIP_200") == "1"
 USER = os.environ.get("BENCH_USER", "delegate-alice")
-REPS = 3 if QUICK else int(os.environ.get("BENCH_REPS", "10"))          # cheap figures
-SREPS = 3 if QUICK else int(os.environ.get("BENCH_SLURM_REPS", "6"))   # each waits for an idle node
-LOOP_N = 200_000 if QUICK else 2_000_000   # iterations of the CPU-bound loop
-LOOP_K = 5 if QUICK else 15                # timings of it per side
-FIDELITY_ROUNDS = 3 if QUICK else 5         # bare/sandbox alternations
+REPS = 3 if QUICK else int(os.environ.get("BENCH_REPS", "10"))  # cheap figures
+SREPS = 3 if QUICK else int(os.environ.get("BENCH_SLURM_REPS", "6"))  # each waits for an idle node
+LOOP_N = 200_000 if QUICK else 2_000_000  # iterations of the CPU-bound loop
+LOOP_K = 5 if QUICK else 15  # timings of it per side
+FIDELITY_ROUNDS = 3 if QUICK else 5  # bare/sandbox alternations
 ROUND_K = max(1, LOOP_K // FIDELITY_ROUNDS) if QUICK else 5  # timings per side per round
 
 # The CPU-bound loop, timed the same way on both sides (same Python 3.11).
@@ -63,9 +64,17 @@ def stats(xs):
     if not xs:
         return {"n": 0}
     q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
-    return {"n": len(xs), "median": statistics.median(xs), "min": xs[0], "max": xs[-1],
-            "q1": q[0], "q3": q[2], "mean": statistics.fmean(xs),
-            "stdev": statistics.stdev(xs) if len(xs) >= 2 else 0.0, "samples": xs}
+    return {
+        "n": len(xs),
+        "median": statistics.median(xs),
+        "min": xs[0],
+        "max": xs[-1],
+        "q1": q[0],
+        "q3": q[2],
+        "mean": statistics.fmean(xs),
+        "stdev": statistics.stdev(xs) if len(xs) >= 2 else 0.0,
+        "samples": xs,
+    }
 
 
 def sh(*cmd, check=True, **kw):
@@ -75,8 +84,10 @@ def sh(*cmd, check=True, **kw):
         p = subprocess.run(list(cmd), check=False, capture_output=True, text=True, **kw)
         if p.returncode == 0 or not check:
             return p
-        log("%s failed (exit %d): %s%s" % (" ".join(cmd[:3]), p.returncode, p.stderr.strip()[-300:],
-                                            "; retrying" if attempt < 2 else ""))
+        log(
+            "%s failed (exit %d): %s%s"
+            % (" ".join(cmd[:3]), p.returncode, p.stderr.strip()[-300:], "; retrying" if attempt < 2 else "")
+        )
         time.sleep(1)
     raise subprocess.CalledProcessError(p.returncode, cmd, p.stdout, p.stderr)
 
@@ -115,14 +126,18 @@ def squeue_gone(jid: str) -> bool:
 def sbatch_until_gone(wrap: str, extra=()) -> float:
     """Submit → gone from the queue, polling squeue every 20 ms."""
     t = time.perf_counter()
-    jid = sh("sbatch", "--parsable", "-p", PARTITION, "--exclusive", "-o", "/dev/null",
-             *extra, "--wrap", wrap).stdout.strip().split(";")[0]
+    jid = (
+        sh("sbatch", "--parsable", "-p", PARTITION, "--exclusive", "-o", "/dev/null", *extra, "--wrap", wrap)
+        .stdout.strip()
+        .split(";")[0]
+    )
     while not squeue_gone(jid):
         time.sleep(0.02)
     return time.perf_counter() - t
 
 
 # --- root phase -----------------------------------------------------------
+
 
 def docker_run_cmd(extra=()):
     return ["docker", "run", "--rm", "--network", "none", *extra, IMAGE, "true"]
@@ -134,14 +149,36 @@ def root_phase(out: str):
     uid, gid = pw.pw_uid, pw.pw_gid
     # 1. bare docker run --rm of the sandbox image (plain, and with the
     #    sandbox's own settings minus the seccomp profile and the job mount).
-    sandboxish = ["--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,size=256m", "--cap-drop", "ALL",
-                  "--security-opt", "no-new-privileges", "--pids-limit", "512", "--ipc", "private",
-                  "--log-driver", "none", "--user", "%d:%d" % (uid, gid), "--memory", "1g", "--cpus", "1"]
+    sandboxish = [
+        "--read-only",
+        "--tmpfs",
+        "/tmp:rw,nosuid,nodev,size=256m",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--pids-limit",
+        "512",
+        "--ipc",
+        "private",
+        "--log-driver",
+        "none",
+        "--user",
+        "%d:%d" % (uid, gid),
+        "--memory",
+        "1g",
+        "--cpus",
+        "1",
+    ]
     log("docker run --rm x%d" % REPS)
     plain, like = [], []
     for _ in range(REPS):
-        t = time.perf_counter(); sh(*docker_run_cmd()); plain.append(time.perf_counter() - t)
-        t = time.perf_counter(); sh(*docker_run_cmd(sandboxish)); like.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sh(*docker_run_cmd())
+        plain.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sh(*docker_run_cmd(sandboxish))
+        like.append(time.perf_counter() - t)
     res["docker_run"] = stats(plain)
     res["docker_run_sandbox_flags"] = stats(like)
 
@@ -157,7 +194,8 @@ def root_phase(out: str):
         t = time.perf_counter()
         sh("sbatch", "--wait", "-Q", "-p", PARTITION, "--exclusive", "-o", "/dev/null", "--wrap", wrap)
         floor_wait.append(time.perf_counter() - t)
-        wait_idle(); floor_true.append(sbatch_until_gone("true"))
+        wait_idle()
+        floor_true.append(sbatch_until_gone("true"))
     res["floor_sbatch_docker"] = stats(floor)
     res["floor_sbatch_wait_docker"] = stats(floor_wait)
     res["floor_sbatch_true"] = stats(floor_true)
@@ -166,8 +204,22 @@ def root_phase(out: str):
     wait_idle()
     log("raw sbatch --array=0-19 --exclusive true")
     t = time.perf_counter()
-    jid = sh("sbatch", "--parsable", "-p", PARTITION, "--exclusive", "-o", "/dev/null",
-             "--array=0-19", "--wrap", "true").stdout.strip().split(";")[0]
+    jid = (
+        sh(
+            "sbatch",
+            "--parsable",
+            "-p",
+            PARTITION,
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--array=0-19",
+            "--wrap",
+            "true",
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     while not squeue_gone(jid):
         time.sleep(0.05)
     res["raw_array20_true"] = {"seconds": time.perf_counter() - t}
@@ -180,22 +232,51 @@ def root_phase(out: str):
     log("sandbox-runner vs docker run --rm x%d" % REPS)
     runner_t, runner_rss, ref_t = [], [], []
     for _ in range(REPS):
-        o = sh("runuser", "-u", USER, "--", DELEGATE_CLI, "--json", "submit", "--hold", "--time", "1m",
-               "--", "true")
+        o = sh(
+            "runuser",
+            "-u",
+            USER,
+            "--",
+            DELEGATE_CLI,
+            "--json",
+            "submit",
+            "--hold",
+            "--time",
+            "1m",
+            "--",
+            "true",
+        )
         job = json.loads(o.stdout)
-        sh("scancel", str(job["slurm_id"]), check=False)   # held: never starts by Slurm
+        sh("scancel", str(job["slurm_id"]), check=False)  # held: never starts by Slurm
         with tempfile.NamedTemporaryFile("r") as tf:
             t = time.perf_counter()
-            subprocess.run(["/usr/bin/time", "-f", "%M", "-o", tf.name, "setpriv", "--reuid", str(uid),
-                            "--regid", str(gid), "--init-groups", RUNNER, job["dir"]],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    "/usr/bin/time",
+                    "-f",
+                    "%M",
+                    "-o",
+                    tf.name,
+                    "setpriv",
+                    "--reuid",
+                    str(uid),
+                    "--regid",
+                    str(gid),
+                    "--init-groups",
+                    RUNNER,
+                    job["dir"],
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             runner_t.append(time.perf_counter() - t)
             runner_rss.append(int(tf.read().split()[-1]))  # KiB
         t = time.perf_counter()
-        sh(*docker_run_cmd(sandboxish + ["-v", "%s:/job" % job["dir"], "-w", "/job"]))
+        sh(*docker_run_cmd([*sandboxish, "-v", "%s:/job" % job["dir"], "-w", "/job"]))
         ref_t.append(time.perf_counter() - t)
         if os.environ.get("BENCH_KEEP_JOBS") != "1":
             import shutil
+
             shutil.rmtree(job["dir"], ignore_errors=True)
             if os.path.exists(job["dir"] + ".log"):
                 os.unlink(job["dir"] + ".log")
@@ -211,12 +292,15 @@ def root_phase(out: str):
 
 # --- user phase -----------------------------------------------------------
 
+
 def cpu_idle(seconds=1.0) -> float:
     """Fraction of the machine's CPU time that was idle over `seconds`."""
+
     def sample():
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
         return v[3] + v[4], sum(v)
+
     i0, t0 = sample()
     time.sleep(seconds)
     i1, t1 = sample()
@@ -241,7 +325,9 @@ def bare_loop(k):
     3.11, the same build as the sandbox image's) on the node held
     exclusively through Slurm, as the sandbox's loop is."""
     code = LOOP_SRC + "\nimport json; print(json.dumps(loop(%d, %d)))" % (LOOP_N, k)
-    printed = sh("srun", "--exclusive", "-p", PARTITION, "-n", "1", "-t", "5", "/usr/bin/python3", "-c", code).stdout
+    printed = sh(
+        "srun", "--exclusive", "-p", PARTITION, "-n", "1", "-t", "5", "/usr/bin/python3", "-c", code
+    ).stdout
     return json.loads(printed.strip().splitlines()[-1])
 
 
@@ -253,7 +339,9 @@ def cleanup(ids):
     """Removes the job directories (and Slurm logs beside them) this run
     created — only those: other users of the account may be running tests."""
     import shutil
+
     from delegate import _core
+
     for jid in ids:
         try:
             d = _core.job_dir(jid)
@@ -270,6 +358,7 @@ def cleanup(ids):
 def user_phase(out: str):
     import delegate
     from delegate import _core
+
     res = {}
     created = []
 
@@ -291,7 +380,9 @@ def user_phase(out: str):
     # allocation (the default), and -- the baseline, same run -- one Slurm
     # job per call (DELEGATE_CALLS_PER_ALLOCATION=1: a job array).
     sizes = [20] + ([] if (QUICK or SKIP_200) else [200])
-    variants = [(n, "") for n in sizes] + [(20, "_per_call")] + ([] if (QUICK or SKIP_200) else [(200, "_per_call")])
+    variants = (
+        [(n, "") for n in sizes] + [(20, "_per_call")] + ([] if (QUICK or SKIP_200) else [(200, "_per_call")])
+    )
     for n, variant in variants:
         wait_idle()
         log("delegate map of %d%s" % (n, " (one Slurm job per call)" if variant else ""))
@@ -307,16 +398,20 @@ def user_phase(out: str):
             os.environ.pop("DELEGATE_CALLS_PER_ALLOCATION", None)
         dt = time.perf_counter() - t
         assert got == list(range(n))
-        res["delegate_map%d%s" % (n, variant)] = {"seconds": dt, "sbatch": _core.sbatch_count() - s0,
-                                                  "squeue": _core.squeue_count() - q0}
+        res["delegate_map%d%s" % (n, variant)] = {
+            "seconds": dt,
+            "sbatch": _core.sbatch_count() - s0,
+            "squeue": _core.squeue_count() - q0,
+        }
 
     # 3. Slurm queries while N futures wait: squeue calls per interval.
     window = 6.0 if QUICK else 10.0
     res["squeue_while_waiting"] = {}
-    for n in ([10, 1000] if QUICK else [1, 100, 1000]):
+    for n in [10, 1000] if QUICK else [1, 100, 1000]:
         wait_idle()
         log("squeue calls while %d futures wait (%.0f s window)" % (n, window))
-        from delegate import _submit_many, _cancel_futures
+        from delegate import _cancel_futures, _submit_many
+
         # One array of n calls that each sleep 60 s: the first runs, the
         # others stay pending (exclusive node), and all n futures wait.
         futs = _submit_many(time.sleep, [((60,), {})] * n, {"time": "2m"})
@@ -358,11 +453,13 @@ def user_phase(out: str):
     # 5. submitit (its own venv: this one), same cluster, exclusive.
     try:
         import submitit
+
         res["submitit_version"] = submitit.__version__
         folder = os.path.join(os.path.expanduser("~"), ".delegate-bench", "submitit")
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
-        ex.update_parameters(timeout_min=2, slurm_partition=PARTITION,
-                             slurm_additional_parameters={"exclusive": True})
+        ex.update_parameters(
+            timeout_min=2, slurm_partition=PARTITION, slurm_additional_parameters={"exclusive": True}
+        )
         log("submitit single call x%d" % SREPS)
         ss = []
         for i in range(SREPS):
@@ -391,17 +488,27 @@ def user_phase(out: str):
 
 # --- report ---------------------------------------------------------------
 
+
 def med(d, k):
     v = d.get(k) or {}
     return v.get("median", v.get("seconds"))
 
 
 def report(out: str, root_json: str, user_json: str):
-    r = json.load(open(root_json))
-    u = json.load(open(user_json))
-    allres = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": os.uname().nodename,
-              "quick": QUICK, "reps": REPS, "slurm_reps": SREPS,
-              "load_average": os.getloadavg(), **r, **u}
+    with open(root_json) as f:
+        r = json.load(f)
+    with open(user_json) as f:
+        u = json.load(f)
+    allres = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": os.uname().nodename,
+        "quick": QUICK,
+        "reps": REPS,
+        "slurm_reps": SREPS,
+        "load_average": os.getloadavg(),
+        **r,
+        **u,
+    }
     floor = med(r, "floor_sbatch_docker")
     rows = []
 
@@ -415,25 +522,29 @@ def report(out: str, root_json: str, user_json: str):
     row("sbatch of true, submit→gone", med(r, "floor_sbatch_true"), floor, "floor")
     row("delegate single call", med(u, "delegate_single"), floor, "floor", "≤ 1.2x floor")
     row("submitit single call", med(u, "submitit_single"), floor, "floor")
-    row("  delegate vs submitit (single)", med(u, "delegate_single"), med(u, "submitit_single"),
-        "submitit")
+    row("  delegate vs submitit (single)", med(u, "delegate_single"), med(u, "submitit_single"), "submitit")
     row("raw sbatch --array of 20 true", med(r, "raw_array20_true"))
     row("delegate map 20 (one Slurm job per call)", med(u, "delegate_map20_per_call"))
     row("delegate map 20", med(u, "delegate_map20"), med(u, "delegate_map20_per_call"), "per call", "≤ 8 s")
     row("submitit map_array 20", med(u, "submitit_map20"))
-    row("  delegate vs submitit (map 20)", med(u, "delegate_map20"), med(u, "submitit_map20"),
-        "submitit")
+    row("  delegate vs submitit (map 20)", med(u, "delegate_map20"), med(u, "submitit_map20"), "submitit")
     if "delegate_map200" in u:
         row("delegate map 200 (one Slurm job per call)", med(u, "delegate_map200_per_call"))
-        row("delegate map 200", med(u, "delegate_map200"), med(u, "delegate_map200_per_call"), "per call",
-            "≤ 60 s")
+        row(
+            "delegate map 200",
+            med(u, "delegate_map200"),
+            med(u, "delegate_map200_per_call"),
+            "per call",
+            "≤ 60 s",
+        )
     row("sandbox-runner (true job)", med(r, "runner"), med(r, "runner_docker_ref"), "docker run")
     row("docker run --rm, sandbox flags", med(r, "runner_docker_ref"))
     over = statistics.median(r["runner_over_docker_ms"]) if r.get("runner_over_docker_ms") else None
     lb, ls = u.get("loop_bare", {}), u.get("loop_sandbox", {})
-    print("\n delegate benchmark, %s (%s, reps=%d/%d%s, load average %.2f)"
-          % (allres["date"], allres["host"], REPS, SREPS, ", quick" if QUICK else "",
-             allres["load_average"][0]))
+    print(
+        "\n delegate benchmark, %s (%s, reps=%d/%d%s, load average %.2f)"
+        % (allres["date"], allres["host"], REPS, SREPS, ", quick" if QUICK else "", allres["load_average"][0])
+    )
     w = max(len(x[0]) for x in rows) + 2
     print(" %-*s %10s  %-22s %s" % (w, "figure (median)", "value", "ratio", "goal"))
     print(" " + "-" * (w + 50))
@@ -441,24 +552,45 @@ def report(out: str, root_json: str, user_json: str):
         print(" %-*s %10s  %-22s %s" % (w, name, v, ratio, goal))
     print(" " + "-" * (w + 50))
     if over is not None:
-        print(" sandbox-runner over docker run --rm: median %+.0f ms (goal ≤ 20 ms); peak RSS %.1f MiB"
-              % (over, r["runner_peak_rss_kib"]["max"] / 1024))
+        print(
+            " sandbox-runner over docker run --rm: median %+.0f ms (goal ≤ 20 ms); peak RSS %.1f MiB"
+            % (over, r["runner_peak_rss_kib"]["max"] / 1024)
+        )
     for n, q in sorted(u.get("squeue_while_waiting", {}).items(), key=lambda kv: int(kv[0])):
-        print(" squeue while %5s futures wait: %d in %.1f s = %.2f per 2 s (goal: constant in N)"
-              % (n, q["squeue"], q["seconds"], q["per_2s"]))
+        print(
+            " squeue while %5s futures wait: %d in %.1f s = %.2f per 2 s (goal: constant in N)"
+            % (n, q["squeue"], q["seconds"], q["per_2s"])
+        )
     for m in ("delegate_map20", "delegate_map20_per_call", "delegate_map200", "delegate_map200_per_call"):
         if m in u:
             print(" %s: %d sbatch, %d squeue" % (m, u[m]["sbatch"], u[m]["squeue"]))
     for i, rd in enumerate(u.get("loop_rounds", []), 1):
-        print(" CPU loop round %d: bare median %.4f s, sandbox median %.4f s (sandbox/bare %.3f)"
-              % (i, rd["bare_median"], rd["sandbox_median"], rd["sandbox_median"] / rd["bare_median"]))
+        print(
+            " CPU loop round %d: bare median %.4f s, sandbox median %.4f s (sandbox/bare %.3f)"
+            % (i, rd["bare_median"], rd["sandbox_median"], rd["sandbox_median"] / rd["bare_median"])
+        )
     if lb.get("n") and ls.get("n"):
-        spread = lambda s: 100 * (s["q3"] - s["q1"]) / s["median"]
-        print(" CPU loop (%d iterations): bare median %.4f s (IQR %.1f%%, min %.4f max %.4f); "
-              "sandbox median %.4f s (IQR %.1f%%, min %.4f max %.4f); sandbox/bare %.3f (medians), %.3f (minimums)"
-              % (r["loop_params"]["n"], lb["median"], spread(lb), lb["min"], lb["max"],
-                 ls["median"], spread(ls), ls["min"], ls["max"], ls["median"] / lb["median"],
-                 ls["min"] / lb["min"]))
+
+        def spread(s):
+            return 100 * (s["q3"] - s["q1"]) / s["median"]
+
+        print(
+            " CPU loop (%d iterations): bare median %.4f s (IQR %.1f%%, min %.4f max %.4f); "
+            "sandbox median %.4f s (IQR %.1f%%, min %.4f max %.4f); sandbox/bare %.3f (medians), %.3f (minimums)"
+            % (
+                r["loop_params"]["n"],
+                lb["median"],
+                spread(lb),
+                lb["min"],
+                lb["max"],
+                ls["median"],
+                spread(ls),
+                ls["min"],
+                ls["max"],
+                ls["median"] / lb["median"],
+                ls["min"] / lb["min"],
+            )
+        )
     allres["table"] = [list(x) for x in rows]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w") as f:
@@ -473,11 +605,18 @@ def report(out: str, root_json: str, user_json: str):
 
 def plot(d, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    series = [("docker run --rm", "docker_run"), ("docker run\n(sandbox flags)", "runner_docker_ref"),
-              ("sandbox-runner", "runner"), ("sbatch+docker\n(floor)", "floor_sbatch_docker"),
-              ("delegate\nsingle", "delegate_single"), ("submitit\nsingle", "submitit_single")]
+
+    series = [
+        ("docker run --rm", "docker_run"),
+        ("docker run\n(sandbox flags)", "runner_docker_ref"),
+        ("sandbox-runner", "runner"),
+        ("sbatch+docker\n(floor)", "floor_sbatch_docker"),
+        ("delegate\nsingle", "delegate_single"),
+        ("submitit\nsingle", "submitit_single"),
+    ]
     series = [(n, d[k]["samples"]) for n, k in series if d.get(k, {}).get("samples")]
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1.3, 1.3]})
     a1.boxplot([s for _, s in series], showfliers=True)
@@ -487,18 +626,27 @@ def plot(d, path):
     a1.set_ylabel("seconds (submit → result / gone)")
     a1.set_title("single-call latency distributions")
     a1.tick_params(axis="x", labelsize=8)
-    maps = [(n, d[k]["seconds"]) for n, k in (("delegate\nmap 20", "delegate_map20"),
-                                              ("delegate map 20,\njob per call", "delegate_map20_per_call"),
-                                              ("submitit\nmap_array 20", "submitit_map20"),
-                                              ("raw array\n20 true", "raw_array20_true"),
-                                              ("delegate\nmap 200", "delegate_map200"),
-                                              ("delegate map 200,\njob per call", "delegate_map200_per_call")) if k in d]
+    maps = [
+        (n, d[k]["seconds"])
+        for n, k in (
+            ("delegate\nmap 20", "delegate_map20"),
+            ("delegate map 20,\njob per call", "delegate_map20_per_call"),
+            ("submitit\nmap_array 20", "submitit_map20"),
+            ("raw array\n20 true", "raw_array20_true"),
+            ("delegate\nmap 200", "delegate_map200"),
+            ("delegate map 200,\njob per call", "delegate_map200_per_call"),
+        )
+        if k in d
+    ]
     a2.bar([n for n, _ in maps], [v for _, v in maps], color="tab:orange")
     a2.set_ylabel("seconds until all results")
     a2.set_title("maps (one exclusive node)")
     a2.tick_params(axis="x", labelsize=7, labelrotation=60)
-    loops = [(n, d[k]["samples"]) for n, k in (("bare node", "loop_bare"), ("sandbox", "loop_sandbox"))
-             if d.get(k, {}).get("samples")]
+    loops = [
+        (n, d[k]["samples"])
+        for n, k in (("bare node", "loop_bare"), ("sandbox", "loop_sandbox"))
+        if d.get(k, {}).get("samples")
+    ]
     if loops:
         a3.boxplot([s for _, s in loops])
         a3.set_xticks(range(1, len(loops) + 1), [n for n, _ in loops])

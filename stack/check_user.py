@@ -9,6 +9,7 @@ exits non-zero with the reason on the first failure.
           worker (every worker used), calls one after another on each node,
           a fresh container for each call
 """
+
 import os
 import sys
 
@@ -19,7 +20,10 @@ PERF_NR = {"x86_64": 298, "aarch64": 241}
 
 @delegate.remote(cpus=1, time="2m")
 def identity_and_perf():
-    import ctypes, os, struct
+    import ctypes
+    import os
+    import struct
+
     libc = ctypes.CDLL(None, use_errno=True)
     flags = (1 << 5) | (1 << 6)  # exclude_kernel | exclude_hv
     # PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK: works in VMs too.
@@ -35,6 +39,7 @@ def identity_and_perf():
 @delegate.remote(cpus=1, time="2m")
 def nap(i):
     import time
+
     t0 = time.time()
     time.sleep(5)
     return i, t0, time.time()
@@ -73,11 +78,15 @@ def excl(workers):
         print(f"   {j} on {h}: {s:.1f} .. {e:.1f}", flush=True)
     if len(hosts) != workers:
         fail(f"{len(runs)} jobs ran on {hosts}, expected all {workers} workers used")
-    print(f"ok: {len(runs)} jobs of 5 s, never two on one node at once (nodes {', '.join(hosts)})", flush=True)
+    print(
+        f"ok: {len(runs)} jobs of 5 s, never two on one node at once (nodes {', '.join(hosts)})", flush=True
+    )
 
 
 def stamp(i):
-    import socket, time
+    import socket
+    import time
+
     t0 = time.time()
     time.sleep(1)
     # Inside the sandbox the hostname is the container's: one per call.
@@ -86,6 +95,7 @@ def stamp(i):
 
 def map_check(workers):
     from delegate import _core
+
     n = 3 * workers
     s0 = _core.sbatch_count()
     with delegate.Executor(cpus=1, time="2m") as ex:
@@ -106,8 +116,11 @@ def map_check(workers):
         for b in runs:
             if a is not b and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]:
                 fail(f"two calls of one map overlapped on node {a[0]}")
-    print(f"ok: map of {n}: one sbatch, allocations {', '.join(sorted(allocs))} on {', '.join(sorted(hosts))}, "
-          f"{n} containers, calls one after another per node", flush=True)
+    print(
+        f"ok: map of {n}: one sbatch, allocations {', '.join(sorted(allocs))} on {', '.join(sorted(hosts))}, "
+        f"{n} containers, calls one after another per node",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

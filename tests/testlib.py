@@ -1,6 +1,7 @@
 """Helpers shared by the pytest suites (tests/e2e, tests/python): the test
 students and a tiny filesystem to fill a delegate root. Each conftest puts
 this directory on sys.path."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,12 @@ def ensure_user(name: str, uid: int) -> None:
     try:
         pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--create-home", "--uid", str(uid), "--user-group",
-                        "--shell", "/bin/sh", name], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["useradd", "--create-home", "--uid", str(uid), "--user-group", "--shell", "/bin/sh", name],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
 
 def ensure_users(users: dict[str, int] = USERS) -> None:
@@ -32,8 +37,12 @@ def tiny_root(home: Path, uid: int, gid: int, size: str = "256k"):
     policy wants); yields the delegate root to use inside it."""
     mnt = home / "tiny-root"
     mnt.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=700,uid={uid},gid={gid}", "tmpfs",
-                    str(mnt)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=700,uid={uid},gid={gid}", "tmpfs", str(mnt)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     try:
         yield mnt / "jobs"
     finally:

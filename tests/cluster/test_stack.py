@@ -5,6 +5,7 @@ instructor's check), `down` -- and nothing of the stack is left behind.
 Run by tests/run.sh as root, after the single-machine stages: the local
 cluster keeps running beside the stack and must still work afterwards.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@ and a real Docker engine on this machine, started by `build_cluster.sh --local`
 (tests/run.sh runs it first). Nothing here is mocked: each test submits real
 jobs through the installed `delegate` CLI as an ordinary (non-root) user.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from testlib import USERS, ensure_users  # noqa: E402
+from testlib import USERS, ensure_users
 
 REPO = Path(__file__).resolve().parents[2]
 DELEGATE = shutil.which("delegate") or "/usr/local/bin/delegate"
 RUNNER = "/usr/local/bin/sandbox-runner"
 IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
-
 
 
 def sh(*args, check=True, timeout=120, **kw):
@@ -73,16 +73,31 @@ class User:
         self.root = self.home / ".delegate" / "jobs"
 
     def run(self, *args, check=False, timeout=180, text=True, input=None):
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(self.home), "LANG": "C.UTF-8"}
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+        }
         return subprocess.run(
             ["/usr/sbin/runuser", "-u", self.name, "--", DELEGATE, *args],
-            capture_output=True, text=text, timeout=timeout, check=check, env=env, input=input,
+            capture_output=True,
+            text=text,
+            timeout=timeout,
+            check=check,
+            env=env,
+            input=input,
             cwd="/",
         )
 
     def as_user(self, *cmd, check=True, timeout=60):
-        return subprocess.run(["/usr/sbin/runuser", "-u", self.name, "--", *cmd],
-                              capture_output=True, text=True, timeout=timeout, check=check, cwd="/")
+        return subprocess.run(
+            ["/usr/sbin/runuser", "-u", self.name, "--", *cmd],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            cwd="/",
+        )
 
     def submit(self, *cmd, opts=()):
         r = self.run("submit", *opts, "--", *cmd)
@@ -141,7 +156,20 @@ def containers_with_label(job: str) -> list[str]:
 def containers_created_since(job: str, since: float) -> list[str]:
     """Container create events for a job's label since `since` (epoch secs):
     proves that no container was ever created, not just that none is left."""
-    r = sh("docker", "events", "--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}",
-           "--filter", "type=container", "--filter", "event=create",
-           "--filter", f"label=delegate.job={job}", "--format", "{{.ID}}")
+    r = sh(
+        "docker",
+        "events",
+        "--since",
+        f"{since:.0f}",
+        "--until",
+        f"{time.time() + 1:.0f}",
+        "--filter",
+        "type=container",
+        "--filter",
+        "event=create",
+        "--filter",
+        f"label=delegate.job={job}",
+        "--format",
+        "{{.ID}}",
+    )
     return r.stdout.split()

@@ -1,5 +1,6 @@
 """End to end through the real Slurm and the real Docker engine: the
 `delegate` CLI submits, sandbox-runner runs one container per job."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +9,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import IMAGE, containers_created_since, containers_with_label, sh
 
 # perf_event_open(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK) via ctypes: prints the
@@ -48,13 +48,23 @@ def test_nonzero_exit_code_is_preserved(alice):
 
 def test_ten_megabytes_of_stdout_byte_for_byte(alice):
     # The job writes 10 MiB of random bytes to stdout and a copy to its job dir.
-    r = alice.run("submit", "--wait", "--", "sh", "-c",
-                  "head -c 10485760 /dev/urandom | tee /job/expected", text=False, timeout=300)
+    r = alice.run(
+        "submit",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "head -c 10485760 /dev/urandom | tee /job/expected",
+        text=False,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert len(r.stdout) == 10 * 1024 * 1024
     # The newest job dir holding the copy is this job's.
-    job = max((p for p in alice.root.iterdir() if (p / "expected").exists()),
-              key=lambda p: (p / "expected").stat().st_mtime)
+    job = max(
+        (p for p in alice.root.iterdir() if (p / "expected").exists()),
+        key=lambda p: (p / "expected").stat().st_mtime,
+    )
     expected = (job / "expected").read_bytes()
     assert hashlib.sha256(r.stdout).digest() == hashlib.sha256(expected).digest()
     assert (job / "stdout").read_bytes() == expected
@@ -67,13 +77,15 @@ def test_sandbox_runs_as_the_submitting_uid(alice):
 
 
 def test_no_network(alice):
-    code = ("import socket\n"
-            "for host in ('172.17.0.1', '1.1.1.1', '127.0.0.1'):\n"
-            "    try:\n"
-            "        socket.create_connection((host, 80), timeout=3); print('CONNECTED', host)\n"
-            "    except OSError as e:\n"
-            "        print('refused', host, e)\n"
-            "import os; print(sorted(os.listdir('/sys/class/net')))\n")
+    code = (
+        "import socket\n"
+        "for host in ('172.17.0.1', '1.1.1.1', '127.0.0.1'):\n"
+        "    try:\n"
+        "        socket.create_connection((host, 80), timeout=3); print('CONNECTED', host)\n"
+        "    except OSError as e:\n"
+        "        print('refused', host, e)\n"
+        "import os; print(sorted(os.listdir('/sys/class/net')))\n"
+    )
     r = alice.run("submit", "--wait", "--", "python3", "-c", code)
     assert r.returncode == 0, r.stderr
     assert "CONNECTED" not in r.stdout, r.stdout
@@ -83,7 +95,7 @@ def test_no_network(alice):
 def test_only_the_job_dir_is_writable(alice):
     code = r"""
 import os
-mounts = {l.split()[1]: l.split()[2] for l in open('/proc/mounts')}
+mounts = {ln.split()[1]: ln.split()[2] for ln in open('/proc/mounts')}
 writable = []
 for top in sorted(os.listdir('/')) + ['etc/x', 'usr/local', 'var/tmp']:
     d = '/' + top
@@ -107,7 +119,7 @@ for d in writable:
     assert r.returncode == 0, r.stderr
     assert "ROOT WRITABLE" not in r.stdout
     assert "root refused: Read-only file system" in r.stdout
-    writable = dict(l.split()[1:3] for l in r.stdout.splitlines() if l.startswith("writable"))
+    writable = dict(ln.split()[1:3] for ln in r.stdout.splitlines() if ln.startswith("writable"))
     assert "/job" in writable
     # Anything else writable is a private in-memory filesystem of the container, not the host.
     assert all(fs == "tmpfs" for d, fs in writable.items() if d != "/job"), writable
@@ -117,8 +129,12 @@ def test_perf_event_open_in_sandbox_but_not_in_plain_docker(alice):
     r = alice.run("submit", "--wait", "--", "python3", "-c", PERF_PROBE)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "task-clock ns" in r.stdout
-    plain = subprocess.run(["docker", "run", "--rm", IMAGE, "python3", "-c", PERF_PROBE],
-                           capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(
+        ["docker", "run", "--rm", IMAGE, "python3", "-c", PERF_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plain.returncode == 1, (plain.stdout, plain.stderr)
     assert "perf_event_open failed" in plain.stdout
 
@@ -152,6 +168,7 @@ def test_time_limit(alice):
 # A held submission lets the test tamper with the job dir before the runner sees it.
 # ---------------------------------------------------------------------------
 
+
 def _held(user):
     t0 = time.time() - 1
     job = user.submit("true", opts=("--hold",))
@@ -159,8 +176,11 @@ def _held(user):
 
 
 def _release_and_check(user, job, t0, expect):
-    slurm_id = (user.job_dir(job) / "slurm-id").read_text().strip() if (user.job_dir(job) / "slurm-id").exists() \
+    slurm_id = (
+        (user.job_dir(job) / "slurm-id").read_text().strip()
+        if (user.job_dir(job) / "slurm-id").exists()
         else (user.job_dir(job).with_name(job + ".real") / "slurm-id").read_text().strip()
+    )
     user.as_user("scontrol", "release", slurm_id)
     st = user.wait(job, timeout=120)
     assert st["state"] == "failed", st
@@ -211,10 +231,13 @@ def test_refuses_image_not_in_allowlist(alice):
     assert containers_created_since(job, t0) == []
 
 
-@pytest.mark.parametrize("opts,expect", [
-    (("--mem", "999G"), "memory"),
-    (("--time", "90m"), "time limit"),  # above the policy, below the partition MaxTime
-])
+@pytest.mark.parametrize(
+    "opts,expect",
+    [
+        (("--mem", "999G"), "memory"),
+        (("--time", "90m"), "time limit"),  # above the policy, below the partition MaxTime
+    ],
+)
 def test_refuses_limits_beyond_policy(alice, opts, expect):
     t0 = time.time() - 1
     job = alice.submit("true", opts=opts)

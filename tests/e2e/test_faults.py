@@ -11,6 +11,7 @@ cluster answers. The cases that need the Python package (a full root and a
 Python result, a failing map, 500 jobs by 10 users) are in
 tests/python/test_python_faults.py, which runs after the wheel is installed.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
-import testlib
-
 from conftest import DELEGATE, RUNNER, containers_created_since, containers_with_label, sh
+
+import testlib
 
 STATE_DIR = Path(os.environ.get("DELEGATE_STATE_DIR", "/var/lib/delegate"))
 SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -44,7 +45,7 @@ def record_started(name, pid):
     f = STATE_DIR / "started"
     if not f.exists():
         return
-    lines = [l for l in f.read_text().splitlines() if l and not l.startswith(name + " ")]
+    lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith(name + " ")]
     lines.append(f"{name} {pid}")
     tmp = f.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
@@ -67,7 +68,11 @@ def ensure_cluster_healthy(timeout=60):
     deadline = time.monotonic() + timeout
     while True:
         nodes = sh("sinfo", "-h", "-N", "-o", "%N %t").stdout.split("\n")
-        bad = [l.split()[0] for l in nodes if l.strip() and any(b in l.split()[1] for b in ("down", "drain", "fail"))]
+        bad = [
+            ln.split()[0]
+            for ln in nodes
+            if ln.strip() and any(b in ln.split()[1] for b in ("down", "drain", "fail"))
+        ]
         for n in bad:
             sh("scontrol", "update", f"nodename={n}", "state=resume", check=False)
         if not bad and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
@@ -85,6 +90,7 @@ def healthy_after():
 # ---------------------------------------------------------------------------
 # Cancellation and time limits
 # ---------------------------------------------------------------------------
+
 
 def test_scancel_while_pending(alice):
     t0 = time.time() - 1
@@ -130,6 +136,7 @@ def test_slurm_time_limit_backstop(alice):
 # A killed runner, a restarted engine, a crashed node
 # ---------------------------------------------------------------------------
 
+
 def test_runner_killed_with_sigkill(alice):
     job = alice.submit("sleep", "600")
     alice.wait_started(job)
@@ -160,8 +167,11 @@ def test_docker_engine_restarted_mid_job(alice, healthy_after):
     while pids_of("^dockerd( |$)"):
         assert time.monotonic() < deadline, "dockerd did not stop"
         time.sleep(0.2)
-    log = open("/var/log/delegate/dockerd.log", "ab")
-    new = subprocess.Popen(["dockerd"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    # The new dockerd holds its own copy of the log file's descriptor.
+    with open("/var/log/delegate/dockerd.log", "ab") as log:
+        new = subprocess.Popen(
+            ["dockerd"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
     record_started("dockerd", new.pid)
     deadline = time.monotonic() + 60
     while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
@@ -211,15 +221,32 @@ def test_slurmd_killed_mid_job(alice, healthy_after):
 # The caller
 # ---------------------------------------------------------------------------
 
+
 def test_caller_killed_and_a_new_process_reattaches(alice):
-    before = set(p.name for p in alice.root.iterdir()) if alice.root.exists() else set()
+    before = {p.name for p in alice.root.iterdir()} if alice.root.exists() else set()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(alice.home), "LANG": "C.UTF-8"}
-    caller = subprocess.Popen(["/usr/sbin/runuser", "-u", alice.name, "--", DELEGATE, "submit", "--wait", "--",
-                               "sh", "-c", "sleep 3; echo reattached-output; exit 5"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/")
+    caller = subprocess.Popen(
+        [
+            "/usr/sbin/runuser",
+            "-u",
+            alice.name,
+            "--",
+            DELEGATE,
+            "submit",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "sleep 3; echo reattached-output; exit 5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd="/",
+    )
     deadline = time.monotonic() + 60
     while True:
-        new = [n for n in set(p.name for p in alice.root.iterdir()) - before if not n.endswith(".log")]
+        new = [n for n in {p.name for p in alice.root.iterdir()} - before if not n.endswith(".log")]
         if new and (alice.job_dir(new[0]) / "started").exists():
             break
         assert time.monotonic() < deadline and caller.poll() is None, "the job did not start"
@@ -241,6 +268,7 @@ def test_caller_killed_and_a_new_process_reattaches(alice):
 # A full delegate root
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def tiny_root(alice):
     """A 256 KiB filesystem as alice's delegate root (below /home, as the policy wants)."""
@@ -249,10 +277,20 @@ def tiny_root(alice):
 
 
 def run_with_root(user, root, *args, timeout=120):
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(user.home), "LANG": "C.UTF-8",
-           "DELEGATE_ROOT": str(root)}
-    return subprocess.run(["/usr/sbin/runuser", "-u", user.name, "--", DELEGATE, *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(user.home),
+        "LANG": "C.UTF-8",
+        "DELEGATE_ROOT": str(root),
+    }
+    return subprocess.run(
+        ["/usr/sbin/runuser", "-u", user.name, "--", DELEGATE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd="/",
+    )
 
 
 @pytest.mark.parametrize("when", ["before-start", "during-run"])
@@ -265,7 +303,16 @@ def test_delegate_root_full(alice, tiny_root, when):
         assert r.returncode == 0, r.stderr
         job = r.stdout.split()[-1]
         d = tiny_root / job
-        sh("runuser", "-u", alice.name, "--", "sh", "-c", f"head -c 1M /dev/zero > {tiny_root}/filler", check=False)
+        sh(
+            "runuser",
+            "-u",
+            alice.name,
+            "--",
+            "sh",
+            "-c",
+            f"head -c 1M /dev/zero > {tiny_root}/filler",
+            check=False,
+        )
         alice.as_user("scontrol", "release", (d / "slurm-id").read_text().strip())
     else:
         r = run_with_root(alice, tiny_root, "submit", "--", "sh", "-c", cmd)

@@ -6,6 +6,7 @@ Most kernel-level attempts run in ONE probe job (a python3 script printing
 `name=RESULT` lines: OK, or the errno name), read once per module; each case
 is its own test so the report (docs/robustness.md) can name it.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import RUNNER, containers_with_label, sh
 
 PROBE = r"""
@@ -70,7 +70,7 @@ def udp():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'x', ('8.8.8.8', 53))
 try_os('udp_internet', udp)
 out('interfaces', ','.join(sorted(os.listdir('/sys/class/net'))))
-st = dict(l.split(':', 1) for l in open('/proc/self/status'))
+st = dict(ln.split(':', 1) for ln in open('/proc/self/status'))
 for k in ('NoNewPrivs', 'CapEff', 'CapPrm', 'CapBnd', 'CapAmb'):
     out(k, st[k].strip())
 suid = subprocess.run(['find', '/', '-xdev', '-perm', '/6000', '-type', 'f'], capture_output=True, text=True).stdout.split()
@@ -92,10 +92,11 @@ out('DONE', 1)
 def probe():
     """Runs the probe once (as delegate-alice) and returns {name: result}."""
     from conftest import User
+
     alice = User("delegate-alice")
     r = alice.run("submit", "--wait", "--", "python3", "-c", PROBE, timeout=120)
     assert r.returncode == 0, (r.stdout, r.stderr)
-    res = dict(l.split("=", 1) for l in r.stdout.splitlines() if "=" in l)
+    res = dict(ln.split("=", 1) for ln in r.stdout.splitlines() if "=" in ln)
     assert res.get("DONE") == "1", r.stdout
     return res
 
@@ -160,12 +161,18 @@ def test_shell_fork_bomb_is_ended_by_the_time_limit(alice):
 HOG = "b = []\nwhile True: b.append(bytearray(8 << 20))"
 
 
-@pytest.mark.parametrize("cmd,expect", [
-    (["python3", "-c", HOG], "killed: out of memory (limit 64M)"),
-    (["sh", "-c", f"python3 -c '{HOG}'"], "killed: out of memory (limit 64M)"),
-    (["sh", "-c", f"python3 -c '{HOG}'; echo survived"],
-     "a process in the sandbox was killed: out of memory (limit 64M); the main process exited with code 0"),
-], ids=["main-process", "exec-from-shell", "child-main-survives"])
+@pytest.mark.parametrize(
+    "cmd,expect",
+    [
+        (["python3", "-c", HOG], "killed: out of memory (limit 64M)"),
+        (["sh", "-c", f"python3 -c '{HOG}'"], "killed: out of memory (limit 64M)"),
+        (
+            ["sh", "-c", f"python3 -c '{HOG}'; echo survived"],
+            "a process in the sandbox was killed: out of memory (limit 64M); the main process exited with code 0",
+        ),
+    ],
+    ids=["main-process", "exec-from-shell", "child-main-survives"],
+)
 def test_memory_hog_is_killed_and_outcome_says_out_of_memory(alice, cmd, expect):
     job = alice.submit(*cmd, opts=("--mem", "64M"))
     st = alice.wait(job)
@@ -177,8 +184,15 @@ def test_memory_hog_is_killed_and_outcome_says_out_of_memory(alice, cmd, expect)
 
 
 def test_filling_tmp_stops_at_its_size_limit(alice):
-    r = alice.run("submit", "--wait", "--", "sh", "-c",
-                  "head -c 400M /dev/zero > /tmp/fill; echo rc=$?; du -m /tmp/fill", timeout=120)
+    r = alice.run(
+        "submit",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "head -c 400M /dev/zero > /tmp/fill; echo rc=$?; du -m /tmp/fill",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "No space left on device" in r.stderr
     out = r.stdout.split()
@@ -189,7 +203,9 @@ def test_filling_tmp_stops_at_its_size_limit(alice):
 
 
 def test_background_process_is_removed_with_the_container(alice):
-    job = alice.submit("sh", "-c", "setsid sleep 4712 >/dev/null 2>&1 & nohup sleep 4712 >/dev/null 2>&1 & echo main-done")
+    job = alice.submit(
+        "sh", "-c", "setsid sleep 4712 >/dev/null 2>&1 & nohup sleep 4712 >/dev/null 2>&1 & echo main-done"
+    )
     st = alice.wait(job)
     assert st["state"] == "completed", st
     assert containers_with_label(job) == []
@@ -200,6 +216,7 @@ def test_background_process_is_removed_with_the_container(alice):
 # ---------------------------------------------------------------------------
 # Kernel interfaces (one probe job)
 # ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("call", ["mount", "unshare"])
 def test_no_mount_and_no_new_namespaces(probe, call):
@@ -223,8 +240,18 @@ def test_no_reboot(probe):
 def test_no_ptrace_and_no_host_process_visible(probe):
     assert probe["ptrace_child"] == "EPERM" and probe["ptrace_pid1"] == "EPERM", probe
     visible = set(probe["visible_processes"].split(","))
-    host = {"slurmd", "slurmctld", "slurmstepd", "dockerd", "containerd", "munged", "sandbox-runner",
-            "systemd", "init", "sshd"}
+    host = {
+        "slurmd",
+        "slurmctld",
+        "slurmstepd",
+        "dockerd",
+        "containerd",
+        "munged",
+        "sandbox-runner",
+        "systemd",
+        "init",
+        "sshd",
+    }
     assert not (visible & host), visible
     assert visible <= {"python3", "sleep", "find"}, visible
 
@@ -257,8 +284,22 @@ def test_no_new_privileges_and_no_setuid_binaries(probe):
 
 def test_only_the_default_device_nodes(probe):
     assert set(probe["dev"].split(",")) <= {
-        "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm",
-        "stderr", "stdin", "stdout", "tty", "urandom", "zero"}, probe["dev"]
+        "core",
+        "fd",
+        "full",
+        "mqueue",
+        "null",
+        "ptmx",
+        "pts",
+        "random",
+        "shm",
+        "stderr",
+        "stdin",
+        "stdout",
+        "tty",
+        "urandom",
+        "zero",
+    }, probe["dev"]
     assert probe["mknod"] == "EPERM", probe
     for d in ("mem", "kmsg", "sda", "vda", "kvm", "fuse"):
         assert probe["open_dev_" + d] in ("ENOENT", "EPERM", "EACCES"), (d, probe)
@@ -275,13 +316,21 @@ def test_no_kernel_tunables_and_read_only_image(probe):
 # Other users
 # ---------------------------------------------------------------------------
 
+
 def test_cannot_read_another_users_job_dir(alice, bob):
     secret = alice.submit("sh", "-c", "echo alice-secret > /job/answer; echo alice-secret")
     assert alice.wait(secret)["state"] == "completed"
     alice_dir = alice.job_dir(secret)
     # From bob's sandbox: alice's home is simply not there.
-    r = bob.run("submit", "--wait", "--", "sh", "-c",
-                f"ls -A /home; cat {alice_dir}/answer {alice_dir}/stdout; echo rc=$?", timeout=120)
+    r = bob.run(
+        "submit",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        f"ls -A /home; cat {alice_dir}/answer {alice_dir}/stdout; echo rc=$?",
+        timeout=120,
+    )
     assert "alice-secret" not in r.stdout + r.stderr
     assert "No such file or directory" in r.stderr, r.stderr
     # From bob's shell on the host: the job root is private (0700).
@@ -294,6 +343,7 @@ def test_cannot_read_another_users_job_dir(alice, bob):
     assert r.returncode != 0 and "alice-secret" not in r.stdout + r.stderr, r
     assert "refused" in r.stderr, r.stderr
     from conftest import containers_created_since
+
     assert containers_created_since(secret, t0) == []
     # ... and cannot make it write as root either: alice's outcome is untouched.
     assert alice.status(secret)["state"] == "completed"
@@ -302,6 +352,7 @@ def test_cannot_read_another_users_job_dir(alice, bob):
 # ---------------------------------------------------------------------------
 # Bad input to the runner (a held job, tampered with before the runner sees it)
 # ---------------------------------------------------------------------------
+
 
 def _held(user):
     t0 = time.time() - 1
@@ -315,6 +366,7 @@ def _release_refused(user, job, t0, expect):
     assert st["state"] == "failed" and st.get("refused") is True, st
     assert expect in st["reason"], st
     from conftest import containers_created_since
+
     assert containers_created_since(job, t0) == []
     return st
 
@@ -366,6 +418,9 @@ def test_forged_runner_records_are_refused(alice, name):
         (st,) = json.loads(r.stdout) if r.stdout.lstrip().startswith("[") else [json.loads(r.stdout)]
         assert st["state"] == "failed" and st["refused"] is True and "unexpected file" in st["reason"], st
     else:
-        assert r.stderr.startswith("delegate: error:") and f"{name} is not a delegate file" in r.stderr, r.stderr
+        assert r.stderr.startswith("delegate: error:") and f"{name} is not a delegate file" in r.stderr, (
+            r.stderr
+        )
     from conftest import containers_created_since
+
     assert containers_created_since(job, t0) == []

@@ -9,6 +9,7 @@ gives back one Slurm job (array element) per call.
 Every call reads `$DELEGATE_INDEX` (set by `submit --count`) to know which
 call it is; the waits are generous, the sleeps short.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import DELEGATE, containers_created_since, containers_with_label, sh
 
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "lost"}
@@ -60,8 +60,14 @@ def run_env(user, env, *args, timeout=180):
     """Like User.run, with extra environment variables for the client."""
     base = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(user.home), "LANG": "C.UTF-8"}
     base.update(env or {})
-    return subprocess.run(["/usr/sbin/runuser", "-u", user.name, "--", DELEGATE, *args],
-                          capture_output=True, text=True, timeout=timeout, env=base, cwd="/")
+    return subprocess.run(
+        ["/usr/sbin/runuser", "-u", user.name, "--", DELEGATE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=base,
+        cwd="/",
+    )
 
 
 def statuses(user, jobs):
@@ -120,18 +126,30 @@ def wait_slurm_gone(slurm_id, timeout=60):
 
 def first_sleeps(seconds):
     """A command: call 0 sleeps, every call then prints its index."""
-    return ("sh", "-c", f'if [ "$DELEGATE_INDEX" = 0 ]; then sleep {seconds}; fi; echo "done-$DELEGATE_INDEX"')
+    return (
+        "sh",
+        "-c",
+        f'if [ "$DELEGATE_INDEX" = 0 ]; then sleep {seconds}; fi; echo "done-$DELEGATE_INDEX"',
+    )
 
 
 # ---------------------------------------------------------------------------
 # One allocation for a --count submission
 # ---------------------------------------------------------------------------
 
+
 def test_count_is_one_slurm_job_and_every_call_runs_in_its_own_container(alice):
     t0 = time.time() - 1
     n = 3
-    r = alice.run("submit", "--count", str(n), "--",
-                  "sh", "-c", 'echo "call=$DELEGATE_INDEX host=$(hostname)"; echo "err=$DELEGATE_INDEX" >&2')
+    r = alice.run(
+        "submit",
+        "--count",
+        str(n),
+        "--",
+        "sh",
+        "-c",
+        'echo "call=$DELEGATE_INDEX host=$(hostname)"; echo "err=$DELEGATE_INDEX" >&2',
+    )
     assert r.returncode == 0, r.stderr
     jobs = r.stdout.split("\n")
     assert jobs[-1] == "" and len(jobs) == n + 1, f"one id per line expected: {r.stdout!r}"
@@ -148,7 +166,7 @@ def test_count_is_one_slurm_job_and_every_call_runs_in_its_own_container(alice):
     # Its batch script runs the runner's batch mode on the job dirs, in order.
     script = sh("scontrol", "write", "batch_script", sid, "-", check=False)
     if script.returncode == 0:
-        line = [l for l in script.stdout.splitlines() if "sandbox-runner" in l]
+        line = [ln for ln in script.stdout.splitlines() if "sandbox-runner" in ln]
         assert line and " batch " in line[0], script.stdout
         positions = [line[0].find(str(alice.job_dir(j))) for j in jobs]
         assert all(p > 0 for p in positions) and positions == sorted(positions), (line, jobs)
@@ -178,19 +196,36 @@ def test_count_is_one_slurm_job_and_every_call_runs_in_its_own_container(alice):
 
 
 def test_count_wait_prints_every_output_in_order(alice):
-    r = alice.run("submit", "--count", "4", "--wait", "--",
-                  "sh", "-c", 'echo "out-$DELEGATE_INDEX"; echo "err-$DELEGATE_INDEX" >&2')
+    r = alice.run(
+        "submit",
+        "--count",
+        "4",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        'echo "out-$DELEGATE_INDEX"; echo "err-$DELEGATE_INDEX" >&2',
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["out-0", "out-1", "out-2", "out-3"], r.stdout
-    errs = [l for l in r.stderr.splitlines() if l.startswith("err-")]
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("err-")]
     assert errs == ["err-0", "err-1", "err-2", "err-3"], r.stderr
 
 
 def test_count_wait_exit_code_is_that_of_a_failing_call(alice):
     token = uuid.uuid4().hex  # other jobs of alice's may appear meanwhile: find ours by it
     t0 = time.time() - 2
-    r = alice.run("submit", "--count", "3", "--wait", "--",
-                  "sh", "-c", 'echo "ran-$DELEGATE_INDEX $0"; [ "$DELEGATE_INDEX" != 1 ] || exit 5', token)
+    r = alice.run(
+        "submit",
+        "--count",
+        "3",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        'echo "ran-$DELEGATE_INDEX $0"; [ "$DELEGATE_INDEX" != 1 ] || exit 5',
+        token,
+    )
     assert r.returncode == 5, (r.returncode, r.stdout, r.stderr)
     # The failing call does not stop the ones after it.
     assert r.stdout.splitlines() == [f"ran-{i} {token}" for i in range(3)], r.stdout
@@ -215,12 +250,14 @@ def test_count_wait_exit_code_is_that_of_a_failing_call(alice):
 # States inside the allocation
 # ---------------------------------------------------------------------------
 
+
 def test_later_calls_are_pending_while_the_first_runs(alice):
     jobs, handles = submit_count(alice, 3, *first_sleeps(6))
     sid = handles[0]["slurm_id"]
     assert {h["slurm_id"] for h in handles} == {sid}, handles
-    st = wait_until(alice, jobs, lambda s: s[0]["state"] == "running" or s[0]["state"] in TERMINAL,
-                    what="call 0 running")
+    st = wait_until(
+        alice, jobs, lambda s: s[0]["state"] == "running" or s[0]["state"] in TERMINAL, what="call 0 running"
+    )
     assert st[0]["state"] == "running", st
     for s in st[1:]:
         assert s["state"] == "pending", st
@@ -242,6 +279,7 @@ def test_later_calls_are_pending_while_the_first_runs(alice):
 # ---------------------------------------------------------------------------
 # Cancelling one call
 # ---------------------------------------------------------------------------
+
 
 def test_cancel_of_a_pending_call_leaves_the_others_running(alice):
     t0 = time.time() - 1
@@ -265,7 +303,7 @@ def test_cancel_of_a_pending_call_leaves_the_others_running(alice):
 
 
 def test_cancel_of_the_running_call_starts_the_next(alice):
-    jobs, handles = submit_count(alice, 2, *first_sleeps(60))
+    jobs, _handles = submit_count(alice, 2, *first_sleeps(60))
     alice.wait_started(jobs[0])
     st = alice.wait_for_state(jobs[0], {"running"} | TERMINAL, timeout=30)
     assert st["state"] == "running", st
@@ -332,12 +370,18 @@ def test_scancel_of_the_allocation_ends_every_call(alice):
 # A refused call among good ones
 # ---------------------------------------------------------------------------
 
+
 def test_a_refused_directory_fails_only_its_own_call(alice):
     t0 = time.time() - 1
     # The last call sleeps: the refusals must show while the allocation still runs.
-    jobs, handles = submit_count(alice, 4, "sh", "-c",
-                                 '[ "$DELEGATE_INDEX" != 3 ] || sleep 6; echo "good-$DELEGATE_INDEX"',
-                                 opts=("--hold",))
+    jobs, handles = submit_count(
+        alice,
+        4,
+        "sh",
+        "-c",
+        '[ "$DELEGATE_INDEX" != 3 ] || sleep 6; echo "good-$DELEGATE_INDEX"',
+        opts=("--hold",),
+    )
     sid = handles[0]["slurm_id"]
     assert in_squeue(sid), "the held allocation is not in Slurm's queue"
     # Call 1: a garbage spec body.
@@ -425,9 +469,11 @@ def test_cancelling_the_calls_one_by_one_frees_the_queue(alice):
 # One Slurm job per call when sharing is turned off
 # ---------------------------------------------------------------------------
 
+
 def test_calls_per_allocation_1_gives_one_array_element_per_call(alice):
-    jobs, handles = submit_count(alice, 3, "sh", "-c", 'echo "idx=$DELEGATE_INDEX"',
-                                 env={"DELEGATE_CALLS_PER_ALLOCATION": "1"})
+    jobs, handles = submit_count(
+        alice, 3, "sh", "-c", 'echo "idx=$DELEGATE_INDEX"', env={"DELEGATE_CALLS_PER_ALLOCATION": "1"}
+    )
     base = handles[0]["slurm_id"].split("_")[0]
     for i, (j, h) in enumerate(zip(jobs, handles)):
         assert h["slurm_id"] == f"{base}_{i}", handles
@@ -442,14 +488,17 @@ def test_calls_per_allocation_env_must_be_a_positive_number(alice):
     for bad in ("0", "many", "-2"):
         r = run_env(alice, {"DELEGATE_CALLS_PER_ALLOCATION": bad}, "submit", "--count", "2", "--", "true")
         assert r.returncode == 1, (bad, r.returncode, r.stdout, r.stderr)
-        assert r.stderr.startswith("delegate: error:") and "DELEGATE_CALLS_PER_ALLOCATION" in r.stderr, r.stderr
+        assert r.stderr.startswith("delegate: error:") and "DELEGATE_CALLS_PER_ALLOCATION" in r.stderr, (
+            r.stderr
+        )
         assert r.stdout == ""
 
 
 def test_calls_per_allocation_2_splits_into_an_array_of_allocations(alice):
     # 5 calls, at most 2 per allocation: 3 allocations (array elements), dealt round-robin.
-    jobs, handles = submit_count(alice, 5, "sh", "-c", 'echo "idx=$DELEGATE_INDEX"',
-                                 env={"DELEGATE_CALLS_PER_ALLOCATION": "2"})
+    jobs, handles = submit_count(
+        alice, 5, "sh", "-c", 'echo "idx=$DELEGATE_INDEX"', env={"DELEGATE_CALLS_PER_ALLOCATION": "2"}
+    )
     sids = [h["slurm_id"] for h in handles]
     base = sids[0].split("_")[0]
     assert sids == [f"{base}_{i % 3}" for i in range(5)], sids

@@ -8,6 +8,7 @@ runs it as `delegate-alice` with this interpreter (the test venv, which must
 be readable by that user: tests/run.sh puts it under /var/lib/delegate).
 Scripts print one line `RESULT: <json>` that the test reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from testlib import USERS, ensure_users  # noqa: E402
+from testlib import USERS, ensure_users
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -71,23 +72,34 @@ class Student:
         os.chmod(self.scripts, 0o755)
 
     def env(self) -> dict:
-        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8",
-                "DELEGATE_POLL_INTERVAL": "1"}
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            "DELEGATE_POLL_INTERVAL": "1",
+        }
 
     def run(self, code: str, timeout: float = 300, name: str = "script") -> subprocess.CompletedProcess:
         path = self.scripts / f"{name}.py"
         path.write_text(textwrap.dedent(code))
         os.chmod(path, 0o644)
-        return subprocess.run([RUNUSER, "-u", self.name, "--", PYTHON, str(path)],
-                              capture_output=True, text=True, timeout=timeout, env=self.env(), cwd="/")
+        return subprocess.run(
+            [RUNUSER, "-u", self.name, "--", PYTHON, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env(),
+            cwd="/",
+        )
 
     def result(self, code: str, timeout: float = 300, name: str = "script"):
         """Runs `code` and returns (the RESULT json, the completed process)."""
         r = self.run(code, timeout, name)
-        lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT: ")]
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT: ")]
         assert r.returncode == 0 and lines, (
-            f"script failed (rc={r.returncode})\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-4000:]}")
-        return json.loads(lines[-1][len("RESULT: "):]), r
+            f"script failed (rc={r.returncode})\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-4000:]}"
+        )
+        return json.loads(lines[-1][len("RESULT: ") :]), r
 
     def cleanup(self):
         shutil.rmtree(self.scripts, ignore_errors=True)
@@ -101,6 +113,10 @@ def alice():
 
 
 def containers_with_label(job: str) -> list[str]:
-    r = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=delegate.job={job}"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=delegate.job={job}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return r.stdout.split()

@@ -1,6 +1,7 @@
 """The Jupyter face: a real IPython kernel (ipykernel, driven by nbclient the
 way Jupyter runs a cell) calls a remote function. The cell shows one live
 status line that ends 'completed', the remote print() output, and the value."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The Python package against the real local cluster: every call below runs
 in its own sandbox through real Slurm and the real Docker engine."""
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,9 @@ def out(**kw):
 
 
 def test_return_values_of_several_kinds_and_one_waiter(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 @delegate.remote(time="2m")
 def value(kind):
     if kind == "int":
@@ -30,7 +33,8 @@ out(i=i, d_ok=d == {"a": [1, 2, {"b": (3, 4.5)}], "c": {"d": None, "e": "é"}},
     blen=len(b), bhash=hashlib.sha256(b).hexdigest(),
     want=hashlib.sha256(bytes(range(256)) * (10 * 1024 * 1024 // 256)).hexdigest(),
     waiters=len(waiters), states=[f.state for f in futs], ids=[f.job_id for f in futs])
-""")
+"""
+    )
     assert res["i"] == 42
     assert res["d_ok"]
     assert res["blen"] == 10 * 1024 * 1024 and res["bhash"] == res["want"]
@@ -39,7 +43,9 @@ out(i=i, d_ok=d == {"a": [1, 2, {"b": (3, 4.5)}], "c": {"d": None, "e": "é"}},
 
 
 def test_lambda_closure_main_function_and_kwargs(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def scaled(x, *, factor=1, offset=0):
     return x * factor + offset
 def make_adder(n):
@@ -53,12 +59,15 @@ f3 = ex.submit(scaled, 7, factor=3, offset=1)
 f4 = delegate.remote(scaled)(2, factor=10)
 out(lam=f1.result(240), clo=f2.result(240), main=f3.result(240), direct=f4)
 ex.shutdown()
-""")
+"""
+    )
     assert res == {"lam": 144, "clo": 105, "main": 22, "direct": 20}
 
 
 def test_value_error_is_reraised_with_the_remote_traceback(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 import traceback
 @delegate.remote(time="2m")
 def check(n):
@@ -71,7 +80,8 @@ try:
 except ValueError as e:
     out(raised=type(e).__name__, msg=str(e), cause=str(e.__cause__),
         text="".join(traceback.format_exception(type(e), e, e.__traceback__)))
-""")
+"""
+    )
     assert res["raised"] == "ValueError"
     assert res["msg"] == "n must be >= 0, got -3"
     assert "in check" in res["cause"]
@@ -80,7 +90,9 @@ except ValueError as e:
 
 
 def test_exception_class_defined_by_the_caller(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 class BudgetExceeded(Exception):
     pass
 def spend():
@@ -88,12 +100,15 @@ def spend():
 f = delegate.Executor(time="2m").submit(spend)
 e = f.exception(timeout=240)
 out(same_class=type(e) is BudgetExceeded, msg=str(e), isinst=isinstance(e, BudgetExceeded))
-""")
+"""
+    )
     assert res == {"same_class": True, "msg": "over budget by 3", "isinst": True}
 
 
 def test_unpicklable_exception_becomes_remote_error(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def locked():
     raise RuntimeError("holding", threading.Lock())
 try:
@@ -103,7 +118,8 @@ except delegate.RemoteError as e:
     out(raised=type(e).__name__, text=str(e), tb=e.remote_traceback, rtype=e.remote_type)
 except Exception as e:
     out(raised="other " + repr(e))
-""")
+"""
+    )
     assert res["raised"] == "RemoteError", res
     assert "RuntimeError" in res["text"] and "holding" in res["text"]
     assert "in locked" in res["tb"] and 'raise RuntimeError("holding", threading.Lock())' in res["tb"]
@@ -111,7 +127,9 @@ except Exception as e:
 
 
 def test_stdout_and_stderr_are_shown_and_kept(alice):
-    res, r = alice.result(HEADER + """
+    res, r = alice.result(
+        HEADER
+        + """
 @delegate.remote(time="2m")
 def chatty():
     print("hello from the sandbox")
@@ -122,7 +140,8 @@ print("before result", flush=True)
 v = f.result(timeout=240)
 print("after result", flush=True)
 out(v=v, so=f.stdout, se=f.stderr)
-""")
+"""
+    )
     assert res["v"] == 1
     assert res["so"] == "hello from the sandbox\n"
     assert res["se"] == "warning from the sandbox\n"
@@ -132,7 +151,9 @@ out(v=v, so=f.stdout, se=f.stderr)
 
 
 def test_map_over_50_inputs_is_one_sbatch_in_order(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def sq(x):
     return x * x
 with delegate.Executor(time="1m") as ex:
@@ -142,7 +163,9 @@ futs = ex._futures
 out(values=out_, sbatch=delegate.sbatch_count(), secs=time.time() - t,
     slurm_ids=sorted({(f.status.get("slurm_id") or "").split("_")[0] for f in futs}),
     ids=len({f.job_id for f in futs}))
-""", timeout=1000)
+""",
+        timeout=1000,
+    )
     assert res["values"] == [x * x for x in range(50)]
     assert res["sbatch"] == 1, "map must make exactly one sbatch call"
     assert len(res["slurm_ids"]) == 1, f"one Slurm job array, got {res['slurm_ids']}"
@@ -150,7 +173,9 @@ out(values=out_, sbatch=delegate.sbatch_count(), secs=time.time() - t,
 
 
 def test_cancel_pending_and_running(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def nap(s):
     time.sleep(s)
     return s
@@ -171,7 +196,9 @@ after = {s["id"]: s["state"] for s in delegate.status([running.job_id, pending.j
 out(before=[before[running.job_id], before[pending.job_id]], ok=[ok_running, ok_pending],
     cancelled=[running.cancelled(), pending.cancelled()],
     after=[after[running.job_id], after[pending.job_id]], ids=[running.job_id, pending.job_id])
-""", timeout=400)
+""",
+        timeout=400,
+    )
     assert res["before"] == ["running", "pending"], res
     assert res["ok"] == [True, True] and res["cancelled"] == [True, True]
     assert res["after"] == ["cancelled", "cancelled"], res
@@ -181,22 +208,32 @@ out(before=[before[running.job_id], before[pending.job_id]], ok=[ok_running, ok_
 
 
 def test_reattach_by_id_from_a_fresh_interpreter(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def slow_sum(n):
     time.sleep(3)
     return sum(range(n))
 f = delegate.Executor(time="2m").submit(slow_sum, 1000)
 out(id=f.job_id)
-""", name="first")
-    res2, _ = alice.result(HEADER + f"""
+""",
+        name="first",
+    )
+    res2, _ = alice.result(
+        HEADER
+        + f"""
 j = delegate.Job({res["id"]!r})
 out(v=j.result(timeout=240), state=j.state, id=j.job_id)
-""", name="second")
+""",
+        name="second",
+    )
     assert res2 == {"v": 499500, "state": "completed", "id": res["id"]}
 
 
 def test_result_timeout_expires(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 import concurrent.futures as cf
 def forever():
     time.sleep(300)
@@ -210,14 +247,17 @@ except cf.TimeoutError:
     done = f.done()
     f.cancel()
     out(raised="TimeoutError", took=took, done=done)
-""")
+"""
+    )
     assert res["raised"] == "TimeoutError"
     assert 1.5 <= res["took"] < 10
     assert res["done"] is False
 
 
 def test_perf_event_open_counts_inside_the_sandbox(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def count():
     import ctypes, os, struct
     libc = ctypes.CDLL(None, use_errno=True)
@@ -231,12 +271,15 @@ def count():
     sum(i * i for i in range(200000))
     return struct.unpack("Q", os.read(fd, 8))[0]
 out(n=delegate.remote(count, time="2m")())
-""")
+"""
+    )
     assert res["n"] > 0
 
 
 def test_version_mismatch_is_named(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 import cloudpickle, delegate_executor as fmt
 from delegate import _core
 from delegate._client import attach
@@ -248,7 +291,8 @@ try:
     out(raised=None)
 except delegate.VersionMismatchError as e:
     out(raised="VersionMismatchError", msg=str(e))
-""")
+"""
+    )
     assert res["raised"] == "VersionMismatchError"
     for v in ("3.7.1", "0.5.0", "3.11", "3.1.2"):
         assert v in res["msg"], res["msg"]

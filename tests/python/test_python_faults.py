@@ -5,6 +5,7 @@ the test venv (tests/run.sh installs the wheel just before tests/python).
 See docs/robustness.md. DELEGATE_STRESS_JOBS sets the size of the
 many-users test (default 500, about 3 minutes on the 2-core CI machine).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 import testlib
 
 PY = sys.executable
@@ -50,16 +52,27 @@ def script_dir():
 
 
 def run_script(user, path, *args, env_extra=None, timeout=300):
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(user.home), "LANG": "C.UTF-8",
-           "DELEGATE_POLL_INTERVAL": "1", **(env_extra or {})}
-    return subprocess.run([RUNUSER, "-u", user.name, "--", PY, str(path), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(user.home),
+        "LANG": "C.UTF-8",
+        "DELEGATE_POLL_INTERVAL": "1",
+        **(env_extra or {}),
+    }
+    return subprocess.run(
+        [RUNUSER, "-u", user.name, "--", PY, str(path), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd="/",
+    )
 
 
 def result_of(r):
-    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT: ")]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT: ")]
     assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
-    return json.loads(lines[-1][len("RESULT: "):])
+    return json.loads(lines[-1][len("RESULT: ") :])
 
 
 @pytest.fixture
@@ -81,8 +94,6 @@ try:
 except Exception as e:
     print("RESULT:", json.dumps({"ok": False, "type": type(e).__name__, "msg": str(e)}))
 """
-
-
 
 
 def test_full_root_python_result_is_never_half_read(alice, tiny_root):
@@ -158,14 +169,26 @@ def test_many_users_submit_concurrently():
     t0 = time.monotonic()
     procs = []
     for u in users:
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(u.home), "LANG": "C.UTF-8",
-               "DELEGATE_POLL_INTERVAL": "1"}
-        procs.append(subprocess.Popen([RUNUSER, "-u", u.name, "--", PY, str(d / "stress.py"), str(per_user)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/"))
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(u.home),
+            "LANG": "C.UTF-8",
+            "DELEGATE_POLL_INTERVAL": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [RUNUSER, "-u", u.name, "--", PY, str(d / "stress.py"), str(per_user)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd="/",
+            )
+        )
     try:
         for u, p in zip(users, procs):
             out, err = p.communicate(timeout=3600)
-            lines = [l for l in out.splitlines() if l.startswith("RESULT: ")]
+            lines = [ln for ln in out.splitlines() if ln.startswith("RESULT: ")]
             assert p.returncode == 0 and lines, (u.name, out[-2000:], err[-2000:])
             res = json.loads(lines[-1][8:])
             # Every result once, in order, computed as this user, for this input.
@@ -177,6 +200,9 @@ def test_many_users_submit_concurrently():
     print(f"{STRESS_USERS * per_user} jobs by {STRESS_USERS} users in {time.monotonic() - t0:.0f}s")
     # Nothing left behind.
     ours = {p.name for u in users if u.root.exists() for p in u.root.iterdir()}
-    left = set(sh("docker", "ps", "-a", "--filter", "label=delegate.job",
-                  "--format", '{{.Label "delegate.job"}}').stdout.split())
+    left = set(
+        sh(
+            "docker", "ps", "-a", "--filter", "label=delegate.job", "--format", '{{.Label "delegate.job"}}'
+        ).stdout.split()
+    )
     assert not (left & ours), left & ours

@@ -2,6 +2,7 @@
 is ONE sbatch and ONE exclusive Slurm job (on this one-node cluster) whose
 runner runs the calls one after another, each in its own container; results
 come back in order; cancelling one map future cancels only that call."""
+
 from __future__ import annotations
 
 import time
@@ -21,7 +22,9 @@ def slurm_file(f):
 
 
 def test_map_is_one_sbatch_one_shared_allocation_in_order(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def work(x):
     # Nothing of an earlier call is left: /tmp is the container's own, /job the call's own.
     seen = sorted(os.listdir("/tmp")), sorted(os.listdir("/job"))
@@ -36,7 +39,8 @@ out(values=[v[0] for v in values], hosts=[v[1] for v in values], sbatch=delegate
     seen=[v[2] for v in values],
     slurm_ids=[s["slurm_id"] for s in st], states=[s["state"] for s in st],
     files=[slurm_file(f) for f in futs], ids=[f.job_id for f in futs])
-""")
+"""
+    )
     assert res["values"] == [0, 1, 4, 9], res
     assert res["sbatch"] == 1, "a map must make exactly one sbatch call"
     sid = res["slurm_ids"][0]
@@ -47,12 +51,16 @@ out(values=[v[0] for v in values], hosts=[v[1] for v in values], sbatch=delegate
     assert len(set(res["hosts"])) == 4, f"each call must run in its own container: {res['hosts']}"
     for tmp, job in res["seen"]:
         assert tmp == [], f"/tmp of a call holds another call's files: {res['seen']}"
-        assert not any(n.startswith("mark-") for n in job), f"/job of a call holds another call's files: {res['seen']}"
+        assert not any(n.startswith("mark-") for n in job), (
+            f"/job of a call holds another call's files: {res['seen']}"
+        )
     assert len(set(res["ids"])) == 4
 
 
 def test_cancel_of_one_map_future_cancels_only_that_call(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def nap(x):
     time.sleep(x)
     return x
@@ -87,7 +95,9 @@ out(before=before, ok=[ok_pending, ok_running], after_pending=[after_pending["st
     cancelled=[f.cancelled() for f in futs], final=[s["state"] for s in final],
     sids=sorted({s["slurm_id"] for s in final}), sbatch=delegate.sbatch_count(), ids=ids)
 ex.shutdown(wait=False)
-""", timeout=400)
+""",
+        timeout=400,
+    )
     assert res["sbatch"] == 1 and len(res["sids"]) == 1, res
     before = res["before"]
     assert before[0][0] == "running", before
@@ -106,8 +116,11 @@ ex.shutdown(wait=False)
 
 
 def test_calls_per_allocation_1_is_a_job_array_again(alice):
-    res, _ = alice.result(HEADER.replace("import delegate", "os.environ['DELEGATE_CALLS_PER_ALLOCATION'] = '1'\n"
-                                                           "import delegate", 1) + """
+    res, _ = alice.result(
+        HEADER.replace(
+            "import delegate", "os.environ['DELEGATE_CALLS_PER_ALLOCATION'] = '1'\nimport delegate", 1
+        )
+        + """
 def sq(x):
     return x * x
 with delegate.Executor(time="1m") as ex:
@@ -116,7 +129,8 @@ with delegate.Executor(time="1m") as ex:
 st = delegate.status([f.job_id for f in futs])
 out(values=values, sbatch=delegate.sbatch_count(), slurm_ids=[s["slurm_id"] for s in st],
     files=[slurm_file(f) for f in futs])
-""")
+"""
+    )
     assert res["values"] == [0, 1, 4]
     assert res["sbatch"] == 1, "a map is still one sbatch (a job array)"
     base = res["slurm_ids"][0].split("_")[0]
@@ -125,7 +139,9 @@ out(values=values, sbatch=delegate.sbatch_count(), slurm_ids=[s["slurm_id"] for 
 
 
 def test_a_failing_call_does_not_stop_the_others(alice):
-    res, _ = alice.result(HEADER + """
+    res, _ = alice.result(
+        HEADER
+        + """
 def inv(x):
     return 1 / x
 ex = delegate.Executor(time="1m")
@@ -136,7 +152,8 @@ out(r0=futs[0].result(timeout=240), r2=futs[2].result(timeout=240), exc=type(e).
     states=[f.state for f in futs], sids=sorted({f.status.get("slurm_id") for f in futs}),
     sbatch=delegate.sbatch_count())
 ex.shutdown()
-""")
+"""
+    )
     assert res["exc"] == "ZeroDivisionError", res
     assert (res["r0"], res["r2"]) == (1.0, 0.25), res
     # (A call that raised still ran to its end: its job is completed, the exception is its result.)

@@ -18,6 +18,7 @@ Docker sandbox on a node allocated exclusively to it.
 The job handling (job directory, sbatch, squeue, scancel, waiting) is the
 Rust core (``delegate._core``); Python does the pickling only.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -30,14 +31,30 @@ import time as _time
 
 import delegate_executor as _fmt
 from delegate import _core
-from delegate._client import WAITER, DelegateFuture, attach, mark_cancelled
-from delegate._errors import (DelegateError, JobFailed, JobTimedOut, RemoteError,
-                              RemoteTraceback, VersionMismatchError)
+from delegate._client import DelegateFuture, attach, mark_cancelled
+from delegate._errors import (
+    DelegateError,
+    JobFailed,
+    JobTimedOut,
+    RemoteError,
+    RemoteTraceback,
+    VersionMismatchError,
+)
 
 __all__ = [
-    "remote", "Executor", "Job", "DelegateFuture", "DelegateError", "RemoteError",
-    "VersionMismatchError", "JobFailed", "JobTimedOut", "RemoteTraceback", "status",
-    "cancel", "sbatch_count",
+    "DelegateError",
+    "DelegateFuture",
+    "Executor",
+    "Job",
+    "JobFailed",
+    "JobTimedOut",
+    "RemoteError",
+    "RemoteTraceback",
+    "VersionMismatchError",
+    "cancel",
+    "remote",
+    "sbatch_count",
+    "status",
 ]
 __version__ = _core.__version__
 
@@ -46,6 +63,7 @@ _RESOURCE_KEYS = ("cpus", "mem", "time", "image", "env")
 
 def _cloudpickle():
     import cloudpickle
+
     return cloudpickle
 
 
@@ -61,8 +79,12 @@ def _register_local_module(fn, cloudpickle) -> None:
         return
     path = os.path.realpath(path)
     import sysconfig
-    installed = {os.path.realpath(p) for p in (sysconfig.get_paths().get(k) for k in
-                                               ("stdlib", "platstdlib", "purelib", "platlib")) if p}
+
+    installed = {
+        os.path.realpath(p)
+        for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+        if p
+    }
     installed |= {os.path.realpath(p) for p in sys.path if "site-packages" in p or "dist-packages" in p}
     if any(path.startswith(d + os.sep) for d in installed):
         return
@@ -102,8 +124,7 @@ def _submit_many(fn, calls, res: dict) -> list:
     """Submits every (args, kwargs) of ``calls`` in one sbatch; returns futures."""
     cloudpickle = _cloudpickle()
     payloads = [_payload(fn, a, k) for a, k in calls]
-    ids = _core.submit_python(payloads, _fmt.python_version(), cloudpickle.__version__,
-                              **_resources(res))
+    ids = _core.submit_python(payloads, _fmt.python_version(), cloudpickle.__version__, **_resources(res))
     label = _label(fn)
     return [attach(i, "%s [%s]" % (label, i)) for i in ids]
 
@@ -134,7 +155,7 @@ class RemoteFunction:
         with Executor(**self._resources) as ex:
             return list(ex.map(self._fn, *iterables, timeout=timeout))
 
-    def options(self, **resources) -> "RemoteFunction":
+    def options(self, **resources) -> RemoteFunction:
         return RemoteFunction(self._fn, **{**self._resources, **resources})
 
     def __reduce__(self):
@@ -158,8 +179,11 @@ class Executor(cf.Executor):
     on the cluster. ``map`` submits all its calls in one sbatch."""
 
     def __init__(self, cpus=None, mem=None, time=None, image=None, env=None):
-        self._resources = {k: v for k, v in dict(cpus=cpus, mem=mem, time=time, image=image,
-                                                  env=env).items() if v is not None}
+        self._resources = {
+            k: v
+            for k, v in dict(cpus=cpus, mem=mem, time=time, image=image, env=env).items()
+            if v is not None
+        }
         _resources(self._resources)
         self._futures = []
         self._lock = threading.Lock()
@@ -194,6 +218,7 @@ class Executor(cf.Executor):
                     yield f.result(left)
             finally:
                 _cancel_futures([f for f in futs if not f.done()])
+
         return results()
 
     def shutdown(self, wait=True, *, cancel_futures=False):

@@ -2,6 +2,7 @@
 (job directories, sbatch, squeue, scancel, waiting on the directory) is the
 Rust core, ``delegate._core``; this module only turns its answers into
 ``concurrent.futures`` semantics and pickled values into Python objects."""
+
 from __future__ import annotations
 
 import atexit
@@ -12,13 +13,18 @@ import pickle
 import sys
 import threading
 import time
-import weakref
 
 import delegate_executor as fmt
 from delegate import _core
 from delegate._display import StatusLine
-from delegate._errors import (DelegateError, JobFailed, JobTimedOut, RemoteError,
-                              RemoteTraceback, VersionMismatchError)
+from delegate._errors import (
+    DelegateError,
+    JobFailed,
+    JobTimedOut,
+    RemoteError,
+    RemoteTraceback,
+    VersionMismatchError,
+)
 
 TERMINAL = ("completed", "failed", "timed-out", "cancelled", "lost")
 # Longest round of the shared waiter. The Rust core returns earlier when one
@@ -62,7 +68,12 @@ def decode_result(data: bytes, job_id: str):
         except Exception as e:  # noqa: BLE001
             return "err", RemoteError(
                 "job %s: the return value could not be unpickled here: %s: %s"
-                % (job_id, type(e).__name__, e), "", "", job_id, "unpicklable-result")
+                % (job_id, type(e).__name__, e),
+                "",
+                "",
+                job_id,
+                "unpicklable-result",
+            )
     if status == "err":
         try:
             exc = pickle.loads(rec["data"])
@@ -71,8 +82,12 @@ def decode_result(data: bytes, job_id: str):
         except Exception as e:  # noqa: BLE001
             return "err", RemoteError(
                 "job %s: the remote %s could not be unpickled here (%s: %s): %s"
-                % (job_id, exc_type, type(e).__name__, e, summary), text, exc_type, job_id,
-                "unpicklable-exception")
+                % (job_id, exc_type, type(e).__name__, e, summary),
+                text,
+                exc_type,
+                job_id,
+                "unpicklable-exception",
+            )
         exc.__cause__ = RemoteTraceback(text)
         if hasattr(exc, "add_note"):
             try:

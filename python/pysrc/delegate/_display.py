@@ -1,6 +1,7 @@
 """A live one-line status per waiting call in Jupyter (a plain
 ``display(..., display_id=True)`` updated in place, no widget packages);
 nothing at all in a plain terminal."""
+
 from __future__ import annotations
 
 import sys
@@ -29,8 +30,8 @@ class StatusLine:
         if in_notebook():
             try:
                 from IPython.display import display
-                self.handle = display({"text/plain": self._text("submitted")}, raw=True,
-                                      display_id=True)
+
+                self.handle = display({"text/plain": self._text("submitted")}, raw=True, display_id=True)
             except Exception:  # noqa: BLE001 - a status line is never worth an error
                 self.handle = None
 

@@ -1,7 +1,8 @@
 """Exceptions of the delegate package."""
+
 from __future__ import annotations
 
-from delegate._core import DelegateError  # noqa: F401  (raised by the Rust core)
+from delegate._core import DelegateError
 
 
 class RemoteError(DelegateError):
@@ -13,8 +14,14 @@ class RemoteError(DelegateError):
     the remote exception type (when there was one), ``job_id`` the job.
     """
 
-    def __init__(self, message: str, remote_traceback: str = "", remote_type: str = "",
-                 job_id: str = "", kind: str = ""):
+    def __init__(
+        self,
+        message: str,
+        remote_traceback: str = "",
+        remote_type: str = "",
+        job_id: str = "",
+        kind: str = "",
+    ):
         super().__init__(message)
         self.remote_traceback = remote_traceback
         self.remote_type = remote_type

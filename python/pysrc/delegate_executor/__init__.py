@@ -29,6 +29,7 @@ caller can always read it, even when the value inside cannot be unpickled::
      "frames": [(filename, lineno, name, line), ...],  # the remote frames
      "data": bytes | None}      # cloudpickle of the value (ok) or exception (err)
 """
+
 from __future__ import annotations
 
 import json
@@ -62,7 +63,7 @@ def decode_payload(data: bytes):
     """Returns (header dict, call bytes)."""
     if not data.startswith(PAYLOAD_MAGIC):
         raise PayloadError("the payload does not start with the delegate magic %r" % PAYLOAD_MAGIC)
-    rest = data[len(PAYLOAD_MAGIC):]
+    rest = data[len(PAYLOAD_MAGIC) :]
     nl = rest.find(b"\n", 0, MAX_HEADER)
     if nl < 0:
         raise PayloadError("the payload header is missing or longer than %d bytes" % MAX_HEADER)
@@ -72,7 +73,7 @@ def decode_payload(data: bytes):
         raise PayloadError("the payload header is not valid JSON: %s" % e) from None
     if not isinstance(header, dict):
         raise PayloadError("the payload header is not a JSON object")
-    return header, rest[nl + 1:]
+    return header, rest[nl + 1 :]
 
 
 def major_minor(version: str) -> str:
@@ -85,22 +86,33 @@ def version_mismatch(header: dict, here_python: str, here_cloudpickle: str | Non
     theirs_cp = str(header.get("cloudpickle", "?"))
     problems = []
     if major_minor(theirs_py) != major_minor(here_python):
-        problems.append("Python %s on the caller's side but Python %s in the sandbox "
-                        "(major.minor must match)" % (theirs_py, here_python))
+        problems.append(
+            "Python %s on the caller's side but Python %s in the sandbox "
+            "(major.minor must match)" % (theirs_py, here_python)
+        )
     if here_cloudpickle is None:
-        problems.append("cloudpickle %s on the caller's side but no cloudpickle in the sandbox"
-                        % theirs_cp)
+        problems.append("cloudpickle %s on the caller's side but no cloudpickle in the sandbox" % theirs_cp)
     elif theirs_cp != here_cloudpickle:
-        problems.append("cloudpickle %s on the caller's side but cloudpickle %s in the sandbox "
-                        "(the versions must be equal)" % (theirs_cp, here_cloudpickle))
+        problems.append(
+            "cloudpickle %s on the caller's side but cloudpickle %s in the sandbox "
+            "(the versions must be equal)" % (theirs_cp, here_cloudpickle)
+        )
     if not problems:
         return None
     return "version mismatch: " + "; ".join(problems)
 
 
 def record(status, kind="", summary="", exc_type="", tb="", frames=(), data=None) -> dict:
-    return {"v": RESULT_VERSION, "status": status, "kind": kind, "summary": summary,
-            "exc_type": exc_type, "traceback": tb, "frames": list(frames), "data": data}
+    return {
+        "v": RESULT_VERSION,
+        "status": status,
+        "kind": kind,
+        "summary": summary,
+        "exc_type": exc_type,
+        "traceback": tb,
+        "frames": list(frames),
+        "data": data,
+    }
 
 
 def encode_result(rec: dict) -> bytes:
@@ -118,6 +130,7 @@ def decode_result(data: bytes) -> dict:
 
 def _io_bytes(data: bytes):
     import io
+
     return io.BytesIO(data)
 
 
@@ -203,9 +216,13 @@ def run(job_dir: str) -> dict:
     try:
         fn, args, kwargs = pickle.loads(body)
     except BaseException as e:  # noqa: BLE001 - any failure is reported, not raised
-        return record("raw", "bad-payload",
-                      "could not unpickle the call in the sandbox: %s: %s" % (_qualname(type(e)), e),
-                      _qualname(type(e)), traceback.format_exc())
+        return record(
+            "raw",
+            "bad-payload",
+            "could not unpickle the call in the sandbox: %s: %s" % (_qualname(type(e)), e),
+            _qualname(type(e)),
+            traceback.format_exc(),
+        )
     del body
     try:
         value = fn(*args, **kwargs)
@@ -217,10 +234,14 @@ def run(job_dir: str) -> dict:
         try:
             data = _dump_checked(cloudpickle, e)
         except BaseException as pe:  # noqa: BLE001
-            return record("raw", "unpicklable-exception",
-                          "%s (the exception could not be sent back: %s: %s)"
-                          % (summary, _qualname(type(pe)), pe),
-                          _qualname(type(e)), text, frames)
+            return record(
+                "raw",
+                "unpicklable-exception",
+                "%s (the exception could not be sent back: %s: %s)" % (summary, _qualname(type(pe)), pe),
+                _qualname(type(e)),
+                text,
+                frames,
+            )
         return record("err", "", summary, _qualname(type(e)), text, frames, data)
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -231,10 +252,14 @@ def run(job_dir: str) -> dict:
     try:
         data = _dump_checked(cloudpickle, value)
     except BaseException as pe:  # noqa: BLE001
-        return record("raw", "unpicklable-result",
-                      "the return value (a %s) could not be sent back: %s: %s"
-                      % (_qualname(type(value)), _qualname(type(pe)), pe),
-                      _qualname(type(pe)), traceback.format_exc())
+        return record(
+            "raw",
+            "unpicklable-result",
+            "the return value (a %s) could not be sent back: %s: %s"
+            % (_qualname(type(value)), _qualname(type(pe)), pe),
+            _qualname(type(pe)),
+            traceback.format_exc(),
+        )
     return record("ok", data=data)
 
 
@@ -250,10 +275,15 @@ def main(argv=None) -> int:
     try:
         out = encode_result(rec)
     except BaseException as e:  # noqa: BLE001 - never lose the error
-        out = encode_result(record("raw", rec.get("kind") or "unpicklable-result",
-                                   "%s (and the result record could not be written: %s)"
-                                   % (rec.get("summary", ""), e),
-                                   str(rec.get("exc_type", "")), str(rec.get("traceback", ""))))
+        out = encode_result(
+            record(
+                "raw",
+                rec.get("kind") or "unpicklable-result",
+                "%s (and the result record could not be written: %s)" % (rec.get("summary", ""), e),
+                str(rec.get("exc_type", "")),
+                str(rec.get("traceback", "")),
+            )
+        )
     try:
         _write_atomic(job_dir, RESULT, out)
     except OSError as e:
