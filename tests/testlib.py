@@ -5,30 +5,103 @@ this directory on sys.path."""
 from __future__ import annotations
 
 import contextlib
+import grp
 import pwd
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
-# Two test students with fixed ids (the same ids a multi-node deployment gives them).
-USERS = {"delegate-alice": 2001, "delegate-bob": 2002}
+# The test students. Their accounts belong to the tests: an account of one of
+# these names is reused as it is (whatever its ids), and one that does not
+# exist is created with a free id. The harness never creates, changes or
+# removes any other account, so it can run on a machine with real users.
+USERS = ("delegate-alice", "delegate-bob")
+# Only names with this prefix are ever created (a guard against a typo that
+# would name a real user).
+PREFIX = "delegate-"
+# Where the search for a free id starts: the ids a multi-node deployment gives
+# the test students (stack/, docker/cluster-entrypoint.sh) when nothing on this
+# machine holds them, so a fresh machine gets the usual 2001, 2002, ...
+FIRST_ID = 2001
+# Never below the range of ordinary accounts, never into the nobody/65534 area.
+ID_RANGE = (1000, 60000)
+# The comment (GECOS) of the accounts the tests create.
+COMMENT = "delegate test student"
 
 
-def ensure_user(name: str, uid: int) -> None:
-    """Creates `name` with `uid` (and a group and a home) unless it exists."""
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--create-home", "--uid", str(uid), "--user-group", "--shell", "/bin/sh", name],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+class Plan(NamedTuple):
+    """What ensure_user does for one name: reuse the account with this uid,
+    or create it with this uid (and a group of its own with the same gid)."""
+
+    action: str  # "reuse" or "create"
+    uid: int
 
 
-def ensure_users(users: dict[str, int] = USERS) -> None:
-    for name, uid in users.items():
-        ensure_user(name, uid)
+def free_id(taken: Iterable[int], prefer: int = FIRST_ID, id_range: tuple[int, int] = ID_RANGE) -> int:
+    """The first id from `prefer` up (then from the bottom of `id_range`)
+    that is in `id_range` and not in `taken` (pass the uids AND gids in use:
+    the new account gets a group with the same id)."""
+    lo, hi = id_range
+    taken = set(taken)
+    start = min(max(prefer, lo), hi)
+    for candidate in [*range(start, hi), *range(lo, start)]:
+        if candidate not in taken:
+            return candidate
+    raise RuntimeError(f"no free uid/gid in [{lo}, {hi}) for a test account")
+
+
+def plan_user(name: str, passwd: Iterable, groups: Iterable, prefer: int = FIRST_ID) -> Plan:
+    """Decides, from the account database (`passwd` as pwd.getpwall(),
+    `groups` as grp.getgrall()), whether the test account `name` is reused or
+    created, and with which uid. Pure: ensure_user applies it."""
+    if not name.startswith(PREFIX):
+        raise ValueError(f"{name!r} is not a test account name (they start with {PREFIX!r})")
+    passwd, groups = list(passwd), list(groups)
+    for pw in passwd:
+        if pw.pw_name == name:
+            if pw.pw_uid < ID_RANGE[0]:
+                raise RuntimeError(
+                    f"an account {name!r} exists with the system uid {pw.pw_uid}: "
+                    "not a test student; the tests will not use or change it"
+                )
+            return Plan("reuse", pw.pw_uid)
+    taken = {pw.pw_uid for pw in passwd} | {gr.gr_gid for gr in groups}
+    return Plan("create", free_id(taken, prefer))
+
+
+def ensure_user(name: str, prefer: int = FIRST_ID) -> pwd.struct_passwd:
+    """The test account `name`: reused when it exists, else created (with a
+    home, a group of its own, a free uid from `prefer` up). Returns its entry."""
+    for _ in range(20):
+        plan = plan_user(name, pwd.getpwall(), grp.getgrall(), prefer)
+        if plan.action == "reuse":
+            return pwd.getpwnam(name)
+        cmd = ["useradd", "--create-home", "--uid", str(plan.uid), "--shell", "/bin/sh"]
+        cmd += ["--comment", COMMENT]
+        try:
+            # A group of this name left behind (userdel keeps a group that has
+            # other members): the new account joins it rather than fail.
+            grp.getgrnam(name)
+            cmd += ["--gid", name]
+        except KeyError:
+            cmd += ["--user-group"]
+        r = subprocess.run([*cmd, name], capture_output=True, text=True, timeout=60)
+        if r.returncode == 0:
+            return pwd.getpwnam(name)
+        # 4: the uid was taken meanwhile (or by an account that getpwall does
+        # not list); 9: the name was taken meanwhile. Decide again.
+        if r.returncode not in (4, 9):
+            raise RuntimeError(f"{' '.join(cmd)} {name} failed (exit {r.returncode}): {r.stderr.strip()}")
+        prefer = plan.uid + 1
+    raise RuntimeError(f"could not create the test account {name!r}: no free uid found")
+
+
+def ensure_users(users: Iterable[str] = USERS) -> None:
+    """The test students, each reused or created (see ensure_user)."""
+    prefer = FIRST_ID
+    for name in users:
+        prefer = ensure_user(name, prefer).pw_uid + 1
 
 
 @contextlib.contextmanager

@@ -161,7 +161,7 @@ def test_many_users_submit_concurrently():
     users = []
     for i in range(STRESS_USERS):
         name = f"delegate-load{i}"
-        testlib.ensure_user(name, 2200 + i)
+        testlib.ensure_user(name, prefer=2200 + i)  # reused, or created with a free uid
         users.append(U(name))
     d = script_dir()
     (d / "stress.py").write_text(STRESS_SCRIPT)
