@@ -1,0 +1,126 @@
+# shellcheck shell=bash
+# build_cluster.d/check.sh -- the instructor's check of a deployed stack:
+# `./build_cluster.sh test`.
+#
+# Against the stack that `deploy` started (stack.sh), as the two test
+# accounts of cluster.conf (DELEGATE_STACK_TEST_USERS), it checks and prints
+# ok/FAIL for each: every worker idle; a trivial job on each worker; a
+# Python function through delegate as each account (own uid, a perf
+# counter; the user-side script is stack/check_user.py, run on the user
+# node); neither account can read the other's job directories; exclusive
+# nodes; a map sharing one allocation per worker; JupyterLab answering with
+# the token and refusing without. Exits 1 (die) when any check failed.
+# The action is stack_test; each check is a function t_* run by `check`.
+#
+# Sourced by build_cluster.sh after common.sh, local.sh and stack.sh (never
+# run by itself). Needs from common.sh: log, die, need_root, T0; from
+# stack.sh: stack_load_config, stack_deployed_workers, stack_secrets,
+# stack_wait, stack_exec, stack_exec_as, stack_nodes_idle and the variables
+# stack_load_config/stack_secrets set (STACK, JUPYTER_TOKEN, ...); from
+# build_cluster.sh: REPO.
+
+# Set to 1 by `check` when a check fails; stack_test dies at the end then.
+STACK_TEST_FAILED=0
+
+# check DESCRIPTION CMD...: run CMD, print ok or FAIL with its output
+# indented below, remember a failure in STACK_TEST_FAILED; always returns 0
+# so every check runs.
+check() {
+    local what=$1 out; shift
+    if out=$("$@" 2>&1); then
+        printf '  \033[32mok\033[0m   %s\n' "$what"
+        [[ -n $out ]] && printf '%s\n' "$out" | sed 's/^/       /'
+    else
+        printf '  \033[31mFAIL\033[0m %s\n' "$what"
+        printf '%s\n' "$out" | sed 's/^/       /'
+        STACK_TEST_FAILED=1
+    fi
+    return 0
+}
+
+# --- the checks: each prints what it saw and returns non-zero on failure
+# t_sinfo_idle: sinfo on the head, and every worker idle.
+t_sinfo_idle() {
+    stack_exec head sinfo -N -o '%N %T %c %m' || return 1
+    stack_nodes_idle
+}
+# t_job_on_each_worker USER: one `sbatch --wait -w workerI` per worker at
+# once, as USER from the user node; each must print its worker's hostname.
+t_job_on_each_worker() {
+    local u=$1 i pids=() rc=0 out
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        stack_exec_as "$u" user timeout 180 sbatch --wait -Q -w "worker$i" -t 2 \
+            -o "$DELEGATE_STACK_HOME/$u/.stack-check-worker$i.out" --wrap 'hostname -s' </dev/null &
+        pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait "$i" || rc=1; done
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        out=$(stack_exec_as "$u" user cat "$DELEGATE_STACK_HOME/$u/.stack-check-worker$i.out" 2>/dev/null)
+        stack_exec_as "$u" user rm -f "$DELEGATE_STACK_HOME/$u/.stack-check-worker$i.out"
+        echo "worker$i: ${out:-no output}"
+        [[ $out == "worker$i" ]] || rc=1
+    done
+    return $rc
+}
+# t_python USER ARGS...: stack/check_user.py on the user node, as USER, with
+# ARGS (basic, excl N, map N: see that file).
+t_python() {
+    local u=$1; shift
+    stack_exec_as "$u" user timeout 600 /opt/delegate/venv/bin/python - "$@" <"$REPO/stack/check_user.py"
+}
+# t_isolation A B: A cannot list B's job directories, on the user node nor
+# on worker1.
+t_isolation() {
+    local a=$1 b=$2 node
+    # b has job directories by now; a can read none of them -- on the user
+    # node nor on a worker (the sandbox sees only its own /job anyway).
+    stack_exec_as "$b" user test -d "$DELEGATE_STACK_HOME/$b/.delegate/jobs" \
+        || { echo "$b has no job directory"; return 1; }
+    for node in user worker1; do
+        if stack_exec_as "$a" "$node" ls "$DELEGATE_STACK_HOME/$b/.delegate/jobs" >/dev/null 2>&1; then
+            echo "$a can list $b's job directories on $node"; return 1
+        fi
+    done
+    echo "$a cannot read $DELEGATE_STACK_HOME/$b/.delegate/jobs (user node, worker1)"
+}
+# t_jupyter: JupyterLab on the published port answers /api/status and /lab
+# with the token, and refuses /api/status without it.
+t_jupyter() {
+    local url="http://127.0.0.1:$DELEGATE_JUPYTER_PORT" code
+    code=$(curl -s -o /dev/null -w '%{http_code}' "$url/api/status?token=$JUPYTER_TOKEN")
+    [[ $code == 200 ]] || { echo "GET /api/status with the token: HTTP $code"; return 1; }
+    code=$(curl -s -o /dev/null -w '%{http_code}' "$url/api/status")
+    [[ $code == 403 || $code == 401 ]] || { echo "GET /api/status without a token: HTTP $code (want 401/403)"; return 1; }
+    code=$(curl -s -o /dev/null -w '%{http_code}' "$url/lab?token=$JUPYTER_TOKEN")
+    [[ $code == 200 ]] || { echo "GET /lab with the token: HTTP $code"; return 1; }
+    echo "JupyterLab on :$DELEGATE_JUPYTER_PORT answers with the token (and refuses without)"
+}
+
+# --- the action
+# stack_test: `test`, every check above against the deployed stack; dies
+# (exit 1) when any failed.
+stack_test() {
+    need_root test
+    stack_load_config
+    [[ -n $(docker stack services -q "$STACK" 2>/dev/null) ]] || die "stack $STACK is not deployed (./build_cluster.sh deploy)"
+    stack_deployed_workers
+    stack_secrets
+    local t1 t2 u
+    read -r t1 t2 _ <<<"$(for u in $DELEGATE_STACK_TEST_USERS; do printf '%s ' "${u%%:*}"; done)"
+    [[ -n $t1 && -n $t2 ]] || die "DELEGATE_STACK_TEST_USERS must name two accounts"
+    log "test: stack $STACK, $DELEGATE_STACK_WORKERS workers, test accounts $t1 $t2"
+    stack_wait >/dev/null
+    check "sinfo: every worker idle" t_sinfo_idle
+    check "a trivial job on each worker ($t1, sbatch -w)" t_job_on_each_worker "$t1"
+    check "$t1: Python function via delegate, own uid, perf counter" t_python "$t1" basic
+    check "$t2: Python function via delegate, own uid, perf counter" t_python "$t2" basic
+    check "$t1 cannot read $t2's job directories" t_isolation "$t1" "$t2"
+    check "$t2 cannot read $t1's job directories" t_isolation "$t2" "$t1"
+    check "exclusive nodes: $((2 * DELEGATE_STACK_WORKERS)) jobs of 5 s at once" t_python "$t1" excl "$DELEGATE_STACK_WORKERS"
+    check "a map shares one exclusive allocation per worker" t_python "$t1" map "$DELEGATE_STACK_WORKERS"
+    check "JupyterLab answers with the token" t_jupyter
+    if ((STACK_TEST_FAILED)); then
+        die "test: some checks failed (see above; ./build_cluster.sh status, docker service logs ${STACK}_<service>)"
+    fi
+    log "test: all checks passed in $((SECONDS - T0)) s"
+}

@@ -1,0 +1,503 @@
+# shellcheck shell=bash
+# build_cluster.d/local.sh -- the single-machine cluster: `./build_cluster.sh
+# --local up|stop|status` (the default mode).
+#
+# Sourced by build_cluster.sh after common.sh (never run by itself). The
+# actions are local_up, local_stop and local_status; `up` runs steps 1-7 as
+# the header of build_cluster.sh lists them, one section below each:
+#   1. Debian packages          local_install_packages
+#   2. Slurm config and epilog  local_write_slurm_conf
+#   3. daemons                  local_start_daemons (munged, dockerd,
+#                               slurmctld, slurmd; then waits for the node)
+#   4. Rust build and install   local_build_install
+#   5. images                   local_build_images (also used by stack.sh)
+#   6. site policy              local_install_policy
+#   7. demo job                 local_demo
+# Daemons this script starts are recorded in $STARTED_FILE so that `stop`
+# stops those and nothing else.
+#
+# Needs from common.sh: log, warn, die, wait_for, need_root, docker_ok,
+# MARKER, T0. From build_cluster.sh: REPO and the settings (DELEGATE_*,
+# SLURM_CONF).
+
+# "name pid" per daemon this script started (read by `stop` and `status`,
+# and by tests/e2e/test_faults.py, which restarts daemons and records the
+# new pids in the same format).
+STARTED_FILE=$DELEGATE_STATE_DIR/started
+# The Debian packages `up` installs when missing.
+PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
+          build-essential pkg-config python3-venv python3-pip ca-certificates
+          curl procps)
+
+# record_started NAME PID: remember a daemon we started so `stop` stops it
+# and nothing else.
+record_started() {
+    mkdir -p "$DELEGATE_STATE_DIR"
+    # One line per daemon: drop an older entry for the same name.
+    { grep -v "^$1 " "$STARTED_FILE" 2>/dev/null || true; echo "$1 $2"; } >"$STARTED_FILE.tmp"
+    mv "$STARTED_FILE.tmp" "$STARTED_FILE"
+}
+
+# ------------------------------------------------------ 1. Debian packages
+# local_install_packages: apt-get install the PACKAGES that are missing
+# (refreshing the index only when it is older than a day).
+local_install_packages() {
+    local missing=() p
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed' \
+            || missing+=("$p")
+    done
+    if ((${#missing[@]} == 0)); then
+        log "packages: all installed"
+        return
+    fi
+    log "packages: installing ${missing[*]}"
+    command -v apt-get >/dev/null || die "apt-get not found: only Debian/Ubuntu are supported"
+    # Only refresh the index when it is missing or older than a day.
+    if [[ -z $(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -n1) ]]; then
+        apt-get update -q || die "apt-get update failed"
+    fi
+    # The Debian packages try to start their services; in a container or CI
+    # VM without systemd that fails harmlessly, and we start them ourselves.
+    apt-get install -y -q --no-install-recommends "${missing[@]}" \
+        || die "apt-get install ${missing[*]} failed"
+}
+
+# --------------------------------------------- 2. Slurm config and epilog
+# node_hardware: the hardware line for the node, as slurmd itself detects it (CPUs, sockets,
+# cores, threads, RealMemory); falls back to nproc and /proc/meminfo.
+node_hardware() {
+    local hw
+    hw=$(slurmd -C 2>/dev/null | head -n1 | sed -e 's/^NodeName=[^ ]* //' -e 's/ *UpTime=.*//') || true
+    if [[ $hw != *CPUs=* || $hw != *RealMemory=* ]]; then
+        hw="CPUs=$(nproc) RealMemory=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024))"
+    fi
+    echo "$hw"
+}
+
+# install_generated SRC DEST MODE: install SRC as DEST unless DEST exists and
+# was not written by us (no marker) -- then stop rather than clobber it.
+# Returns 0 when DEST changed, 1 when it was already up to date.
+install_generated() {
+    local src=$1 dest=$2 mode=$3
+    if [[ -e $dest ]]; then
+        if [[ $(head -n1 "$dest") != "$MARKER" && $(sed -n 2p "$dest") != "$MARKER" ]]; then
+            die "$dest exists and was not written by this script (no marker line).
+       Move it away, or put this line at its top to let the script manage it:
+       $MARKER"
+        fi
+        if cmp -s "$src" "$dest"; then
+            return 1
+        fi
+    fi
+    install -D -o root -g root -m "$mode" "$src" "$dest"
+    return 0
+}
+
+# Set to 1 by local_write_slurm_conf when slurm.conf changed, so that
+# local_start_daemons restarts running Slurm daemons.
+SLURM_CONF_CHANGED=0
+# local_write_slurm_conf: /etc/slurm/slurm.conf (from the template, for this
+# node) and the epilog, both only over files this script wrote; the private
+# state and log directories the Slurm daemons use.
+local_write_slurm_conf() {
+    local node slurmuser tmp
+    node=$(hostname -s)
+    [[ -n $node ]] || die "hostname -s is empty"
+    slurmuser=root
+    id slurm >/dev/null 2>&1 && slurmuser=slurm
+    tmp=$(mktemp)
+    sed -e "s|@MARKER@|$MARKER|" \
+        -e "s|@NODENAME@|$node|g" \
+        -e "s|@NODEHW@|$(node_hardware)|" \
+        -e "s|@SLURMUSER@|$slurmuser|" \
+        -e "s|@PART_MAXTIME@|$DELEGATE_PART_MAXTIME|" \
+        -e "s|@STATE_DIR@|$DELEGATE_STATE_DIR|g" \
+        -e "s|@LOG_DIR@|$DELEGATE_LOG_DIR|g" \
+        -e "s|@RUN_DIR@|$DELEGATE_RUN_DIR|g" \
+        "$REPO/slurm-conf/slurm.conf.in" >"$tmp"
+    if grep -q '@[A-Z_]*@' "$tmp"; then
+        rm -f "$tmp"; die "slurm.conf.in has unfilled placeholders"
+    fi
+    if install_generated "$tmp" "$SLURM_CONF" 0644; then
+        SLURM_CONF_CHANGED=1
+        log "slurm: wrote $SLURM_CONF (node $node: $(node_hardware))"
+    else
+        log "slurm: $SLURM_CONF up to date"
+    fi
+    rm -f "$tmp"
+
+    # The epilog: the marker is on its second line (after the #! line).
+    tmp=$(mktemp)
+    { head -n1 "$REPO/slurm-conf/epilog.sh"; echo "$MARKER"; tail -n +2 "$REPO/slurm-conf/epilog.sh"; } >"$tmp"
+    if install_generated "$tmp" /etc/slurm/delegate-epilog.sh 0755; then
+        log "slurm: installed /etc/slurm/delegate-epilog.sh"
+    fi
+    rm -f "$tmp"
+
+    # Private state and log directories (slurmctld writes as SlurmUser).
+    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_STATE_DIR/slurm" "$DELEGATE_LOG_DIR" "$DELEGATE_RUN_DIR"
+    install -d -m 0755 "$DELEGATE_STATE_DIR/slurm/d"
+    install -d -m 0700 -o "$slurmuser" "$DELEGATE_STATE_DIR/slurm/ctld"
+    touch "$DELEGATE_LOG_DIR/slurmctld.log" "$DELEGATE_LOG_DIR/epilog.log"
+    chown "$slurmuser" "$DELEGATE_LOG_DIR/slurmctld.log"
+}
+
+# ------------------------------------------------------------- 3. daemons
+# munge_ok: munged answers (a credential round-trips).
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+# slurmctld_ok: the controller answers `scontrol ping`.
+slurmctld_ok() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+
+# start_munged: start munged (creating its key on first use) unless it runs
+# and answers.
+start_munged() {
+    if pgrep -x munged >/dev/null && munge_ok; then
+        log "munged: already running"; return
+    fi
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        log "munged: creating /etc/munge/munge.key"
+        mungekey --create --keyfile=/etc/munge/munge.key
+        chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
+    fi
+    install -d -o munge -g munge -m 0755 /run/munge
+    runuser -u munge -- munged || die "munged failed to start (see /var/log/munge/munged.log)"
+    record_started munged "$(pgrep -x -n munged)"
+    wait_for 20 munged munge_ok || die "munged does not answer (munge -n | unmunge fails)"
+}
+
+# start_slurmctld: start the controller unless it answers; die when a
+# slurmctld runs but does not answer (the log says why).
+start_slurmctld() {
+    if slurmctld_ok; then
+        log "slurmctld: already running"; return
+    fi
+    pgrep -x slurmctld >/dev/null && die "slurmctld is running but 'scontrol ping' fails; see $DELEGATE_LOG_DIR/slurmctld.log"
+    slurmctld -f "$SLURM_CONF" || die "slurmctld failed to start; see $DELEGATE_LOG_DIR/slurmctld.log"
+    wait_for "$DELEGATE_WAIT" slurmctld slurmctld_ok \
+        || die "slurmctld not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmctld.log:
+$(tail -n 20 "$DELEGATE_LOG_DIR/slurmctld.log")"
+    record_started slurmctld "$(cat "$DELEGATE_RUN_DIR/slurmctld.pid")"
+}
+
+# start_slurmd: start the node daemon unless one runs.
+start_slurmd() {
+    if pgrep -x slurmd >/dev/null; then
+        log "slurmd: already running"; return
+    fi
+    slurmd -f "$SLURM_CONF" || die "slurmd failed to start; see $DELEGATE_LOG_DIR/slurmd.log"
+    wait_for 20 slurmd test -s "$DELEGATE_RUN_DIR/slurmd.pid" \
+        || die "slurmd did not write its pid file; see $DELEGATE_LOG_DIR/slurmd.log"
+    record_started slurmd "$(cat "$DELEGATE_RUN_DIR/slurmd.pid")"
+}
+
+# start_dockerd: start dockerd in the background (no systemd here) unless
+# the engine answers, then wait until it does.
+start_dockerd() {
+    if docker_ok; then
+        log "dockerd: already running"; return
+    fi
+    if pgrep -x dockerd >/dev/null; then
+        log "dockerd: running but not answering yet, waiting"
+    else
+        # No systemd here (containers, CI): start it by hand, in the background.
+        nohup dockerd >>"$DELEGATE_LOG_DIR/dockerd.log" 2>&1 </dev/null &
+        record_started dockerd $!
+    fi
+    wait_for "$DELEGATE_WAIT" dockerd docker_ok \
+        || die "dockerd not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/dockerd.log:
+$(tail -n 20 "$DELEGATE_LOG_DIR/dockerd.log")"
+}
+
+# stop_recorded NAME PID: stop a daemon we recorded, if that pid still is
+# that program (SIGTERM, then SIGKILL after 30 s).
+stop_recorded() {
+    local name=$1 pid=$2 i
+    if [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]]; then
+        log "stopping $name (pid $pid)"
+        kill "$pid" 2>/dev/null || true
+        for ((i = 0; i < 30; i++)); do
+            kill -0 "$pid" 2>/dev/null || return 0
+            sleep 1
+        done
+        warn "$name (pid $pid) still running after 30 s; sending SIGKILL"
+        kill -9 "$pid" 2>/dev/null || true
+    else
+        log "$name (pid ${pid:-?}) is no longer running"
+    fi
+}
+
+# node_state: Slurm's state of this machine's node (idle, down, ...).
+node_state() { sinfo -h -N -n "$(hostname -s)" -o '%T' 2>/dev/null | head -n1; }
+
+# local_wait_node: wait until this node can take jobs, resuming it once when
+# it is down or drained (a leftover of an earlier run); die after
+# DELEGATE_WAIT seconds with sinfo and the slurmd log.
+local_wait_node() {
+    local node state deadline=$((SECONDS + DELEGATE_WAIT)) resumed=0
+    node=$(hostname -s)
+    while :; do
+        state=$(node_state)
+        case $state in
+            idle|mixed|allocated|completing) log "node $node: $state"; return ;;
+            down*|drain*|fail*)
+                if ((resumed == 0)); then
+                    log "node $node is $state ($(sinfo -h -N -n "$node" -o '%E')); resuming it"
+                    scontrol update nodename="$node" state=resume || true
+                    resumed=1
+                fi ;;
+        esac
+        if ((SECONDS >= deadline)); then
+            die "node $node is '${state:-unknown}', not idle, after ${DELEGATE_WAIT}s.
+$(sinfo -N -l 2>&1)
+tail of $DELEGATE_LOG_DIR/slurmd.log:
+$(tail -n 15 "$DELEGATE_LOG_DIR/slurmd.log")"
+        fi
+        sleep 1
+    done
+}
+
+# local_start_daemons: munged, dockerd, slurmctld and slurmd running (Slurm
+# restarted when its configuration changed), and the node ready.
+local_start_daemons() {
+    # A changed slurm.conf (new template, new hardware) needs a restart of
+    # the Slurm daemons (node definitions are not reread by reconfigure).
+    if ((SLURM_CONF_CHANGED)) && { pgrep -x slurmctld || pgrep -x slurmd; } >/dev/null; then
+        log "slurm: configuration changed, restarting the Slurm daemons"
+        local d
+        for d in slurmd slurmctld; do
+            local pid; pid=$(pgrep -x "$d" | head -n1 || true)
+            [[ -n $pid ]] && stop_recorded "$d" "$pid"
+        done
+    fi
+    start_munged
+    start_dockerd
+    start_slurmctld
+    start_slurmd
+    local_wait_node
+}
+
+# --------------------------------------------------- 4. Rust build/install
+# local_build_install: cargo build of the workspace; install `delegate` and
+# the setgid-docker `sandbox-runner` into DELEGATE_PREFIX.
+local_build_install() {
+    command -v cargo >/dev/null || die "cargo not found (looked in \$HOME/.cargo/bin and PATH).
+       Install Rust with rustup (https://rustup.rs); Debian's rustc is too old for this workspace."
+    log "cargo: building the workspace (release)"
+    (cd "$REPO" && cargo build --release --workspace) || die "cargo build failed"
+    local t=$REPO/target/release
+    if [[ -x $t/delegate ]]; then
+        install -o root -g root -m 0755 "$t/delegate" "$DELEGATE_PREFIX/delegate"
+        log "installed $DELEGATE_PREFIX/delegate"
+    else
+        warn "the workspace built no 'delegate' binary yet; CLI not installed"
+    fi
+    [[ -x $t/sandbox-runner ]] || die "the workspace built no target/release/sandbox-runner"
+    getent group docker >/dev/null || die "group 'docker' missing (is docker.io installed?)"
+    # The privilege model: students are NOT in the docker group; the runner
+    # reaches the Docker socket through its setgid docker group.
+    # (install sets the mode after chown, so the setgid bit survives.)
+    install -o root -g docker -m 2755 "$t/sandbox-runner" "$DELEGATE_PREFIX/sandbox-runner"
+    log "installed $DELEGATE_PREFIX/sandbox-runner (root:docker 2755)"
+}
+
+# ------------------------------------------------------------- 5. images
+# local_build_images: the base image (present, pulled or debootstrapped) and
+# the sandbox image jobs run in (a cached docker build). stack.sh builds the
+# same two images through this function.
+local_build_images() {
+    if docker image inspect "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
+        log "image $DELEGATE_BASE_IMAGE: present"
+    elif timeout 30 docker pull -q "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
+        log "image $DELEGATE_BASE_IMAGE: pulled"
+    else
+        build_base_image
+    fi
+    log "image $DELEGATE_SANDBOX_IMAGE: building from docker/sandbox.Dockerfile (cached)"
+    # The context is only what the image needs: docker/, the Python executor,
+    # the pyproject.toml that pins cloudpickle, and that cloudpickle's wheel
+    # (downloaded here: the image build has no pip and trusts no proxy CA).
+    local pin wheels
+    pin=$(python3 -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb")); print(*[r for r in d["project"]["dependencies"] if r.startswith("cloudpickle==")])' \
+        "$REPO/python/pyproject.toml") || die "cannot read the cloudpickle pin from python/pyproject.toml"
+    wheels=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheels/wheels" "$pin" \
+        || die "cannot download $pin (pip download)"
+    tar --exclude=__pycache__ -c -C "$REPO" docker python/pyproject.toml python/pysrc/delegate_executor \
+        -C "$wheels" wheels \
+        | docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
+            -t "$DELEGATE_SANDBOX_IMAGE" -f docker/sandbox.Dockerfile - \
+        || { rm -rf "$wheels"; die "docker build of $DELEGATE_SANDBOX_IMAGE failed"; }
+    rm -rf "$wheels"
+}
+
+# build_base_image: no registry: debootstrap a minimal Debian with python3 and import it. The
+# rootfs tarball is cached so a rebuilt Docker engine imports it in seconds.
+build_base_image() {
+    local tarball=$DELEGATE_CACHE_DIR/${DELEGATE_BASE_IMAGE//[:\/]/_}.tar dir
+    install -d -m 0755 "$DELEGATE_CACHE_DIR"
+    if [[ ! -s $tarball ]]; then
+        command -v debootstrap >/dev/null || die "debootstrap not installed"
+        dir=$(mktemp -d "$DELEGATE_CACHE_DIR/rootfs.XXXXXX")
+        log "image $DELEGATE_BASE_IMAGE: not pullable; debootstrap $DELEGATE_BASE_SUITE (~1 min, log $DELEGATE_LOG_DIR/debootstrap.log)"
+        if ! debootstrap --variant=minbase --include=python3 "$DELEGATE_BASE_SUITE" "$dir" \
+                "$DELEGATE_DEBIAN_MIRROR" >"$DELEGATE_LOG_DIR/debootstrap.log" 2>&1; then
+            rm -rf "$dir"
+            die "debootstrap failed; see $DELEGATE_LOG_DIR/debootstrap.log"
+        fi
+        rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+        tar --numeric-owner -C "$dir" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+        rm -rf "$dir"
+    fi
+    log "image $DELEGATE_BASE_IMAGE: importing $tarball"
+    docker import "$tarball" "$DELEGATE_BASE_IMAGE" >/dev/null || die "docker import failed"
+}
+
+# ------------------------------------------------------ 6. site policy
+# local_install_policy: write the site policy from its template, once: an
+# existing policy file (the site's own edits) is never replaced.
+local_install_policy() {
+    if [[ -e $DELEGATE_POLICY_FILE ]]; then
+        log "policy: $DELEGATE_POLICY_FILE exists, left as it is"
+        return
+    fi
+    local mem=$DELEGATE_MAX_MEM tmp
+    if [[ -z $mem ]]; then
+        mem=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 3 / 4 / 1024 / 1024 ))G
+        [[ $mem == 0G ]] && mem=512M
+    fi
+    tmp=$(mktemp)
+    sed -e "s|@SANDBOX_IMAGE@|$DELEGATE_SANDBOX_IMAGE|g" \
+        -e "s|@MAX_CPUS@|$DELEGATE_MAX_CPUS|" \
+        -e "s|@MAX_MEM@|$mem|" \
+        -e "s|@MAX_TIME@|$DELEGATE_MAX_TIME|" \
+        -e "s|@MAX_PIDS@|$DELEGATE_MAX_PIDS|" \
+        -e "s|@TMP_SIZE@|$DELEGATE_TMP_SIZE|" \
+        "$REPO/slurm-conf/policy.toml.in" >"$tmp"
+    install -D -o root -g root -m 0644 "$tmp" "$DELEGATE_POLICY_FILE"
+    rm -f "$tmp"
+    log "policy: wrote $DELEGATE_POLICY_FILE (max_cpus=$DELEGATE_MAX_CPUS max_mem=$mem max_time=$DELEGATE_MAX_TIME)"
+}
+
+# --------------------------------------------------------- 7. demo job
+# demo_id_free ID: ID is a number that no account holds as its uid and no
+# group as its gid.
+demo_id_free() {
+    [[ $1 =~ ^[0-9]+$ ]] && ! getent passwd "$1" >/dev/null && ! getent group "$1" >/dev/null
+}
+
+# demo_user: print the account the demo job runs as: DELEGATE_DEMO_USER,
+# else $SUDO_USER when it is a real user, else delegate-demo. An existing
+# account is used as it is and never changed. A missing one is created with
+# a home under /home: with DELEGATE_DEMO_UID as its uid and gid when that id
+# is free as both, else with ids useradd picks among the free ones -- so it
+# never takes the id of another account or group. Anything useradd/groupadd
+# print goes to stderr (stdout is the name).
+demo_user() {
+    local u=$DELEGATE_DEMO_USER
+    if [[ -z $u && -n ${SUDO_USER:-} && $SUDO_USER != root ]]; then
+        u=$SUDO_USER
+    fi
+    u=${u:-delegate-demo}
+    if ! id "$u" >/dev/null 2>&1; then
+        local idopt=()
+        if getent group "$u" >/dev/null; then
+            # A group of that name is left over (an earlier demo user, or a
+            # useradd that failed after our groupadd): the account gets it as
+            # its primary group; the group itself is not changed.
+            idopt=(--gid "$u")
+            if [[ $DELEGATE_DEMO_UID =~ ^[0-9]+$ ]] && ! getent passwd "$DELEGATE_DEMO_UID" >/dev/null; then
+                idopt+=(--uid "$DELEGATE_DEMO_UID")
+            fi
+        elif demo_id_free "$DELEGATE_DEMO_UID"; then
+            # The same id from run to run on a machine, when it is free.
+            idopt=(--uid "$DELEGATE_DEMO_UID" --gid "$DELEGATE_DEMO_UID")
+            groupadd --gid "$DELEGATE_DEMO_UID" "$u" >&2 || die "cannot create group $u"
+        fi
+        # Without --uid/--gid, useradd takes the next free uid and a new group
+        # of the user's name.
+        useradd --create-home --home-dir "/home/$u" --shell /bin/bash "${idopt[@]}" "$u" >&2 \
+            || die "cannot create demo user $u"
+    fi
+    [[ $(id -u "$u") -ne 0 ]] || die "the demo user must not be root"
+    echo "$u"
+}
+
+# local_demo: as the demo user, submit a command job with the CLI, check
+# its output came back with the user's uid, then print `delegate doctor`.
+local_demo() {
+    if [[ $DELEGATE_SKIP_DEMO == 1 ]]; then
+        warn "DELEGATE_SKIP_DEMO=1: demo job skipped"
+        return
+    fi
+    command -v delegate >/dev/null || die "the delegate CLI is not installed; cannot run the demo job
+       (set DELEGATE_SKIP_DEMO=1 to skip it)"
+    local u home
+    u=$(demo_user)
+    home=$(getent passwd "$u" | cut -d: -f6)
+    # As that user, in their home and with their HOME (runuser keeps root's
+    # environment otherwise): the CLI keeps job dirs under ~/.delegate.
+    as_user() {
+        (cd "$home" && runuser -u "$u" -- env HOME="$home" USER="$u" LOGNAME="$u" "$@")
+    }
+    log "demo: delegate submit --wait, as $u"
+    local out
+    # shellcheck disable=SC2016  # $(...) is for the job's shell to expand, on the node
+    out=$(as_user delegate submit --wait -- sh -c 'echo hello from $(hostname) as uid $(id -u)' 2>&1) \
+        || die "the demo job failed (as $u):
+$out
+       see 'delegate doctor' and $DELEGATE_LOG_DIR/"
+    printf '%s\n' "$out"
+    # The job's stdout must have come back, with the user's uid.
+    grep -q "hello from .* as uid $(id -u "$u")" <<<"$out" \
+        || die "the demo job did not print the expected 'hello from ... as uid $(id -u "$u")'"
+    log "demo: delegate doctor, as $u"
+    as_user delegate doctor || die "delegate doctor reports a problem"
+}
+
+# ------------------------------------------------------------ actions
+# local_up: `--local up`, steps 1-7 (see the top of this file).
+local_up() {
+    need_root up
+    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_LOG_DIR" "$DELEGATE_RUN_DIR"
+    local_install_packages
+    local_write_slurm_conf
+    local_start_daemons
+    local_build_install
+    local_build_images
+    local_install_policy
+    local_demo
+    log "up: done in $((SECONDS - T0)) s"
+}
+
+# local_stop: `--local stop`, the daemons this script started (recorded in
+# STARTED_FILE), newest first; configuration, images and binaries stay.
+local_stop() {
+    need_root stop
+    if [[ ! -s $STARTED_FILE ]]; then
+        log "stop: nothing recorded in $STARTED_FILE; nothing to stop"
+        return
+    fi
+    # Reverse order of starting: slurmd, slurmctld, dockerd, munged.
+    local name pid
+    tac "$STARTED_FILE" | while read -r name pid; do
+        stop_recorded "$name" "$pid"
+    done
+    rm -f "$STARTED_FILE"
+    log "stop: done (configuration, images and binaries left in place)"
+}
+
+# local_status: `--local status`, daemons, Slurm's view and the images.
+local_status() {
+    local d pids
+    for d in munged dockerd slurmctld slurmd; do
+        pids=$(pgrep -x "$d" | tr '\n' ' ' || true)
+        printf '%-10s %s\n' "$d" "${pids:-(not running)}"
+    done
+    echo "started by this script: $( { [[ -s $STARTED_FILE ]] && tr "\n" " " <"$STARTED_FILE"; } || echo none)"
+    scontrol ping 2>&1 || true
+    sinfo -N -l 2>&1 || true
+    squeue 2>&1 || true
+    docker images --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.CreatedSince}}' 2>&1 \
+        | grep -E "^(${DELEGATE_BASE_IMAGE}|${DELEGATE_SANDBOX_IMAGE}) " || echo "no delegate images"
+}

@@ -1,0 +1,555 @@
+# shellcheck shell=bash
+# build_cluster.d/stack.sh -- the multi-node cluster as a Docker swarm stack:
+# `./build_cluster.sh deploy|update|status|down` (and the helpers check.sh
+# uses for `test`).
+#
+# The cluster (head node with slurmctld, N workers with slurmd, Docker and
+# sandbox-runner, a user node with JupyterLab, one shared home) runs as a
+# swarm stack: on several machines, or as several containers on this one
+# for the tests. Everything is generated from one description, cluster.conf
+# (DELEGATE_CLUSTER_CONF=file to use another one), into
+# $DELEGATE_STACK_DIR/generated/.
+#   ./build_cluster.sh deploy [--workers N]   build what is missing, deploy
+#   ./build_cluster.sh status                 services, sinfo, Jupyter URL
+#   ./build_cluster.sh test                   the instructor's check (check.sh)
+#   ./build_cluster.sh update [--workers N]   rebuild images, regenerate, restart
+#   ./build_cluster.sh down                   remove the stack (homes stay)
+# The actions are stack_deploy, stack_update, stack_status and stack_down.
+#
+# Sourced by build_cluster.sh after common.sh and local.sh (never run by
+# itself). Needs from common.sh: log, warn, die, wait_for, need_root,
+# docker_ok, MARKER, T0; from local.sh: local_build_images (the base and
+# sandbox images are the same as the single-machine cluster's); from
+# build_cluster.sh: REPO, the settings (DELEGATE_*) and STACK_WORKERS_ARG
+# (set by its argument parsing from --workers).
+
+# --workers N from the command line (empty: cluster.conf's number).
+STACK_WORKERS_ARG=
+
+# --- settings
+# stack_load_config: source cluster.conf (or DELEGATE_CLUSTER_CONF), apply
+# --workers, check the settings, and set the names every other function
+# uses: STACK (the swarm stack's name), STACK_GEN, STACK_SECRETS,
+# STACK_FILE, STACK_SWARM_MARK, STACK_ACCOUNTS, JUPYTER_USER.
+stack_load_config() {
+    local conf=${DELEGATE_CLUSTER_CONF:-$REPO/cluster.conf}
+    [[ -r $conf ]] || die "cluster settings file $conf not found"
+    # shellcheck source=../cluster.conf
+    source "$conf"
+    [[ -n $STACK_WORKERS_ARG ]] && DELEGATE_STACK_WORKERS=$STACK_WORKERS_ARG
+    [[ $DELEGATE_STACK_WORKERS =~ ^[1-9][0-9]*$ ]] || die "--workers/DELEGATE_STACK_WORKERS must be a positive number, not '$DELEGATE_STACK_WORKERS'"
+    [[ $DELEGATE_STACK_NAME =~ ^[a-z][a-z0-9-]*$ ]] || die "DELEGATE_STACK_NAME must be lowercase letters, digits and '-'"
+    [[ $DELEGATE_STACK_HOME == /* ]] || die "DELEGATE_STACK_HOME must be an absolute path"
+    STACK=$DELEGATE_STACK_NAME
+    STACK_GEN=$DELEGATE_STACK_DIR/generated
+    STACK_SECRETS=$DELEGATE_STACK_DIR/secrets
+    STACK_FILE=$STACK_GEN/delegate-stack.yml
+    STACK_SWARM_MARK=$DELEGATE_STACK_DIR/swarm-initialized-by-delegate
+    # Every account: the course's and the test's.
+    STACK_ACCOUNTS="$DELEGATE_STACK_USERS $DELEGATE_STACK_TEST_USERS"
+    local first=${DELEGATE_STACK_USERS%% *}
+    JUPYTER_USER=${DELEGATE_JUPYTER_USER:-${first%%:*}}
+}
+
+# --- helpers: containers of a service, exec in them
+# stack_cid SERVICE: id of its running container (first).
+stack_cid() {
+    docker ps -q --filter "label=com.docker.swarm.service.name=${STACK}_$1" \
+        --filter status=running | head -n1
+}
+# stack_exec SERVICE CMD...: run as root in the service's container.
+stack_exec() {
+    local svc=$1 cid; shift
+    cid=$(stack_cid "$svc")
+    [[ -n $cid ]] || { warn "service ${STACK}_$svc has no running container"; return 1; }
+    docker exec -i "$cid" "$@"
+}
+# stack_exec_as USER SERVICE CMD...: run as USER, in their home, in the
+# service's container.
+stack_exec_as() {
+    local u=$1 svc=$2 cid; shift 2
+    cid=$(stack_cid "$svc")
+    [[ -n $cid ]] || { warn "service ${STACK}_$svc has no running container"; return 1; }
+    docker exec -i -u "$u" -w "$DELEGATE_STACK_HOME/$u" \
+        -e HOME="$DELEGATE_STACK_HOME/$u" -e USER="$u" -e LOGNAME="$u" "$cid" "$@"
+}
+
+# --- preflight: clear errors for what is missing
+# stack_preflight: the docker CLI, an answering engine, 4 GiB free for images.
+stack_preflight() {
+    command -v docker >/dev/null || die "docker not found: install docker.io (apt-get install docker.io)"
+    docker_ok || die "the Docker engine does not answer ('docker info' fails): start dockerd"
+    local root avail
+    root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+    avail=$(df -Pk "$root" 2>/dev/null | awk 'NR == 2 {print int($4 / 1024 / 1024)}')
+    if [[ -n $avail ]] && ((avail < 4)); then
+        die "only ${avail} GiB free under $root; the images need about 4 GiB"
+    fi
+}
+
+# stack_port_check: the Jupyter port must be free, unless our own stack
+# already publishes it.
+stack_port_check() {
+    local p=$DELEGATE_JUPYTER_PORT
+    if docker service inspect "${STACK}_user" >/dev/null 2>&1; then return 0; fi
+    if ss -Hltn "sport = :$p" 2>/dev/null | grep -q .; then
+        die "port $p (DELEGATE_JUPYTER_PORT) is already in use on this host:
+$(ss -Hltnp "sport = :$p" 2>/dev/null)
+       Set DELEGATE_JUPYTER_PORT in cluster.conf to a free port."
+    fi
+}
+
+# stack_swarm: this engine is a swarm manager; an inactive engine becomes a
+# single-manager swarm, recorded in STACK_SWARM_MARK so `down` leaves it.
+stack_swarm() {
+    local state
+    state=$(docker info --format '{{.Swarm.LocalNodeState}}')
+    case $state in
+        active)
+            [[ $(docker info --format '{{.Swarm.ControlAvailable}}') == true ]] \
+                || die "this Docker engine is a swarm worker; run build_cluster.sh on a manager"
+            log "swarm: active" ;;
+        inactive)
+            log "swarm: initializing a single-manager swarm on this host"
+            # Recorded, so `down` leaves the swarm again (and only then).
+            if ! docker swarm init >/dev/null 2>&1; then
+                local addr
+                addr=$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')
+                docker swarm init --advertise-addr "${addr:-127.0.0.1}" >/dev/null \
+                    || die "docker swarm init failed (try: docker swarm init --advertise-addr <this host's IP>)"
+            fi
+            install -d -m 0755 "$DELEGATE_STACK_DIR"
+            date >"$STACK_SWARM_MARK" ;;
+        *) die "swarm state is '$state'; fix it first (docker info, docker swarm leave --force)" ;;
+    esac
+}
+
+# --- secrets
+# stack_secrets: the munge key (generated once) and the Jupyter token (from
+# the settings, else generated once) under STACK_SECRETS; sets JUPYTER_TOKEN.
+stack_secrets() {
+    install -d -m 0700 "$STACK_SECRETS"
+    if [[ ! -s $STACK_SECRETS/munge.key ]]; then
+        log "munge: generating the cluster's key $STACK_SECRETS/munge.key"
+        (umask 077; dd if=/dev/urandom of="$STACK_SECRETS/munge.key.tmp" bs=1024 count=1 status=none)
+        mv "$STACK_SECRETS/munge.key.tmp" "$STACK_SECRETS/munge.key"
+    fi
+    local token=$DELEGATE_JUPYTER_TOKEN
+    if [[ -z $token ]]; then
+        if [[ -s $STACK_SECRETS/jupyter-token.generated ]]; then
+            token=$(cat "$STACK_SECRETS/jupyter-token.generated")
+        else
+            token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+            (umask 077; echo "$token" >"$STACK_SECRETS/jupyter-token.generated")
+        fi
+    fi
+    if [[ ! -f $STACK_SECRETS/jupyter-token || $(cat "$STACK_SECRETS/jupyter-token") != "$token" ]]; then
+        (umask 077; printf '%s' "$token" >"$STACK_SECRETS/jupyter-token")
+    fi
+    JUPYTER_TOKEN=$token
+}
+
+# --- generated files
+# stack_generate: every generated file, from the one description
+# (cluster.conf): slurm.conf, gres.conf, policy.toml, accounts and the stack
+# file, in STACK_GEN.
+stack_generate() {
+    local n=$DELEGATE_STACK_WORKERS tmp gres="" nodes
+    nodes="worker[1-$n]"
+    ((n == 1)) && nodes=worker1
+    install -d -m 0755 "$STACK_GEN"
+    install -d -m 0755 "$DELEGATE_STACK_DIR" "$DELEGATE_STACK_HOME"
+
+    # slurm.conf: the single-machine template (its commented settings: the
+    # exclusive partition, quick turnover, epilog) with the stack's
+    # controller, nodes and job id range.
+    ((DELEGATE_STACK_WORKER_GPUS > 0)) && gres=" Gres=gpu:$DELEGATE_STACK_WORKER_GPUS"
+    tmp=$(mktemp)
+    sed -e "s|@MARKER@|$MARKER|" \
+        -e "s|^ClusterName=.*|ClusterName=$STACK-stack|" \
+        -e "s|^SlurmctldHost=.*|SlurmctldHost=head|" \
+        -e "/^NodeName=/d" \
+        -e "s|^PartitionName=delegate Nodes=@NODENAME@ |PartitionName=delegate Nodes=$nodes |" \
+        -e "s|@SLURMUSER@|slurm|" \
+        -e "s|@PART_MAXTIME@|$DELEGATE_STACK_PART_MAXTIME|" \
+        -e "s|@STATE_DIR@|/var/lib/delegate|g" \
+        -e "s|@LOG_DIR@|/var/log/delegate|g" \
+        -e "s|@RUN_DIR@|/run/delegate|g" \
+        "$REPO/slurm-conf/slurm.conf.in" >"$tmp"
+    {
+        cat <<CONF
+
+# --- The stack (build_cluster.sh deploy, from cluster.conf) --------------
+# This file is slurm-conf/slurm.conf.in adapted to the multi-node stack:
+# the controller is the "head" node, the nodes are worker1..worker$n (their
+# hostnames on the stack's network), the comments above about 127.0.0.1
+# apply to the single-machine mode only.
+# Job ids start at $DELEGATE_STACK_FIRST_JOB_ID: sandbox containers are labelled with the
+# Slurm job id and the epilog removes leftovers by that label; another
+# cluster on the same Docker engine (the --local one) counts from 1, so the
+# two epilogs never match each other's containers.
+FirstJobId=$DELEGATE_STACK_FIRST_JOB_ID
+# Look a node's address up on every connection instead of caching it: a
+# restarted node container (swarm restarts it after a crash or an engine
+# restart) comes back with a new IP under the same name; with the cache
+# slurmctld would keep calling the old one and mark the node not responding.
+CommunicationParameters=NoAddrCache
+CONF
+        ((DELEGATE_STACK_WORKER_GPUS > 0)) && printf '# GPUs per worker (gres.conf).\nGresTypes=gpu\n'
+        echo "# Node hardware from cluster.conf (must not exceed what slurmd detects)."
+        echo "NodeName=$nodes CPUs=$DELEGATE_STACK_WORKER_CPUS RealMemory=$DELEGATE_STACK_WORKER_MEM_MB$gres State=UNKNOWN"
+    } >>"$tmp"
+    if grep -q '@[A-Z_]*@' "$tmp" || ! grep -qF "PartitionName=delegate Nodes=$nodes " "$tmp"; then
+        rm -f "$tmp"; die "cannot adapt slurm-conf/slurm.conf.in for the stack (placeholders or the partition line changed)"
+    fi
+    mv "$tmp" "$STACK_GEN/slurm.conf"
+
+    # gres.conf: one line per GPU kind (empty without GPUs).
+    {
+        echo "$MARKER"
+        echo "# GPUs of the workers (cluster.conf DELEGATE_STACK_WORKER_GPUS)."
+        if ((DELEGATE_STACK_WORKER_GPUS > 0)); then
+            echo "NodeName=$nodes Name=gpu File=/dev/nvidia[0-$((DELEGATE_STACK_WORKER_GPUS - 1))]"
+        fi
+    } >"$STACK_GEN/gres.conf"
+
+    # The site policy of the workers: job directories live in the shared home.
+    sed -e "s|@SANDBOX_IMAGE@|$DELEGATE_SANDBOX_IMAGE|g" \
+        -e "s|@MAX_CPUS@|$DELEGATE_STACK_MAX_CPUS|" \
+        -e "s|@MAX_MEM@|$DELEGATE_STACK_MAX_MEM|" \
+        -e "s|@MAX_TIME@|$DELEGATE_STACK_MAX_TIME|" \
+        -e "s|@MAX_PIDS@|$DELEGATE_STACK_MAX_PIDS|" \
+        -e "s|@TMP_SIZE@|$DELEGATE_STACK_TMP_SIZE|" \
+        -e "s|^job_roots = .*|job_roots = [\"$DELEGATE_STACK_HOME\"]|" \
+        "$REPO/slurm-conf/policy.toml.in" >"$STACK_GEN/policy.toml"
+    grep -q "^job_roots = \[\"$DELEGATE_STACK_HOME\"\]" "$STACK_GEN/policy.toml" \
+        || die "cannot set job_roots in the stack's policy"
+
+    # Accounts: "name uid" lines.
+    local a
+    : >"$STACK_GEN/accounts"
+    for a in $STACK_ACCOUNTS; do
+        [[ $a =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] || die "bad account '$a' in cluster.conf (want name:uid)"
+        echo "${a%%:*} ${a##*:}" >>"$STACK_GEN/accounts"
+    done
+
+    # The stack file: the worker block repeated, placeholders filled.
+    local cfgv keyv hc="" wc="" uc=""
+    cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts} | sha256sum | cut -c1-10)
+    keyv=$(cat "$STACK_SECRETS"/{munge.key,jupyter-token} | sha256sum | cut -c1-10)
+    if [[ ${DELEGATE_STACK_PLACEMENT:-0} == 1 ]]; then
+        hc='"node.role == manager"'
+        wc='"node.labels.delegate.role == worker"'
+        uc='"node.labels.delegate.role == user"'
+    fi
+    tmp=$(mktemp)
+    awk -v n="$n" '
+        /# WORKER-BEGIN/ { inblk = 1; next }
+        /# WORKER-END/ { for (i = 1; i <= n; i++) { s = blk; gsub(/@I@/, i, s); printf "%s", s } inblk = 0; next }
+        inblk { blk = blk $0 "\n"; next }
+        { print }' "$REPO/stack/delegate-stack.yml.in" \
+      | sed -e "s|@MARKER@|${MARKER#\# }|" \
+            -e "s|@CLUSTER_IMAGE@|$DELEGATE_CLUSTER_IMAGE|g" \
+            -e "s|@USER_IMAGE@|$DELEGATE_USER_IMAGE|g" \
+            -e "s|@HOME@|$DELEGATE_STACK_HOME|g" \
+            -e "s|@JUPYTER_USER@|$JUPYTER_USER|g" \
+            -e "s|@JUPYTER_PORT@|$DELEGATE_JUPYTER_PORT|g" \
+            -e "s|@STACK@|$STACK|g" -e "s|@CFGV@|$cfgv|g" -e "s|@KEYV@|$keyv|g" \
+            -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \
+        >"$tmp"
+    grep -q '@[A-Z_]*@' "$tmp" && { rm -f "$tmp"; die "stack file has unfilled placeholders"; }
+    mv "$tmp" "$STACK_FILE"
+    log "generated $STACK_GEN/{slurm.conf,gres.conf,policy.toml,accounts,delegate-stack.yml} ($n workers)"
+}
+
+# --- images
+# source_hash: one hash of the sources the cluster and user images are built
+# from; the images carry it as a label, so a deploy after a code change
+# rebuilds them instead of running stale binaries with new configuration.
+# The sources: the workspace manifests, every crate folder at the top of the
+# repo (each folder with a Cargo.toml: broker, protocol, sandbox-runner,
+# python, and any crate added later), cargo's and the toolchain's settings
+# when present, and what the image builds copy (docker, slurm-conf, stack).
+# Lint settings (rustfmt.toml, clippy.toml) and build_cluster.d do not go
+# into an image and are left out.
+source_hash() {
+    local paths=() p
+    for p in Cargo.toml Cargo.lock .cargo rust-toolchain rust-toolchain.toml "$REPO"/*/Cargo.toml \
+             docker slurm-conf stack; do
+        p=${p#"$REPO"/}
+        p=${p%/Cargo.toml}
+        [[ -e $REPO/$p ]] && paths+=("$p")
+    done
+    (cd "$REPO" && find "${paths[@]}" \
+        -type f ! -path '*/target/*' ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 2>/dev/null \
+        | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+}
+
+# image_is_current IMAGE HASH: the image exists and was built from HASH.
+image_is_current() {
+    [[ $(docker image inspect -f '{{index .Config.Labels "org.delegate.source"}}' "$1" 2>/dev/null) == "$2" ]]
+}
+
+# stack_build_images [force]: build the images that are missing or were
+# built from other sources (all with force).
+stack_build_images() {
+    local force=${1:-0} ctx gid src
+    src=$(source_hash)
+    # Base and sandbox images: the single-machine functions (cached builds).
+    if ((force)) || ! docker image inspect "$DELEGATE_SANDBOX_IMAGE" >/dev/null 2>&1 \
+        || ! docker image inspect "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
+        local_build_images
+    else
+        log "image $DELEGATE_SANDBOX_IMAGE: present"
+    fi
+    if ((force)) || ! image_is_current "$DELEGATE_CLUSTER_IMAGE" "$src"; then
+        command -v cargo >/dev/null || die "cargo not found (rustup's ~/.cargo/bin); needed to build the binaries"
+        log "cargo: building the workspace (release) for the images"
+        (cd "$REPO" && cargo build --release --workspace -q) || die "cargo build failed"
+        ctx=$(mktemp -d)
+        mkdir -p "$ctx/bin" "$ctx/docker" "$ctx/slurm-conf"
+        cp "$REPO/docker/cluster.Dockerfile" "$REPO/docker/cluster-entrypoint.sh" "$ctx/docker/"
+        cp "$REPO/slurm-conf/epilog.sh" "$ctx/slurm-conf/"
+        cp "$REPO/target/release/delegate" "$REPO/target/release/sandbox-runner" "$ctx/bin/" \
+            || die "target/release/{delegate,sandbox-runner} missing after cargo build"
+        cp "$(command -v docker)" "$ctx/bin/docker"
+        gid=$(stat -c %g /var/run/docker.sock)
+        log "image $DELEGATE_CLUSTER_IMAGE: building (docker socket gid $gid; log $DELEGATE_LOG_DIR/build-cluster-image.log)"
+        install -d -m 0755 "$DELEGATE_LOG_DIR"
+        docker build --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" --build-arg "DOCKER_GID=$gid" \
+            --label "org.delegate.source=$src" -t "$DELEGATE_CLUSTER_IMAGE" -f "$ctx/docker/cluster.Dockerfile" "$ctx" \
+            >"$DELEGATE_LOG_DIR/build-cluster-image.log" 2>&1 \
+            || { rm -rf "$ctx"; die "docker build of $DELEGATE_CLUSTER_IMAGE failed; tail:
+$(tail -n 20 "$DELEGATE_LOG_DIR/build-cluster-image.log")"; }
+        rm -rf "$ctx"
+        STACK_IMAGES_REBUILT=1
+        force=1   # the user image is built on top of it
+    else
+        log "image $DELEGATE_CLUSTER_IMAGE: present, built from these sources ($src)"
+    fi
+    if ((force)) || ! image_is_current "$DELEGATE_USER_IMAGE" "$src"; then
+        ctx=$(mktemp -d)
+        mkdir -p "$ctx/docker" "$ctx/wheels"
+        cp "$REPO/docker/user.Dockerfile" "$ctx/docker/"
+        stack_wheels "$ctx/wheels"
+        log "image $DELEGATE_USER_IMAGE: building (log $DELEGATE_LOG_DIR/build-user-image.log)"
+        docker build --build-arg "CLUSTER_IMAGE=$DELEGATE_CLUSTER_IMAGE" \
+            --label "org.delegate.source=$src" -t "$DELEGATE_USER_IMAGE" -f "$ctx/docker/user.Dockerfile" "$ctx" \
+            >"$DELEGATE_LOG_DIR/build-user-image.log" 2>&1 \
+            || { rm -rf "$ctx"; die "docker build of $DELEGATE_USER_IMAGE failed; tail:
+$(tail -n 20 "$DELEGATE_LOG_DIR/build-user-image.log")"; }
+        rm -rf "$ctx"
+        STACK_IMAGES_REBUILT=1
+    else
+        log "image $DELEGATE_USER_IMAGE: present"
+    fi
+    # cloudpickle pickles for one Python (major.minor): the user node's
+    # Python and the sandbox's must be the same.
+    local pu ps
+    wait_for 60 dockerd docker_ok >/dev/null || die "the Docker engine does not answer"
+    pu=$(docker run --rm --entrypoint /opt/delegate/venv/bin/python "$DELEGATE_USER_IMAGE" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    ps=$(docker run --rm --entrypoint python3 "$DELEGATE_SANDBOX_IMAGE" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [[ -n $pu && $pu == "$ps" ]] || die "Python of the user image ($pu) and of the sandbox image ($ps) differ; build both from the same base"
+    log "images: user and sandbox Python $pu"
+}
+
+# stack_wheels DIR: the delegate wheel (maturin) and JupyterLab's wheels,
+# built/downloaded on the host (image builds have no PyPI access here).
+stack_wheels() {
+    # shellcheck disable=SC2153  # DELEGATE_STATE_DIR is a setting of build_cluster.sh, not a misspelled DELEGATE_STACK_DIR
+    local dir=$1 venv=$DELEGATE_STATE_DIR/build-venv cache=$DELEGATE_CACHE_DIR/stack-wheels pin
+    if [[ ! -x $venv/bin/maturin ]]; then
+        log "wheels: creating $venv with maturin"
+        { python3 -m venv "$venv" && "$venv/bin/pip" install -q "maturin>=1.8,<2"; } \
+            || die "cannot install maturin into $venv"
+    fi
+    log "wheels: maturin build of the delegate package"
+    "$venv/bin/maturin" build --release -q -m "$REPO/python/Cargo.toml" -i "$venv/bin/python" -o "$dir" \
+        >"$DELEGATE_LOG_DIR/maturin.log" 2>&1 || die "maturin build failed; see $DELEGATE_LOG_DIR/maturin.log"
+    pin=$(sed -n 's/.*"\(cloudpickle==[^"]*\)".*/\1/p' "$REPO/python/pyproject.toml" | head -n1)
+    [[ -n $pin ]] || die "no cloudpickle pin in python/pyproject.toml"
+    # Cached across runs: pip only downloads what the cache lacks.
+    install -d -m 0755 "$cache"
+    log "wheels: pip download jupyterlab $pin (cache $cache)"
+    "$venv/bin/pip" download -q --only-binary=:all: -d "$cache" jupyterlab "$pin" \
+        || die "pip download of jupyterlab/$pin failed"
+    cp "$cache"/*.whl "$dir/"
+}
+
+# --- waiting
+# stack_services_running: head, user and every worker have a running
+# container.
+stack_services_running() {
+    local svc want=$((DELEGATE_STACK_WORKERS + 2)) up=0
+    for svc in head user $(seq -f 'worker%g' 1 "$DELEGATE_STACK_WORKERS"); do
+        [[ -n $(stack_cid "$svc") ]] && up=$((up + 1))
+    done
+    ((up == want))
+}
+# stack_nodes_idle: Slurm on the head says every worker is idle.
+stack_nodes_idle() {
+    local out
+    out=$(stack_exec head sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+    [[ $(grep -c ' idle$' <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
+}
+# stack_wait: wait (up to DELEGATE_STACK_WAIT each) for every service, every
+# worker idle (resuming drained ones once) and JupyterLab answering.
+stack_wait() {
+    wait_for "$DELEGATE_STACK_WAIT" "stack: all $((DELEGATE_STACK_WORKERS + 2)) services" stack_services_running \
+        || die "not every service runs after ${DELEGATE_STACK_WAIT}s:
+$(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)"
+    local deadline=$((SECONDS + DELEGATE_STACK_WAIT)) resumed=0
+    until stack_nodes_idle; do
+        if ((SECONDS > deadline)); then
+            die "not every worker is idle after ${DELEGATE_STACK_WAIT}s:
+$(stack_exec head sinfo -N -l 2>&1)
+$(docker service logs --tail 15 "${STACK}_head" 2>&1)"
+        fi
+        # A worker that was DOWN (a restart) comes back by itself
+        # (ReturnToService=2); a drained one needs a resume, once.
+        if ((resumed == 0)) && stack_exec head sinfo -h -N -o '%T' 2>/dev/null | grep -q '^drain'; then
+            # shellcheck disable=SC2016  # $(...) is for the head node's shell
+            stack_exec head sh -c 'scontrol update nodename=$(sinfo -h -N -t drain -o %N | paste -sd,) state=resume' || true
+            resumed=1
+        fi
+        sleep 2
+    done
+    log "stack: all $DELEGATE_STACK_WORKERS workers idle"
+    # JupyterLab takes a few seconds more to listen.
+    wait_for "$DELEGATE_STACK_WAIT" "stack: JupyterLab" \
+        stack_exec user curl -fsS -o /dev/null "http://127.0.0.1:8888/api/status?token=$JUPYTER_TOKEN" \
+        || die "JupyterLab does not answer in the user node after ${DELEGATE_STACK_WAIT}s:
+$(docker service logs --tail 20 "${STACK}_user" 2>&1)"
+}
+
+# --- actions
+# stack_deploy: `deploy`, build the images that are missing or stale, make
+# this engine a swarm manager, generate the files, `docker stack deploy`,
+# restart services whose images were rebuilt, wait until all is ready and
+# print the JupyterLab URL. STACK_FORCE_BUILD=1 rebuilds every image,
+# STACK_RESTART=1 restarts every service (both set by stack_update).
+stack_deploy() {
+    need_root deploy
+    stack_load_config
+    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_LOG_DIR" "$DELEGATE_CACHE_DIR"
+    stack_preflight
+    stack_port_check
+    local existed=0
+    docker stack services "$STACK" >/dev/null 2>&1 && existed=1
+    STACK_IMAGES_REBUILT=0
+    stack_build_images "${STACK_FORCE_BUILD:-0}"
+    stack_swarm
+    stack_secrets
+    stack_generate
+    log "stack: docker stack deploy $STACK ($DELEGATE_STACK_WORKERS workers)"
+    (cd "$STACK_GEN" && docker stack deploy --prune -c "$STACK_FILE" "$STACK" 2>&1 \
+        | grep -v 'could not be accessed on a registry' ) || true
+    docker stack services "$STACK" >/dev/null 2>&1 || die "docker stack deploy failed"
+    if ((${STACK_RESTART:-0} || (existed && STACK_IMAGES_REBUILT))); then
+        # Same tags, new images: swarm does not notice without a registry.
+        local svc
+        for svc in $(docker stack services -q "$STACK"); do
+            docker service update -q --force "$svc" >/dev/null 2>&1 || warn "restart of service $svc failed"
+        done
+    fi
+    stack_wait
+    log "deploy: done in $((SECONDS - T0)) s. JupyterLab: http://$(hostname -f 2>/dev/null || hostname):$DELEGATE_JUPYTER_PORT/lab?token=$JUPYTER_TOKEN"
+}
+
+# stack_update: `update`, a deploy that rebuilds every image and restarts
+# every service.
+stack_update() {
+    STACK_FORCE_BUILD=1 STACK_RESTART=1 stack_deploy
+}
+
+# stack_deployed_workers: for status/test, set DELEGATE_STACK_WORKERS to the
+# number of workers deployed (a deploy --workers N may differ from
+# cluster.conf), unless --workers was given.
+stack_deployed_workers() {
+    local n
+    n=$(docker service ls --format '{{.Name}}' --filter "label=com.docker.stack.namespace=$STACK" 2>/dev/null \
+        | grep -c "^${STACK}_worker[0-9]*$" || true)
+    if [[ -z $STACK_WORKERS_ARG && ${n:-0} -gt 0 ]]; then
+        DELEGATE_STACK_WORKERS=$n
+    fi
+}
+
+# stack_status: `status` (also without --stack when a stack is deployed
+# here): services, tasks, sinfo, squeue, the JupyterLab URL and accounts.
+stack_status() {
+    stack_load_config
+    stack_deployed_workers
+    if ! docker stack services "$STACK" >/dev/null 2>&1 || [[ -z $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
+        echo "stack $STACK: not deployed"; return 0
+    fi
+    docker stack services "$STACK"
+    echo
+    docker stack ps --filter desired-state=running "$STACK" 2>&1 || true
+    echo
+    stack_exec head sinfo -N -l 2>&1 || true
+    stack_exec head squeue 2>&1 || true
+    local token
+    token=$(cat "$STACK_SECRETS/jupyter-token" 2>/dev/null || echo '?')
+    echo
+    echo "JupyterLab (as $JUPYTER_USER): http://$(hostname -f 2>/dev/null || hostname):$DELEGATE_JUPYTER_PORT/lab?token=$token"
+    echo "shared home: $DELEGATE_STACK_HOME   accounts: $STACK_ACCOUNTS"
+}
+
+# stack_leftovers: what of the stack is left on this engine, one "kind id"
+# line each (empty when nothing).
+stack_leftovers() {
+    local l="label=com.docker.stack.namespace=$STACK"
+    docker ps -aq --filter "$l" | sed 's/^/container /'
+    docker network ls -q --filter "$l" | sed 's/^/network /'
+    docker volume ls -q --filter "$l" | sed 's/^/volume /'
+    if [[ $(docker info --format '{{.Swarm.LocalNodeState}}' 2>/dev/null) == active ]]; then
+        docker service ls -q --filter "$l" | sed 's/^/service /'
+        docker config ls -q --filter "$l" | sed 's/^/config /'
+        docker secret ls -q --filter "$l" | sed 's/^/secret /'
+    fi
+}
+
+# stack_down: `down`, remove the stack, wait until its containers and
+# networks are gone, remove leftover sandboxes of its jobs, leave the swarm
+# when this script created it and nothing else runs in it; die when
+# anything of the stack is left. Images, the home and the secrets stay.
+stack_down() {
+    need_root down
+    stack_load_config
+    if [[ $(docker info --format '{{.Swarm.LocalNodeState}}' 2>/dev/null) == active ]] \
+        && [[ -n $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
+        log "down: docker stack rm $STACK"
+        docker stack rm "$STACK" >/dev/null
+    else
+        log "down: stack $STACK is not deployed"
+    fi
+    # Removal is asynchronous: wait until containers and network are gone.
+    wait_for 90 "down: containers and networks of $STACK removed" \
+        bash -c "[[ -z \$(docker ps -aq --filter label=com.docker.stack.namespace=$STACK; docker network ls -q --filter label=com.docker.stack.namespace=$STACK) ]]" \
+        || warn "some containers/networks of $STACK are still being removed"
+    # Sandboxes of the stack's jobs (their Slurm ids start at FirstJobId).
+    local c id
+    for c in $(docker ps -aq --filter label=delegate.slurm-job); do
+        id=$(docker inspect -f '{{index .Config.Labels "delegate.slurm-job"}}' "$c" 2>/dev/null)
+        id=${id%%_*}
+        if [[ $id =~ ^[0-9]+$ ]] && ((id >= DELEGATE_STACK_FIRST_JOB_ID)); then
+            docker rm -f "$c" >/dev/null && log "down: removed leftover sandbox $c (Slurm job $id)"
+        fi
+    done
+    if [[ -f $STACK_SWARM_MARK ]]; then
+        if [[ -z $(docker service ls -q 2>/dev/null) ]]; then
+            log "down: leaving the swarm this script initialized"
+            docker swarm leave --force >/dev/null || warn "docker swarm leave failed"
+            # The bridge swarm created for its containers' outside traffic.
+            docker network rm docker_gwbridge >/dev/null 2>&1 || true
+            rm -f "$STACK_SWARM_MARK"
+        else
+            warn "down: other services run in the swarm; it is left active"
+        fi
+    fi
+    local left
+    left=$(stack_leftovers)
+    [[ -z $left ]] || die "down: left behind:
+$left"
+    log "down: nothing of stack $STACK is left (images, $DELEGATE_STACK_HOME and $STACK_SECRETS are kept)"
+}
