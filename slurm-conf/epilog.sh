@@ -45,6 +45,9 @@ remove_own() {
         log "user=${SLURM_JOB_USER:-?} no leftover containers"
         return 0
     fi
+    # $ids is split on purpose: one argument per container id (hex, one per
+    # line; no glob characters).
+    # shellcheck disable=SC2086
     if timeout 60 docker rm -f $ids >>"$LOG" 2>&1; then
         log "user=${SLURM_JOB_USER:-?} removed leftover containers:" $ids
     else
@@ -71,7 +74,7 @@ sweep_orphans() {
             *) continue ;;
         esac
         nodes=$(printf '%s\n' "$info" | sed -n 's/.* NodeList=\([^ ]*\) .*/\1/p')
-        [ -n "$nodes" ] && [ "$nodes" != "(null)" ] || continue
+        if [ -z "$nodes" ] || [ "$nodes" = "(null)" ]; then continue; fi
         timeout 10 scontrol show hostnames "$nodes" 2>/dev/null | grep -qx "$node" || continue
         if timeout 60 docker rm -f "$id" >>"$LOG" 2>&1; then
             log "removed orphan container $id of ended Slurm job $sj ($state)"
