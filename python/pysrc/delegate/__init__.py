@@ -17,6 +17,12 @@ Docker sandbox on a node allocated exclusively to it.
 
 The job handling (job directory, sbatch, squeue, scancel, waiting) is the
 Rust core (``delegate._core``); Python does the pickling only.
+
+Exceptions (see ``delegate._errors`` for the hierarchy): ``DelegateError``
+for any failure of delegate itself, with ``NoSuchJobError`` (unknown job id)
+and ``SubmitError`` (the job could not be submitted); ``RemoteError`` and
+its subclasses ``VersionMismatchError``, ``JobFailed`` and ``JobTimedOut``
+when a remote call fails without an exception of its own to re-raise.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import os
 import sys
 import threading
 import time as _time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import delegate_executor as _fmt
 from delegate import _core
@@ -36,10 +44,15 @@ from delegate._errors import (
     DelegateError,
     JobFailed,
     JobTimedOut,
+    NoSuchJobError,
     RemoteError,
     RemoteTraceback,
+    SubmitError,
     VersionMismatchError,
 )
+
+if TYPE_CHECKING:
+    from delegate._core import JobStatus
 
 __all__ = [
     "DelegateError",
@@ -48,8 +61,11 @@ __all__ = [
     "Job",
     "JobFailed",
     "JobTimedOut",
+    "NoSuchJobError",
     "RemoteError",
+    "RemoteFunction",
     "RemoteTraceback",
+    "SubmitError",
     "VersionMismatchError",
     "cancel",
     "remote",
@@ -241,17 +257,26 @@ def _cancel_futures(futs) -> None:
 
 
 def Job(job_id: str) -> DelegateFuture:  # noqa: N802 - reads like a class
-    """Reattaches to a job by id (from any process): the same kind of future."""
+    """Reattaches to a job by id (from any process): the same kind of future.
+    Raises ``NoSuchJobError`` when the delegate root holds no such job, and
+    ``ValueError`` when ``job_id`` is not a job id at all."""
     _core.status([job_id])  # validates the id and that the job exists
     return attach(job_id, job_id)
 
 
-def status(job_ids) -> list:
-    """The status dicts of the given jobs (one Slurm query)."""
+def status(job_ids: Iterable[str]) -> list[JobStatus]:
+    """The status dicts of the given jobs (one Slurm query): ``id``,
+    ``slurm_id``, ``state`` (pending, running, completed, failed, timed-out,
+    cancelled or lost), ``reason``, ``exit_code``, ``refused``,
+    ``oom_killed``, ``host``, ``submitted``/``started``/``finished`` (Unix
+    seconds) and ``elapsed`` (seconds); ``None`` where not known yet.
+    Raises ``NoSuchJobError`` for an unknown job."""
     return _core.status(list(job_ids))
 
 
-def cancel(job_ids) -> None:
+def cancel(job_ids: Iterable[str]) -> None:
+    """Cancels the jobs, pending or running (one scancel). Raises
+    ``NoSuchJobError`` for an unknown job."""
     _core.cancel(list(job_ids))
 
 

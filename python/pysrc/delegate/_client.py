@@ -13,6 +13,7 @@ import pickle
 import sys
 import threading
 import time
+from typing import Literal
 
 import delegate_executor as fmt
 from delegate import _core
@@ -109,8 +110,8 @@ class DelegateFuture(cf.Future):
         super().__init__()
         self.job_id = job_id
         self._status = {"state": "pending", "reason": ""}
-        self._stdout = None
-        self._stderr = None
+        self._stdout: str | None = None
+        self._stderr: str | None = None
         self._shown = False
         self._line = StatusLine(label or job_id)
 
@@ -134,7 +135,7 @@ class DelegateFuture(cf.Future):
     def running(self) -> bool:
         return self.state == "running" and not self.done()
 
-    def _read_log(self, name: str) -> str:
+    def _read_log(self, name: Literal["stdout", "stderr"]) -> str:
         try:
             data = _core.read_file(self.job_id, name, MAX_LOG)
         except DelegateError:

@@ -26,7 +26,7 @@ class StatusLine:
         self.label = label
         self.t0 = time.monotonic()
         self.handle = None
-        self.last = None
+        self.last: str | None = None
         if in_notebook():
             try:
                 from IPython.display import display

@@ -1,8 +1,35 @@
-"""Exceptions of the delegate package."""
+"""Exceptions of the delegate package, all exported from ``delegate``::
+
+    Exception
+     ├── DelegateError             a delegate operation failed (raised by the Rust core)
+     │    ├── NoSuchJobError       no job with this id in the delegate root
+     │    ├── SubmitError          the job could not be submitted (sbatch, the job directory, the request)
+     │    └── RemoteError          the remote call failed and cannot be re-raised as its own type
+     │         ├── VersionMismatchError   Python or cloudpickle differ between caller and sandbox
+     │         ├── JobFailed              the job ended without a result (refused, killed, lost)
+     │         └── JobTimedOut            the job reached its time limit (also a TimeoutError)
+     └── RemoteTraceback           the ``__cause__`` of a remote exception re-raised as its own type
+
+An exception raised by the remote function itself is re-raised as its own
+type (with a ``RemoteTraceback`` as its cause), not wrapped. Invalid
+arguments (an unknown resource, a malformed ``mem``, ``time`` or job id)
+raise ``TypeError`` or ``ValueError`` at once.
+"""
 
 from __future__ import annotations
 
-from delegate._core import DelegateError
+from delegate._core import DelegateError, NoSuchJobError, SubmitError
+
+__all__ = [
+    "DelegateError",
+    "JobFailed",
+    "JobTimedOut",
+    "NoSuchJobError",
+    "RemoteError",
+    "RemoteTraceback",
+    "SubmitError",
+    "VersionMismatchError",
+]
 
 
 class RemoteError(DelegateError):

@@ -1,0 +1,87 @@
+"""Type stubs of ``delegate._core``, the Rust core of the package (PyO3,
+python/src/lib.rs): job directories, sbatch, squeue, scancel, waiting and the
+readers. Every call that may block releases the GIL. Keep in step with
+lib.rs; ``python -m mypy.stubtest delegate._core`` checks them against a
+built wheel."""
+
+from collections.abc import Sequence
+from typing import Literal, TypedDict, type_check_only
+
+__version__: str
+#: The states a job never leaves: completed, failed, timed-out, cancelled, lost.
+TERMINAL_STATES: tuple[str, ...]
+#: The largest result file read back, in bytes (the protocol's payload bound).
+MAX_RESULT_BYTES: int
+
+class DelegateError(Exception):
+    """A delegate operation failed (submission, Slurm, the job directory)."""
+
+class NoSuchJobError(DelegateError):
+    """No job with this id in the delegate root."""
+
+class SubmitError(DelegateError):
+    """The job could not be submitted."""
+
+@type_check_only
+class JobStatus(TypedDict):
+    """One job's status, as ``status``, ``wait`` and ``cancel`` return it.
+    Times are Unix seconds; ``None`` where not known (yet)."""
+
+    id: str
+    slurm_id: str | None
+    #: pending, running, completed, failed, timed-out, cancelled or lost
+    state: str
+    #: one human-readable sentence
+    reason: str
+    exit_code: int | None
+    refused: bool
+    oom_killed: bool
+    host: str | None
+    submitted: float | None
+    started: float | None
+    finished: float | None
+    elapsed: float | None
+
+def submit_python(
+    payloads: Sequence[bytes],
+    python_version: str,
+    cloudpickle_version: str,
+    *,
+    cpus: int | None = None,
+    mem: str | None = None,
+    time: str | None = None,
+    image: str | None = None,
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """Submits Python calls (each payload one pickled call): one sbatch for
+    all of them. Returns the job ids in order. Raises ``SubmitError``, or
+    ``ValueError`` for a malformed ``mem`` or ``time``."""
+
+def status(ids: Sequence[str]) -> list[JobStatus]:
+    """The status of each job (one Slurm query for all)."""
+
+def wait(ids: Sequence[str], timeout: float | None = None, any: bool = False) -> list[JobStatus]:
+    """Waits up to ``timeout`` seconds (None: until all are over); with
+    ``any``, returns as soon as one job is over or ``wake()`` is called."""
+
+def wake() -> None:
+    """Makes the waits in progress return early."""
+
+def cancel(ids: Sequence[str]) -> list[JobStatus]:
+    """Cancels the jobs (one scancel); returns their statuses."""
+
+def read_file(id: str, name: Literal["stdout", "stderr", "result"], limit: int = 67108864) -> bytes | None:
+    """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes) or
+    ``result``; None when the file does not exist."""
+
+def job_dir(id: str) -> str:
+    """The job directory of a job."""
+
+def root() -> str:
+    """The delegate root in use."""
+
+def sbatch_count() -> int:
+    """How many sbatch calls this process made."""
+
+def squeue_count() -> int:
+    """How many squeue calls this process made."""
