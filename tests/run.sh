@@ -1,19 +1,29 @@
 #!/bin/bash
-# tests/run.sh -- THE test command: sets up the single-machine cluster and runs
-# every test against it. Run as root from anywhere:  tests/run.sh
-#   1. ./build_cluster.sh --local   (packages, Slurm, Docker, build, images;
+# tests/run.sh -- THE test command: checks the repo's lint and format policy,
+# sets up the single-machine cluster and runs every test against it. Run as
+# root from anywhere:  tests/run.sh
+#   1. tests/lint.sh                (cargo fmt --check, cargo clippy -D
+#                                    warnings, shellcheck, ruff check, ruff
+#                                    format --check; see there)
+#   2. ./build_cluster.sh --local   (packages, Slurm, Docker, build, images;
 #                                    idempotent, fast when already up)
-#   2. cargo test --workspace --release   (unit tests)
-#   3. pytest -v tests/e2e          (end-to-end, in a venv)
-#   4. maturin build + pip install of python/, pytest -v tests/python
-#   5. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
+#   3. cargo test --workspace --release   (unit tests)
+#   4. pytest -v tests/e2e          (end-to-end, in a venv)
+#   5. maturin build + pip install of python/, pytest -v tests/python
+#   6. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
 # Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
-# The venv gets tests/requirements.txt when it exists (pip -r syntax, so it
-# may name the Python package: ./python), else just pytest.
+# The venv ($DELEGATE_VENV, default /var/lib/delegate/venv) gets
+# tests/requirements.txt when it exists (pip -r syntax, so it may name the
+# Python package: ./python), else just pytest; it is made before stage 1
+# (ruff runs from it) and updated only when the requirements change
+# (tests/venv.sh).
+# Environment, for a local run only (CI sets neither):
+#   DELEGATE_SKIP_LINT=1    skip stage 1
+#   DELEGATE_SKIP_STACK=1   skip stage 6
 # Exits non-zero on the first failing stage.
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd)
 VENV=${DELEGATE_VENV:-/var/lib/delegate/venv}
 export PATH="$HOME/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
 T0=$SECONDS
@@ -36,6 +46,16 @@ fail() {
 
 cd "$REPO"
 [[ $(id -u) -eq 0 ]] || fail "tests/run.sh must run as root (it sets up Slurm and Docker)"
+# shellcheck source=venv.sh
+source "$REPO/tests/venv.sh"
+
+section "lint: cargo fmt, cargo clippy, shellcheck, ruff (tests/lint.sh)"
+if [[ ${DELEGATE_SKIP_LINT:-0} == 1 ]]; then
+    echo "WARNING: DELEGATE_SKIP_LINT=1: lint stage skipped" >&2
+else
+    # lint.sh makes or updates the venv itself (ruff is in it).
+    DELEGATE_VENV=$VENV tests/lint.sh || fail "lint (tests/lint.sh; fix the findings above)"
+fi
 
 section "build_cluster.sh --local (set up and start the cluster)"
 ./build_cluster.sh --local up || fail "build_cluster.sh --local"
@@ -44,22 +64,9 @@ section "cargo test --workspace --release (unit tests)"
 cargo test --workspace --release || fail "unit tests"
 
 section "pytest -v tests/e2e (end-to-end tests)"
-if [[ ! -x $VENV/bin/python ]]; then
-    python3 -m venv "$VENV" || fail "cannot create the venv $VENV (python3-venv installed?)"
-fi
-# Install the test requirements only when they changed (or on a new venv).
-req=$REPO/tests/requirements.txt
-stamp=$VENV/.delegate-requirements
-want="pytest"
-[[ -f $req ]] && want=$(cat "$req")
-if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-    if [[ -f $req ]]; then
-        "$VENV/bin/pip" install -q -r "$req" || fail "pip install -r $req"
-    else
-        "$VENV/bin/pip" install -q pytest || fail "pip install pytest"
-    fi
-    printf '%s' "$want" >"$stamp"
-fi
+# Made by the lint stage already, unless it was skipped; the test
+# requirements are installed only when they changed (or on a new venv).
+ensure_venv "$VENV" "$REPO/tests/requirements.txt" || fail "the test venv $VENV"
 if [[ -d tests/e2e ]]; then
     set +e
     "$VENV/bin/python" -m pytest -v tests/e2e "$@"
@@ -83,8 +90,8 @@ section "Python package: maturin build, install, pytest -v tests/python"
 wheels=$(mktemp -d)
 "$VENV/bin/maturin" build --release -q -m python/Cargo.toml -i "$VENV/bin/python" -o "$wheels" \
     || fail "maturin build of the Python package"
-"$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/delegate-*.whl \
-    && "$VENV/bin/pip" install -q "$wheels"/delegate-*.whl || fail "pip install of the delegate wheel"
+{ "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/delegate-*.whl \
+    && "$VENV/bin/pip" install -q "$wheels"/delegate-*.whl; } || fail "pip install of the delegate wheel"
 rm -rf "$wheels"
 chmod -R a+rX "$VENV"
 set +e
