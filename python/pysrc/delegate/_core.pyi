@@ -7,6 +7,25 @@ built wheel."""
 from collections.abc import Sequence
 from typing import Literal, TypedDict, type_check_only
 
+__all__ = [
+    "MAX_RESULT_BYTES",
+    "TERMINAL_STATES",
+    "DelegateError",
+    "NoSuchJobError",
+    "SubmitError",
+    "__version__",
+    "cancel",
+    "job_dir",
+    "read_file",
+    "root",
+    "sbatch_count",
+    "squeue_count",
+    "status",
+    "submit_python",
+    "wait",
+    "wake",
+]
+
 __version__: str
 #: The states a job never leaves: completed, failed, timed-out, cancelled, lost.
 TERMINAL_STATES: tuple[str, ...]
@@ -70,8 +89,8 @@ def wake() -> None:
 def cancel(ids: Sequence[str]) -> list[JobStatus]:
     """Cancels the jobs (one scancel); returns their statuses."""
 
-def read_file(id: str, name: Literal["stdout", "stderr", "result"], limit: int = 67108864) -> bytes | None:
-    """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes) or
+def read_file(id: str, name: Literal["stdout", "stderr", "result"], limit: int = ...) -> bytes | None:
+    """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes, 64 MiB by default) or
     ``result``; None when the file does not exist."""
 
 def job_dir(id: str) -> str:
