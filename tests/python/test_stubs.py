@@ -1,0 +1,51 @@
+"""The package's typing: the stubs of the Rust extension (delegate/_core.pyi)
+match the installed extension (mypy's stubtest: every function with its
+parameters, every exception and attribute), and the wheel ships them with
+its py.typed marker. Needs no Slurm job, only the installed wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def test_core_stubs_match_the_extension(tmp_path):
+    pytest.importorskip("mypy.stubtest", reason="mypy is pinned in tests/requirements.txt")
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "delegate._core", "--mypy-config-file", "/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,  # its cache, and never the source tree instead of the installed package
+    )
+    assert r.returncode == 0, f"stubtest: the stubs and lib.rs differ\n{r.stdout}\n{r.stderr}"
+
+
+def test_wheel_ships_stubs_and_py_typed():
+    import delegate
+
+    pkg = Path(delegate.__file__).parent
+    assert (pkg / "_core.pyi").is_file()
+    assert (pkg / "py.typed").is_file()
+
+
+def test_every_public_exception_is_exported_and_documented():
+    import delegate
+    from delegate import _core
+
+    for name in ("DelegateError", "NoSuchJobError", "SubmitError"):
+        assert getattr(delegate, name) is getattr(_core, name)
+    errors = [
+        obj
+        for obj in vars(delegate).values()
+        if isinstance(obj, type) and issubclass(obj, BaseException) and not obj.__name__.startswith("_")
+    ]
+    assert {e.__name__ for e in errors} <= set(delegate.__all__)
+    assert {"NoSuchJobError", "SubmitError", "JobFailed", "JobTimedOut"} <= {e.__name__ for e in errors}
+    for e in errors:
+        assert (e.__doc__ or "").strip(), f"{e.__name__} has no docstring"
+    assert issubclass(delegate.NoSuchJobError, delegate.DelegateError)
+    assert issubclass(delegate.SubmitError, delegate.DelegateError)
