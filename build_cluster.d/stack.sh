@@ -266,19 +266,24 @@ CONF
 # source_hash: one hash of the sources the cluster and user images are built
 # from; the images carry it as a label, so a deploy after a code change
 # rebuilds them instead of running stale binaries with new configuration.
-# The sources: the workspace manifests, every crate folder at the top of the
-# repo (each folder with a Cargo.toml: broker, protocol, sandbox-runner,
-# python, and any crate added later), cargo's and the toolchain's settings
-# when present, and what the image builds copy (docker, slurm-conf, stack).
-# Lint settings (rustfmt.toml, clippy.toml) and build_cluster.d do not go
-# into an image and are left out.
+# The sources: the workspace manifests; every top-level folder that holds a
+# crate, at its top or one level down (broker/ with its crates, protocol/,
+# sandbox-runner/, python/, and any crate added later); cargo's and the
+# toolchain's settings when present; and what the image builds copy
+# (docker/, slurm-conf/, stack/). Lint settings (rustfmt.toml,
+# clippy.toml) and build_cluster.d/ go into no image and are left out.
 source_hash() {
-    local paths=() p
-    for p in Cargo.toml Cargo.lock .cargo rust-toolchain rust-toolchain.toml "$REPO"/*/Cargo.toml \
-             docker slurm-conf stack; do
+    local paths=() p top
+    local -A seen=()
+    for p in Cargo.toml Cargo.lock .cargo rust-toolchain rust-toolchain.toml \
+             broker protocol sandbox-runner python \
+             "$REPO"/*/Cargo.toml "$REPO"/*/*/Cargo.toml docker slurm-conf stack; do
         p=${p#"$REPO"/}
-        p=${p%/Cargo.toml}
-        [[ -e $REPO/$p ]] && paths+=("$p")
+        top=${p%%/*}
+        [[ $p == */Cargo.toml ]] && p=$top
+        [[ $top == target || -n ${seen[$p]:-} || ! -e $REPO/$p ]] && continue
+        seen[$p]=1
+        paths+=("$p")
     done
     (cd "$REPO" && find "${paths[@]}" \
         -type f ! -path '*/target/*' ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 2>/dev/null \
