@@ -14,9 +14,9 @@
 # Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
 # The venv ($DELEGATE_VENV, default /var/lib/delegate/venv) gets
 # tests/requirements.txt when it exists (pip -r syntax, so it may name the
-# Python package: ./python), else just pytest; it is made before stage 1
-# (ruff runs from it) and updated only when the requirements change
-# (tests/venv.sh).
+# Python package: ./python), else just pytest; it is made in stage 1 (ruff
+# runs from it), or in stage 4 when stage 1 is skipped, and updated only
+# when the requirements change (tests/venv.sh).
 # Environment, for a local run only (CI sets neither):
 #   DELEGATE_SKIP_LINT=1    skip stage 1
 #   DELEGATE_SKIP_STACK=1   skip stage 6
