@@ -1,16 +1,16 @@
 //! `delegate._core`: the Rust core of the Python package. Job directories,
 //! submission (one sbatch per call, or one for a whole `map`), waiting,
 //! status, cancel and the readers are the broker's client library
-//! (`delegate_broker::client`); this module only converts arguments and
+//! (`delegate_client`); this module only converts arguments and
 //! errors. Every call that may block (sbatch, squeue, scancel, waiting,
 //! reading large files) releases the GIL.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use delegate_broker::client::{Client, ClientError, JobStatus, Stream, SubmitRequest};
-use delegate_broker::protocol::{JobId, Task};
-use delegate_broker::units::{parse_duration, parse_size};
+use delegate_client::{Client, ClientError, JobStatus, Stream, SubmitRequest};
+use delegate_protocol::units::{parse_duration, parse_size};
+use delegate_protocol::{JobId, State, Task, MAX_RESULT_BYTES};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -251,14 +251,14 @@ fn root(py: Python<'_>) -> PyResult<String> {
 /// How many sbatch calls this process made.
 #[pyfunction]
 fn sbatch_count() -> u64 {
-    delegate_broker::slurm::sbatch_calls()
+    delegate_client::slurm::sbatch_calls()
 }
 
 /// How many squeue calls this process made (one per wait interval, however
 /// many futures wait).
 #[pyfunction]
 fn squeue_count() -> u64 {
-    delegate_broker::slurm::squeue_calls()
+    delegate_client::slurm::squeue_calls()
 }
 
 #[pymodule]
@@ -268,6 +268,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DelegateError", py.get_type::<DelegateError>())?;
     m.add("NoSuchJobError", py.get_type::<NoSuchJobError>())?;
     m.add("SubmitError", py.get_type::<SubmitError>())?;
+    // Constants the Python side must not copy by hand: the names of the
+    // terminal states (from the State enum) and the bound of a result file.
+    let terminal: Vec<&str> = State::terminal().map(State::as_str).collect();
+    m.add("TERMINAL_STATES", pyo3::types::PyTuple::new(py, terminal)?)?;
+    m.add("MAX_RESULT_BYTES", MAX_RESULT_BYTES)?;
     m.add_function(wrap_pyfunction!(submit_python, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(wait, m)?)?;

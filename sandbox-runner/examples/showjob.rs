@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use delegate_broker::protocol::{open_dir_nofollow, read_record_at, Outcome, Started};
+use delegate_protocol::{open_dir_nofollow, read_record_at, Outcome, Started};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = PathBuf::from(std::env::args().nth(1).ok_or("usage: showjob <job-dir>")?);

@@ -6,7 +6,7 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use delegate_broker::protocol::{open_dir_nofollow, JobId};
+use delegate_protocol::{open_dir_nofollow, JobId};
 use nix::fcntl::{fcntl, openat, FcntlArg, OFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
 

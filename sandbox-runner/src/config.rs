@@ -9,7 +9,7 @@ use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountBindOptions,
     MountBindOptionsPropagationEnum, MountType,
 };
-use delegate_broker::protocol::{Spec, Task, SANDBOX_JOB_DIR};
+use delegate_protocol::{Spec, Task, SANDBOX_JOB_DIR};
 
 use crate::seccomp;
 
@@ -180,7 +180,7 @@ pub fn sanitize_slurm_job(v: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use delegate_broker::protocol::{now_ms, JobId, Resources};
+    use delegate_protocol::{now_ms, JobId, Resources};
 
     fn spec() -> Spec {
         Spec {

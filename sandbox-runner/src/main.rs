@@ -63,7 +63,7 @@ mod validate;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
-use delegate_broker::policy::{Policy, PolicyError, DEFAULT_POLICY_PATH, POLICY_ENV};
+use delegate_protocol::policy::{Policy, PolicyError, DEFAULT_POLICY_PATH, POLICY_ENV};
 
 #[derive(Parser, Debug)]
 #[command(

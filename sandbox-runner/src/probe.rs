@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use bollard::models::ContainerCreateBody;
-use delegate_broker::policy::{PerfMode, Policy};
+use delegate_protocol::policy::{PerfMode, Policy};
 use serde_json::{json, Value};
 
 use crate::config::{self, Perf, LABEL_PROBE, LABEL_UID};

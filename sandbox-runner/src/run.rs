@@ -8,14 +8,14 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
-use delegate_broker::policy::{PerfMode, Policy, PolicyError};
-use delegate_broker::protocol::{
-    check_clean_absolute, now_ms, open_dir_nofollow, write_record_at, Outcome, Started, State, Writer, CANCEL, OUTCOME, STDERR,
+use delegate_protocol::policy::{PerfMode, Policy, PolicyError};
+use delegate_protocol::{
+    check_clean_absolute, error_line, exists_at, one_line, refused_line, state_line, now_ms, open_dir_nofollow, write_record_at, Outcome, Started, State, Writer, CANCEL, OUTCOME, STDERR,
     STDOUT,
 };
-use delegate_broker::units::{format_duration, format_size};
+use delegate_protocol::units::{format_duration, format_size};
 use futures_util::{FutureExt, StreamExt};
-use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
@@ -115,18 +115,6 @@ pub fn not_started_reason(signal: &str) -> String {
     }
 }
 
-/// True when `name` exists in the job directory (any type; not followed).
-fn exists_at(dir: &JobDir, name: &str) -> bool {
-    nix::sys::stat::fstatat(dir.fd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
-}
-
-fn refused_line(reason: &str) -> String {
-    format!("delegate: refused: {}", one_line(reason))
-}
-
-fn one_line(s: &str) -> String {
-    s.replace(['\n', '\r'], " ")
-}
 
 /// Everything about the job the docker phase needs.
 struct Ctx<'a> {
@@ -154,14 +142,14 @@ impl Ctx<'_> {
         if let Some(sig) = self.signalled() {
             return Some(self.outcome(State::Cancelled, self.cancel_reason(sig)));
         }
-        if exists_at(self.dir, CANCEL) || exists_at(self.dir, OUTCOME) {
+        if exists_at(&self.dir.fd, CANCEL) || exists_at(&self.dir.fd, OUTCOME) {
             // With an outcome present the final write leaves it alone.
             return Some(self.outcome(State::Cancelled, "cancelled before it started".into()));
         }
         None
     }
     fn cancel_reason(&self, signal: &str) -> String {
-        if exists_at(self.dir, CANCEL) {
+        if exists_at(&self.dir.fd, CANCEL) {
             "cancelled by the user".into()
         } else if signal == "SIGTERM" {
             "cancelled (SIGTERM from Slurm: scancel or Slurm time limit)".into()
@@ -195,7 +183,7 @@ pub async fn run_job(
     let write = |o: &Outcome, line: Option<String>| -> Finish {
         // An outcome that appeared while the job had not started is the
         // client's (a cancel): it is never replaced by the runner's.
-        if o.started_ms.is_none() && exists_at(&dir, OUTCOME) {
+        if o.started_ms.is_none() && exists_at(&dir.fd, OUTCOME) {
             tracing::info!(
                 "{}: an outcome already exists (the job was cancelled before it started); left as it is",
                 path.display()
@@ -231,7 +219,7 @@ pub async fn run_job(
         Err(e) => {
             let reason = format!("{e}; ask the cluster's administrators");
             tracing::error!("{reason}");
-            let line = format!("delegate: error: {}", one_line(&reason));
+            let line = error_line(&reason);
             return write(&base(State::Failed, reason), Some(line));
         }
     };
@@ -287,7 +275,7 @@ pub async fn run_job(
     tracing::info!("job {}: {}: {}", checked.job_id, outcome.state, outcome.reason);
     let line = match outcome.state {
         State::Completed => None,
-        _ => Some(format!("delegate: {}: {}", outcome.state, one_line(&outcome.reason))),
+        _ => Some(state_line(outcome.state, &outcome.reason)),
     };
     write(&outcome, line)
 }
@@ -583,7 +571,7 @@ async fn supervise(
         () = async {
             loop {
                 marker_poll.tick().await;
-                if exists_at(ctx.dir, CANCEL) {
+                if exists_at(&ctx.dir.fd, CANCEL) {
                     return;
                 }
             }

@@ -3,10 +3,10 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use delegate_broker::policy::Policy;
-use delegate_broker::protocol::{
-    self, check_clean_absolute, check_owner, list_entries, open_dir_nofollow, read_record_at, JobId,
-    Spec, CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
+use delegate_protocol::policy::Policy;
+use delegate_protocol::{
+    check_clean_absolute, check_owner, list_entries, open_dir_nofollow, read_record_at, JobId,
+    ProtocolError, Spec, CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
 };
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstatat, SFlag};
@@ -60,7 +60,7 @@ pub struct Checked {
 /// Directory-level checks: clean absolute path, no symlink anywhere, a
 /// directory owned by `uid` and not writable by group or others.
 pub fn open_job_dir(path: &Path, uid: u32) -> Result<JobDir, Refusal> {
-    let dir_err = |e: protocol::ProtocolError| Refusal::Dir(e.to_string());
+    let dir_err = |e: ProtocolError| Refusal::Dir(e.to_string());
     check_clean_absolute(path).map_err(dir_err)?;
     let fd = open_dir_nofollow(path).map_err(dir_err)?;
     let shown = path.display().to_string();
@@ -156,7 +156,7 @@ pub fn sandbox_gid(spec_gid: u32, real_gid: u32, groups: &[u32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use delegate_broker::protocol::{now_ms, write_record_at, Resources, Task};
+    use delegate_protocol::{now_ms, write_record_at, Resources, Task};
     use std::os::unix::fs::PermissionsExt;
 
     fn policy(root: &Path) -> Policy {

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{check_clean_absolute, Spec};
+use crate::{check_clean_absolute, Spec};
 use crate::units::{format_duration, format_size, parse_duration, parse_size};
 
 pub const DEFAULT_POLICY_PATH: &str = "/etc/delegate/policy.toml";
@@ -255,7 +255,7 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{now_ms, JobId, Resources, Task};
+    use crate::{now_ms, JobId, Resources, Task};
 
     fn spec() -> Spec {
         Spec {

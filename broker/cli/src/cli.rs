@@ -1,0 +1,126 @@
+//! The command line: clap's types for every command and its arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use delegate_protocol::units::{parse_duration, parse_size};
+
+pub const EXIT_HELP: &str = "\
+Exit codes:
+  0    success
+  N    submit --wait / wait: the job's own exit code when it ran to an exit
+       (several jobs: that of the first one, in argument order, that did not succeed)
+  1    delegate error (bad input, Slurm or file-system failure)
+  2    usage error
+  124  the job timed out, or wait --timeout expired
+  125  the job failed without an exit code, was refused by the site policy, or was lost
+  130  the job was cancelled
+
+Environment:
+  DELEGATE_ROOT       job directories (default ~/.delegate/jobs)
+  DELEGATE_RUNNER     runner executed on the worker (default /usr/local/bin/sandbox-runner)
+  DELEGATE_PARTITION  Slurm partition (default: Slurm's default)
+  DELEGATE_POLICY     site policy file (default /etc/delegate/policy.toml)
+  RUST_LOG            log filter (logs are off unless -v or RUST_LOG is given)";
+
+
+/// Run commands in a sandbox on a Slurm cluster.
+#[derive(Parser, Debug)]
+#[command(name = "delegate", version, after_long_help = EXIT_HELP)]
+pub struct Cli {
+    /// Directory of the job directories [env: DELEGATE_ROOT; default ~/.delegate/jobs].
+    #[arg(long, global = true, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Log what delegate does to stderr (-vv for more).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Submit a command; prints the job id.
+    #[command(after_long_help = EXIT_HELP)]
+    Submit(SubmitArgs),
+    /// Show the state of jobs (all jobs when no id is given).
+    Status { ids: Vec<String> },
+    /// Wait until jobs are over; exits with the job's exit code.
+    #[command(after_long_help = EXIT_HELP)]
+    Wait {
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Give up after this long (e.g. 30s, 5m).
+        #[arg(long, value_parser = duration_arg)]
+        timeout: Option<u64>,
+    },
+    /// Print a job's output.
+    Logs {
+        id: String,
+        /// Keep printing new output (stdout and stderr) until the job is over.
+        #[arg(short, long)]
+        follow: bool,
+        /// Print stderr instead of stdout.
+        #[arg(long, conflicts_with = "follow")]
+        stderr: bool,
+    },
+    /// Show how a job ended: state, exit code, reason, host and timings.
+    Result { id: String },
+    /// Cancel jobs and wait (up to 15 s) until they are over.
+    Cancel {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// List all jobs.
+    List,
+    /// Check that Slurm, munge, Docker, the sandbox image, the delegate root
+    /// and the site policy work.
+    Doctor,
+}
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// CPUs for the sandbox.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cpus: u32,
+    /// Memory limit (e.g. 512M, 2G).
+    #[arg(long, default_value = "1G", value_parser = size_arg)]
+    pub mem: u64,
+    /// Time limit (e.g. 30s, 10m, 1h).
+    #[arg(long, default_value = "10m", value_parser = duration_arg)]
+    pub time: u64,
+    /// Sandbox image [default: the site policy's default image].
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Environment variable for the job, NAME=VALUE (or NAME to pass this
+    /// process's value). Repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// Wait for the job, print its stdout and stderr, exit with its exit code.
+    #[arg(long)]
+    pub wait: bool,
+    /// Submit held: the job stays pending until `scontrol release <slurm-id>`.
+    #[arg(long, conflicts_with = "wait")]
+    pub hold: bool,
+    /// Submit N copies of the command in one submission (call i gets
+    /// DELEGATE_INDEX=i). They run one after another in shared exclusive
+    /// allocations, each in its own fresh sandbox; prints one id per line.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub count: u32,
+    /// The command and its arguments (run without a shell).
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn duration_arg(s: &str) -> Result<u64, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+

@@ -1,0 +1,241 @@
+//! `delegate doctor`: checks that Slurm, munge, Docker, the sandbox image,
+//! the delegate root and the site policy work, each with a fix when not.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use delegate_client::{subprocess, Config, DEFAULT_RUNNER};
+use delegate_protocol::policy::{PerfMode, Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
+
+use super::client;
+use crate::cli::Cli;
+use crate::fail::{CliResult, Fail};
+use crate::output::print_json;
+
+#[derive(serde::Serialize)]
+struct Check {
+    check: &'static str,
+    ok: bool,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fix: Option<String>,
+}
+
+fn check(check: &'static str, res: Result<String, (String, String)>) -> Check {
+    match res {
+        Ok(detail) => Check {
+            check,
+            ok: true,
+            detail,
+            fix: None,
+        },
+        Err((detail, fix)) => Check {
+            check,
+            ok: false,
+            detail,
+            fix: Some(fix),
+        },
+    }
+}
+
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Output {
+    fn first_line(&self) -> String {
+        self.stderr
+            .lines()
+            .chain(self.stdout.lines())
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("no output")
+            .chars()
+            .take(300)
+            .collect()
+    }
+}
+
+/// Runs a program through the client's subprocess helper (killed when over
+/// `limit`); the error is one sentence.
+fn run_cmd(program: &str, args: &[&str], stdin: Option<Vec<u8>>, limit: Duration) -> Result<Output, String> {
+    let o = subprocess::run(Path::new(program), args, stdin.as_deref(), limit).map_err(|e| e.to_string())?;
+    Ok(Output {
+        ok: o.success(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    })
+}
+
+pub fn doctor(cli: &Cli) -> CliResult {
+    let mut checks = Vec::new();
+    let t = Duration::from_secs(20);
+    let slurm_fix = "start Slurm (build_cluster.sh --local on a single machine) and check that slurmctld is running and SLURM_CONF points at its configuration";
+
+    checks.push(check(
+        "slurm controller",
+        match run_cmd("scontrol", &["ping"], None, t) {
+            Ok(o) if o.ok && o.stdout.contains("UP") => Ok(o.stdout.lines().next().unwrap_or("").trim().to_owned()),
+            Ok(o) => Err((format!("scontrol ping: {}", o.first_line()), slurm_fix.into())),
+            Err(e) => Err((e, slurm_fix.into())),
+        },
+    ));
+    checks.push(check(
+        "slurm nodes",
+        match run_cmd("sinfo", &["--noheader", "--format=%P %a %D %T"], None, t) {
+            Ok(o) if o.ok => {
+                let lines: Vec<&str> = o.stdout.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+                let usable = lines.iter().any(|l| {
+                    let st = l.rsplit(' ').next().unwrap_or("");
+                    ["idle", "mixed", "allocated", "completing"].iter().any(|u| st.starts_with(u))
+                });
+                if usable {
+                    Ok(lines.join("; "))
+                } else if lines.is_empty() {
+                    Err(("sinfo lists no partitions".into(), "define a partition and nodes in slurm.conf".into()))
+                } else {
+                    Err((
+                        format!("no usable node: {}", lines.join("; ")),
+                        "start slurmd on the workers and `scontrol update nodename=<node> state=resume`".into(),
+                    ))
+                }
+            }
+            Ok(o) => Err((format!("sinfo: {}", o.first_line()), slurm_fix.into())),
+            Err(e) => Err((e, slurm_fix.into())),
+        },
+    ));
+    let munge_fix = "start munged (same /etc/munge/munge.key on every node)";
+    checks.push(check(
+        "munge",
+        match run_cmd("munge", &["-n"], None, t) {
+            Ok(o) if o.ok => match run_cmd("unmunge", &[], Some(o.stdout.into_bytes()), t) {
+                Ok(u) if u.ok => Ok("a credential round-trips through munge and unmunge".into()),
+                Ok(u) => Err((format!("unmunge: {}", u.first_line()), munge_fix.into())),
+                Err(e) => Err((e, munge_fix.into())),
+            },
+            Ok(o) => Err((format!("munge -n: {}", o.first_line()), munge_fix.into())),
+            Err(e) => Err((e, munge_fix.into())),
+        },
+    ));
+
+    // Docker, image and perf mode, as the setgid runner sees them.
+    let cfg = Config::from_env();
+    let runner = cfg
+        .as_ref()
+        .map(|c| c.runner.display().to_string())
+        .unwrap_or_else(|_| DEFAULT_RUNNER.to_owned());
+    let policy = Policy::load_for_client();
+    let runner_fix = format!("install sandbox-runner at {runner} (setgid docker) or set DELEGATE_RUNNER");
+    match run_cmd(&runner, &["probe", "--json"], None, Duration::from_secs(60)) {
+        Ok(o) => match serde_json::from_str::<serde_json::Value>(o.stdout.trim()) {
+            Ok(v) => {
+                let d = &v["docker"];
+                checks.push(check(
+                    "docker",
+                    if d["ok"].as_bool() == Some(true) {
+                        Ok(format!(
+                            "Docker {} (API {})",
+                            d["version"].as_str().unwrap_or("?"),
+                            d["api_version"].as_str().unwrap_or("?")
+                        ))
+                    } else {
+                        Err((
+                            format!("Docker does not answer the runner: {}", d["error"].as_str().unwrap_or("no detail")),
+                            "start dockerd and check that the runner's group can reach the Docker socket".into(),
+                        ))
+                    },
+                ));
+                let i = &v["image"];
+                let name = i["name"].as_str().unwrap_or("?").to_owned();
+                checks.push(check(
+                    "sandbox image",
+                    if i["present"].as_bool() == Some(true) {
+                        Ok(format!("{name} is present"))
+                    } else {
+                        Err((
+                            format!("{name} is not present on this Docker engine"),
+                            "build it (build_cluster.sh builds the sandbox image)".into(),
+                        ))
+                    },
+                ));
+                let p = &v["perf_mode"];
+                let mode = p["mode"].as_str().unwrap_or("");
+                let detail = p["detail"].as_str().unwrap_or("");
+                let wants_off = matches!(&policy, Ok(pol) if pol.perf_mode == PerfMode::Off);
+                checks.push(check(
+                    "perf mode",
+                    match mode {
+                        "perfmon" | "seccomp" => Ok(format!("{mode}: {detail}")),
+                        "off" if wants_off => Ok(format!("off (as the site policy asks): {detail}")),
+                        other => Err((
+                            format!("perf counters are not available in the sandbox ({other}): {detail}"),
+                            "set perf_mode in the site policy and check kernel.perf_event_paranoid and the Docker version".into(),
+                        )),
+                    },
+                ));
+            }
+            Err(e) => {
+                let why = if o.ok { format!("its output is not JSON ({e})") } else { o.first_line() };
+                for name in ["docker", "sandbox image", "perf mode"] {
+                    checks.push(check(name, Err((format!("{runner} probe --json: {why}"), runner_fix.clone()))));
+                }
+            }
+        },
+        Err(e) => {
+            for name in ["docker", "sandbox image", "perf mode"] {
+                checks.push(check(name, Err((e.clone(), runner_fix.clone()))));
+            }
+        }
+    }
+
+    checks.push(check(
+        "delegate root",
+        (|| -> Result<String, String> {
+            let c = client(&cli.root).map_err(|f| f.msg)?;
+            let probe = c.root().join(format!(".doctor-{}", std::process::id()));
+            std::fs::write(&probe, b"ok").map_err(|e| format!("cannot write in {}: {e}", c.root().display()))?;
+            let _ = std::fs::remove_file(&probe);
+            Ok(format!("{} is writable", c.root().display()))
+        })()
+        .map_err(|e| (e, "make the directory yours and mode 0700, or choose another with --root / DELEGATE_ROOT".into())),
+    ));
+    let policy_path = std::env::var_os(POLICY_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_POLICY_PATH));
+    checks.push(check(
+        "site policy",
+        match Policy::load(&policy_path, false) {
+            Ok(p) => Ok(format!("{} (default image {})", policy_path.display(), p.default_image)),
+            Err(e) => Err((
+                e.to_string(),
+                format!("install a root-owned policy at {DEFAULT_POLICY_PATH} (see build_cluster.sh) or set {POLICY_ENV}"),
+            )),
+        },
+    ));
+
+    let all_ok = checks.iter().all(|c| c.ok);
+    if cli.json {
+        print_json(&checks)?;
+    } else {
+        for c in &checks {
+            if c.ok {
+                println!("ok    {:<16} {}", c.check, c.detail);
+            } else {
+                println!(
+                    "FAIL  {:<16} {} (fix: {})",
+                    c.check,
+                    c.detail,
+                    c.fix.as_deref().unwrap_or("")
+                );
+            }
+        }
+    }
+    if all_ok {
+        Ok(0)
+    } else {
+        Err(Fail::new("", 1))
+    }
+}
+

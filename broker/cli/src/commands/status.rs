@@ -1,0 +1,38 @@
+//! `delegate status`, `delegate list` and `delegate result`: what is known
+//! about jobs.
+
+use super::{client, parse_id, parse_ids};
+use crate::cli::Cli;
+use crate::fail::{CliResult, Fail};
+use crate::output::{print_json, print_result, print_statuses};
+
+/// `delegate status [IDS]`: the given jobs, or all of them.
+pub fn status(cli: &Cli, ids: &[String]) -> CliResult {
+    let c = client(&cli.root)?;
+    let st = if ids.is_empty() { c.list()? } else { c.status(&parse_ids(ids)?)? };
+    print_statuses(&st, cli.json)?;
+    Ok(0)
+}
+
+/// `delegate list`: all jobs.
+pub fn list(cli: &Cli) -> CliResult {
+    let c = client(&cli.root)?;
+    print_statuses(&c.list()?, cli.json)?;
+    Ok(0)
+}
+
+/// `delegate result ID`: how a job ended.
+pub fn result(cli: &Cli, id: &str) -> CliResult {
+    let c = client(&cli.root)?;
+    let id = parse_id(id)?;
+    let st = c.status(std::slice::from_ref(&id))?;
+    let Some(s) = st.first() else {
+        return Err(Fail::new(format!("no status for job {id}"), 1));
+    };
+    if cli.json {
+        print_json(s)?;
+    } else {
+        print_result(s);
+    }
+    Ok(0)
+}

@@ -1,0 +1,116 @@
+//! `delegate submit`: one command, or `--count` copies in one submission;
+//! `--wait` streams the output and exits with the job's exit code (Ctrl-C
+//! cancels the jobs, as srun does).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use delegate_client::{JobStatus, Stream, SubmitRequest};
+use delegate_protocol::JobId;
+
+use super::client;
+use super::wait::finish_wait;
+use crate::cli::{Cli, SubmitArgs};
+use crate::fail::{CliResult, Fail};
+use crate::output::{copy_output, print_json};
+
+pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
+    let mut env = Vec::new();
+    for e in &a.env {
+        match e.split_once('=') {
+            Some((k, v)) => env.push((k.to_owned(), v.to_owned())),
+            None => match std::env::var(e) {
+                Ok(v) => env.push((e.clone(), v)),
+                Err(_) => {
+                    return Err(Fail::new(
+                        format!("--env {e}: expected NAME=VALUE, or NAME of a variable set in this environment"),
+                        1,
+                    ))
+                }
+            },
+        }
+    }
+    let mut req = SubmitRequest::command(a.command.clone());
+    req.image = a.image.clone();
+    req.cpus = a.cpus;
+    req.mem_bytes = a.mem;
+    req.time_limit_secs = a.time;
+    req.env = env;
+    req.hold = a.hold;
+    let reqs: Vec<SubmitRequest> = if a.count == 1 {
+        vec![req]
+    } else {
+        (0..a.count)
+            .map(|i| {
+                let mut r = req.clone();
+                r.env.retain(|(k, _)| k != "DELEGATE_INDEX");
+                r.env.push(("DELEGATE_INDEX".into(), i.to_string()));
+                r
+            })
+            .collect()
+    };
+    let c = client(&cli.root)?;
+    let hs = c.submit_many(&reqs)?;
+    let ids: Vec<JobId> = hs.iter().map(|h| h.id.clone()).collect();
+    if !a.wait {
+        if cli.json {
+            match hs.as_slice() {
+                [h] => print_json(h)?,
+                hs => print_json(&hs)?,
+            }
+        } else {
+            for h in &hs {
+                println!("{}", h.id);
+            }
+        }
+        return Ok(0);
+    }
+    tracing::info!(jobs = hs.len(), slurm_id = %hs[0].slurm_id, "waiting");
+    // Ctrl-C (or SIGTERM) while waiting cancels the jobs, as srun does.
+    install_interrupt_handler();
+    let st = c.wait_with(&ids, None, interrupted)?;
+    if interrupted() && !st.iter().all(JobStatus::is_terminal) {
+        eprintln!("delegate: interrupted; cancelling {}", if ids.len() == 1 { format!("job {}", ids[0]) } else { format!("{} jobs", ids.len()) });
+        let st = c.cancel(&ids)?;
+        if cli.json {
+            match st.as_slice() {
+                [s] => print_json(s)?,
+                st => print_json(&st)?,
+            }
+        }
+        return Ok(130);
+    }
+    if cli.json {
+        match st.as_slice() {
+            [s] => print_json(s)?,
+            st => print_json(&st)?,
+        }
+    } else {
+        for id in &ids {
+            copy_output(&c, id, Stream::Stdout)?;
+            copy_output(&c, id, Stream::Stderr)?;
+        }
+    }
+    finish_wait(&st, None)
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+fn install_interrupt_handler() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(SigHandler::Handler(on_interrupt), SaFlags::empty(), SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        if let Err(e) = unsafe { sigaction(sig, &action) } {
+            tracing::debug!(signal = ?sig, error = %e, "cannot install a signal handler");
+        }
+    }
+}
+

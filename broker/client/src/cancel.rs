@@ -1,0 +1,82 @@
+//! Cancelling jobs: the `cancel` marker, one `scancel` for all, and the
+//! shared allocations whose last live call is being cancelled.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use delegate_protocol::{self as protocol, atomic_write_at, exists_at, read_bounded_at, JobId, ProtocolError};
+
+use crate::{Client, ClientError, JobStatus, Result};
+
+/// How long `cancel` waits for the jobs to end.
+pub const CANCEL_WAIT: Duration = Duration::from_secs(15);
+
+impl Client {
+    /// Asks for the jobs to end: writes the `cancel` marker in each, cancels
+    /// them in Slurm with one `scancel` (an allocation shared with calls not
+    /// being cancelled is left running: its runner stops just the cancelled
+    /// call, and a call that has not started there is over at once), then waits up to [`CANCEL_WAIT`]
+    /// for each to be over. Returns the last statuses.
+    pub fn cancel(&self, ids: &[JobId]) -> Result<Vec<JobStatus>> {
+        let jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
+        let mut slurm_ids = Vec::new();
+        for j in &jobs {
+            if j.outcome.is_some() {
+                continue;
+            }
+            let Some(fd) = &j.fd else {
+                return Err(ClientError::Protocol(ProtocolError::NotKind {
+                    path: j.dir.display().to_string(),
+                    expected: "job directory delegate can open (it cannot cancel this job)",
+                }));
+            };
+            atomic_write_at(fd, &j.dir, protocol::CANCEL, b"", 0o644)?;
+            if let (Some(s), None) = (&j.slurm_id, j.shared) {
+                slurm_ids.push(s.clone());
+            }
+        }
+        // An allocation shared by several calls is cancelled in Slurm only
+        // when none of its calls is left to run; otherwise the runner stops
+        // the cancelled call (it watches the marker) and goes on.
+        let mut shared: HashMap<&str, (u32, HashSet<&JobId>)> =
+            HashMap::new();
+        for j in &jobs {
+            if let (Some(s), Some(n), None) = (&j.slurm_id, j.shared, &j.outcome) {
+                shared.entry(s.as_str()).or_insert_with(|| (n, Default::default())).1.insert(&j.id);
+            }
+        }
+        for (sid, (n, members)) in shared {
+            if members.len() as u32 >= n || self.no_other_live_call(sid, &members) {
+                slurm_ids.push(sid.to_owned());
+            }
+        }
+        if let Err(e) = self.config.slurm.cancel(&slurm_ids) {
+            // Jobs that ended meanwhile make scancel fail; the wait decides.
+            tracing::warn!(error = %e, "scancel reported an error");
+        }
+        self.wait_inner(ids, Some(CANCEL_WAIT), || false, true, false)
+    }
+
+    /// True when every call of the shared allocation `sid` other than
+    /// `cancelling` is over or being cancelled (its list of calls says which
+    /// they are; false when that list cannot be read).
+    fn no_other_live_call(&self, sid: &str, cancelling: &HashSet<&JobId>) -> bool {
+        let name = protocol::shared_calls_name(sid);
+        let text = match read_bounded_at(&self.root_fd, &self.root, &name, 64 * 1024, Some(self.uid)) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(e) => {
+                tracing::debug!(error = %e, "no list of the calls of allocation {sid}");
+                return false;
+            }
+        };
+        let calls = protocol::parse_shared_calls(&text);
+        !calls.is_empty()
+            && calls.iter().all(|id| {
+                cancelling.contains(id)
+                    || self
+                        .open_job_dir(id)
+                        .map(|fd| exists_at(&fd, protocol::OUTCOME) || exists_at(&fd, protocol::CANCEL))
+                        .unwrap_or(false)
+            })
+    }
+}

@@ -1,0 +1,35 @@
+//! The client's one error type.
+
+use delegate_protocol::policy::PolicyError;
+use delegate_protocol::{JobId, ProtocolError};
+
+use crate::slurm::SlurmError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot find the home directory: $HOME is unset and uid {0} has no passwd entry")]
+    NoHome(u32),
+    #[error("cannot use the delegate root {path}: {reason}")]
+    Root { path: String, reason: String },
+    #[error("no job {id} in {root}")]
+    NoSuchJob { id: String, root: String },
+    #[error("invalid job request: {0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("{0}")]
+    Policy(#[from] PolicyError),
+    #[error("{0}")]
+    Slurm(#[from] SlurmError),
+    #[error("job {id} could not be submitted: {reason}")]
+    SubmitFailed { id: JobId, reason: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+

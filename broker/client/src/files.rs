@@ -1,0 +1,43 @@
+//! Readers of a job's files: its output streams and its result.
+
+use std::fs::File;
+
+use delegate_protocol::{self as protocol, exists_at, open_regular_at, read_bounded_at, JobId, MAX_RESULT_BYTES};
+
+use crate::client::optional;
+use crate::{Client, Result, Stream};
+
+impl Client {
+    /// Opens a job's stdout or stderr file for streaming; `None` while it
+    /// does not exist yet.
+    pub fn open_output(&self, id: &JobId, stream: Stream) -> Result<Option<File>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(open_regular_at(&fd, &self.job_dir(id), stream.file_name())?)
+    }
+
+    /// Reads at most `limit` bytes of a job's stdout or stderr; `None` while
+    /// it does not exist.
+    pub fn read_output(&self, id: &JobId, stream: Stream, limit: u64) -> Result<Option<Vec<u8>>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_bounded_at(&fd, &self.job_dir(id), stream.file_name(), limit, None))?)
+    }
+
+    /// The `result` file (a pickled return value or exception), bounded by
+    /// [`MAX_RESULT_BYTES`]; `None` when the job wrote none.
+    pub fn read_result(&self, id: &JobId) -> Result<Option<Vec<u8>>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_bounded_at(
+            &fd,
+            &self.job_dir(id),
+            protocol::RESULT,
+            MAX_RESULT_BYTES,
+            None,
+        ))?)
+    }
+
+    /// True when the job's outcome file exists.
+    pub fn has_outcome(&self, id: &JobId) -> Result<bool> {
+        let fd = self.open_job_dir(id)?;
+        Ok(exists_at(&fd, protocol::OUTCOME))
+    }
+}

@@ -1,0 +1,45 @@
+//! The user side of delegate: submit, status, wait, cancel, list, and
+//! readers for a job's files, over the job-directory protocol
+//! ([`delegate_protocol`]) and Slurm's command-line tools ([`slurm`]). Used
+//! by the `delegate` CLI and (through PyO3) the Python shim, so nothing here
+//! prints or exits.
+//!
+//! All state lives in the job directory and in Slurm, so any new process can
+//! reattach to any job by id. The state of a job is computed by one pure
+//! function, [`state::decide`], shared by status, wait, cancel and list.
+//!
+//! The [`Client`] is split by operation: [`client`] opens the root, then
+//! `submit`, `load` (reading a job directory), `reconcile` (statuses),
+//! `list`, `wait`, `cancel` and `files` each add their `impl Client` block.
+//! Every Slurm tool runs through [`subprocess::run`], with a time limit.
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod plan;
+pub mod request;
+pub mod slurm;
+pub mod state;
+pub mod status;
+pub mod subprocess;
+
+mod cancel;
+mod files;
+mod list;
+mod load;
+mod reconcile;
+mod submit;
+mod wait;
+
+pub use cancel::CANCEL_WAIT;
+pub use client::Client;
+pub use config::{
+    default_root, home_dir, Config, CALLS_PER_ALLOCATION_ENV, DEFAULT_RUNNER, ROOT_ENV, RUNNER_ENV,
+};
+pub use error::{ClientError, Result};
+pub use load::LOG_TAIL_BYTES;
+pub use plan::{plan_allocations, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
+pub use request::{JobHandle, SubmitRequest};
+pub use state::{decide, scan_log, Facts, LogFacts, SlurmView, Verdict, SUBMIT_GRACE_SECS};
+pub use status::{exit_status_for, JobStatus, Stream};
+pub use wait::SLURM_INTERVAL;

@@ -1,0 +1,126 @@
+//! Reading one job directory once ([`JobFiles`]) and the tail of Slurm's
+//! log of its batch script.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use delegate_protocol::{
+    self as protocol, exists_at, now_ms, open_regular_at, read_bounded_at, read_record_at, JobId, Outcome, Spec,
+    Started,
+};
+use nix::sys::stat::fstat;
+
+use crate::client::optional;
+use crate::state::{scan_log, LogFacts};
+use crate::{Client, ClientError, Result};
+
+/// How much of the end of Slurm's log of a job is read.
+pub const LOG_TAIL_BYTES: u64 = 64 * 1024;
+const MAX_SLURM_ID_BYTES: u64 = 64;
+
+/// The files of one job directory, read once.
+pub(crate) struct JobFiles {
+    pub(crate) id: JobId,
+    pub(crate) dir: PathBuf,
+    /// `None` when the directory cannot be opened safely (a symlink, another
+    /// owner, no permission): `unreadable` says why.
+    pub(crate) fd: Option<OwnedFd>,
+    pub(crate) unreadable: Option<String>,
+    pub(crate) slurm_id: Option<String>,
+    /// Calls of the allocation this call runs in, when it shares one.
+    pub(crate) shared: Option<u32>,
+    pub(crate) started: Option<Started>,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) cancel: bool,
+    pub(crate) created_ms: u64,
+}
+
+impl Client {
+    pub(crate) fn load(&self, id: &JobId) -> Result<JobFiles> {
+        let dir = self.job_dir(id);
+        let fd = match self.open_job_dir(id) {
+            Ok(fd) => fd,
+            Err(ClientError::Protocol(e)) => {
+                // The directory exists but cannot be opened safely: the
+                // runner refuses such a job too, and says so in the Slurm
+                // log beside the directory.
+                return Ok(JobFiles {
+                    id: id.clone(),
+                    dir,
+                    fd: None,
+                    unreadable: Some(e.to_string()),
+                    slurm_id: None,
+                    shared: None,
+                    started: None,
+                    outcome: None,
+                    cancel: false,
+                    created_ms: now_ms(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        // A damaged spec does not hide the job's state: the runner reports
+        // on it in the outcome.
+        let spec: Option<Spec> = match optional(read_record_at(&fd, &dir, None)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "cannot read the spec");
+                None
+            }
+        };
+        let (slurm_id, shared) = match optional(read_bounded_at(&fd, &dir, protocol::SLURM_ID, MAX_SLURM_ID_BYTES, None))? {
+            None => (None, None),
+            Some(b) => match protocol::parse_slurm_id(&String::from_utf8_lossy(&b)) {
+                Some((sid, shared)) => (Some(sid), shared),
+                None => {
+                    tracing::warn!(job = %id, content = %String::from_utf8_lossy(&b), "ignoring a slurm-id file that holds no job id");
+                    (None, None)
+                }
+            },
+        };
+        let started: Option<Started> = optional(read_record_at(&fd, &dir, None))?;
+        let outcome: Option<Outcome> = optional(read_record_at(&fd, &dir, None))?;
+        let cancel = exists_at(&fd, protocol::CANCEL);
+        let created_ms = match &spec {
+            Some(s) => s.created_ms,
+            None => fstat(&fd)
+                .map(|st| (st.st_mtime.max(0) as u64) * 1000)
+                .unwrap_or_else(|_| now_ms()),
+        };
+        Ok(JobFiles {
+            id: id.clone(),
+            dir,
+            fd: Some(fd),
+            unreadable: None,
+            slurm_id,
+            shared,
+            started,
+            outcome,
+            cancel,
+            created_ms,
+        })
+    }
+
+    /// The last [`LOG_TAIL_BYTES`] of Slurm's log of the job, if any.
+    pub(crate) fn log_facts(&self, id: &JobId) -> LogFacts {
+        let mut f = match open_regular_at(&self.root_fd, &self.root, &format!("{id}.log")) {
+            Ok(Some(f)) => f,
+            _ => return LogFacts::default(),
+        };
+        let len = f.seek(SeekFrom::End(0)).unwrap_or(0);
+        let start = len.saturating_sub(LOG_TAIL_BYTES);
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(start)).is_err() || f.take(LOG_TAIL_BYTES).read_to_end(&mut buf).is_err() {
+            return LogFacts::default();
+        }
+        let text = String::from_utf8_lossy(&buf);
+        // Drop a partial first line when the tail starts mid-file.
+        let text = if start > 0 {
+            text.split_once('\n').map(|(_, rest)| rest).unwrap_or("")
+        } else {
+            &text
+        };
+        scan_log(text)
+    }
+}

@@ -1,0 +1,197 @@
+//! From the files of jobs (and one Slurm query for all) to their statuses;
+//! the client's outcome for a job that ended without the runner's.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use delegate_protocol::{
+    self as protocol, atomic_write_at, encode, now_ms, read_record_at, JobId, Outcome, ProtocolError, Spec, Started,
+    State, Writer,
+};
+use nix::errno::Errno;
+use nix::fcntl::AtFlags;
+
+use crate::client::optional;
+use crate::load::JobFiles;
+use crate::slurm;
+use crate::state::{decide, Facts, SlurmView, Verdict};
+use crate::{Client, JobStatus, Result};
+
+impl Client {
+    /// Writes an outcome unless one exists (link of a complete temporary file,
+    /// so two writers never clobber each other, also on NFS). Returns the
+    /// outcome in effect.
+    pub(crate) fn write_client_outcome(
+        &self,
+        fd: &OwnedFd,
+        dir: &Path,
+        state: State,
+        reason: &str,
+        refused: bool,
+        started: Option<&Started>,
+    ) -> Result<Outcome> {
+        let outcome = Outcome {
+            refused,
+            started_ms: started.map(|s| s.started_ms),
+            ..Outcome::ended(state, reason, started.map(|s| s.host.clone()).unwrap_or_default(), Writer::Client)
+        };
+        let bytes = encode(&outcome)?;
+        let mut rnd = [0u8; 4];
+        let _ = getrandom::fill(&mut rnd);
+        let tmp = format!(".outcome.client-{}-{:08x}", std::process::id(), u32::from_le_bytes(rnd));
+        if let Err(e) = atomic_write_at(fd, dir, &tmp, &bytes, 0o644) {
+            // A full (or read-only) delegate root: the verdict still stands,
+            // it just cannot be recorded; say so instead of failing the
+            // status of the job (the next reader derives it again).
+            let full = matches!(&e, ProtocolError::Io { source, .. }
+                if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS)));
+            if !full {
+                return Err(e.into());
+            }
+            let _ = nix::unistd::unlinkat(fd, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+            let why = match &e {
+                ProtocolError::Io { source, .. } => source.to_string(),
+                e => e.to_string(),
+            };
+            tracing::warn!(dir = %dir.display(), "cannot record the client outcome: {why}");
+            let mut outcome = outcome;
+            outcome.reason.push_str(&format!("; this verdict could not be recorded in the job directory: {why}"));
+            return Ok(outcome);
+        }
+        let linked = nix::unistd::linkat(fd, tmp.as_str(), fd, protocol::OUTCOME, AtFlags::empty());
+        let _ = nix::unistd::unlinkat(fd, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        match linked {
+            Ok(()) => {
+                let _ = nix::unistd::fsync(fd);
+                tracing::info!(dir = %dir.display(), state = %state, reason, "wrote a client outcome");
+                Ok(outcome)
+            }
+            Err(Errno::EEXIST) => Ok(read_record_at::<Outcome>(fd, dir, None)?),
+            Err(e) => Err(ProtocolError::io(dir.join(protocol::OUTCOME).display(), e).into()),
+        }
+    }
+
+    fn status_of(&self, f: &JobFiles, outcome: &Outcome) -> JobStatus {
+        let started_ms = outcome.started_ms.or(f.started.as_ref().map(|s| s.started_ms));
+        let host = Some(outcome.host.clone())
+            .filter(|h| !h.is_empty())
+            .or_else(|| f.started.as_ref().map(|s| s.host.clone()));
+        JobStatus {
+            id: f.id.clone(),
+            slurm_id: f.slurm_id.clone(),
+            state: outcome.state,
+            reason: outcome.reason.clone(),
+            exit_code: outcome.exit_code,
+            refused: outcome.refused,
+            oom_killed: outcome.oom_killed,
+            host,
+            submitted_ms: Some(f.created_ms),
+            started_ms,
+            finished_ms: Some(outcome.finished_ms),
+            elapsed_secs: started_ms.map(|s| outcome.finished_ms.saturating_sub(s) as f64 / 1000.0),
+        }
+    }
+
+    fn live_status(&self, f: &JobFiles, state: State, reason: String) -> JobStatus {
+        let started_ms = f.started.as_ref().map(|s| s.started_ms);
+        JobStatus {
+            id: f.id.clone(),
+            slurm_id: f.slurm_id.clone(),
+            state,
+            reason,
+            exit_code: None,
+            refused: false,
+            oom_killed: false,
+            host: f.started.as_ref().map(|s| s.host.clone()),
+            submitted_ms: Some(f.created_ms),
+            started_ms,
+            finished_ms: None,
+            elapsed_secs: started_ms.map(|s| now_ms().saturating_sub(s) as f64 / 1000.0),
+        }
+    }
+
+    /// Reconciles loaded jobs; asks Slurm once (when `ask_slurm`) about all
+    /// the jobs that have no outcome yet.
+    pub(crate) fn reconcile(&self, jobs: &mut [JobFiles], ask_slurm: bool) -> Result<Vec<JobStatus>> {
+        let need_slurm = ask_slurm && jobs.iter().any(|j| j.outcome.is_none() && j.slurm_id.is_some());
+        let queue = if need_slurm {
+            match self.config.slurm.query_user(self.uid) {
+                Ok(q) => Some(q),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot ask Slurm about the jobs");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut out = Vec::with_capacity(jobs.len());
+        for f in jobs.iter_mut() {
+            if let Some(o) = &f.outcome {
+                out.push(self.status_of(f, o));
+                continue;
+            }
+            let fd = match (&f.fd, &f.unreadable) {
+                (Some(fd), _) => fd,
+                (None, why) => {
+                    let why = why.clone().unwrap_or_default();
+                    out.push(match self.log_facts(&f.id).refusal {
+                        Some(reason) => {
+                            let mut st = self.live_status(f, State::Failed, format!("refused: {reason}"));
+                            st.refused = true;
+                            st.finished_ms = Some(now_ms());
+                            st
+                        }
+                        None => self.live_status(
+                            f,
+                            State::Pending,
+                            format!("the job directory cannot be read ({why}); waiting for the runner's verdict"),
+                        ),
+                    });
+                    continue;
+                }
+            };
+            let view = match (&f.slurm_id, ask_slurm, &queue) {
+                (_, false, _) => SlurmView::NotAsked,
+                (None, true, _) => SlurmView::NotAsked,
+                (Some(_), true, None) => SlurmView::Unavailable,
+                (Some(sid), true, Some(q)) => slurm::lookup(q, sid).map_or(SlurmView::Absent, SlurmView::Present),
+            };
+            let facts = Facts {
+                submitted: f.slurm_id.is_some(),
+                age_secs: now_ms().saturating_sub(f.created_ms) / 1000,
+                started: f.started.as_ref().map(|s| s.host.as_str()),
+                cancel_requested: f.cancel,
+                shared: f.shared.is_some(),
+                slurm: view,
+            };
+            match decide(&facts, || self.log_facts(&f.id)) {
+                Verdict::Live { state, reason } => out.push(self.live_status(f, state, reason)),
+                Verdict::Ended { state, reason, refused } => {
+                    // The runner writes its outcome before it exits: look again.
+                    let outcome = match optional(read_record_at::<Outcome>(fd, &f.dir, None))? {
+                        Some(o) => o,
+                        None => {
+                            self.write_client_outcome(fd, &f.dir, state, &reason, refused, f.started.as_ref())?
+                        }
+                    };
+                    out.push(self.status_of(f, &outcome));
+                    f.outcome = Some(outcome);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The state of each job, asking Slurm once for all of them.
+    pub fn status(&self, ids: &[JobId]) -> Result<Vec<JobStatus>> {
+        let mut jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
+        self.reconcile(&mut jobs, true)
+    }
+
+    /// The spec of a job.
+    pub fn spec(&self, id: &JobId) -> Result<Spec> {
+        let fd = self.open_job_dir(id)?;
+        Ok(read_record_at(&fd, &self.job_dir(id), None)?)
+    }
+}

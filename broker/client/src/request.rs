@@ -1,0 +1,53 @@
+//! What a caller asks for ([`SubmitRequest`]) and gets back ([`JobHandle`]).
+
+use std::path::PathBuf;
+
+use delegate_protocol::{JobId, Resources, Task};
+use serde::Serialize;
+
+/// What to run and with which resources.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubmitRequest {
+    pub task: Task,
+    /// `None`: the site policy's default image.
+    pub image: Option<String>,
+    pub cpus: u32,
+    pub mem_bytes: u64,
+    pub time_limit_secs: u64,
+    pub env: Vec<(String, String)>,
+    /// Opaque bytes for the sandbox (a pickled call); at most [`MAX_PAYLOAD_BYTES`].
+    pub payload: Option<Vec<u8>>,
+    /// Submit held: the job stays pending until `scontrol release <slurm-id>`.
+    pub hold: bool,
+}
+
+impl SubmitRequest {
+    /// A request with the default resources (1 CPU, 1G, 10 minutes).
+    pub fn new(task: Task) -> SubmitRequest {
+        let r = Resources::default();
+        SubmitRequest {
+            task,
+            image: None,
+            cpus: r.cpus,
+            mem_bytes: r.mem_bytes,
+            time_limit_secs: r.time_limit_secs,
+            env: Vec::new(),
+            payload: None,
+            hold: false,
+        }
+    }
+
+    /// A command job (argv, no shell).
+    pub fn command(argv: Vec<String>) -> SubmitRequest {
+        SubmitRequest::new(Task::Command { argv })
+    }
+}
+
+/// A submitted job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct JobHandle {
+    pub id: JobId,
+    pub slurm_id: String,
+    pub dir: PathBuf,
+}
+

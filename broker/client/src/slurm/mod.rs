@@ -1,0 +1,208 @@
+//! The user side's adapter around Slurm's command-line tools: one `sbatch`
+//! per job, one `squeue` per interval for all of a user's jobs, one
+//! `scancel` for many jobs.
+//!
+//! The parsers are pure functions so they can be tested without a cluster;
+//! they never panic on odd output (junk lines are skipped with a warning).
+
+
+mod parse;
+mod script;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use parse::{
+    array_spec_contains, lookup, parse_sbatch_parsable, parse_sinfo, parse_slurm_time, parse_squeue, PartitionInfo,
+    SlurmJob, SlurmPhase, SlurmState,
+};
+pub use script::{array_script, batch_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, BatchRequest};
+
+use crate::subprocess::{self, SubprocessError};
+
+/// Environment variable naming the Slurm partition to submit to (default:
+/// Slurm's default partition).
+pub const PARTITION_ENV: &str = "DELEGATE_PARTITION";
+/// How long one call of a Slurm tool may take before it is given up on (and
+/// killed): a controller that does not answer must not block a client.
+pub const SLURM_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error("could not run {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} failed: {message}")]
+    Failed { program: String, message: String },
+    #[error("{program} did not answer within {} s", .timeout.as_secs())]
+    TimedOut { program: String, timeout: Duration },
+    #[error("sbatch printed no job id (its output was {0:?})")]
+    NoJobId(String),
+}
+
+impl From<SubprocessError> for SlurmError {
+    fn from(e: SubprocessError) -> SlurmError {
+        match e {
+            SubprocessError::Spawn { program, source } | SubprocessError::Wait { program, source } => {
+                SlurmError::Spawn { program, source }
+            }
+            SubprocessError::TimedOut { program, timeout } => SlurmError::TimedOut { program, timeout },
+        }
+    }
+}
+
+static SBATCH_CALLS: AtomicU64 = AtomicU64::new(0);
+static SQUEUE_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// How many `sbatch` processes this process has started (tests and
+/// benchmarks check that a `map` is one submission).
+pub fn sbatch_calls() -> u64 {
+    SBATCH_CALLS.load(Ordering::SeqCst)
+}
+
+/// How many `squeue` processes this process has started.
+pub fn squeue_calls() -> u64 {
+    SQUEUE_CALLS.load(Ordering::SeqCst)
+}
+
+/// Slurm's command-line tools.
+#[derive(Clone, Debug)]
+pub struct Slurm {
+    pub partition: Option<String>,
+    pub sbatch: PathBuf,
+    pub squeue: PathBuf,
+    pub scancel: PathBuf,
+    pub sinfo: PathBuf,
+    /// How long one call may take ([`SLURM_TIMEOUT`]).
+    pub timeout: Duration,
+}
+
+impl Default for Slurm {
+    fn default() -> Self {
+        Slurm {
+            partition: None,
+            sbatch: "sbatch".into(),
+            squeue: "squeue".into(),
+            scancel: "scancel".into(),
+            sinfo: "sinfo".into(),
+            timeout: SLURM_TIMEOUT,
+        }
+    }
+}
+
+impl Slurm {
+    /// The tools from `$PATH`, the partition from `$DELEGATE_PARTITION`.
+    pub fn from_env() -> Slurm {
+        Slurm {
+            partition: std::env::var(PARTITION_ENV).ok().filter(|p| !p.trim().is_empty()),
+            ..Slurm::default()
+        }
+    }
+
+    /// Runs one tool through [`subprocess::run`]; its stdout when it
+    /// succeeded, else the first line it printed.
+    fn run(&self, program: &std::path::Path, args: &[String], stdin: Option<&str>) -> Result<String, SlurmError> {
+        let out = subprocess::run(program, args, stdin.map(str::as_bytes), self.timeout)?;
+        if !out.success() {
+            return Err(SlurmError::Failed {
+                program: program.display().to_string(),
+                message: out
+                    .first_line()
+                    .unwrap_or_else(|| format!("it exited with {} and printed nothing", out.status)),
+            });
+        }
+        Ok(out.stdout_text())
+    }
+
+    /// Submits one batch job; returns its Slurm id.
+    pub fn submit(&self, req: &BatchRequest) -> Result<String, SlurmError> {
+        let args = sbatch_args(req, self.partition.as_deref());
+        SBATCH_CALLS.fetch_add(1, Ordering::SeqCst);
+        let out = self.run(&self.sbatch, &args, Some(&req.script))?;
+        parse_sbatch_parsable(&out)
+    }
+
+    /// All jobs of `uid` that Slurm still knows, in one query.
+    pub fn query_user(&self, uid: u32) -> Result<HashMap<String, SlurmJob>, SlurmError> {
+        let args = vec![
+            "--noheader".to_owned(),
+            "--states=all".to_owned(),
+            // One line per job-array element (`123_4`), also while pending
+            // (otherwise pending elements collapse into `123_[4-49]` and a
+            // job directory naming `123_4` would look gone).
+            "--array".to_owned(),
+            format!("--user={uid}"),
+            "--format=%i|%T|%r".to_owned(),
+        ];
+        SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
+        Ok(parse_squeue(&self.run(&self.squeue, &args, None)?))
+    }
+
+    /// The partition jobs go to: its usable nodes and time limit, in one
+    /// `sinfo`.
+    pub fn partition_info(&self) -> Result<PartitionInfo, SlurmError> {
+        let mut args = vec!["--noheader".to_owned(), "--format=%P|%D|%l|%t".to_owned()];
+        if let Some(p) = self.partition.as_deref().filter(|p| !p.is_empty()) {
+            args.push(format!("--partition={p}"));
+        }
+        let out = self.run(&self.sinfo, &args, None)?;
+        parse_sinfo(&out, self.partition.as_deref().filter(|p| !p.is_empty())).ok_or_else(|| SlurmError::Failed {
+            program: self.sinfo.display().to_string(),
+            message: match &self.partition {
+                Some(p) => format!("no partition {p:?} in its output"),
+                None => "no default partition in its output".into(),
+            },
+        })
+    }
+
+    /// Cancels all `ids` in one call.
+    pub fn cancel(&self, ids: &[String]) -> Result<(), SlurmError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.run(&self.scancel, ids, None).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_tool_is_a_clear_error() {
+        let s = Slurm {
+            squeue: "/nonexistent/squeue".into(),
+            ..Slurm::default()
+        };
+        let e = s.query_user(1).unwrap_err();
+        assert!(e.to_string().starts_with("could not run /nonexistent/squeue: "), "{e}");
+    }
+
+    #[test]
+    fn failing_tool_reports_first_stderr_line() {
+        let s = Slurm {
+            scancel: "/bin/sh".into(),
+            ..Slurm::default()
+        };
+        let e = s
+            .cancel(&["-c".into(), "echo '' >&2; echo 'first line' >&2; echo second >&2; exit 3".into()])
+            .unwrap_err();
+        assert_eq!(e.to_string(), "/bin/sh failed: first line");
+    }
+
+    #[test]
+    fn a_hung_tool_is_given_up_on() {
+        let s = Slurm {
+            squeue: "/bin/sleep".into(),
+            timeout: Duration::from_millis(200),
+            ..Slurm::default()
+        };
+        let e = s.query_user(1).unwrap_err();
+        assert!(matches!(e, SlurmError::TimedOut { .. }), "{e}");
+    }
+}

@@ -1,0 +1,421 @@
+//! Parsers of what Slurm's tools print: pure functions, tested without a
+//! cluster, that never panic on odd output (junk lines are skipped with a
+//! warning). Slurm's state names are parsed here, once, into [`SlurmState`].
+
+use std::collections::HashMap;
+
+use super::SlurmError;
+
+/// A Slurm job state, as `squeue --format=%T` names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SlurmState {
+    Pending,
+    Configuring,
+    Requeued,
+    RequeueHold,
+    RequeueFed,
+    ResvDelHold,
+    Running,
+    Completing,
+    Suspended,
+    Stopped,
+    Signaling,
+    StageOut,
+    Resizing,
+    Completed,
+    Failed,
+    Cancelled,
+    Timeout,
+    NodeFail,
+    Preempted,
+    OutOfMemory,
+    BootFail,
+    Deadline,
+    Revoked,
+    SpecialExit,
+    /// A state this program does not know (a newer Slurm's): active.
+    Other(String),
+}
+
+impl SlurmState {
+    /// The state of a Slurm state name; unknown names are kept as `Other`.
+    pub fn parse(name: &str) -> SlurmState {
+        use SlurmState::*;
+        match name {
+            "PENDING" => Pending,
+            "CONFIGURING" => Configuring,
+            "REQUEUED" => Requeued,
+            "REQUEUE_HOLD" => RequeueHold,
+            "REQUEUE_FED" => RequeueFed,
+            "RESV_DEL_HOLD" => ResvDelHold,
+            "RUNNING" => Running,
+            "COMPLETING" => Completing,
+            "SUSPENDED" => Suspended,
+            "STOPPED" => Stopped,
+            "SIGNALING" => Signaling,
+            "STAGE_OUT" => StageOut,
+            "RESIZING" => Resizing,
+            "COMPLETED" => Completed,
+            "FAILED" => Failed,
+            "CANCELLED" => Cancelled,
+            "TIMEOUT" => Timeout,
+            "NODE_FAIL" => NodeFail,
+            "PREEMPTED" => Preempted,
+            "OUT_OF_MEMORY" => OutOfMemory,
+            "BOOT_FAIL" => BootFail,
+            "DEADLINE" => Deadline,
+            "REVOKED" => Revoked,
+            "SPECIAL_EXIT" => SpecialExit,
+            other => Other(other.to_owned()),
+        }
+    }
+
+    /// Slurm's name of the state.
+    pub fn as_str(&self) -> &str {
+        use SlurmState::*;
+        match self {
+            Pending => "PENDING",
+            Configuring => "CONFIGURING",
+            Requeued => "REQUEUED",
+            RequeueHold => "REQUEUE_HOLD",
+            RequeueFed => "REQUEUE_FED",
+            ResvDelHold => "RESV_DEL_HOLD",
+            Running => "RUNNING",
+            Completing => "COMPLETING",
+            Suspended => "SUSPENDED",
+            Stopped => "STOPPED",
+            Signaling => "SIGNALING",
+            StageOut => "STAGE_OUT",
+            Resizing => "RESIZING",
+            Completed => "COMPLETED",
+            Failed => "FAILED",
+            Cancelled => "CANCELLED",
+            Timeout => "TIMEOUT",
+            NodeFail => "NODE_FAIL",
+            Preempted => "PREEMPTED",
+            OutOfMemory => "OUT_OF_MEMORY",
+            BootFail => "BOOT_FAIL",
+            Deadline => "DEADLINE",
+            Revoked => "REVOKED",
+            SpecialExit => "SPECIAL_EXIT",
+            Other(name) => name,
+        }
+    }
+
+    /// Where the state is in a job's life. Unknown states are active: a job
+    /// is only declared lost on a state Slurm documents as final.
+    pub fn phase(&self) -> SlurmPhase {
+        use SlurmState::*;
+        match self {
+            Pending | Configuring | Requeued | RequeueHold | RequeueFed | ResvDelHold => SlurmPhase::Queued,
+            Completed | Failed | Cancelled | Timeout | NodeFail | Preempted | OutOfMemory | BootFail | Deadline
+            | Revoked | SpecialExit => SlurmPhase::Ended,
+            Running | Completing | Suspended | Stopped | Signaling | StageOut | Resizing | Other(_) => {
+                SlurmPhase::Active
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for SlurmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What `squeue` says about one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlurmJob {
+    pub state: SlurmState,
+    /// Slurm's reason, e.g. `Priority`, `Resources`, `None`.
+    pub reason: String,
+}
+
+/// Where a Slurm state is in a job's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlurmPhase {
+    /// Waiting for an allocation.
+    Queued,
+    /// Allocated; the batch script (the runner) is running or ending.
+    Active,
+    /// Slurm considers the job over.
+    Ended,
+}
+
+/// What `sinfo` says about the partition jobs go to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub name: String,
+    /// Nodes that can run jobs (not down, drained or failed).
+    pub nodes: u32,
+    /// The partition's MaxTime; `None` when unlimited.
+    pub max_time_secs: Option<u64>,
+}
+
+/// Parses a Slurm time limit as sinfo prints it: `infinite`, `UNLIMITED`,
+/// `minutes`, `minutes:seconds`, `hours:minutes:seconds`,
+/// `days-hours[:minutes[:seconds]]`. `Ok(None)` means unlimited.
+pub fn parse_slurm_time(s: &str) -> Result<Option<u64>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("infinite") || s.eq_ignore_ascii_case("unlimited") {
+        return Ok(None);
+    }
+    let bad = || format!("{s:?} is not a Slurm time limit");
+    let num = |t: &str| t.parse::<u64>().map_err(|_| bad());
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (num(d)?, r),
+        None => (0, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Result<_, _>>()?;
+    let secs = match (s.contains('-'), parts.as_slice()) {
+        (false, [m]) => m * 60,
+        (false, [m, sec]) => m * 60 + sec,
+        (_, [h, m, sec]) => h * 3600 + m * 60 + sec,
+        (true, [h]) => h * 3600,
+        (true, [h, m]) => h * 3600 + m * 60,
+        _ => return Err(bad()),
+    };
+    Ok(Some(days * 86400 + secs))
+}
+
+/// Parses `sinfo --noheader --format=%P|%D|%l|%t` output for `partition`
+/// (`None`: Slurm's default partition, the one sinfo marks with `*`).
+pub fn parse_sinfo(out: &str, partition: Option<&str>) -> Option<PartitionInfo> {
+    let mut info: Option<PartitionInfo> = None;
+    for line in out.lines() {
+        let f: Vec<&str> = line.trim().split('|').map(str::trim).collect();
+        let [name, nodes, limit, state] = f.as_slice() else {
+            continue;
+        };
+        let (name, default) = match name.strip_suffix('*') {
+            Some(n) => (n, true),
+            None => (*name, false),
+        };
+        let wanted = match partition {
+            Some(p) => name == p,
+            None => default,
+        };
+        let (Ok(n), Ok(max)) = (nodes.parse::<u32>(), parse_slurm_time(limit)) else {
+            continue;
+        };
+        if !wanted {
+            continue;
+        }
+        let usable = !["down", "drain", "fail", "maint", "unk", "boot", "futr", "inval", "npc", "plnd", "pow"]
+            .iter()
+            .any(|bad| state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']).starts_with(bad));
+        let e = info.get_or_insert(PartitionInfo {
+            name: name.to_owned(),
+            nodes: 0,
+            max_time_secs: max,
+        });
+        if usable {
+            e.nodes = e.nodes.saturating_add(n);
+        }
+    }
+    info
+}
+
+/// The job id from `sbatch --parsable` output: `123` or `123;cluster`.
+/// Warnings sbatch prints before the id are skipped: the id is the last
+/// non-empty line.
+pub fn parse_sbatch_parsable(out: &str) -> Result<String, SlurmError> {
+    let line = out.lines().map(str::trim).rev().find(|l| !l.is_empty()).unwrap_or("");
+    let id = line.split(';').next().unwrap_or("").trim();
+    if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(id.to_owned())
+    } else {
+        Err(SlurmError::NoJobId(out.chars().take(200).collect()))
+    }
+}
+
+/// Parses `squeue --noheader --format='%i|%T|%r'` output into a map from
+/// Slurm job id (`123`, or `123_4` for an array element) to state and
+/// reason. Blank lines are ignored; junk lines are skipped with a warning.
+pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
+    let mut jobs = HashMap::new();
+    for line in out.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut parts = line.splitn(3, '|');
+        let (id, state, reason) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(i), Some(s), r) => (i.trim(), s.trim(), r.unwrap_or("").trim()),
+            _ => {
+                tracing::warn!(line, "skipping an squeue line that is not id|state|reason");
+                continue;
+            }
+        };
+        let id_ok = !id.is_empty()
+            && id.bytes().next().is_some_and(|b| b.is_ascii_digit())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'_' | b'[' | b']' | b'-' | b',' | b'%' | b'+' | b':'));
+        let state_ok = !state.is_empty() && state.bytes().all(|b| b.is_ascii_uppercase() || b == b'_');
+        if !id_ok || !state_ok {
+            tracing::warn!(line, "skipping an squeue line with an unexpected id or state");
+            continue;
+        }
+        jobs.insert(
+            id.to_owned(),
+            SlurmJob {
+                state: SlurmState::parse(state),
+                reason: reason.to_owned(),
+            },
+        );
+    }
+    jobs
+}
+
+/// True when the task list of a pending array record (`1-49`, `1,3,5-9`,
+/// `0-99%4`; without the brackets) includes `task`.
+pub fn array_spec_contains(spec: &str, task: u64) -> bool {
+    let spec = spec.split('%').next().unwrap_or("");
+    spec.split(',').any(|part| {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((a, b)) => match (a.parse::<u64>(), b.split(':').next().unwrap_or("").parse::<u64>()) {
+                // `a-b:step`
+                (Ok(a), Ok(b)) => {
+                    let step = b_step(part).max(1);
+                    (a..=b).contains(&task) && (task - a) % step == 0
+                }
+                _ => false,
+            },
+            None => part.parse::<u64>() == Ok(task),
+        }
+    })
+}
+
+fn b_step(part: &str) -> u64 {
+    part.split_once(':').and_then(|(_, s)| s.parse().ok()).unwrap_or(1)
+}
+
+/// Looks up a Slurm job id in parsed squeue output. An array element
+/// `123_4` also matches a pending array record such as `123_[0-9]`, which
+/// is how squeue shows elements that have not started yet.
+pub fn lookup<'a>(queue: &'a HashMap<String, SlurmJob>, id: &str) -> Option<&'a SlurmJob> {
+    if let Some(j) = queue.get(id) {
+        return Some(j);
+    }
+    let (base, task) = id.split_once('_')?;
+    let task: u64 = task.parse().ok()?;
+    let prefix = format!("{base}_[");
+    queue.iter().find_map(|(k, j)| {
+        let inner = k.strip_prefix(&prefix)?.strip_suffix(']')?;
+        array_spec_contains(inner, task).then_some(j)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sbatch_parsable() {
+        assert_eq!(parse_sbatch_parsable("123\n").unwrap(), "123");
+        assert_eq!(parse_sbatch_parsable("123;cluster\n").unwrap(), "123");
+        assert_eq!(
+            parse_sbatch_parsable("sbatch: warning: something odd\n77\n").unwrap(),
+            "77"
+        );
+        assert!(parse_sbatch_parsable("").is_err());
+        assert!(parse_sbatch_parsable("\n\n").is_err());
+        assert!(parse_sbatch_parsable("Submitted batch job 12").is_err());
+        assert!(parse_sbatch_parsable(";cluster").is_err());
+        assert!(parse_sbatch_parsable("12a").is_err());
+    }
+
+    #[test]
+    fn squeue_lines() {
+        let out = "\n12|PENDING|Priority\n13|RUNNING|None\n\n14_2|COMPLETED|None\n15_[3-9]|PENDING|Resources\n\
+                   garbage\n|RUNNING|x\n16|running|x\n17|NODE_FAIL|NodeDown\n18|TIMEOUT\n  19 | CANCELLED | None  \n";
+        let m = parse_squeue(out);
+        assert_eq!(m.len(), 7);
+        assert_eq!(m["12"], SlurmJob { state: SlurmState::Pending, reason: "Priority".into() });
+        assert_eq!(m["13"].state, SlurmState::Running);
+        assert_eq!(m["14_2"].state, SlurmState::Completed);
+        assert_eq!(m["15_[3-9]"].reason, "Resources");
+        assert_eq!(m["17"].reason, "NodeDown");
+        assert_eq!(m["18"], SlurmJob { state: SlurmState::Timeout, reason: "".into() });
+        assert_eq!(m["19"].state, SlurmState::Cancelled);
+        assert!(!m.contains_key("16"));
+        assert!(parse_squeue("").is_empty());
+        // Reasons may contain the separator.
+        assert_eq!(parse_squeue("5|PENDING|a|b")["5"].reason, "a|b");
+    }
+
+    #[test]
+    fn array_records() {
+        let q = parse_squeue("26_[1-49%4]|PENDING|JobArrayTaskLimit\n26_0|RUNNING|None\n30_[1,3,5-9]|PENDING|Priority\n31_[0-10:2]|PENDING|None\n");
+        assert_eq!(lookup(&q, "26_0").unwrap().state, SlurmState::Running);
+        assert_eq!(lookup(&q, "26_1").unwrap().state, SlurmState::Pending);
+        assert_eq!(lookup(&q, "26_49").unwrap().reason, "JobArrayTaskLimit");
+        assert!(lookup(&q, "26_50").is_none());
+        assert!(lookup(&q, "30_3").is_some());
+        assert!(lookup(&q, "30_4").is_none());
+        assert!(lookup(&q, "30_7").is_some());
+        assert!(lookup(&q, "31_4").is_some());
+        assert!(lookup(&q, "31_5").is_none());
+        assert!(lookup(&q, "27").is_none());
+        assert!(lookup(&q, "26_x").is_none());
+        assert!(!array_spec_contains("garbage", 1));
+        assert!(!array_spec_contains("", 0));
+    }
+
+    fn phase(name: &str) -> SlurmPhase {
+        SlurmState::parse(name).phase()
+    }
+
+    #[test]
+    fn phases() {
+        assert_eq!(phase("PENDING"), SlurmPhase::Queued);
+        assert_eq!(phase("CONFIGURING"), SlurmPhase::Queued);
+        assert_eq!(phase("RUNNING"), SlurmPhase::Active);
+        assert_eq!(phase("COMPLETING"), SlurmPhase::Active);
+        assert_eq!(phase("SUSPENDED"), SlurmPhase::Active);
+        for s in [
+            "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE",
+        ] {
+            assert_eq!(phase(s), SlurmPhase::Ended, "{s}");
+        }
+        assert_eq!(phase("SOMETHING_NEW"), SlurmPhase::Active);
+        // Every name parses to the state that prints it.
+        for s in ["PENDING", "REQUEUE_HOLD", "RUNNING", "STAGE_OUT", "NODE_FAIL", "SPECIAL_EXIT", "SOMETHING_NEW"] {
+            assert_eq!(SlurmState::parse(s).as_str(), s);
+        }
+        assert_eq!(SlurmState::parse("SOMETHING_NEW"), SlurmState::Other("SOMETHING_NEW".into()));
+    }
+
+    #[test]
+    fn slurm_times() {
+        assert_eq!(parse_slurm_time("infinite"), Ok(None));
+        assert_eq!(parse_slurm_time("UNLIMITED"), Ok(None));
+        assert_eq!(parse_slurm_time("5"), Ok(Some(300)));
+        assert_eq!(parse_slurm_time("30:00"), Ok(Some(1800)));
+        assert_eq!(parse_slurm_time("2:00:00"), Ok(Some(7200)));
+        assert_eq!(parse_slurm_time("1-00:00:00"), Ok(Some(86400)));
+        assert_eq!(parse_slurm_time("1-2"), Ok(Some(93600)));
+        assert_eq!(parse_slurm_time("1-2:30"), Ok(Some(95400)));
+        assert!(parse_slurm_time("").is_err());
+        assert!(parse_slurm_time("a:b").is_err());
+        assert!(parse_slurm_time("1:2:3:4").is_err());
+    }
+
+    #[test]
+    fn sinfo_lines() {
+        let out = "delegate*|1|2:00:00|idle\nother|3|infinite|alloc\nother|2|infinite|down*\nother|1|infinite|drain\njunk\n";
+        assert_eq!(
+            parse_sinfo(out, None),
+            Some(PartitionInfo { name: "delegate".into(), nodes: 1, max_time_secs: Some(7200) })
+        );
+        assert_eq!(
+            parse_sinfo(out, Some("other")),
+            Some(PartitionInfo { name: "other".into(), nodes: 3, max_time_secs: None })
+        );
+        assert_eq!(parse_sinfo(out, Some("nope")), None);
+        assert_eq!(parse_sinfo("", None), None);
+    }
+}

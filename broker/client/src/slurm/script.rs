@@ -1,0 +1,158 @@
+//! What the client hands `sbatch`: its arguments and the batch scripts that
+//! exec the runner on job directories.
+
+use std::path::{Path, PathBuf};
+
+/// Slurm's time limit in minutes for a job whose runner enforces
+/// `time_limit_secs` itself: one extra minute of slack, rounded up. Slurm's
+/// limit is only a backstop.
+pub fn time_limit_minutes(time_limit_secs: u64) -> u64 {
+    time_limit_secs.saturating_add(60).div_ceil(60)
+}
+
+/// Quotes `s` for a POSIX shell (single quotes; embedded quotes escaped).
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The batch script: exec the runner on the job directory.
+pub fn batch_script(runner: &Path, job_dir: &Path) -> String {
+    format!(
+        "#!/bin/sh\nexec {} {}\n",
+        shell_quote(&runner.display().to_string()),
+        shell_quote(&job_dir.display().to_string())
+    )
+}
+
+/// The batch script of a job array: element `i` sends its output to
+/// `logs[i]` (the per-job Slurm log the client reads for a refusal or a lost
+/// job's reason) and execs the runner on `job_dirs[i]`.
+pub fn array_script(runner: &Path, job_dirs: &[PathBuf], logs: &[PathBuf]) -> String {
+    let mut s = format!("#!/bin/sh\n#SBATCH --array=0-{}\n", job_dirs.len().saturating_sub(1));
+    s.push_str("case \"$SLURM_ARRAY_TASK_ID\" in\n");
+    for (i, (dir, log)) in job_dirs.iter().zip(logs).enumerate() {
+        s.push_str(&format!(
+            "{i}) exec >>{} 2>&1; exec {} {} ;;\n",
+            shell_quote(&log.display().to_string()),
+            shell_quote(&runner.display().to_string()),
+            shell_quote(&dir.display().to_string())
+        ));
+    }
+    s.push_str("esac\necho \"delegate: no job directory for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n");
+    s
+}
+
+/// The batch script of calls that share allocations: allocation `k` (array
+/// element `k` when there are several, the whole job when there is one)
+/// execs `sandbox-runner batch` on `groups[k]`, which runs those job
+/// directories one after another, each in its own fresh container, and
+/// writes each call's log to `<root>/<job-id>.log` itself.
+pub fn shared_script(runner: &Path, groups: &[Vec<PathBuf>]) -> String {
+    let line = |dirs: &[PathBuf]| {
+        let mut l = format!("exec {} batch", shell_quote(&runner.display().to_string()));
+        for d in dirs {
+            l.push(' ');
+            l.push_str(&shell_quote(&d.display().to_string()));
+        }
+        l
+    };
+    if let [only] = groups {
+        return format!("#!/bin/sh\n{}\n", line(only));
+    }
+    let mut s = format!("#!/bin/sh\n#SBATCH --array=0-{}\n", groups.len().saturating_sub(1));
+    s.push_str("case \"$SLURM_ARRAY_TASK_ID\" in\n");
+    for (i, dirs) in groups.iter().enumerate() {
+        s.push_str(&format!("{i}) {} ;;\n", line(dirs)));
+    }
+    s.push_str("esac\necho \"delegate: no job directories for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n");
+    s
+}
+
+/// One batch submission.
+#[derive(Clone, Debug)]
+pub struct BatchRequest {
+    pub job_name: String,
+    /// The delegate root (working directory of the batch script).
+    pub chdir: PathBuf,
+    /// Slurm's log of the batch script.
+    pub output: PathBuf,
+    pub cpus: u32,
+    pub time_limit_secs: u64,
+    pub script: String,
+    /// Submit held (`--hold`): the job waits for `scontrol release`.
+    pub hold: bool,
+}
+
+/// The arguments of `sbatch` for `req`.
+pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
+    let mut args = vec![
+        "--parsable".to_owned(),
+        "--exclusive".to_owned(),
+        // A job directory is single-use: a job whose node failed must end
+        // (lost, with Slurm's reason), not silently run again on the same dir.
+        "--no-requeue".to_owned(),
+        format!("--job-name={}", req.job_name),
+        format!("--chdir={}", req.chdir.display()),
+        format!("--output={}", req.output.display()),
+        format!("--cpus-per-task={}", req.cpus),
+        format!("--time={}", time_limit_minutes(req.time_limit_secs)),
+    ];
+    if let Some(p) = partition.filter(|p| !p.is_empty()) {
+        args.push(format!("--partition={p}"));
+    }
+    if req.hold {
+        args.push("--hold".to_owned());
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_and_script() {
+        assert_eq!(time_limit_minutes(600), 11);
+        assert_eq!(time_limit_minutes(5), 2);
+        assert_eq!(time_limit_minutes(60), 2);
+        assert_eq!(time_limit_minutes(61), 3);
+        let req = BatchRequest {
+            job_name: "20261123T103000-abcdef01".into(),
+            chdir: "/home/a/.delegate/jobs".into(),
+            output: "/home/a/.delegate/jobs/20261123T103000-abcdef01.log".into(),
+            cpus: 2,
+            time_limit_secs: 300,
+            script: String::new(),
+            hold: false,
+        };
+        let a = sbatch_args(&req, None);
+        assert_eq!(
+            a,
+            [
+                "--parsable",
+                "--exclusive",
+                "--no-requeue",
+                "--job-name=20261123T103000-abcdef01",
+                "--chdir=/home/a/.delegate/jobs",
+                "--output=/home/a/.delegate/jobs/20261123T103000-abcdef01.log",
+                "--cpus-per-task=2",
+                "--time=6"
+            ]
+        );
+        assert_eq!(sbatch_args(&req, Some("debug")).last().unwrap(), "--partition=debug");
+        assert_eq!(
+            batch_script(Path::new("/usr/local/bin/sandbox-runner"), Path::new("/home/o'k/j")),
+            "#!/bin/sh\nexec '/usr/local/bin/sandbox-runner' '/home/o'\\''k/j'\n"
+        );
+    }
+
+    #[test]
+    fn shared_scripts() {
+        let r = Path::new("/r");
+        let one = shared_script(r, &[vec!["/h/a".into(), "/h/b".into()]]);
+        assert_eq!(one, "#!/bin/sh\nexec '/r' batch '/h/a' '/h/b'\n");
+        let two = shared_script(r, &[vec!["/h/a".into(), "/h/c".into()], vec!["/h/b".into()]]);
+        assert!(two.starts_with("#!/bin/sh\n#SBATCH --array=0-1\n"), "{two}");
+        assert!(two.contains("0) exec '/r' batch '/h/a' '/h/c' ;;\n1) exec '/r' batch '/h/b' ;;\n"), "{two}");
+    }
+}

@@ -1,0 +1,431 @@
+//! The reconciliation decision, pure: what the job directory and Slurm say
+//! about a job without an outcome file ([`Facts`]) decide its state
+//! ([`decide`]). Shared by status, wait, cancel and list.
+
+use delegate_protocol::{parse_refused_line, State};
+
+use crate::slurm::{SlurmJob, SlurmPhase, SlurmState};
+
+/// A job directory without a `slurm-id` after this long was never submitted.
+pub const SUBMIT_GRACE_SECS: u64 = 60;
+
+/// What Slurm says about a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlurmView<'a> {
+    /// Slurm was not asked this time (a file-only check).
+    NotAsked,
+    /// Slurm could not be asked (squeue failed); the job's fate is unknown.
+    Unavailable,
+    /// squeue does not list the job any more.
+    Absent,
+    Present(&'a SlurmJob),
+}
+
+/// What the job directory and Slurm say about a job without an outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Facts<'a> {
+    /// A `slurm-id` file exists.
+    pub submitted: bool,
+    /// Seconds since the job was created.
+    pub age_secs: u64,
+    /// A `started` file exists; the host it names.
+    pub started: Option<&'a str>,
+    /// The `cancel` marker exists.
+    pub cancel_requested: bool,
+    /// The call shares its Slurm allocation with other calls of the same
+    /// submission, which run one after another in it.
+    pub shared: bool,
+    pub slurm: SlurmView<'a>,
+}
+
+/// What Slurm's log of the batch script says, read only when needed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogFacts {
+    /// The text after [`delegate_protocol::REFUSED_PREFIX`] on the last such line.
+    pub refusal: Option<String>,
+    /// The last non-empty line, for a lost job's reason.
+    pub last_line: Option<String>,
+}
+
+/// The decision for a job without an outcome file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Still pending or running.
+    Live { state: State, reason: String },
+    /// Over without an outcome from the runner: one must be derived and
+    /// written (unless the runner's appears meanwhile).
+    Ended { state: State, reason: String, refused: bool },
+}
+
+/// Decides the state of a job that has no outcome file. `log` is called
+/// only when the job is over according to Slurm.
+pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
+    let cancel_note = if f.cancel_requested { "; cancellation requested" } else { "" };
+    let live_running = || Verdict::Live {
+        state: State::Running,
+        reason: match f.started {
+            Some(h) if !h.is_empty() => format!("running on {h}{cancel_note}"),
+            _ => format!("running{cancel_note}"),
+        },
+    };
+    if !f.submitted {
+        if f.age_secs > SUBMIT_GRACE_SECS {
+            return if f.cancel_requested {
+                Verdict::Ended {
+                    state: State::Cancelled,
+                    reason: "cancelled by the user before it was submitted to Slurm".into(),
+                    refused: false,
+                }
+            } else {
+                Verdict::Ended {
+                    state: State::Failed,
+                    reason: format!(
+                        "the job was never submitted (no Slurm job id was recorded within {SUBMIT_GRACE_SECS} s)"
+                    ),
+                    refused: false,
+                }
+            };
+        }
+        return Verdict::Live {
+            state: State::Pending,
+            reason: format!("being submitted to Slurm{cancel_note}"),
+        };
+    }
+    if f.shared && f.started.is_none() && f.cancel_requested {
+        // Its allocation runs other calls too, so Slurm is not asked to
+        // cancel it: the call is over now. (A runner reaching it later
+        // skips it; one starting it at this moment sees the marker and
+        // stops it.)
+        return Verdict::Ended {
+            state: State::Cancelled,
+            reason: "cancelled by the user before it started".into(),
+            refused: false,
+        };
+    }
+    let (slurm_state, slurm_reason) = match f.slurm {
+        SlurmView::NotAsked | SlurmView::Unavailable => {
+            return if f.started.is_some() {
+                live_running()
+            } else {
+                Verdict::Live {
+                    state: State::Pending,
+                    reason: if f.slurm == SlurmView::Unavailable {
+                        format!("submitted; Slurm could not be asked about it{cancel_note}")
+                    } else {
+                        format!("submitted{cancel_note}")
+                    },
+                }
+            };
+        }
+        SlurmView::Present(j) => match j.state.phase() {
+            SlurmPhase::Queued if f.started.is_none() => {
+                let why = match j.reason.as_str() {
+                    "" | "None" => String::new(),
+                    r => format!(" ({r})"),
+                };
+                return Verdict::Live {
+                    state: State::Pending,
+                    reason: format!("waiting in Slurm's queue{why}{cancel_note}"),
+                };
+            }
+            SlurmPhase::Active if f.shared && f.started.is_none() => {
+                return Verdict::Live {
+                    state: State::Pending,
+                    reason: "waiting for its turn in its shared allocation".into(),
+                };
+            }
+            SlurmPhase::Queued | SlurmPhase::Active => return live_running(),
+            SlurmPhase::Ended => (Some(&j.state), j.reason.as_str()),
+        },
+        // Gone from Slurm's queue: no state at all.
+        SlurmView::Absent => (None, ""),
+    };
+    // Over according to Slurm, and the runner wrote no outcome.
+    if f.cancel_requested {
+        return Verdict::Ended {
+            state: State::Cancelled,
+            reason: "cancelled by the user".into(),
+            refused: false,
+        };
+    }
+    let before_start = f.shared && f.started.is_none();
+    match slurm_state {
+        Some(SlurmState::Cancelled) if before_start => {
+            return Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm: its allocation was cancelled before this call started".into(),
+                refused: false,
+            }
+        }
+        Some(SlurmState::Timeout) if before_start => {
+            return Verdict::Ended {
+                state: State::Cancelled,
+                reason: "its allocation reached Slurm's time limit before this call started".into(),
+                refused: false,
+            }
+        }
+        Some(SlurmState::Cancelled) => {
+            return Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm".into(),
+                refused: false,
+            }
+        }
+        Some(SlurmState::Timeout) => {
+            return Verdict::Ended {
+                state: State::TimedOut,
+                reason: "Slurm's time limit was reached before the runner wrote an outcome".into(),
+                refused: false,
+            }
+        }
+        _ => {}
+    }
+    let log = log();
+    if let Some(r) = log.refusal {
+        return Verdict::Ended {
+            state: State::Failed,
+            reason: r,
+            refused: true,
+        };
+    }
+    let why = match slurm_reason {
+        "" if slurm_state.is_none() => "it is no longer in Slurm's queue",
+        "" | "None" => "Slurm gives no reason",
+        r => r,
+    };
+    let slurm_state = slurm_state.map_or("gone", SlurmState::as_str);
+    let mut reason = if before_start {
+        format!("Slurm reports its allocation {slurm_state} and this call never started ({why})")
+    } else {
+        format!("Slurm reports the job {slurm_state} and the runner wrote no outcome ({why})")
+    };
+    if let Some(l) = log.last_line {
+        reason.push_str(&format!("; Slurm's log of the job ends with: {l}"));
+    }
+    Verdict::Ended {
+        state: State::Lost,
+        reason,
+        refused: false,
+    }
+}
+
+/// Extracts the refusal and the last line from the tail of a Slurm log.
+pub fn scan_log(tail: &str) -> LogFacts {
+    let mut facts = LogFacts::default();
+    for line in tail.lines() {
+        let line = line.trim_end();
+        if let Some(r) = parse_refused_line(line) {
+            facts.refusal = Some(r.trim().chars().take(1000).collect());
+        }
+        if !line.trim().is_empty() {
+            facts.last_line = Some(line.trim().chars().take(300).collect());
+        }
+    }
+    facts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts<'a>(slurm: SlurmView<'a>) -> Facts<'a> {
+        Facts {
+            submitted: true,
+            age_secs: 5,
+            started: None,
+            cancel_requested: false,
+            shared: false,
+            slurm,
+        }
+    }
+
+    fn sj(state: &str, reason: &str) -> SlurmJob {
+        SlurmJob {
+            state: SlurmState::parse(state),
+            reason: reason.into(),
+        }
+    }
+
+    fn no_log() -> LogFacts {
+        LogFacts::default()
+    }
+
+    fn state_of(v: &Verdict) -> State {
+        match v {
+            Verdict::Live { state, .. } | Verdict::Ended { state, .. } => *state,
+        }
+    }
+
+    #[test]
+    fn live_states() {
+        let p = sj("PENDING", "Priority");
+        let v = decide(&facts(SlurmView::Present(&p)), || panic!("log read for a live job"));
+        assert_eq!(
+            v,
+            Verdict::Live {
+                state: State::Pending,
+                reason: "waiting in Slurm's queue (Priority)".into()
+            }
+        );
+        let c = sj("CONFIGURING", "None");
+        assert_eq!(state_of(&decide(&facts(SlurmView::Present(&c)), no_log)), State::Pending);
+        for s in ["RUNNING", "COMPLETING"] {
+            let r = sj(s, "None");
+            assert_eq!(state_of(&decide(&facts(SlurmView::Present(&r)), no_log)), State::Running);
+        }
+        // A started file makes a job running whatever Slurm's queue says.
+        let mut f = facts(SlurmView::Present(&p));
+        f.started = Some("node1");
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Running,
+                reason: "running on node1".into()
+            }
+        );
+        // Slurm unreachable or not asked: never a terminal verdict.
+        for view in [SlurmView::Unavailable, SlurmView::NotAsked] {
+            assert_eq!(state_of(&decide(&facts(view), || panic!())), State::Pending);
+            let mut f = facts(view);
+            f.started = Some("n");
+            assert_eq!(state_of(&decide(&f, || panic!())), State::Running);
+        }
+    }
+
+    #[test]
+    fn ended_without_outcome() {
+        let gone = decide(&facts(SlurmView::Absent), no_log);
+        assert_eq!(
+            gone,
+            Verdict::Ended {
+                state: State::Lost,
+                reason: "Slurm reports the job gone and the runner wrote no outcome (it is no longer in Slurm's queue)"
+                    .into(),
+                refused: false
+            }
+        );
+        let nf = sj("NODE_FAIL", "NodeDown");
+        match decide(&facts(SlurmView::Present(&nf)), no_log) {
+            Verdict::Ended { state: State::Lost, reason, .. } => assert_eq!(
+                reason,
+                "Slurm reports the job NODE_FAIL and the runner wrote no outcome (NodeDown)"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let failed = sj("FAILED", "NonZeroExitCode");
+        let v = decide(&facts(SlurmView::Present(&failed)), || LogFacts {
+            refusal: None,
+            last_line: Some("exec: /usr/local/bin/sandbox-runner: not found".into()),
+        });
+        match v {
+            Verdict::Ended { state: State::Lost, reason, .. } => {
+                assert!(reason.ends_with("ends with: exec: /usr/local/bin/sandbox-runner: not found"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // A refusal in the log.
+        let done = sj("COMPLETED", "None");
+        assert_eq!(
+            decide(&facts(SlurmView::Present(&done)), || scan_log(
+                "noise\ndelegate: refused: image \"x\" is not allowed\nmore\n"
+            )),
+            Verdict::Ended {
+                state: State::Failed,
+                reason: "image \"x\" is not allowed".into(),
+                refused: true
+            }
+        );
+        let to = sj("TIMEOUT", "TimeLimit");
+        assert_eq!(state_of(&decide(&facts(SlurmView::Present(&to)), no_log)), State::TimedOut);
+        let ca = sj("CANCELLED", "None");
+        assert_eq!(
+            decide(&facts(SlurmView::Present(&ca)), no_log),
+            Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm".into(),
+                refused: false
+            }
+        );
+        let mut f = facts(SlurmView::Absent);
+        f.cancel_requested = true;
+        assert_eq!(
+            decide(&f, || panic!()),
+            Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by the user".into(),
+                refused: false
+            }
+        );
+    }
+
+    #[test]
+    fn shared_allocations() {
+        let running = sj("RUNNING", "None");
+        let mut f = facts(SlurmView::Present(&running));
+        f.shared = true;
+        // Its allocation runs an earlier call.
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live { state: State::Pending, reason: "waiting for its turn in its shared allocation".into() }
+        );
+        f.started = Some("n1");
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        // Cancelled before it started: over at once, whatever Slurm says.
+        f.started = None;
+        f.cancel_requested = true;
+        for view in [SlurmView::NotAsked, SlurmView::Present(&running), SlurmView::Absent] {
+            f.slurm = view;
+            assert_eq!(
+                decide(&f, no_log),
+                Verdict::Ended { state: State::Cancelled, reason: "cancelled by the user before it started".into(), refused: false }
+            );
+        }
+        // Started, then cancelled: the runner stops it; still running meanwhile.
+        f.started = Some("n1");
+        f.slurm = SlurmView::Present(&running);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        // The allocation ended before the call started.
+        f.started = None;
+        f.cancel_requested = false;
+        let cancelled = sj("CANCELLED", "None");
+        f.slurm = SlurmView::Present(&cancelled);
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Ended {
+                state: State::Cancelled,
+                reason: "cancelled by Slurm: its allocation was cancelled before this call started".into(),
+                refused: false
+            }
+        );
+        let timeout = sj("TIMEOUT", "TimeLimit");
+        f.slurm = SlurmView::Present(&timeout);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Cancelled);
+        f.slurm = SlurmView::Absent;
+        match decide(&f, no_log) {
+            Verdict::Ended { state: State::Lost, reason, .. } => assert!(reason.contains("this call never started"), "{reason}"),
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn never_submitted() {
+        let mut f = facts(SlurmView::NotAsked);
+        f.submitted = false;
+        assert_eq!(state_of(&decide(&f, || panic!())), State::Pending);
+        f.age_secs = SUBMIT_GRACE_SECS + 1;
+        match decide(&f, || panic!()) {
+            Verdict::Ended { state: State::Failed, reason, .. } => assert!(reason.contains("never submitted")),
+            other => panic!("{other:?}"),
+        }
+        f.cancel_requested = true;
+        assert_eq!(state_of(&decide(&f, || panic!())), State::Cancelled);
+    }
+
+    #[test]
+    fn log_scanning() {
+        assert_eq!(scan_log(""), LogFacts::default());
+        let l = scan_log("a\n\ndelegate: refused: first\nb\ndelegate: refused: second  \n\n");
+        assert_eq!(l.refusal.as_deref(), Some("second"));
+        assert_eq!(l.last_line.as_deref(), Some("delegate: refused: second"));
+    }
+}

@@ -1,0 +1,247 @@
+//! Submission: job directories prepared, then ONE `sbatch` for all the
+//! calls of a submission (a batch job, a job array, or shared allocations).
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use delegate_protocol::{
+    self as protocol, atomic_write_at, encode, now_ms, policy::Policy, write_record_at, JobId, ProtocolError, Resources, Spec,
+    State, MAX_PAYLOAD_BYTES,
+};
+use nix::errno::Errno;
+use nix::sys::stat::Mode;
+
+use crate::plan::{plan_allocations, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
+use crate::slurm::{self, BatchRequest, SlurmError};
+use crate::{Client, ClientError, JobHandle, Result, SubmitRequest};
+
+impl Client {
+    /// Creates the job directory, writes the spec and payload, submits one
+    /// batch job and records its Slurm id.
+    pub fn submit(&self, req: &SubmitRequest) -> Result<JobHandle> {
+        let mut handles = self.submit_many(std::slice::from_ref(req))?;
+        handles.pop().ok_or_else(|| ClientError::InvalidRequest("nothing was submitted".into()))
+    }
+
+    /// Submits every request with ONE `sbatch`: a plain batch job for one
+    /// request, a Slurm job array for several (element `i` runs the runner
+    /// on the `i`-th job directory, so each call still gets its own job
+    /// directory, outcome and single-use sandbox, and status, wait, cancel
+    /// and reattach work per call). Several requests must ask for the same
+    /// resources and image (they come from one `map`). Returns the handles
+    /// in the order of `reqs`.
+    pub fn submit_many(&self, reqs: &[SubmitRequest]) -> Result<Vec<JobHandle>> {
+        let Some(first) = reqs.first() else {
+            return Ok(Vec::new());
+        };
+        if reqs.len() > MAX_ARRAY {
+            return Err(ClientError::InvalidRequest(format!(
+                "{} calls in one submission, more than the limit of {MAX_ARRAY} of one job array",
+                reqs.len()
+            )));
+        }
+        let same = |r: &SubmitRequest| {
+            (r.cpus, r.mem_bytes, r.time_limit_secs, &r.image, r.hold)
+                == (first.cpus, first.mem_bytes, first.time_limit_secs, &first.image, first.hold)
+        };
+        if !reqs.iter().all(same) {
+            return Err(ClientError::InvalidRequest(
+                "the calls of one job array must ask for the same resources and image".into(),
+            ));
+        }
+        let policy = Policy::load_for_client();
+        let image = match &first.image {
+            Some(i) => i.clone(),
+            None => policy.as_ref().map_err(|e| ClientError::Policy(e.clone()))?.default_image.clone(),
+        };
+        let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
+        let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
+        let specs = reqs
+            .iter()
+            .map(|r| self.spec_for(r, &image))
+            .collect::<Result<Vec<_>>>()?;
+        let mut jobs: Vec<(JobId, PathBuf, OwnedFd)> = Vec::with_capacity(reqs.len());
+        for (spec, req) in specs.into_iter().zip(reqs) {
+            match self.prepare(spec, req.payload.as_deref()) {
+                Ok(j) => jobs.push(j),
+                Err(e) => {
+                    self.fail_all(&jobs, &format!("another call of the same submission could not be prepared: {e}"));
+                    return Err(e);
+                }
+            }
+        }
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
+        let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
+        let groups = if jobs.len() > 1 && per_allocation > 1 {
+            match self.config.slurm.partition_info() {
+                Ok(info) => plan_allocations(jobs.len(), per_allocation, first.time_limit_secs, &info),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // For each call: its allocation (array element) and how many calls share it.
+        let mut placement: Vec<(usize, Option<u32>)> = (0..jobs.len()).map(|i| (i, None)).collect();
+        let batch = if let Some(groups) = &groups {
+            for (k, g) in groups.iter().enumerate() {
+                for &i in g {
+                    placement[i] = (k, Some(g.len() as u32));
+                }
+            }
+            let longest = groups.iter().map(Vec::len).max().unwrap_or(1) as u64;
+            let dir_groups: Vec<Vec<PathBuf>> = groups.iter().map(|g| g.iter().map(|&i| dirs[i].clone()).collect()).collect();
+            BatchRequest {
+                job_name: format!("{}-shared", ids[0]),
+                chdir: self.root.clone(),
+                output: self.root.join(if groups.len() == 1 {
+                    format!("{}.shared.log", ids[0])
+                } else {
+                    format!("{}.shared-%a.log", ids[0])
+                }),
+                cpus: first.cpus,
+                time_limit_secs: longest.saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
+                script: slurm::shared_script(&self.config.runner, &dir_groups),
+                hold: first.hold,
+            }
+        } else if jobs.len() == 1 {
+            BatchRequest {
+                job_name: ids[0].to_string(),
+                chdir: self.root.clone(),
+                output: self.log_path(&ids[0]),
+                cpus: first.cpus,
+                time_limit_secs: first.time_limit_secs,
+                script: slurm::batch_script(&self.config.runner, &dirs[0]),
+                hold: first.hold,
+            }
+        } else {
+            let logs: Vec<PathBuf> = ids.iter().map(|id| self.log_path(id)).collect();
+            BatchRequest {
+                job_name: format!("{}-array", ids[0]),
+                chdir: self.root.clone(),
+                output: self.root.join(format!("{}.array.log", ids[0])),
+                cpus: first.cpus,
+                time_limit_secs: first.time_limit_secs,
+                script: slurm::array_script(&self.config.runner, &dirs, &logs),
+                hold: first.hold,
+            }
+        };
+        let slurm_id = match self.config.slurm.submit(&batch) {
+            Ok(s) => s,
+            Err(e) => {
+                let why = match &e {
+                    SlurmError::Failed { message, .. } => message.clone(),
+                    other => other.to_string(),
+                };
+                let reason = format!("sbatch failed: {why}");
+                self.fail_all(&jobs, &reason);
+                return Err(ClientError::SubmitFailed { id: ids[0].clone(), reason });
+            }
+        };
+        let mut handles = Vec::with_capacity(jobs.len());
+        let elements = groups.as_ref().map_or(jobs.len(), Vec::len);
+        // The Slurm id of allocation (array element) `k`.
+        let sid_of = |k: usize| if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{k}") };
+        if let Some(groups) = &groups {
+            // The calls of each allocation, for a cancel that reaches its
+            // last live call one by one. Best effort: without the list only
+            // a cancel of all its calls at once cancels the allocation.
+            for (k, g) in groups.iter().enumerate() {
+                let sid = sid_of(k);
+                let text: String = g.iter().map(|&i| format!("{}\n", ids[i])).collect();
+                if let Err(e) = atomic_write_at(&self.root_fd, &self.root, &protocol::shared_calls_name(&sid), text.as_bytes(), 0o644) {
+                    tracing::warn!(error = %e, slurm_id = %sid, "cannot record the calls of a shared allocation");
+                }
+            }
+        }
+        for (i, (id, dir, fd)) in jobs.iter().enumerate() {
+            let (element, shared) = placement[i];
+            let sid = sid_of(element);
+            let text = protocol::format_slurm_id(&sid, shared);
+            if let Err(e) = atomic_write_at(fd, dir, protocol::SLURM_ID, text.as_bytes(), 0o644) {
+                // Without the id nobody can follow the job: withdraw it.
+                let _ = self.config.slurm.cancel(std::slice::from_ref(&slurm_id));
+                let reason = format!("its Slurm id could not be recorded ({e}); Slurm job {slurm_id} was cancelled");
+                self.fail_all(&jobs, &reason);
+                return Err(ClientError::SubmitFailed { id: id.clone(), reason });
+            }
+            handles.push(JobHandle {
+                id: id.clone(),
+                slurm_id: sid,
+                dir: dir.clone(),
+            });
+        }
+        tracing::info!(jobs = handles.len(), allocations = elements, slurm_id = %slurm_id, "submitted");
+        Ok(handles)
+    }
+
+    /// The spec of a request, checked for bounds before anything is written.
+    fn spec_for(&self, req: &SubmitRequest, image: &str) -> Result<Spec> {
+        if let Some(p) = &req.payload {
+            if p.len() as u64 > MAX_PAYLOAD_BYTES {
+                return Err(ClientError::InvalidRequest(format!(
+                    "the payload is {} bytes, more than the limit of {MAX_PAYLOAD_BYTES}",
+                    p.len()
+                )));
+            }
+        }
+        let spec = Spec {
+            job_id: JobId::new(),
+            uid: self.uid,
+            gid: self.gid,
+            created_ms: now_ms(),
+            image: image.to_owned(),
+            task: req.task.clone(),
+            resources: Resources {
+                cpus: req.cpus,
+                mem_bytes: req.mem_bytes,
+                time_limit_secs: req.time_limit_secs,
+                ..Resources::default()
+            },
+            env: req.env.clone(),
+        };
+        spec.validate().map_err(|e| match e {
+            ProtocolError::InvalidSpec(m) => ClientError::InvalidRequest(m),
+            other => other.into(),
+        })?;
+        encode(&spec).map_err(|e| ClientError::InvalidRequest(format!("the spec is too large ({e})")))?;
+        Ok(spec)
+    }
+
+    /// Creates a fresh job directory (mode 0700) and writes the spec and
+    /// payload into it. A collision of ids is astronomically unlikely, but
+    /// retried rather than sharing a directory.
+    fn prepare(&self, mut spec: Spec, payload: Option<&[u8]>) -> Result<(JobId, PathBuf, OwnedFd)> {
+        let mut attempts = 0;
+        let fd = loop {
+            match nix::sys::stat::mkdirat(&self.root_fd, spec.job_id.as_str(), Mode::from_bits_truncate(0o700)) {
+                Ok(()) => break self.open_job_dir(&spec.job_id)?,
+                Err(Errno::EEXIST) if attempts < 5 => {
+                    attempts += 1;
+                    spec.job_id = JobId::new();
+                }
+                Err(e) => {
+                    return Err(ClientError::Io {
+                        what: format!("cannot create the job directory {}", self.job_dir(&spec.job_id).display()),
+                        source: e.into(),
+                    })
+                }
+            }
+        };
+        let dir = self.job_dir(&spec.job_id);
+        write_record_at(&fd, &dir, &spec)?;
+        if let Some(p) = payload {
+            atomic_write_at(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
+        }
+        Ok((spec.job_id, dir, fd))
+    }
+
+    /// Marks every prepared job failed with `reason` (best effort).
+    fn fail_all(&self, jobs: &[(JobId, PathBuf, OwnedFd)], reason: &str) {
+        for (_, dir, fd) in jobs {
+            let _ = self.write_client_outcome(fd, dir, State::Failed, reason, false, None);
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! The client against fake Slurm tools (shell scripts) and real job
+//! directories in a temporary root: submission, status, wait and cancel end
+//! to end, without a cluster.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use delegate_client::slurm::{self, Slurm};
+use delegate_client::{exit_status_for, Client, ClientError, Config, SubmitRequest, SHARED_CALL_ALLOWANCE_SECS};
+use delegate_protocol::{now_ms, open_dir_nofollow, write_record_at, JobId, Outcome, Started, State, Writer};
+
+/// What the runner writes when a job exited with `code`, `ran_ms` after it started.
+fn write_completed(dir: &Path, code: i32, reason: &str, ran_ms: u64) {
+    let fd = open_dir_nofollow(dir).unwrap();
+    let o = Outcome {
+        exit_code: Some(code),
+        started_ms: Some(now_ms() - ran_ms),
+        ..Outcome::ended(State::Completed, reason, "n1", Writer::Runner)
+    };
+    write_record_at(&fd, dir, &o).unwrap();
+}
+
+fn write_started(dir: &Path) {
+    let fd = open_dir_nofollow(dir).unwrap();
+    let st = Started {
+        host: "n1".into(),
+        started_ms: now_ms(),
+        container_id: "c".into(),
+        perf_mode: "seccomp".into(),
+    };
+    write_record_at(&fd, dir, &st).unwrap();
+}
+
+fn fake_slurm(dir: &Path, sbatch_body: &str, squeue_body: &str) -> Slurm {
+    use std::os::unix::fs::PermissionsExt;
+    let mk = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    Slurm {
+        partition: None,
+        sbatch: mk("sbatch", sbatch_body),
+        squeue: mk("squeue", squeue_body),
+        scancel: mk("scancel", "exit 0"),
+        // No partition information: one Slurm job per call.
+        sinfo: mk("sinfo", "exit 1"),
+        ..Slurm::default()
+    }
+}
+
+fn client(tmp: &Path, slurm: Slurm) -> Client {
+    Client::new(Config {
+        root: tmp.join("home/.delegate/jobs"),
+        runner: "/nonexistent/runner".into(),
+        slurm,
+        calls_per_allocation: None,
+    })
+    .unwrap()
+}
+
+#[test]
+fn submit_many_is_one_sbatch_of_an_array() {
+    let tmp = tempfile::tempdir().unwrap();
+    let calls = tmp.path().join("calls");
+    let slurm = fake_slurm(
+        tmp.path(),
+        &format!("cat > {d}/script; echo x >> {d}/calls; echo 77", d = tmp.path().display()),
+        "exit 0",
+    );
+    let c = client(tmp.path(), slurm);
+    let mut reqs: Vec<SubmitRequest> =
+        (0..3).map(|i| SubmitRequest::command(vec!["echo".into(), i.to_string()])).collect();
+    for r in &mut reqs {
+        r.image = Some("img:1".into());
+    }
+    let hs = c.submit_many(&reqs).unwrap();
+    assert_eq!(std::fs::read_to_string(&calls).unwrap(), "x\n");
+    let sids: Vec<_> = hs.iter().map(|h| h.slurm_id.as_str()).collect();
+    assert_eq!(sids, ["77_0", "77_1", "77_2"]);
+    let script = std::fs::read_to_string(tmp.path().join("script")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-2"), "{script}");
+    for (i, h) in hs.iter().enumerate() {
+        assert!(script.contains(&format!("{i}) exec >>'{}'", c.log_path(&h.id).display())), "{script}");
+        assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), format!("77_{i}\n"));
+    }
+    // Mixed resources cannot share one array.
+    reqs[1].cpus = 2;
+    assert!(matches!(c.submit_many(&reqs), Err(ClientError::InvalidRequest(_))));
+    assert_eq!(std::fs::read_to_string(&calls).unwrap(), "x\n");
+}
+
+#[test]
+fn shared_submission_and_cancel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let mut slurm = fake_slurm(
+        &bin,
+        &format!("echo \"$@\" > {d}/args; cat > {d}/script; echo 77", d = bin.display()),
+        "echo '77|RUNNING|None'",
+    );
+    let log = bin.join("scancel.log");
+    std::fs::write(&slurm.scancel, format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display())).unwrap();
+    std::fs::write(&slurm.sinfo, "#!/bin/sh\necho 'delegate*|1|2:00:00|idle'\n").unwrap();
+    slurm.partition = None;
+    let c = client(tmp.path(), slurm);
+    let reqs: Vec<SubmitRequest> = (0..3)
+        .map(|i| {
+            let mut r = SubmitRequest::command(vec!["echo".into(), i.to_string()]);
+            r.image = Some("img:1".into());
+            r.time_limit_secs = 60;
+            r
+        })
+        .collect();
+    let hs = c.submit_many(&reqs).unwrap();
+    let script = std::fs::read_to_string(bin.join("script")).unwrap();
+    assert!(!script.contains("--array"), "{script}");
+    let dirs: Vec<String> = hs.iter().map(|h| format!("'{}'", h.dir.display())).collect();
+    assert_eq!(script, format!("#!/bin/sh\nexec '/nonexistent/runner' batch {}\n", dirs.join(" ")));
+    // Slurm's time: 3 x (60 s + allowance), plus a minute of slack.
+    let args = std::fs::read_to_string(bin.join("args")).unwrap();
+    assert!(args.contains(&format!("--time={}", slurm::time_limit_minutes(3 * (60 + SHARED_CALL_ALLOWANCE_SECS)))), "{args}");
+    for h in &hs {
+        assert_eq!(h.slurm_id, "77");
+        assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), "77\nshared 3\n");
+    }
+    // The first call runs; the others wait their turn in the allocation.
+    write_started(&hs[0].dir);
+    let st = c.status(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>()).unwrap();
+    assert_eq!(st[0].state, State::Running);
+    assert_eq!(st[1].state, State::Pending);
+    assert_eq!(st[1].reason, "waiting for its turn in its shared allocation");
+    // Cancelling one call that has not started ends it at once, without scancel.
+    let st = c.cancel(std::slice::from_ref(&hs[2].id)).unwrap();
+    assert_eq!(st[0].state, State::Cancelled);
+    assert_eq!(st[0].reason, "cancelled by the user before it started");
+    assert!(!log.exists(), "scancel must not be called for a shared allocation");
+    assert_eq!(c.status(std::slice::from_ref(&hs[1].id)).unwrap()[0].state, State::Pending);
+    // Cancelling the last live call cancels the allocation in Slurm, once
+    // (the list of its calls says the others are over).
+    let list = c.root().join("shared-77.calls");
+    let want: String = hs.iter().map(|h| format!("{}\n", h.id)).collect();
+    assert_eq!(std::fs::read_to_string(&list).unwrap(), want);
+    write_completed(&hs[0].dir, 0, "exited with code 0", 5);
+    let _ = c.cancel(std::slice::from_ref(&hs[1].id));
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "77\n");
+    // Without the list, only a cancel of all its live calls at once does.
+    std::fs::remove_file(&log).unwrap();
+    let hs = c.submit_many(&reqs).unwrap();
+    std::fs::remove_file(c.root().join("shared-77.calls")).unwrap();
+    let _ = c.cancel(std::slice::from_ref(&hs[0].id));
+    assert!(!log.exists());
+    let _ = c.cancel(&hs[1..].iter().map(|h| h.id.clone()).collect::<Vec<_>>());
+    assert!(!log.exists(), "two of three calls: the allocation still has one to run");
+    let _ = c.cancel(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>());
+    assert!(!log.exists(), "all are over already: nothing left for scancel");
+}
+
+#[test]
+fn root_is_created_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = client(tmp.path(), Slurm::default());
+    for p in [tmp.path().join("home/.delegate"), tmp.path().join("home/.delegate/jobs")] {
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
+    }
+    assert!(c.root().is_absolute());
+    let id = JobId::new();
+    assert_eq!(c.job_dir(&id), c.root().join(id.as_str()));
+    assert!(matches!(c.status(&[id]), Err(ClientError::NoSuchJob { .. })));
+    let rel = Client::new(Config {
+        root: "relative/root".into(),
+        runner: "/x".into(),
+        slurm: Slurm::default(),
+        calls_per_allocation: None,
+    });
+    assert!(matches!(rel, Err(ClientError::Root { .. })));
+}
+
+#[test]
+fn submit_then_lost_then_stable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    // sbatch records its arguments and stdin; squeue lists nothing.
+    let slurm = fake_slurm(
+        &bin,
+        &format!("echo \"$@\" > {0}/args; cat > {0}/script; echo '42;cluster'", bin.display()),
+        "exit 0",
+    );
+    let c = client(tmp.path(), slurm);
+    let mut req = SubmitRequest::command(vec!["echo".into(), "hi".into()]);
+    req.image = Some("img:1".into());
+    req.payload = Some(b"abc".to_vec());
+    let h = c.submit(&req).unwrap();
+    assert_eq!(h.slurm_id, "42");
+    let args = std::fs::read_to_string(bin.join("args")).unwrap();
+    assert!(args.contains(&format!("--job-name={}", h.id)), "{args}");
+    assert!(args.contains("--time=11"), "{args}");
+    let script = std::fs::read_to_string(bin.join("script")).unwrap();
+    assert_eq!(script, format!("#!/bin/sh\nexec '/nonexistent/runner' '{}'\n", h.dir.display()));
+    assert_eq!(std::fs::read(h.dir.join("payload")).unwrap(), b"abc");
+    assert_eq!(c.spec(&h.id).unwrap().image, "img:1");
+    // Slurm no longer lists it and there is no outcome: lost, written once.
+    std::fs::write(c.log_path(&h.id), "slurm_script: exec: /nonexistent/runner: not found\n").unwrap();
+    let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+    assert_eq!(s[0].state, State::Lost);
+    assert!(s[0].reason.contains("gone"), "{}", s[0].reason);
+    assert!(s[0].reason.contains("not found"), "{}", s[0].reason);
+    let again = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(again[0].reason, s[0].reason);
+    assert_eq!(again[0].finished_ms, s[0].finished_ms);
+    let listed = c.list().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, h.id);
+}
+
+#[test]
+fn refused_and_sbatch_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let c = client(
+        tmp.path(),
+        fake_slurm(&bin, "echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1", ""),
+    );
+    let mut req = SubmitRequest::command(vec!["true".into()]);
+    req.image = Some("img".into());
+    match c.submit(&req) {
+        Err(ClientError::SubmitFailed { id, reason }) => {
+            assert_eq!(reason, "sbatch failed: sbatch: error: Batch job submission failed: Invalid partition");
+            let s = c.status(&[id]).unwrap();
+            assert_eq!(s[0].state, State::Failed);
+            assert_eq!(s[0].reason, reason);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A job the runner refused: Slurm says COMPLETED, the log says why.
+    let c = client(
+        tmp.path(),
+        fake_slurm(&bin, "echo 7", "echo '7|COMPLETED|None'; echo '8|RUNNING|None'"),
+    );
+    let h = c.submit(&req).unwrap();
+    std::fs::write(c.log_path(&h.id), "delegate: refused: cpus 99 is more than the site maximum of 2\n").unwrap();
+    let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(s[0].state, State::Failed);
+    assert!(s[0].refused);
+    assert_eq!(s[0].reason, "cpus 99 is more than the site maximum of 2");
+}
+
+#[test]
+fn cancel_marks_and_scancels_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let mut slurm = fake_slurm(&bin, "echo $$", "exit 0");
+    // scancel records its arguments (all ids in one call).
+    let log = bin.join("scancel.log");
+    std::fs::write(&slurm.scancel, format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display())).unwrap();
+    slurm.squeue = bin.join("squeue");
+    let c = client(tmp.path(), slurm);
+    let mut req = SubmitRequest::command(vec!["true".into()]);
+    req.image = Some("img".into());
+    let a = c.submit(&req).unwrap();
+    let b = c.submit(&req).unwrap();
+    let st = c.cancel(&[a.id.clone(), b.id.clone()]).unwrap();
+    assert!(st.iter().all(|s| s.state == State::Cancelled && s.reason == "cancelled by the user"));
+    assert!(a.dir.join("cancel").exists());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(calls.trim(), format!("{} {}", a.slurm_id, b.slurm_id));
+    // Cancelling a finished job changes nothing and calls no scancel.
+    let again = c.cancel(std::slice::from_ref(&a.id)).unwrap();
+    assert_eq!(again[0].finished_ms, st[0].finished_ms);
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+}
+
+#[test]
+fn wait_wakes_on_outcome_and_times_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let c = client(tmp.path(), fake_slurm(&bin, "echo 9", "echo '9|RUNNING|None'"));
+    let mut req = SubmitRequest::command(vec!["true".into()]);
+    req.image = Some("img".into());
+    let h = c.submit(&req).unwrap();
+    let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(300))).unwrap();
+    assert_eq!(s[0].state, State::Running, "{:?}", s);
+    let dir = h.dir.clone();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        write_completed(&dir, 3, "exited with 3", 1000);
+    });
+    let t0 = Instant::now();
+    let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(10))).unwrap();
+    writer.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(s[0].state, State::Completed);
+    assert_eq!(s[0].exit_code, Some(3));
+    assert_eq!(exit_status_for(&s[0]), Some(3));
+    assert_eq!(s[0].host.as_deref(), Some("n1"));
+}
+
+#[test]
+fn consecutive_waits_share_one_squeue_per_interval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let log = tmp.path().join("squeue-calls");
+    let c = client(
+        tmp.path(),
+        fake_slurm(&bin, "echo 9", &format!("echo x >> {}; echo '9|PENDING|Resources'", log.display())),
+    );
+    let mut req = SubmitRequest::command(vec!["true".into()]);
+    req.image = Some("img".into());
+    let h = c.submit(&req).unwrap();
+    // Short rounds, as the Python waiter makes them: the first asks
+    // Slurm, the next ones within the interval read only the files.
+    for _ in 0..4 {
+        let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(100))).unwrap();
+        assert_eq!(s[0].state, State::Pending, "{s:?}");
+    }
+    // So do the waits of another client of the same root (Python makes
+    // one per call).
+    let c2 = Client::new(c.config().clone()).unwrap();
+    c2.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(100))).unwrap();
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+}
+
+#[test]
+fn wait_any_returns_when_one_job_is_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let c = client(tmp.path(), fake_slurm(&bin, "echo 9", "echo '9|RUNNING|None'"));
+    let mut req = SubmitRequest::command(vec!["true".into()]);
+    req.image = Some("img".into());
+    let a = c.submit(&req).unwrap();
+    let b = c.submit(&req).unwrap();
+    let dir = b.dir.clone();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        write_completed(&dir, 0, "exited with code 0", 100);
+    });
+    let t0 = Instant::now();
+    let s = c.wait_any_with(&[a.id.clone(), b.id.clone()], Some(Duration::from_secs(10)), || false).unwrap();
+    writer.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(s.len(), 2);
+    assert!(!s[0].is_terminal(), "{s:?}");
+    assert_eq!(s[1].state, State::Completed);
+}

@@ -1,0 +1,24 @@
+//! The layout of a job directory: the names of its files, and the bound of
+//! the opaque payload and result (see the crate documentation for who
+//! writes which file).
+
+/// Upper bound on the size of the opaque payload.
+pub const MAX_PAYLOAD_BYTES: u64 = 256 * 1024 * 1024;
+/// The bound of the `result` file the sandbox writes (a pickled return
+/// value or exception): the same as the payload's.
+pub const MAX_RESULT_BYTES: u64 = MAX_PAYLOAD_BYTES;
+
+pub const SPEC: &str = "spec";
+pub const PAYLOAD: &str = "payload";
+pub const SLURM_ID: &str = "slurm-id";
+pub const CANCEL: &str = "cancel";
+pub const STARTED: &str = "started";
+pub const STDOUT: &str = "stdout";
+pub const STDERR: &str = "stderr";
+pub const OUTCOME: &str = "outcome";
+pub const RESULT: &str = "result";
+/// Files the client writes before the runner starts; anything else present
+/// when the runner starts is refused.
+pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL];
+/// Where the job directory appears inside the sandbox.
+pub const SANDBOX_JOB_DIR: &str = "/job";

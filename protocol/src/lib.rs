@@ -1,0 +1,76 @@
+//! delegate's protocol crate, the bottom of the house. The job-directory
+//! protocol: the whole contract between the user side
+//! (CLI, Python shim) and the worker side (`sandbox-runner`).
+//!
+//! A job lives in one directory, `<delegate-root>/<job-id>/`, on the shared
+//! filesystem. Files and who writes them:
+//!
+//! | file       | writer           | content                                              |
+//! |------------|------------------|------------------------------------------------------|
+//! | `spec`     | client           | [`Spec`], encoded (header + postcard), bounded        |
+//! | `payload`  | client, optional | opaque bytes (a pickled call); never parsed by Rust   |
+//! | `slurm-id` | client           | the Slurm job id, text (see [`format_slurm_id`])      |
+//! | `cancel`   | client, optional | marker: the user asked to cancel                      |
+//! | `started`  | runner           | [`Started`], encoded                                  |
+//! | `stdout`   | runner           | the container's standard output, streamed             |
+//! | `stderr`   | runner           | the container's standard error, streamed              |
+//! | `outcome`  | runner (client when the runner never ran) | [`Outcome`], encoded          |
+//! | `result`   | the sandbox      | opaque bytes (a pickled return value or exception)    |
+//!
+//! Slurm's own log of the batch script goes to `<delegate-root>/<job-id>.log`,
+//! beside (not inside) the directory, so a runner that refuses a directory can
+//! still explain why. Calls that share an allocation (`sandbox-runner batch`,
+//! one after another) have the runner write that file per call instead, and
+//! the client lists the calls of each such allocation in
+//! `<delegate-root>/shared-<slurm-id>.calls` (job ids, one per line; see
+//! [`shared_calls_name`]) so that cancelling its last live call one by one
+//! also cancels the allocation.
+//!
+//! Every encoded file starts with an 8-byte header: the magic `DLGT`, a
+//! one-byte kind, a reserved zero byte and the protocol version (u16, little
+//! endian); the body is postcard. Every file a reader may see is written
+//! atomically ([`atomic_write_at`]): temporary name, fsync, rename, fsync of
+//! the directory.
+//!
+//! Everything here treats the directory as untrusted: files are opened
+//! relative to a directory descriptor with `O_NOFOLLOW`, sizes are bounded
+//! before reading, versions are checked before decoding.
+//!
+//! Modules: [`layout`] (file names and bounds), [`job_id`], [`spec`] (the
+//! request), [`outcome`] (the runner's records and the job's states),
+//! [`record`] (header, encoding, decoding), [`slurm_id`] (the `slurm-id` file
+//! and the lists of shared calls), [`fsio`] (symlink-proof file access),
+//! [`line`] (the lines the runner leaves in Slurm's log), [`policy`] (the
+//! site policy), [`units`] (human sizes and durations) and [`clock`].
+//!
+//! Nothing here is CLI-only: the setgid `sandbox-runner` links this crate
+//! and nothing above it.
+
+pub mod clock;
+pub mod error;
+pub mod fsio;
+pub mod job_id;
+pub mod layout;
+pub mod line;
+pub mod outcome;
+pub mod policy;
+pub mod record;
+pub mod slurm_id;
+pub mod spec;
+pub mod units;
+
+pub use clock::now_ms;
+pub use error::{ProtocolError, Result};
+pub use fsio::{
+    atomic_write_at, check_clean_absolute, check_owner, exists_at, list_entries, open_dir_nofollow, open_regular_at,
+    read_bounded_at,
+};
+pub use job_id::JobId;
+pub use layout::*;
+pub use line::{error_line, one_line, parse_refused_line, refused_line, state_line, REFUSED_PREFIX};
+pub use outcome::{Outcome, Started, State, Writer};
+pub use record::{
+    decode, encode, read_record_at, write_record_at, Record, MAGIC, MAX_RECORD_BYTES, MAX_SPEC_BYTES, PROTOCOL_VERSION,
+};
+pub use slurm_id::{format_slurm_id, parse_shared_calls, parse_slurm_id, shared_calls_name};
+pub use spec::{Resources, Spec, Task, MAX_ARGS, MAX_ENV, MAX_STRING};

@@ -1,0 +1,186 @@
+//! The encoding of the protocol's records: an 8-byte header (magic, kind,
+//! reserved byte, version) and a postcard body, bounded in size; reading and
+//! writing them in a job directory.
+
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::{atomic_write_at, read_bounded_at, Outcome, ProtocolError, Result, Spec, Started, OUTCOME, SPEC, STARTED};
+
+/// Version of every encoded file of the protocol. Bump on any change of
+/// [`Spec`], [`Started`] or [`Outcome`].
+pub const PROTOCOL_VERSION: u16 = 1;
+/// First four bytes of every encoded file.
+pub const MAGIC: &[u8; 4] = b"DLGT";
+const HEADER_LEN: usize = 8;
+
+/// Upper bound on the size of an encoded spec.
+pub const MAX_SPEC_BYTES: u64 = 64 * 1024;
+/// Upper bound on the size of an encoded started record or outcome.
+pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+/// A record type of the protocol: its one-byte kind and its size bound.
+pub trait Record: Serialize + DeserializeOwned {
+    const KIND: u8;
+    const MAX_BYTES: u64;
+    const NAME: &'static str;
+}
+
+impl Record for Spec {
+    const KIND: u8 = b'S';
+    const MAX_BYTES: u64 = MAX_SPEC_BYTES;
+    const NAME: &'static str = SPEC;
+}
+impl Record for Started {
+    const KIND: u8 = b'T';
+    const MAX_BYTES: u64 = MAX_RECORD_BYTES;
+    const NAME: &'static str = STARTED;
+}
+impl Record for Outcome {
+    const KIND: u8 = b'O';
+    const MAX_BYTES: u64 = MAX_RECORD_BYTES;
+    const NAME: &'static str = OUTCOME;
+}
+
+/// Header + postcard body.
+pub fn encode<R: Record>(r: &R) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(MAGIC);
+    out.push(R::KIND);
+    out.push(0);
+    out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    let body = postcard::to_allocvec(r).map_err(|e| ProtocolError::Decode {
+        path: R::NAME.into(),
+        reason: format!("encoding failed: {e}"),
+    })?;
+    out.extend_from_slice(&body);
+    if out.len() as u64 > R::MAX_BYTES {
+        return Err(ProtocolError::TooLarge {
+            path: R::NAME.into(),
+            size: out.len() as u64,
+            limit: R::MAX_BYTES,
+        });
+    }
+    Ok(out)
+}
+
+/// Checks size, magic, kind and version, then decodes. `path` names the
+/// source in errors.
+pub fn decode<R: Record>(bytes: &[u8], path: &str) -> Result<R> {
+    if bytes.len() as u64 > R::MAX_BYTES {
+        return Err(ProtocolError::TooLarge {
+            path: path.into(),
+            size: bytes.len() as u64,
+            limit: R::MAX_BYTES,
+        });
+    }
+    if bytes.len() < HEADER_LEN || &bytes[..4] != MAGIC {
+        return Err(ProtocolError::BadMagic { path: path.into() });
+    }
+    let version = u16::from_le_bytes([bytes[6], bytes[7]]);
+    if version != PROTOCOL_VERSION {
+        return Err(ProtocolError::VersionMismatch {
+            path: path.into(),
+            found: version,
+            expected: PROTOCOL_VERSION,
+        });
+    }
+    if bytes[4] != R::KIND {
+        return Err(ProtocolError::WrongKind {
+            path: path.into(),
+            found: bytes[4] as char,
+            expected: R::KIND as char,
+        });
+    }
+    let (value, rest) =
+        postcard::take_from_bytes::<R>(&bytes[HEADER_LEN..]).map_err(|e| ProtocolError::Decode {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
+    if !rest.is_empty() {
+        return Err(ProtocolError::Decode {
+            path: path.into(),
+            reason: format!("{} trailing bytes", rest.len()),
+        });
+    }
+    Ok(value)
+}
+
+
+/// Reads and decodes a record from `dir`.
+pub fn read_record_at<R: Record>(dir: impl AsFd, dir_path: &Path, uid: Option<u32>) -> Result<R> {
+    let bytes = read_bounded_at(dir, dir_path, R::NAME, R::MAX_BYTES, uid)?;
+    decode(&bytes, &dir_path.join(R::NAME).display().to_string())
+}
+
+/// Encodes and atomically writes a record into `dir`.
+pub fn write_record_at<R: Record>(dir: impl AsFd, dir_path: &Path, r: &R) -> Result<()> {
+    let bytes = encode(r)?;
+    atomic_write_at(dir, dir_path, R::NAME, &bytes, 0o644)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::sample_spec as spec;
+    use crate::{State, Task, Writer, MAX_STRING};
+
+    #[test]
+    fn round_trip() {
+        let s = spec();
+        let b = encode(&s).unwrap();
+        assert_eq!(&b[..4], MAGIC);
+        assert_eq!(decode::<Spec>(&b, "spec").unwrap(), s);
+        let o = Outcome {
+            state: State::TimedOut,
+            exit_code: None,
+            reason: "time limit of 5s reached".into(),
+            refused: false,
+            oom_killed: false,
+            started_ms: Some(1),
+            finished_ms: 2,
+            host: "n1".into(),
+            writer: Writer::Runner,
+        };
+        assert_eq!(decode::<Outcome>(&encode(&o).unwrap(), "outcome").unwrap(), o);
+    }
+
+    #[test]
+    fn version_mismatch_is_named() {
+        let mut b = encode(&spec()).unwrap();
+        b[6] = 99;
+        match decode::<Spec>(&b, "spec") {
+            Err(ProtocolError::VersionMismatch { found: 99, expected: 1, .. }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn wrong_kind_bad_magic_trailing_and_garbage() {
+        let b = encode(&spec()).unwrap();
+        assert!(matches!(decode::<Outcome>(&b, "x"), Err(ProtocolError::WrongKind { .. })));
+        assert!(matches!(decode::<Spec>(b"nope", "x"), Err(ProtocolError::BadMagic { .. })));
+        let mut t = b.clone();
+        t.push(0);
+        assert!(matches!(decode::<Spec>(&t, "x"), Err(ProtocolError::Decode { .. })));
+        let mut g = b[..HEADER_LEN].to_vec();
+        g.extend_from_slice(&[0xff; 40]);
+        assert!(decode::<Spec>(&g, "x").is_err());
+    }
+
+    #[test]
+    fn size_bound() {
+        let big = vec![0u8; MAX_SPEC_BYTES as usize + 1];
+        assert!(matches!(decode::<Spec>(&big, "x"), Err(ProtocolError::TooLarge { .. })));
+        let mut s = spec();
+        s.task = Task::Command {
+            argv: vec!["x".repeat(MAX_STRING); 9],
+        };
+        assert!(matches!(encode(&s), Err(ProtocolError::TooLarge { .. })));
+    }
+}
+
+#[cfg(test)]
+mod proptests;
