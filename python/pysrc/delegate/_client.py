@@ -27,13 +27,10 @@ from delegate._errors import (
     VersionMismatchError,
 )
 
-TERMINAL = ("completed", "failed", "timed-out", "cancelled", "lost")
 # Longest round of the shared waiter. The Rust core returns earlier when one
 # of the jobs is over (inotify on the job directories) or when a future is
 # added (``_core.wake``); Slurm is asked at most once per 2 s across rounds.
 POLL_INTERVAL = float(os.environ.get("DELEGATE_POLL_INTERVAL", "2"))
-# Largest result read back (the payload limit of the protocol).
-MAX_RESULT = 256 * 1024 * 1024
 MAX_LOG = 64 * 1024 * 1024
 
 
@@ -196,7 +193,7 @@ class DelegateFuture(cf.Future):
         self._stdout = self._read_log("stdout")
         self._stderr = self._read_log("stderr")
         try:
-            data = _core.read_file(self.job_id, "result", MAX_RESULT)
+            data = _core.read_file(self.job_id, "result", _core.MAX_RESULT_BYTES)
         except DelegateError as e:
             data = None
             if state == "completed":
@@ -307,7 +304,7 @@ class _Waiter:
                 return
             for st in statuses:
                 jid = st.get("id")
-                if st.get("state") in TERMINAL:
+                if st.get("state") in _core.TERMINAL_STATES:
                     with self._cv:
                         futs = self._futures.pop(jid, [])
                     for f in futs:
