@@ -198,11 +198,12 @@ mod tests {
     #[test]
     fn a_hung_tool_is_given_up_on() {
         let s = Slurm {
-            squeue: "/bin/sleep".into(),
+            scancel: "/bin/sh".into(),
             timeout: Duration::from_millis(200),
             ..Slurm::default()
         };
-        let e = s.query_user(1).unwrap_err();
+        let e = s.cancel(&["-c".into(), "sleep 30".into()]).unwrap_err();
         assert!(matches!(e, SlurmError::TimedOut { .. }), "{e}");
+        assert_eq!(e.to_string(), "/bin/sh did not answer within 0 s");
     }
 }
