@@ -17,17 +17,9 @@ pub enum ProtocolError {
     #[error("{path} is not a delegate file (bad magic)")]
     BadMagic { path: String },
     #[error("{path} has protocol version {found}, this program speaks version {expected}")]
-    VersionMismatch {
-        path: String,
-        found: u16,
-        expected: u16,
-    },
+    VersionMismatch { path: String, found: u16, expected: u16 },
     #[error("{path} holds a {found} record where a {expected} record was expected")]
-    WrongKind {
-        path: String,
-        found: char,
-        expected: char,
-    },
+    WrongKind { path: String, found: char, expected: char },
     #[error("{path} could not be decoded: {reason}")]
     Decode { path: String, reason: String },
     #[error("{path} is a symbolic link; delegate never follows links in job directories")]
@@ -35,11 +27,7 @@ pub enum ProtocolError {
     #[error("{path} is not a {expected}")]
     NotKind { path: String, expected: &'static str },
     #[error("{path} is owned by uid {found}, expected uid {expected}")]
-    WrongOwner {
-        path: String,
-        found: u32,
-        expected: u32,
-    },
+    WrongOwner { path: String, found: u32, expected: u32 },
     #[error("{path} is owned by uid {owner} and cannot be opened (permission denied)")]
     NoAccess { path: String, owner: u32 },
     #[error("{path} is writable by group or others (mode {mode:o})")]

@@ -21,9 +21,7 @@ pub fn check_clean_absolute(path: &Path) -> Result<()> {
     if clean {
         Ok(())
     } else {
-        Err(ProtocolError::BadPath {
-            path: path.display().to_string(),
-        })
+        Err(ProtocolError::BadPath { path: path.display().to_string() })
     }
 }
 
@@ -48,7 +46,11 @@ pub fn open_dir_nofollow(path: &Path) -> Result<OwnedFd> {
 fn open_dir_openat2(path: &Path) -> Option<OwnedFd> {
     use rustix::fs::{openat2, Mode as RMode, OFlags, ResolveFlags};
     let rel = path.strip_prefix("/").ok()?;
-    let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
     let root = rustix::fs::open("/", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, RMode::empty()).ok()?;
     openat2(
         &root,
@@ -72,19 +74,13 @@ fn open_dir_walk(path: &Path) -> Result<OwnedFd> {
             sofar.push(name);
             fd = match openat(&fd, name, flags, Mode::empty()) {
                 Ok(next) => next,
-                Err(Errno::ELOOP) => {
-                    return Err(ProtocolError::Symlink {
-                        path: sofar.display().to_string(),
-                    })
-                }
+                Err(Errno::ELOOP) => return Err(ProtocolError::Symlink { path: sofar.display().to_string() }),
                 Err(Errno::ENOTDIR) => {
                     // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR on some kernels.
                     let st = nix::sys::stat::fstatat(&fd, name, AtFlags::AT_SYMLINK_NOFOLLOW);
                     if let Ok(st) = st {
                         if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK {
-                            return Err(ProtocolError::Symlink {
-                                path: sofar.display().to_string(),
-                            });
+                            return Err(ProtocolError::Symlink { path: sofar.display().to_string() });
                         }
                     }
                     return Err(ProtocolError::NotKind {
@@ -132,10 +128,7 @@ pub fn open_regular_at(dir: impl AsFd, dir_path: &Path, name: &str) -> Result<Op
     };
     let st = fstat(&fd).map_err(|e| ProtocolError::io(&path, e))?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return Err(ProtocolError::NotKind {
-            path,
-            expected: "regular file",
-        });
+        return Err(ProtocolError::NotKind { path, expected: "regular file" });
     }
     // Blocking reads from here on (O_NONBLOCK only guarded the open).
     let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()));
@@ -172,13 +165,7 @@ pub fn check_owner(fd: impl AsFd, path: &str, uid: u32, dir: bool) -> Result<u64
 /// Opens `name` in `dir` read-only without following a symlink, checks it is
 /// a regular file (owned by `uid` when given) of at most `limit` bytes, and
 /// reads it. Reads at most `limit + 1` bytes, whatever fstat said.
-pub fn read_bounded_at(
-    dir: impl AsFd,
-    dir_path: &Path,
-    name: &str,
-    limit: u64,
-    uid: Option<u32>,
-) -> Result<Vec<u8>> {
+pub fn read_bounded_at(dir: impl AsFd, dir_path: &Path, name: &str, limit: u64, uid: Option<u32>) -> Result<Vec<u8>> {
     let path = dir_path.join(name).display().to_string();
     let fd = match openat(
         dir.as_fd(),
@@ -192,26 +179,15 @@ pub fn read_bounded_at(
     };
     let st = fstat(&fd).map_err(|e| ProtocolError::io(&path, e))?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return Err(ProtocolError::NotKind {
-            path,
-            expected: "regular file",
-        });
+        return Err(ProtocolError::NotKind { path, expected: "regular file" });
     }
     if let Some(uid) = uid {
         if st.st_uid != uid {
-            return Err(ProtocolError::WrongOwner {
-                path,
-                found: st.st_uid,
-                expected: uid,
-            });
+            return Err(ProtocolError::WrongOwner { path, found: st.st_uid, expected: uid });
         }
     }
     if st.st_size as u64 > limit {
-        return Err(ProtocolError::TooLarge {
-            path,
-            size: st.st_size as u64,
-            limit,
-        });
+        return Err(ProtocolError::TooLarge { path, size: st.st_size as u64, limit });
     }
     let mut buf = Vec::with_capacity(st.st_size.max(0) as usize);
     std::fs::File::from(fd)
@@ -219,11 +195,7 @@ pub fn read_bounded_at(
         .read_to_end(&mut buf)
         .map_err(|e| ProtocolError::io(&path, e))?;
     if buf.len() as u64 > limit {
-        return Err(ProtocolError::TooLarge {
-            path,
-            size: buf.len() as u64,
-            limit,
-        });
+        return Err(ProtocolError::TooLarge { path, size: buf.len() as u64, limit });
     }
     Ok(buf)
 }
@@ -238,7 +210,12 @@ pub fn atomic_write_at(dir: impl AsFd, dir_path: &Path, name: &str, bytes: &[u8]
     let tmp = format!(
         ".{name}.tmp-{}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
         std::process::id(),
-        rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]
+        rnd[0],
+        rnd[1],
+        rnd[2],
+        rnd[3],
+        rnd[4],
+        rnd[5]
     );
     let fd = openat(
         dir.as_fd(),
@@ -252,9 +229,7 @@ pub fn atomic_write_at(dir: impl AsFd, dir_path: &Path, name: &str, bytes: &[u8]
         .write_all(bytes)
         .and_then(|_| f.sync_all())
         .map_err(|e| ProtocolError::io(&path, e))
-        .and_then(|_| {
-            renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name).map_err(|e| ProtocolError::io(&path, e))
-        });
+        .and_then(|_| renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name).map_err(|e| ProtocolError::io(&path, e)));
     if res.is_err() {
         let _ = nix::unistd::unlinkat(dir.as_fd(), tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
         return res;
@@ -268,10 +243,7 @@ pub fn atomic_write_at(dir: impl AsFd, dir_path: &Path, name: &str, bytes: &[u8]
 /// (an error beyond, so a directory stuffed with entries cannot exhaust memory).
 pub fn list_entries(dir: impl AsFd, dir_path: &Path, limit: usize) -> Result<Vec<String>> {
     let path = dir_path.display().to_string();
-    let dup = dir
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| ProtocolError::io(&path, e))?;
+    let dup = dir.as_fd().try_clone_to_owned().map_err(|e| ProtocolError::io(&path, e))?;
     let mut d = nix::dir::Dir::from_fd(dup).map_err(|e| ProtocolError::io(&path, e))?;
     let mut out = Vec::new();
     for ent in d.iter() {
@@ -322,7 +294,9 @@ mod tests {
             read_bounded_at(&dir, tmp.path(), "big", 10, None),
             Err(ProtocolError::TooLarge { .. })
         ));
-        assert!(read_bounded_at(&dir, tmp.path(), "missing", 10, None).unwrap_err().is_not_found());
+        assert!(read_bounded_at(&dir, tmp.path(), "missing", 10, None)
+            .unwrap_err()
+            .is_not_found());
     }
 
     #[test]
@@ -344,7 +318,10 @@ mod tests {
             open_dir_nofollow(Path::new("/tmp/../etc")),
             Err(ProtocolError::BadPath { .. })
         ));
-        assert!(matches!(open_dir_nofollow(Path::new("relative")), Err(ProtocolError::BadPath { .. })));
+        assert!(matches!(
+            open_dir_nofollow(Path::new("relative")),
+            Err(ProtocolError::BadPath { .. })
+        ));
     }
 
     #[test]
@@ -354,7 +331,10 @@ mod tests {
         let me = nix::unistd::getuid().as_raw();
         std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
         assert!(check_owner(&dir, "d", me, true).is_ok());
-        assert!(matches!(check_owner(&dir, "d", me + 1, true), Err(ProtocolError::WrongOwner { .. })));
+        assert!(matches!(
+            check_owner(&dir, "d", me + 1, true),
+            Err(ProtocolError::WrongOwner { .. })
+        ));
         std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         assert!(matches!(check_owner(&dir, "d", me, true), Err(ProtocolError::TooOpen { .. })));
     }

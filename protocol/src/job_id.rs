@@ -38,9 +38,7 @@ impl JobId {
             && b[8] == b'T'
             && b[9..15].iter().all(u8::is_ascii_digit)
             && b[15] == b'-'
-            && b[16..]
-                .iter()
-                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
+            && b[16..].iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
         if ok {
             Ok(JobId(s.to_owned()))
         } else {

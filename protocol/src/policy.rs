@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{check_clean_absolute, Spec};
 use crate::units::{format_duration, format_size, parse_duration, parse_size};
+use crate::{check_clean_absolute, Spec};
 
 pub const DEFAULT_POLICY_PATH: &str = "/etc/delegate/policy.toml";
 /// Environment variable naming another policy file. Honoured only by
@@ -133,10 +133,7 @@ impl Policy {
     pub fn load(path: &Path, require_root_owned: bool) -> Result<Policy, PolicyError> {
         use std::os::unix::fs::MetadataExt;
         let p = path.display().to_string();
-        let read_err = |e: std::io::Error| PolicyError::Read {
-            path: p.clone(),
-            reason: e.to_string(),
-        };
+        let read_err = |e: std::io::Error| PolicyError::Read { path: p.clone(), reason: e.to_string() };
         let meta = std::fs::symlink_metadata(path).map_err(read_err)?;
         if require_root_owned && (meta.uid() != 0 || meta.mode() & 0o022 != 0 || !meta.is_file()) {
             return Err(PolicyError::Untrusted { path: p });
@@ -157,10 +154,9 @@ impl Policy {
             path: origin.into(),
             reason: e.message().to_owned(),
         })?;
-        policy.limits().map_err(|reason| PolicyError::Invalid {
-            path: origin.into(),
-            reason,
-        })?;
+        policy
+            .limits()
+            .map_err(|reason| PolicyError::Invalid { path: origin.into(), reason })?;
         if policy.calls_per_allocation == 0 {
             return Err(PolicyError::Invalid {
                 path: origin.into(),
@@ -200,10 +196,7 @@ impl Policy {
     /// `job_dir`. Returns the first violation.
     pub fn check(&self, spec: &Spec, uid: u32, job_dir: &Path) -> Result<(), Violation> {
         if spec.uid != uid {
-            return Err(Violation::Uid {
-                asked: spec.uid,
-                actual: uid,
-            });
+            return Err(Violation::Uid { asked: spec.uid, actual: uid });
         }
         if uid == 0 && !self.allow_root {
             return Err(Violation::Root);
@@ -304,7 +297,10 @@ mod tests {
         s.resources.time_limit_secs = 3600;
         let e = p.check(&s, 1000, dir).unwrap_err();
         assert_eq!(e.to_string(), "time limit 1h is more than the site maximum of 10m");
-        assert!(matches!(p.check(&spec(), 1000, Path::new("/tmp/x")), Err(Violation::OutsideRoots(..))));
+        assert!(matches!(
+            p.check(&spec(), 1000, Path::new("/tmp/x")),
+            Err(Violation::OutsideRoots(..))
+        ));
         let mut s = spec();
         s.uid = 0;
         assert_eq!(p.check(&s, 0, dir), Err(Violation::Root));

@@ -94,11 +94,8 @@ pub fn decode<R: Record>(bytes: &[u8], path: &str) -> Result<R> {
             expected: R::KIND as char,
         });
     }
-    let (value, rest) =
-        postcard::take_from_bytes::<R>(&bytes[HEADER_LEN..]).map_err(|e| ProtocolError::Decode {
-            path: path.into(),
-            reason: e.to_string(),
-        })?;
+    let (value, rest) = postcard::take_from_bytes::<R>(&bytes[HEADER_LEN..])
+        .map_err(|e| ProtocolError::Decode { path: path.into(), reason: e.to_string() })?;
     if !rest.is_empty() {
         return Err(ProtocolError::Decode {
             path: path.into(),
@@ -107,7 +104,6 @@ pub fn decode<R: Record>(bytes: &[u8], path: &str) -> Result<R> {
     }
     Ok(value)
 }
-
 
 /// Reads and decodes a record from `dir`.
 pub fn read_record_at<R: Record>(dir: impl AsFd, dir_path: &Path, uid: Option<u32>) -> Result<R> {
@@ -175,9 +171,7 @@ mod tests {
         let big = vec![0u8; MAX_SPEC_BYTES as usize + 1];
         assert!(matches!(decode::<Spec>(&big, "x"), Err(ProtocolError::TooLarge { .. })));
         let mut s = spec();
-        s.task = Task::Command {
-            argv: vec!["x".repeat(MAX_STRING); 9],
-        };
+        s.task = Task::Command { argv: vec!["x".repeat(MAX_STRING); 9] };
         assert!(matches!(encode(&s), Err(ProtocolError::TooLarge { .. })));
     }
 }

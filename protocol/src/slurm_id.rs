@@ -61,7 +61,19 @@ mod tests {
             assert_eq!(parse_slurm_id(&format_slurm_id(sid, shared)), Some((sid.to_owned(), shared)));
         }
         assert_eq!(parse_slurm_id("  42 \n"), Some(("42".into(), None)));
-        for junk in ["", "\n", "abc", "_1", "1_", "1__2", "1_2_3", "12\nshared x", "12\nshared 0", "12\nshared 3\nmore", "12\nother 3"] {
+        for junk in [
+            "",
+            "\n",
+            "abc",
+            "_1",
+            "1_",
+            "1__2",
+            "1_2_3",
+            "12\nshared x",
+            "12\nshared 0",
+            "12\nshared 3\nmore",
+            "12\nother 3",
+        ] {
             assert_eq!(parse_slurm_id(junk), None, "{junk:?}");
         }
     }

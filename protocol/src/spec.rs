@@ -79,15 +79,10 @@ impl Spec {
                     return bad(format!("more than {MAX_ARGS} arguments"));
                 }
                 if argv.iter().any(|a| a.len() > MAX_STRING || a.contains('\0')) {
-                    return bad(format!(
-                        "an argument is longer than {MAX_STRING} bytes or contains NUL"
-                    ));
+                    return bad(format!("an argument is longer than {MAX_STRING} bytes or contains NUL"));
                 }
             }
-            Task::Python {
-                python_version,
-                cloudpickle_version,
-            } => {
+            Task::Python { python_version, cloudpickle_version } => {
                 if python_version.len() > 64 || cloudpickle_version.len() > 64 {
                     return bad("version strings longer than 64 bytes".into());
                 }
@@ -99,9 +94,9 @@ impl Spec {
         for (k, v) in &self.env {
             let valid_name = !k.is_empty()
                 && k.len() <= 128
-                && k.bytes().enumerate().all(|(i, c)| {
-                    c == b'_' || c.is_ascii_uppercase() || (i > 0 && c.is_ascii_digit())
-                });
+                && k.bytes()
+                    .enumerate()
+                    .all(|(i, c)| c == b'_' || c.is_ascii_uppercase() || (i > 0 && c.is_ascii_digit()));
             if !valid_name {
                 return bad(format!("invalid environment variable name {k:?}"));
             }
@@ -126,9 +121,7 @@ pub(crate) fn sample_spec() -> Spec {
         gid: 1000,
         created_ms: crate::now_ms(),
         image: "delegate-sandbox:latest".into(),
-        task: Task::Command {
-            argv: vec!["echo".into(), "hi".into()],
-        },
+        task: Task::Command { argv: vec!["echo".into(), "hi".into()] },
         resources: Resources::default(),
         env: vec![("FOO".into(), "bar".into())],
     }

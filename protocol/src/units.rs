@@ -56,10 +56,7 @@ pub fn parse_duration(s: &str) -> Result<u64, UnitError> {
             's' => 1,
             _ => return Err(err()),
         };
-        total = n
-            .checked_mul(mul)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(err)?;
+        total = n.checked_mul(mul).and_then(|v| total.checked_add(v)).ok_or_else(err)?;
     }
     if !num.is_empty() || total == 0 {
         return Err(err());

@@ -16,9 +16,18 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-
-create_exception!(_core, DelegateError, PyException, "A delegate operation failed (submission, Slurm, the job directory).");
-create_exception!(_core, NoSuchJobError, DelegateError, "No job with this id in the delegate root.");
+create_exception!(
+    _core,
+    DelegateError,
+    PyException,
+    "A delegate operation failed (submission, Slurm, the job directory)."
+);
+create_exception!(
+    _core,
+    NoSuchJobError,
+    DelegateError,
+    "No job with this id in the delegate root."
+);
 create_exception!(_core, SubmitError, DelegateError, "The job could not be submitted.");
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +69,10 @@ fn parse_ids(ids: &[String]) -> CoreResult<Vec<JobId>> {
 
 fn opt_ms(py: Python<'_>, v: Option<u64>) -> Py<PyAny> {
     match v {
-        Some(ms) => (ms as f64 / 1000.0).into_pyobject(py).map(|o| o.into_any().unbind()).unwrap_or_else(|_| py.None()),
+        Some(ms) => (ms as f64 / 1000.0)
+            .into_pyobject(py)
+            .map(|o| o.into_any().unbind())
+            .unwrap_or_else(|_| py.None()),
         None => py.None(),
     }
 }
@@ -189,7 +201,9 @@ fn wait<'py>(py: Python<'py>, ids: Vec<String>, timeout: Option<f64>, any: bool)
     let ids = parse_ids(&ids)?;
     let timeout = match timeout {
         Some(t) if !(t.is_finite() && t >= 0.0) => {
-            return Err(PyValueError::new_err(format!("timeout must be a non-negative number of seconds, not {t}")))
+            return Err(PyValueError::new_err(format!(
+                "timeout must be a non-negative number of seconds, not {t}"
+            )))
         }
         Some(t) => Some(Duration::from_secs_f64(t)),
         None => None,
@@ -227,7 +241,11 @@ fn read_file<'py>(py: Python<'py>, id: String, name: String, limit: u64) -> PyRe
             "stdout" => c.read_output(&id, Stream::Stdout, limit)?,
             "stderr" => c.read_output(&id, Stream::Stderr, limit)?,
             "result" => c.read_result(&id)?,
-            other => return Err(CoreError::Invalid(format!("unknown job file {other:?} (stdout, stderr or result)"))),
+            other => {
+                return Err(CoreError::Invalid(format!(
+                    "unknown job file {other:?} (stdout, stderr or result)"
+                )))
+            }
         })
     })?;
     Ok(data.map(|d| PyBytes::new(py, &d)))

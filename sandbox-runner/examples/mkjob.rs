@@ -10,8 +10,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 use clap::Parser;
-use delegate_protocol::{now_ms, open_dir_nofollow, write_record_at, JobId, Resources, Spec, Task};
 use delegate_protocol::units::parse_size;
+use delegate_protocol::{now_ms, open_dir_nofollow, write_record_at, JobId, Resources, Spec, Task};
 
 #[derive(Parser)]
 struct Args {

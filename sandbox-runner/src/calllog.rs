@@ -37,7 +37,12 @@ pub fn open_log(job_dir: &Path, uid: u32) -> Result<(OwnedFd, PathBuf), String> 
         openat(
             pfd.as_fd(),
             name.as_str(),
-            OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+            OFlag::O_WRONLY
+                | OFlag::O_APPEND
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC
+                | OFlag::O_NONBLOCK,
             Mode::from_bits_truncate(0o644),
         )
     })

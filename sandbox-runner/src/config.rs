@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountBindOptions,
-    MountBindOptionsPropagationEnum, MountType,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountBindOptions, MountBindOptionsPropagationEnum,
+    MountType,
 };
 use delegate_protocol::{Spec, Task, SANDBOX_JOB_DIR};
 
@@ -72,10 +72,7 @@ pub fn command(task: &Task) -> Vec<String> {
 /// Environment of the sandbox: ours first, then the spec's (which may
 /// override HOME or PATH but not DELEGATE_JOB_ID).
 pub fn environment(spec: &Spec) -> Vec<String> {
-    let mut env = vec![
-        format!("HOME={SANDBOX_JOB_DIR}"),
-        format!("PATH={SANDBOX_PATH}"),
-    ];
+    let mut env = vec![format!("HOME={SANDBOX_JOB_DIR}"), format!("PATH={SANDBOX_PATH}")];
     env.extend(
         spec.env
             .iter()
@@ -117,10 +114,7 @@ pub fn base_host_config(tmp_bytes: u64, max_pids: i64, perf: Perf) -> HostConfig
         pids_limit: Some(max_pids),
         ipc_mode: Some("private".into()),
         // Output is taken from the attach stream; the engine keeps no log.
-        log_config: Some(HostConfigLogConfig {
-            typ: Some("none".into()),
-            config: None,
-        }),
+        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
         binds: None,
         mounts: None,
         auto_remove: Some(false),
@@ -189,9 +183,7 @@ mod tests {
             gid: 2001,
             created_ms: now_ms(),
             image: "delegate-sandbox:latest".into(),
-            task: Task::Command {
-                argv: vec!["echo".into(), "hi".into()],
-            },
+            task: Task::Command { argv: vec!["echo".into(), "hi".into()] },
             resources: Resources {
                 cpus: 2,
                 mem_bytes: 512 << 20,

@@ -137,11 +137,7 @@ pub async fn create(docker: &Docker, name: Option<&str>, body: ContainerCreateBo
 
 /// Force-removes a container; already gone counts as success.
 pub async fn remove(docker: &Docker, id: &str) -> Result<(), BollardError> {
-    let opts = RemoveContainerOptions {
-        force: true,
-        v: true,
-        link: false,
-    };
+    let opts = RemoveContainerOptions { force: true, v: true, link: false };
     match docker.remove_container(id, Some(opts)).await {
         Ok(()) => Ok(()),
         Err(BollardError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
@@ -161,7 +157,10 @@ pub async fn remove_patiently(docker: &Docker, id: &str, patience: std::time::Du
     loop {
         match remove(docker, id).await {
             Err(e) if is_transport(&e) && tokio::time::Instant::now() + pause < deadline => {
-                tracing::warn!("the Docker engine does not answer ({}); retrying the removal of {id}", short_reason(&e));
+                tracing::warn!(
+                    "the Docker engine does not answer ({}); retrying the removal of {id}",
+                    short_reason(&e)
+                );
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(std::time::Duration::from_secs(2));
             }
@@ -177,9 +176,7 @@ pub fn unreachable(e: &BollardError) -> bool {
 
 /// Sends SIGKILL; a container that is not running counts as success.
 pub async fn kill(docker: &Docker, id: &str) -> Result<(), BollardError> {
-    let opts = KillContainerOptions {
-        signal: "SIGKILL".into(),
-    };
+    let opts = KillContainerOptions { signal: "SIGKILL".into() };
     match docker.kill_container(id, Some(opts)).await {
         Ok(()) => Ok(()),
         Err(BollardError::DockerResponseServerError { status_code: 404 | 409, .. }) => Ok(()),

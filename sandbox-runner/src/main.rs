@@ -128,7 +128,12 @@ fn init_logging() {
 /// capability can leak into what it does for the user.
 fn drop_capabilities() -> Result<(), caps::errors::CapsError> {
     use caps::CapSet;
-    for set in [CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+    for set in [
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
         caps::clear(None, set)?;
     }
     Ok(())

@@ -44,10 +44,7 @@ impl Report {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         if self.docker_ok {
-            s += &format!(
-                "docker:    ok, engine {} (API {} negotiated)\n",
-                self.version, self.api_version
-            );
+            s += &format!("docker:    ok, engine {} (API {} negotiated)\n", self.version, self.api_version);
         } else {
             s += &format!("docker:    NOT OK: {}\n", self.error);
         }
@@ -112,7 +109,9 @@ pub async fn probe(policy: &Policy) -> Report {
             Perf::Seccomp.as_str().to_string(),
             "delegate's seccomp profile permits perf_event_open (perf_mode = \"seccomp\" in the site policy)".into(),
         ),
-        PerfMode::Auto | PerfMode::Perfmon => match engine::perfmon_accepted(&docker, probe_body(policy, tmp_bytes)).await {
+        PerfMode::Auto | PerfMode::Perfmon => match engine::perfmon_accepted(&docker, probe_body(policy, tmp_bytes))
+            .await
+        {
             Ok(true) => ("perfmon".to_string(), Perf::Perfmon.detail().to_string()),
             Ok(false) if policy.perf_mode == PerfMode::Perfmon => (
                 "off".to_string(),

@@ -9,11 +9,11 @@ use bollard::container::LogOutput;
 use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
 use delegate_protocol::policy::{PerfMode, Policy, PolicyError};
-use delegate_protocol::{
-    check_clean_absolute, error_line, exists_at, one_line, refused_line, state_line, now_ms, open_dir_nofollow, write_record_at, Outcome, Started, State, Writer, CANCEL, OUTCOME, STDERR,
-    STDOUT,
-};
 use delegate_protocol::units::{format_duration, format_size};
+use delegate_protocol::{
+    check_clean_absolute, error_line, exists_at, now_ms, one_line, open_dir_nofollow, refused_line, state_line,
+    write_record_at, Outcome, Started, State, Writer, CANCEL, OUTCOME, STDERR, STDOUT,
+};
 use futures_util::{FutureExt, StreamExt};
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
@@ -115,7 +115,6 @@ pub fn not_started_reason(signal: &str) -> String {
     }
 }
 
-
 /// Everything about the job the docker phase needs.
 struct Ctx<'a> {
     dir: &'a JobDir,
@@ -205,7 +204,11 @@ pub async fn run_job(
                 Finish {
                     code: if o.refused { EXIT_REFUSED } else { EXIT_INTERNAL },
                     final_line: Some(line.unwrap_or_else(|| {
-                        format!("delegate: error: cannot write the outcome ({e}); the job {}: {}", o.state, one_line(&o.reason))
+                        format!(
+                            "delegate: error: cannot write the outcome ({e}); the job {}: {}",
+                            o.state,
+                            one_line(&o.reason)
+                        )
                     })),
                     already_ended: false,
                 }
@@ -225,10 +228,7 @@ pub async fn run_job(
     };
     let checked = match validate::check_job(&dir, uid, &policy) {
         Ok(c) => c,
-        Err(Refusal::Job {
-            reason,
-            write_outcome: false,
-        }) => {
+        Err(Refusal::Job { reason, write_outcome: false }) => {
             // Not an error of this run: the job ended before (in a batch,
             // the client cancelled this call before its turn).
             tracing::info!("not running {}: {reason}", path.display());
@@ -412,7 +412,9 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
         Err(e) => {
             let r = engine::short_reason(&e);
             tracing::error!("could not remove container {id}: {r}");
-            outcome.reason.push_str(&format!("; the sandbox container {id} could not be removed: {r}"));
+            outcome
+                .reason
+                .push_str(&format!("; the sandbox container {id} could not be removed: {r}"));
         }
     }
     outcome.finished_ms = now_ms();
@@ -503,9 +505,8 @@ async fn supervise(
 ) -> Result<Outcome, String> {
     let spec = &ctx.checked.spec;
     let socket = &ctx.policy.docker_socket;
-    let classify = |e: &bollard::errors::Error, action| {
-        engine::classify(e, action, socket, &ctx.host, &spec.image).to_string()
-    };
+    let classify =
+        |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image).to_string();
     if let Some(o) = ctx.must_not_start() {
         return Ok(o);
     }
@@ -542,7 +543,8 @@ async fn supervise(
         perf_mode: perf.as_str().to_string(),
     };
     // A job whose start cannot be recorded is stopped: the directory is broken.
-    as_user_group(|| write_record_at(&ctx.dir.fd, &ctx.dir.path, &started)).map_err(|e| format!("cannot record the start: {e}"))?;
+    as_user_group(|| write_record_at(&ctx.dir.fd, &ctx.dir.path, &started))
+        .map_err(|e| format!("cannot record the start: {e}"))?;
 
     let limit = Duration::from_secs(spec.resources.time_limit_secs);
     let mut signals = ctx.signals.clone();
@@ -603,7 +605,11 @@ async fn supervise(
         }
     };
 
-    let inspect_timeout = if killing { KILL_PATH_CALL } else { Duration::from_secs(30) };
+    let inspect_timeout = if killing {
+        KILL_PATH_CALL
+    } else {
+        Duration::from_secs(30)
+    };
     let mut engine_gone = None;
     let state = match tokio::time::timeout(
         inspect_timeout,
@@ -669,7 +675,10 @@ async fn supervise(
                 Some(c) => o.reason = format!("exited with code {c}"),
                 None => match engine_gone.take() {
                     // The engine stopped (restart, crash) and took the sandbox with it.
-                    Some(why) => o.reason = format!("the Docker engine stopped during the job and the sandbox ended with it ({why})"),
+                    Some(why) => {
+                        o.reason =
+                            format!("the Docker engine stopped during the job and the sandbox ended with it ({why})")
+                    }
                     None => o.reason = "the sandbox ended but its exit code is unknown".into(),
                 },
             }

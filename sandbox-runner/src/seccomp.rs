@@ -29,6 +29,7 @@ const ENOSYS: u32 = 38;
 
 /// Ordinary syscalls a program may need, grouped by what they are for.
 /// Names unknown on an architecture are ignored by the engine.
+#[rustfmt::skip] // grouped by purpose, several names a line
 pub const ALLOWED: &[&str] = &[
     // --- file descriptors and file I/O
     "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev",
@@ -117,6 +118,7 @@ pub const ALLOWED: &[&str] = &[
 
 /// Syscalls that must never be in the allowlist (checked by the tests and
 /// by [`profile`] in debug builds).
+#[rustfmt::skip] // several names a line
 pub const DENIED: &[&str] = &[
     "mount", "umount", "umount2", "fsopen", "fsmount", "fsconfig", "move_mount",
     "open_tree", "fspick", "mount_setattr", "pivot_root", "chroot", "unshare", "setns",
@@ -226,10 +228,24 @@ mod tests {
         let p = profile();
         assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO");
         assert_eq!(p["defaultErrnoRet"], 1);
-        for name in ["mount", "umount2", "unshare", "setns", "ptrace", "bpf", "keyctl",
-            "pivot_root", "chroot", "init_module", "kexec_load", "io_uring_setup",
-            "process_vm_readv", "userfaultfd", "open_by_handle_at", "fsopen"]
-        {
+        for name in [
+            "mount",
+            "umount2",
+            "unshare",
+            "setns",
+            "ptrace",
+            "bpf",
+            "keyctl",
+            "pivot_root",
+            "chroot",
+            "init_module",
+            "kexec_load",
+            "io_uring_setup",
+            "process_vm_readv",
+            "userfaultfd",
+            "open_by_handle_at",
+            "fsopen",
+        ] {
             assert!(rules_for(&p, name).is_empty(), "{name} must not appear in any rule");
         }
         for name in DENIED {
@@ -272,7 +288,13 @@ mod tests {
     fn architectures() {
         let p = profile();
         let s = p["archMap"].to_string();
-        for a in ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"] {
+        for a in [
+            "SCMP_ARCH_X86_64",
+            "SCMP_ARCH_X86",
+            "SCMP_ARCH_X32",
+            "SCMP_ARCH_AARCH64",
+            "SCMP_ARCH_ARM",
+        ] {
             assert!(s.contains(&format!("\"{a}\"")), "{a}");
         }
         assert!(serde_json::from_str::<Value>(&profile_json()).is_ok());

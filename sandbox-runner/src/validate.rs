@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use delegate_protocol::policy::Policy;
 use delegate_protocol::{
-    check_clean_absolute, check_owner, list_entries, open_dir_nofollow, read_record_at, JobId,
-    ProtocolError, Spec, CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
+    check_clean_absolute, check_owner, list_entries, open_dir_nofollow, read_record_at, JobId, ProtocolError, Spec,
+    CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
 };
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstatat, SFlag};
@@ -69,11 +69,7 @@ pub fn open_job_dir(path: &Path, uid: u32) -> Result<JobDir, Refusal> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .ok_or_else(|| Refusal::Dir(format!("{shown} has no final component")))?;
-    Ok(JobDir {
-        fd,
-        path: path.to_path_buf(),
-        name,
-    })
+    Ok(JobDir { fd, path: path.to_path_buf(), name })
 }
 
 /// Shown names of unexpected files are bounded and escaped.
@@ -132,9 +128,7 @@ pub fn check_job(dir: &JobDir, uid: u32, policy: &Policy) -> Result<Checked, Ref
             spec.job_id, job_id
         )));
     }
-    policy
-        .check(&spec, uid, &dir.path)
-        .map_err(|e| Refusal::job(e.to_string()))?;
+    policy.check(&spec, uid, &dir.path).map_err(|e| Refusal::job(e.to_string()))?;
     Ok(Checked {
         spec,
         job_id,
@@ -161,7 +155,10 @@ mod tests {
 
     fn policy(root: &Path) -> Policy {
         Policy::parse(
-            &format!("job_roots = [{:?}]\nmax_cpus = 2\nmax_mem = \"2G\"\nallow_root = true\n", root.display().to_string()),
+            &format!(
+                "job_roots = [{:?}]\nmax_cpus = 2\nmax_mem = \"2G\"\nallow_root = true\n",
+                root.display().to_string()
+            ),
             "test",
         )
         .unwrap()
@@ -228,10 +225,7 @@ mod tests {
         assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("not a regular file"));
         std::fs::remove_file(dir.join("payload")).unwrap();
         std::fs::write(dir.join("started"), b"").unwrap();
-        assert!(matches!(
-            check_job(&jd, uid, &p),
-            Err(Refusal::Job { write_outcome: true, .. })
-        ));
+        assert!(matches!(check_job(&jd, uid, &p), Err(Refusal::Job { write_outcome: true, .. })));
         std::fs::write(dir.join("outcome"), b"").unwrap();
         assert!(matches!(
             check_job(&jd, uid, &p),
@@ -245,7 +239,10 @@ mod tests {
         let jd = open_job_dir(&dir, uid).unwrap();
         // Outside the job roots.
         let p = policy(Path::new("/nonexistent"));
-        assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("not below an allowed job root"));
+        assert!(check_job(&jd, uid, &p)
+            .unwrap_err()
+            .reason()
+            .contains("not below an allowed job root"));
         let p = policy(root.path());
         spec.image = "evil:latest".into();
         write_record_at(&jd.fd, &dir, &spec).unwrap();

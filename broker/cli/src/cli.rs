@@ -23,7 +23,6 @@ Environment:
   DELEGATE_POLICY     site policy file (default /etc/delegate/policy.toml)
   RUST_LOG            log filter (logs are off unless -v or RUST_LOG is given)";
 
-
 /// Run commands in a sandbox on a Slurm cluster.
 #[derive(Parser, Debug)]
 #[command(name = "delegate", version, after_long_help = EXIT_HELP)]
@@ -115,7 +114,6 @@ pub struct SubmitArgs {
     pub command: Vec<String>,
 }
 
-
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
@@ -123,4 +121,3 @@ fn size_arg(s: &str) -> Result<u64, String> {
 fn duration_arg(s: &str) -> Result<u64, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
-

@@ -20,4 +20,3 @@ impl<E: std::error::Error> From<E> for Fail {
 
 /// The exit code of a command, or its failure.
 pub type CliResult = Result<u8, Fail>;
-

@@ -11,7 +11,6 @@
 //! - 125: the job failed without an exit code, was refused or was lost;
 //! - 130: the job was cancelled.
 
-
 mod cli;
 mod commands;
 mod fail;
@@ -54,7 +53,6 @@ fn init_logging(verbose: u8) {
         .with_target(false)
         .try_init();
 }
-
 
 /// Dispatches a parsed command line to its command.
 fn run(cli: Cli) -> CliResult {

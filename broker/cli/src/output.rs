@@ -28,7 +28,11 @@ pub fn print_statuses(st: &[JobStatus], json: bool) -> Result<(), Fail> {
         return print_json(&st);
     }
     let mut out = io::stdout().lock();
-    let _ = writeln!(out, "{:<24}  {:<8}  {:<9}  {:>4}  {:>8}  REASON", "ID", "SLURM", "STATE", "EXIT", "ELAPSED");
+    let _ = writeln!(
+        out,
+        "{:<24}  {:<8}  {:<9}  {:>4}  {:>8}  REASON",
+        "ID", "SLURM", "STATE", "EXIT", "ELAPSED"
+    );
     for s in st {
         let _ = writeln!(
             out,
@@ -87,4 +91,3 @@ pub fn copy_output(c: &Client, id: &JobId, stream: Stream) -> Result<(), Fail> {
         Err(e) => Err(Fail::new(format!("cannot copy the job's {}: {e}", stream.file_name()), 1)),
     }
 }
-

@@ -38,11 +38,14 @@ impl Client {
         // An allocation shared by several calls is cancelled in Slurm only
         // when none of its calls is left to run; otherwise the runner stops
         // the cancelled call (it watches the marker) and goes on.
-        let mut shared: HashMap<&str, (u32, HashSet<&JobId>)> =
-            HashMap::new();
+        let mut shared: HashMap<&str, (u32, HashSet<&JobId>)> = HashMap::new();
         for j in &jobs {
             if let (Some(s), Some(n), None) = (&j.slurm_id, j.shared, &j.outcome) {
-                shared.entry(s.as_str()).or_insert_with(|| (n, Default::default())).1.insert(&j.id);
+                shared
+                    .entry(s.as_str())
+                    .or_insert_with(|| (n, Default::default()))
+                    .1
+                    .insert(&j.id);
             }
         }
         for (sid, (n, members)) in shared {

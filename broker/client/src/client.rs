@@ -62,10 +62,7 @@ impl Client {
     /// root is used by its canonical path, which is what the runner is given.
     pub fn new(config: Config) -> Result<Client> {
         let shown = config.root.display().to_string();
-        let root_err = |reason: String| ClientError::Root {
-            path: shown.clone(),
-            reason,
-        };
+        let root_err = |reason: String| ClientError::Root { path: shown.clone(), reason };
         if !config.root.is_absolute() {
             return Err(root_err("it is not an absolute path".into()));
         }
@@ -81,13 +78,7 @@ impl Client {
         check_owner(&root_fd, &root.display().to_string(), uid, true).map_err(|e| root_err(e.to_string()))?;
         raise_nofile_limit();
         tracing::debug!(root = %root.display(), uid, "client ready");
-        Ok(Client {
-            config,
-            root,
-            root_fd,
-            uid,
-            gid,
-        })
+        Ok(Client { config, root, root_fd, uid, gid })
     }
 
     pub fn config(&self) -> &Config {

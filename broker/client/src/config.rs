@@ -78,4 +78,3 @@ pub fn home_dir() -> Result<PathBuf> {
 pub fn default_root() -> Result<PathBuf> {
     Ok(home_dir()?.join(".delegate").join("jobs"))
 }
-

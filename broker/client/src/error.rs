@@ -32,4 +32,3 @@ pub enum ClientError {
 }
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
-

@@ -19,7 +19,13 @@ impl Client {
     /// it does not exist.
     pub fn read_output(&self, id: &JobId, stream: Stream, limit: u64) -> Result<Option<Vec<u8>>> {
         let fd = self.open_job_dir(id)?;
-        Ok(optional(read_bounded_at(&fd, &self.job_dir(id), stream.file_name(), limit, None))?)
+        Ok(optional(read_bounded_at(
+            &fd,
+            &self.job_dir(id),
+            stream.file_name(),
+            limit,
+            None,
+        ))?)
     }
 
     /// The `result` file (a pickled return value or exception), bounded by

@@ -33,9 +33,7 @@ mod wait;
 
 pub use cancel::CANCEL_WAIT;
 pub use client::Client;
-pub use config::{
-    default_root, home_dir, Config, CALLS_PER_ALLOCATION_ENV, DEFAULT_RUNNER, ROOT_ENV, RUNNER_ENV,
-};
+pub use config::{default_root, home_dir, Config, CALLS_PER_ALLOCATION_ENV, DEFAULT_RUNNER, ROOT_ENV, RUNNER_ENV};
 pub use error::{ClientError, Result};
 pub use load::LOG_TAIL_BYTES;
 pub use plan::{plan_allocations, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};

@@ -69,7 +69,13 @@ impl Client {
                 None
             }
         };
-        let (slurm_id, shared) = match optional(read_bounded_at(&fd, &dir, protocol::SLURM_ID, MAX_SLURM_ID_BYTES, None))? {
+        let (slurm_id, shared) = match optional(read_bounded_at(
+            &fd,
+            &dir,
+            protocol::SLURM_ID,
+            MAX_SLURM_ID_BYTES,
+            None,
+        ))? {
             None => (None, None),
             Some(b) => match protocol::parse_slurm_id(&String::from_utf8_lossy(&b)) {
                 Some((sid, shared)) => (Some(sid), shared),

@@ -55,11 +55,18 @@ mod tests {
 
     #[test]
     fn allocation_plans() {
-        let part = |nodes, max: Option<u64>| PartitionInfo { name: "p".into(), nodes, max_time_secs: max };
+        let part = |nodes, max: Option<u64>| PartitionInfo {
+            name: "p".into(),
+            nodes,
+            max_time_secs: max,
+        };
         // One node: everything in one allocation, in order.
         assert_eq!(plan_allocations(3, 100, 60, &part(1, Some(7200))), Some(vec![vec![0, 1, 2]]));
         // Two nodes: dealt round-robin.
-        assert_eq!(plan_allocations(5, 100, 60, &part(2, None)), Some(vec![vec![0, 2, 4], vec![1, 3]]));
+        assert_eq!(
+            plan_allocations(5, 100, 60, &part(2, None)),
+            Some(vec![vec![0, 2, 4], vec![1, 3]])
+        );
         // At most per_allocation calls each.
         let g = plan_allocations(200, 64, 60, &part(1, None)).unwrap();
         assert_eq!(g.len(), 4);

@@ -33,7 +33,12 @@ impl Client {
         let outcome = Outcome {
             refused,
             started_ms: started.map(|s| s.started_ms),
-            ..Outcome::ended(state, reason, started.map(|s| s.host.clone()).unwrap_or_default(), Writer::Client)
+            ..Outcome::ended(
+                state,
+                reason,
+                started.map(|s| s.host.clone()).unwrap_or_default(),
+                Writer::Client,
+            )
         };
         let bytes = encode(&outcome)?;
         let mut rnd = [0u8; 4];
@@ -55,7 +60,9 @@ impl Client {
             };
             tracing::warn!(dir = %dir.display(), "cannot record the client outcome: {why}");
             let mut outcome = outcome;
-            outcome.reason.push_str(&format!("; this verdict could not be recorded in the job directory: {why}"));
+            outcome
+                .reason
+                .push_str(&format!("; this verdict could not be recorded in the job directory: {why}"));
             return Ok(outcome);
         }
         let linked = nix::unistd::linkat(fd, tmp.as_str(), fd, protocol::OUTCOME, AtFlags::empty());
@@ -171,9 +178,7 @@ impl Client {
                     // The runner writes its outcome before it exits: look again.
                     let outcome = match optional(read_record_at::<Outcome>(fd, &f.dir, None))? {
                         Some(o) => o,
-                        None => {
-                            self.write_client_outcome(fd, &f.dir, state, &reason, refused, f.started.as_ref())?
-                        }
+                        None => self.write_client_outcome(fd, &f.dir, state, &reason, refused, f.started.as_ref())?,
                     };
                     out.push(self.status_of(f, &outcome));
                     f.outcome = Some(outcome);

@@ -50,4 +50,3 @@ pub struct JobHandle {
     pub slurm_id: String,
     pub dir: PathBuf,
 }
-

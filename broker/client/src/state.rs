@@ -54,13 +54,21 @@ pub enum Verdict {
     Live { state: State, reason: String },
     /// Over without an outcome from the runner: one must be derived and
     /// written (unless the runner's appears meanwhile).
-    Ended { state: State, reason: String, refused: bool },
+    Ended {
+        state: State,
+        reason: String,
+        refused: bool,
+    },
 }
 
 /// Decides the state of a job that has no outcome file. `log` is called
 /// only when the job is over according to Slurm.
 pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
-    let cancel_note = if f.cancel_requested { "; cancellation requested" } else { "" };
+    let cancel_note = if f.cancel_requested {
+        "; cancellation requested"
+    } else {
+        ""
+    };
     let live_running = || Verdict::Live {
         state: State::Running,
         reason: match f.started {
@@ -319,7 +327,10 @@ mod tests {
         });
         match v {
             Verdict::Ended { state: State::Lost, reason, .. } => {
-                assert!(reason.ends_with("ends with: exec: /usr/local/bin/sandbox-runner: not found"), "{reason}")
+                assert!(
+                    reason.ends_with("ends with: exec: /usr/local/bin/sandbox-runner: not found"),
+                    "{reason}"
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -366,7 +377,10 @@ mod tests {
         // Its allocation runs an earlier call.
         assert_eq!(
             decide(&f, no_log),
-            Verdict::Live { state: State::Pending, reason: "waiting for its turn in its shared allocation".into() }
+            Verdict::Live {
+                state: State::Pending,
+                reason: "waiting for its turn in its shared allocation".into()
+            }
         );
         f.started = Some("n1");
         assert_eq!(state_of(&decide(&f, no_log)), State::Running);
@@ -377,7 +391,11 @@ mod tests {
             f.slurm = view;
             assert_eq!(
                 decide(&f, no_log),
-                Verdict::Ended { state: State::Cancelled, reason: "cancelled by the user before it started".into(), refused: false }
+                Verdict::Ended {
+                    state: State::Cancelled,
+                    reason: "cancelled by the user before it started".into(),
+                    refused: false
+                }
             );
         }
         // Started, then cancelled: the runner stops it; still running meanwhile.
@@ -402,7 +420,9 @@ mod tests {
         assert_eq!(state_of(&decide(&f, no_log)), State::Cancelled);
         f.slurm = SlurmView::Absent;
         match decide(&f, no_log) {
-            Verdict::Ended { state: State::Lost, reason, .. } => assert!(reason.contains("this call never started"), "{reason}"),
+            Verdict::Ended { state: State::Lost, reason, .. } => {
+                assert!(reason.contains("this call never started"), "{reason}")
+            }
             v => panic!("{v:?}"),
         }
     }

@@ -5,8 +5,8 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use delegate_protocol::{
-    self as protocol, atomic_write_at, encode, now_ms, policy::Policy, write_record_at, JobId, ProtocolError, Resources, Spec,
-    State, MAX_PAYLOAD_BYTES,
+    self as protocol, atomic_write_at, encode, now_ms, policy::Policy, write_record_at, JobId, ProtocolError,
+    Resources, Spec, State, MAX_PAYLOAD_BYTES,
 };
 use nix::errno::Errno;
 use nix::sys::stat::Mode;
@@ -20,7 +20,9 @@ impl Client {
     /// batch job and records its Slurm id.
     pub fn submit(&self, req: &SubmitRequest) -> Result<JobHandle> {
         let mut handles = self.submit_many(std::slice::from_ref(req))?;
-        handles.pop().ok_or_else(|| ClientError::InvalidRequest("nothing was submitted".into()))
+        handles
+            .pop()
+            .ok_or_else(|| ClientError::InvalidRequest("nothing was submitted".into()))
     }
 
     /// Submits every request with ONE `sbatch`: a plain batch job for one
@@ -52,20 +54,24 @@ impl Client {
         let policy = Policy::load_for_client();
         let image = match &first.image {
             Some(i) => i.clone(),
-            None => policy.as_ref().map_err(|e| ClientError::Policy(e.clone()))?.default_image.clone(),
+            None => policy
+                .as_ref()
+                .map_err(|e| ClientError::Policy(e.clone()))?
+                .default_image
+                .clone(),
         };
         let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
         let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
-        let specs = reqs
-            .iter()
-            .map(|r| self.spec_for(r, &image))
-            .collect::<Result<Vec<_>>>()?;
+        let specs = reqs.iter().map(|r| self.spec_for(r, &image)).collect::<Result<Vec<_>>>()?;
         let mut jobs: Vec<(JobId, PathBuf, OwnedFd)> = Vec::with_capacity(reqs.len());
         for (spec, req) in specs.into_iter().zip(reqs) {
             match self.prepare(spec, req.payload.as_deref()) {
                 Ok(j) => jobs.push(j),
                 Err(e) => {
-                    self.fail_all(&jobs, &format!("another call of the same submission could not be prepared: {e}"));
+                    self.fail_all(
+                        &jobs,
+                        &format!("another call of the same submission could not be prepared: {e}"),
+                    );
                     return Err(e);
                 }
             }
@@ -92,7 +98,8 @@ impl Client {
                 }
             }
             let longest = groups.iter().map(Vec::len).max().unwrap_or(1) as u64;
-            let dir_groups: Vec<Vec<PathBuf>> = groups.iter().map(|g| g.iter().map(|&i| dirs[i].clone()).collect()).collect();
+            let dir_groups: Vec<Vec<PathBuf>> =
+                groups.iter().map(|g| g.iter().map(|&i| dirs[i].clone()).collect()).collect();
             BatchRequest {
                 job_name: format!("{}-shared", ids[0]),
                 chdir: self.root.clone(),
@@ -102,7 +109,8 @@ impl Client {
                     format!("{}.shared-%a.log", ids[0])
                 }),
                 cpus: first.cpus,
-                time_limit_secs: longest.saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
+                time_limit_secs: longest
+                    .saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
                 script: slurm::shared_script(&self.config.runner, &dir_groups),
                 hold: first.hold,
             }
@@ -143,7 +151,13 @@ impl Client {
         let mut handles = Vec::with_capacity(jobs.len());
         let elements = groups.as_ref().map_or(jobs.len(), Vec::len);
         // The Slurm id of allocation (array element) `k`.
-        let sid_of = |k: usize| if elements == 1 { slurm_id.clone() } else { format!("{slurm_id}_{k}") };
+        let sid_of = |k: usize| {
+            if elements == 1 {
+                slurm_id.clone()
+            } else {
+                format!("{slurm_id}_{k}")
+            }
+        };
         if let Some(groups) = &groups {
             // The calls of each allocation, for a cancel that reaches its
             // last live call one by one. Best effort: without the list only
@@ -151,7 +165,13 @@ impl Client {
             for (k, g) in groups.iter().enumerate() {
                 let sid = sid_of(k);
                 let text: String = g.iter().map(|&i| format!("{}\n", ids[i])).collect();
-                if let Err(e) = atomic_write_at(&self.root_fd, &self.root, &protocol::shared_calls_name(&sid), text.as_bytes(), 0o644) {
+                if let Err(e) = atomic_write_at(
+                    &self.root_fd,
+                    &self.root,
+                    &protocol::shared_calls_name(&sid),
+                    text.as_bytes(),
+                    0o644,
+                ) {
                     tracing::warn!(error = %e, slurm_id = %sid, "cannot record the calls of a shared allocation");
                 }
             }

@@ -146,7 +146,13 @@ mod tests {
     #[test]
     fn output_stdin_and_status() {
         let sh = Path::new("/bin/sh");
-        let o = run(sh, &["-c", "cat; echo err >&2; exit 3"], Some(b"hello\n"), Duration::from_secs(10)).unwrap();
+        let o = run(
+            sh,
+            &["-c", "cat; echo err >&2; exit 3"],
+            Some(b"hello\n"),
+            Duration::from_secs(10),
+        )
+        .unwrap();
         assert!(!o.success());
         assert_eq!(o.status.code(), Some(3));
         assert_eq!(o.stdout_text(), "hello\n");

@@ -172,4 +172,3 @@ fn wait_readable(fd: &impl AsFd, timeout: Duration) -> bool {
     let t = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
     matches!(poll(&mut fds, t), Ok(n) if n > 0)
 }
-

@@ -70,8 +70,9 @@ fn submit_many_is_one_sbatch_of_an_array() {
         "exit 0",
     );
     let c = client(tmp.path(), slurm);
-    let mut reqs: Vec<SubmitRequest> =
-        (0..3).map(|i| SubmitRequest::command(vec!["echo".into(), i.to_string()])).collect();
+    let mut reqs: Vec<SubmitRequest> = (0..3)
+        .map(|i| SubmitRequest::command(vec!["echo".into(), i.to_string()]))
+        .collect();
     for r in &mut reqs {
         r.image = Some("img:1".into());
     }
@@ -82,7 +83,10 @@ fn submit_many_is_one_sbatch_of_an_array() {
     let script = std::fs::read_to_string(tmp.path().join("script")).unwrap();
     assert!(script.contains("#SBATCH --array=0-2"), "{script}");
     for (i, h) in hs.iter().enumerate() {
-        assert!(script.contains(&format!("{i}) exec >>'{}'", c.log_path(&h.id).display())), "{script}");
+        assert!(
+            script.contains(&format!("{i}) exec >>'{}'", c.log_path(&h.id).display())),
+            "{script}"
+        );
         assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), format!("77_{i}\n"));
     }
     // Mixed resources cannot share one array.
@@ -118,10 +122,19 @@ fn shared_submission_and_cancel() {
     let script = std::fs::read_to_string(bin.join("script")).unwrap();
     assert!(!script.contains("--array"), "{script}");
     let dirs: Vec<String> = hs.iter().map(|h| format!("'{}'", h.dir.display())).collect();
-    assert_eq!(script, format!("#!/bin/sh\nexec '/nonexistent/runner' batch {}\n", dirs.join(" ")));
+    assert_eq!(
+        script,
+        format!("#!/bin/sh\nexec '/nonexistent/runner' batch {}\n", dirs.join(" "))
+    );
     // Slurm's time: 3 x (60 s + allowance), plus a minute of slack.
     let args = std::fs::read_to_string(bin.join("args")).unwrap();
-    assert!(args.contains(&format!("--time={}", slurm::time_limit_minutes(3 * (60 + SHARED_CALL_ALLOWANCE_SECS)))), "{args}");
+    assert!(
+        args.contains(&format!(
+            "--time={}",
+            slurm::time_limit_minutes(3 * (60 + SHARED_CALL_ALLOWANCE_SECS))
+        )),
+        "{args}"
+    );
     for h in &hs {
         assert_eq!(h.slurm_id, "77");
         assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), "77\nshared 3\n");
@@ -163,7 +176,10 @@ fn root_is_created_private() {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let c = client(tmp.path(), Slurm::default());
-    for p in [tmp.path().join("home/.delegate"), tmp.path().join("home/.delegate/jobs")] {
+    for p in [
+        tmp.path().join("home/.delegate"),
+        tmp.path().join("home/.delegate/jobs"),
+    ] {
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
     }
     assert!(c.root().is_absolute());
@@ -224,13 +240,20 @@ fn refused_and_sbatch_failure() {
     std::fs::create_dir(&bin).unwrap();
     let c = client(
         tmp.path(),
-        fake_slurm(&bin, "echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1", ""),
+        fake_slurm(
+            &bin,
+            "echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1",
+            "",
+        ),
     );
     let mut req = SubmitRequest::command(vec!["true".into()]);
     req.image = Some("img".into());
     match c.submit(&req) {
         Err(ClientError::SubmitFailed { id, reason }) => {
-            assert_eq!(reason, "sbatch failed: sbatch: error: Batch job submission failed: Invalid partition");
+            assert_eq!(
+                reason,
+                "sbatch failed: sbatch: error: Batch job submission failed: Invalid partition"
+            );
             let s = c.status(&[id]).unwrap();
             assert_eq!(s[0].state, State::Failed);
             assert_eq!(s[0].reason, reason);
@@ -243,7 +266,11 @@ fn refused_and_sbatch_failure() {
         fake_slurm(&bin, "echo 7", "echo '7|COMPLETED|None'; echo '8|RUNNING|None'"),
     );
     let h = c.submit(&req).unwrap();
-    std::fs::write(c.log_path(&h.id), "delegate: refused: cpus 99 is more than the site maximum of 2\n").unwrap();
+    std::fs::write(
+        c.log_path(&h.id),
+        "delegate: refused: cpus 99 is more than the site maximum of 2\n",
+    )
+    .unwrap();
     let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(5))).unwrap();
     assert_eq!(s[0].state, State::Failed);
     assert!(s[0].refused);
@@ -266,7 +293,9 @@ fn cancel_marks_and_scancels_once() {
     let a = c.submit(&req).unwrap();
     let b = c.submit(&req).unwrap();
     let st = c.cancel(&[a.id.clone(), b.id.clone()]).unwrap();
-    assert!(st.iter().all(|s| s.state == State::Cancelled && s.reason == "cancelled by the user"));
+    assert!(st
+        .iter()
+        .all(|s| s.state == State::Cancelled && s.reason == "cancelled by the user"));
     assert!(a.dir.join("cancel").exists());
     let calls = std::fs::read_to_string(&log).unwrap();
     assert_eq!(calls.trim(), format!("{} {}", a.slurm_id, b.slurm_id));
@@ -310,7 +339,11 @@ fn consecutive_waits_share_one_squeue_per_interval() {
     let log = tmp.path().join("squeue-calls");
     let c = client(
         tmp.path(),
-        fake_slurm(&bin, "echo 9", &format!("echo x >> {}; echo '9|PENDING|Resources'", log.display())),
+        fake_slurm(
+            &bin,
+            "echo 9",
+            &format!("echo x >> {}; echo '9|PENDING|Resources'", log.display()),
+        ),
     );
     let mut req = SubmitRequest::command(vec!["true".into()]);
     req.image = Some("img".into());
@@ -344,7 +377,9 @@ fn wait_any_returns_when_one_job_is_over() {
         write_completed(&dir, 0, "exited with code 0", 100);
     });
     let t0 = Instant::now();
-    let s = c.wait_any_with(&[a.id.clone(), b.id.clone()], Some(Duration::from_secs(10)), || false).unwrap();
+    let s = c
+        .wait_any_with(&[a.id.clone(), b.id.clone()], Some(Duration::from_secs(10)), || false)
+        .unwrap();
     writer.join().unwrap();
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert_eq!(s.len(), 2);

@@ -61,7 +61,11 @@ fn typed_rejection(e: &ProtocolError) -> bool {
 
 fn check<R: Record + PartialEq + std::fmt::Debug>(bytes: &[u8]) -> std::result::Result<(), TestCaseError> {
     let (r, total, largest) = measured::<R>(bytes);
-    prop_assert!(total <= DECODE_ALLOC_BOUND + 4 * bytes.len(), "decode allocated {total} bytes for {} input bytes", bytes.len());
+    prop_assert!(
+        total <= DECODE_ALLOC_BOUND + 4 * bytes.len(),
+        "decode allocated {total} bytes for {} input bytes",
+        bytes.len()
+    );
     prop_assert!(largest <= DECODE_ALLOC_BOUND, "one allocation of {largest} bytes");
     match r {
         Err(e) => {
@@ -104,22 +108,24 @@ fn arb_spec() -> impl Strategy<Value = Spec> {
         (any::<u32>(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()),
         proptest::collection::vec(("[A-Z_]{0,8}", ".{0,20}"), 0..4),
     )
-        .prop_map(|(uid, gid, created_ms, image, task, (cpus, mem_bytes, time_limit_secs, nodes, gpus), env)| Spec {
-            job_id: JobId::new(),
-            uid,
-            gid,
-            created_ms,
-            image,
-            task,
-            resources: Resources {
-                cpus,
-                mem_bytes,
-                time_limit_secs,
-                nodes,
-                gpus,
+        .prop_map(
+            |(uid, gid, created_ms, image, task, (cpus, mem_bytes, time_limit_secs, nodes, gpus), env)| Spec {
+                job_id: JobId::new(),
+                uid,
+                gid,
+                created_ms,
+                image,
+                task,
+                resources: Resources {
+                    cpus,
+                    mem_bytes,
+                    time_limit_secs,
+                    nodes,
+                    gpus,
+                },
+                env,
             },
-            env,
-        })
+        )
 }
 
 #[derive(Debug, Clone)]
@@ -199,9 +205,9 @@ proptest! {
 #[test]
 fn huge_length_prefixes_do_not_allocate() {
     let huge: [&[u8]; 3] = [
-        &[0xff, 0xff, 0xff, 0xff, 0x0f],                                     // 2^32-1
-        &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],             // 2^63-1
-        &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],       // 2^64-1
+        &[0xff, 0xff, 0xff, 0xff, 0x0f],                               // 2^32-1
+        &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],       // 2^63-1
+        &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01], // 2^64-1
     ];
     let valid = encode(&Spec {
         job_id: JobId::new(),

@@ -23,18 +23,8 @@ struct Check {
 
 fn check(check: &'static str, res: Result<String, (String, String)>) -> Check {
     match res {
-        Ok(detail) => Check {
-            check,
-            ok: true,
-            detail,
-            fix: None,
-        },
-        Err((detail, fix)) => Check {
-            check,
-            ok: false,
-            detail,
-            fix: Some(fix),
-        },
+        Ok(detail) => Check { check, ok: true, detail, fix: None },
+        Err((detail, fix)) => Check { check, ok: false, detail, fix: Some(fix) },
     }
 }
 
@@ -94,7 +84,10 @@ pub fn doctor(cli: &Cli) -> CliResult {
                 if usable {
                     Ok(lines.join("; "))
                 } else if lines.is_empty() {
-                    Err(("sinfo lists no partitions".into(), "define a partition and nodes in slurm.conf".into()))
+                    Err((
+                        "sinfo lists no partitions".into(),
+                        "define a partition and nodes in slurm.conf".into(),
+                    ))
                 } else {
                     Err((
                         format!("no usable node: {}", lines.join("; ")),
@@ -142,7 +135,10 @@ pub fn doctor(cli: &Cli) -> CliResult {
                         ))
                     } else {
                         Err((
-                            format!("Docker does not answer the runner: {}", d["error"].as_str().unwrap_or("no detail")),
+                            format!(
+                                "Docker does not answer the runner: {}",
+                                d["error"].as_str().unwrap_or("no detail")
+                            ),
                             "start dockerd and check that the runner's group can reach the Docker socket".into(),
                         ))
                     },
@@ -177,7 +173,11 @@ pub fn doctor(cli: &Cli) -> CliResult {
                 ));
             }
             Err(e) => {
-                let why = if o.ok { format!("its output is not JSON ({e})") } else { o.first_line() };
+                let why = if o.ok {
+                    format!("its output is not JSON ({e})")
+                } else {
+                    o.first_line()
+                };
                 for name in ["docker", "sandbox image", "perf mode"] {
                     checks.push(check(name, Err((format!("{runner} probe --json: {why}"), runner_fix.clone()))));
                 }
@@ -199,7 +199,12 @@ pub fn doctor(cli: &Cli) -> CliResult {
             let _ = std::fs::remove_file(&probe);
             Ok(format!("{} is writable", c.root().display()))
         })()
-        .map_err(|e| (e, "make the directory yours and mode 0700, or choose another with --root / DELEGATE_ROOT".into())),
+        .map_err(|e| {
+            (
+                e,
+                "make the directory yours and mode 0700, or choose another with --root / DELEGATE_ROOT".into(),
+            )
+        }),
     ));
     let policy_path = std::env::var_os(POLICY_ENV)
         .map(PathBuf::from)
@@ -210,7 +215,9 @@ pub fn doctor(cli: &Cli) -> CliResult {
             Ok(p) => Ok(format!("{} (default image {})", policy_path.display(), p.default_image)),
             Err(e) => Err((
                 e.to_string(),
-                format!("install a root-owned policy at {DEFAULT_POLICY_PATH} (see build_cluster.sh) or set {POLICY_ENV}"),
+                format!(
+                    "install a root-owned policy at {DEFAULT_POLICY_PATH} (see build_cluster.sh) or set {POLICY_ENV}"
+                ),
             )),
         },
     ));
@@ -223,12 +230,7 @@ pub fn doctor(cli: &Cli) -> CliResult {
             if c.ok {
                 println!("ok    {:<16} {}", c.check, c.detail);
             } else {
-                println!(
-                    "FAIL  {:<16} {} (fix: {})",
-                    c.check,
-                    c.detail,
-                    c.fix.as_deref().unwrap_or("")
-                );
+                println!("FAIL  {:<16} {} (fix: {})", c.check, c.detail, c.fix.as_deref().unwrap_or(""));
             }
         }
     }
@@ -238,4 +240,3 @@ pub fn doctor(cli: &Cli) -> CliResult {
         Err(Fail::new("", 1))
     }
 }
-

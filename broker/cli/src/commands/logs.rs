@@ -28,8 +28,7 @@ pub fn logs(c: &Client, id: &JobId, follow: bool, stderr: bool, json: bool) -> C
     }
     // Follow both streams until the job has an outcome; ask Slurm every 2 s
     // so a job that dies without one still ends the loop.
-    let mut files: [(Stream, Option<std::fs::File>, u64); 2] =
-        [(Stream::Stdout, None, 0), (Stream::Stderr, None, 0)];
+    let mut files: [(Stream, Option<std::fs::File>, u64); 2] = [(Stream::Stdout, None, 0), (Stream::Stderr, None, 0)];
     let mut last_check = Instant::now();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -74,4 +73,3 @@ pub fn logs(c: &Client, id: &JobId, follow: bool, stderr: bool, json: bool) -> C
         }
     }
 }
-

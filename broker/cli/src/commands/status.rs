@@ -9,7 +9,11 @@ use crate::output::{print_json, print_result, print_statuses};
 /// `delegate status [IDS]`: the given jobs, or all of them.
 pub fn status(cli: &Cli, ids: &[String]) -> CliResult {
     let c = client(&cli.root)?;
-    let st = if ids.is_empty() { c.list()? } else { c.status(&parse_ids(ids)?)? };
+    let st = if ids.is_empty() {
+        c.list()?
+    } else {
+        c.status(&parse_ids(ids)?)?
+    };
     print_statuses(&st, cli.json)?;
     Ok(0)
 }

@@ -69,7 +69,14 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     install_interrupt_handler();
     let st = c.wait_with(&ids, None, interrupted)?;
     if interrupted() && !st.iter().all(JobStatus::is_terminal) {
-        eprintln!("delegate: interrupted; cancelling {}", if ids.len() == 1 { format!("job {}", ids[0]) } else { format!("{} jobs", ids.len()) });
+        eprintln!(
+            "delegate: interrupted; cancelling {}",
+            if ids.len() == 1 {
+                format!("job {}", ids[0])
+            } else {
+                format!("{} jobs", ids.len())
+            }
+        );
         let st = c.cancel(&ids)?;
         if cli.json {
             match st.as_slice() {
@@ -113,4 +120,3 @@ fn install_interrupt_handler() {
         }
     }
 }
-

@@ -49,4 +49,3 @@ pub fn finish_wait(st: &[JobStatus], timeout: Option<u64>) -> CliResult {
     }
     Ok(code)
 }
-

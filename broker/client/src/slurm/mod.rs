@@ -5,7 +5,6 @@
 //! The parsers are pure functions so they can be tested without a cluster;
 //! they never panic on odd output (junk lines are skipped with a warning).
 
-
 mod parse;
 mod script;
 
@@ -18,7 +17,9 @@ pub use parse::{
     array_spec_contains, lookup, parse_sbatch_parsable, parse_sinfo, parse_slurm_time, parse_squeue, PartitionInfo,
     SlurmJob, SlurmPhase, SlurmState,
 };
-pub use script::{array_script, batch_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, BatchRequest};
+pub use script::{
+    array_script, batch_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, BatchRequest,
+};
 
 use crate::subprocess::{self, SubprocessError};
 
@@ -190,7 +191,10 @@ mod tests {
             ..Slurm::default()
         };
         let e = s
-            .cancel(&["-c".into(), "echo '' >&2; echo 'first line' >&2; echo second >&2; exit 3".into()])
+            .cancel(&[
+                "-c".into(),
+                "echo '' >&2; echo 'first line' >&2; echo second >&2; exit 3".into(),
+            ])
             .unwrap_err();
         assert_eq!(e.to_string(), "/bin/sh failed: first line");
     }

@@ -201,9 +201,15 @@ pub fn parse_sinfo(out: &str, partition: Option<&str>) -> Option<PartitionInfo> 
         if !wanted {
             continue;
         }
-        let usable = !["down", "drain", "fail", "maint", "unk", "boot", "futr", "inval", "npc", "plnd", "pow"]
-            .iter()
-            .any(|bad| state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']).starts_with(bad));
+        let usable = ![
+            "down", "drain", "fail", "maint", "unk", "boot", "futr", "inval", "npc", "plnd", "pow",
+        ]
+        .iter()
+        .any(|bad| {
+            state
+                .trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-'])
+                .starts_with(bad)
+        });
         let e = info.get_or_insert(PartitionInfo {
             name: name.to_owned(),
             nodes: 0,
@@ -316,10 +322,7 @@ mod tests {
     fn sbatch_parsable() {
         assert_eq!(parse_sbatch_parsable("123\n").unwrap(), "123");
         assert_eq!(parse_sbatch_parsable("123;cluster\n").unwrap(), "123");
-        assert_eq!(
-            parse_sbatch_parsable("sbatch: warning: something odd\n77\n").unwrap(),
-            "77"
-        );
+        assert_eq!(parse_sbatch_parsable("sbatch: warning: something odd\n77\n").unwrap(), "77");
         assert!(parse_sbatch_parsable("").is_err());
         assert!(parse_sbatch_parsable("\n\n").is_err());
         assert!(parse_sbatch_parsable("Submitted batch job 12").is_err());
@@ -333,12 +336,24 @@ mod tests {
                    garbage\n|RUNNING|x\n16|running|x\n17|NODE_FAIL|NodeDown\n18|TIMEOUT\n  19 | CANCELLED | None  \n";
         let m = parse_squeue(out);
         assert_eq!(m.len(), 7);
-        assert_eq!(m["12"], SlurmJob { state: SlurmState::Pending, reason: "Priority".into() });
+        assert_eq!(
+            m["12"],
+            SlurmJob {
+                state: SlurmState::Pending,
+                reason: "Priority".into()
+            }
+        );
         assert_eq!(m["13"].state, SlurmState::Running);
         assert_eq!(m["14_2"].state, SlurmState::Completed);
         assert_eq!(m["15_[3-9]"].reason, "Resources");
         assert_eq!(m["17"].reason, "NodeDown");
-        assert_eq!(m["18"], SlurmJob { state: SlurmState::Timeout, reason: "".into() });
+        assert_eq!(
+            m["18"],
+            SlurmJob {
+                state: SlurmState::Timeout,
+                reason: "".into()
+            }
+        );
         assert_eq!(m["19"].state, SlurmState::Cancelled);
         assert!(!m.contains_key("16"));
         assert!(parse_squeue("").is_empty());
@@ -376,14 +391,29 @@ mod tests {
         assert_eq!(phase("COMPLETING"), SlurmPhase::Active);
         assert_eq!(phase("SUSPENDED"), SlurmPhase::Active);
         for s in [
-            "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-            "BOOT_FAIL", "DEADLINE",
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "PREEMPTED",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
         ] {
             assert_eq!(phase(s), SlurmPhase::Ended, "{s}");
         }
         assert_eq!(phase("SOMETHING_NEW"), SlurmPhase::Active);
         // Every name parses to the state that prints it.
-        for s in ["PENDING", "REQUEUE_HOLD", "RUNNING", "STAGE_OUT", "NODE_FAIL", "SPECIAL_EXIT", "SOMETHING_NEW"] {
+        for s in [
+            "PENDING",
+            "REQUEUE_HOLD",
+            "RUNNING",
+            "STAGE_OUT",
+            "NODE_FAIL",
+            "SPECIAL_EXIT",
+            "SOMETHING_NEW",
+        ] {
             assert_eq!(SlurmState::parse(s).as_str(), s);
         }
         assert_eq!(SlurmState::parse("SOMETHING_NEW"), SlurmState::Other("SOMETHING_NEW".into()));
@@ -406,14 +436,23 @@ mod tests {
 
     #[test]
     fn sinfo_lines() {
-        let out = "delegate*|1|2:00:00|idle\nother|3|infinite|alloc\nother|2|infinite|down*\nother|1|infinite|drain\njunk\n";
+        let out =
+            "delegate*|1|2:00:00|idle\nother|3|infinite|alloc\nother|2|infinite|down*\nother|1|infinite|drain\njunk\n";
         assert_eq!(
             parse_sinfo(out, None),
-            Some(PartitionInfo { name: "delegate".into(), nodes: 1, max_time_secs: Some(7200) })
+            Some(PartitionInfo {
+                name: "delegate".into(),
+                nodes: 1,
+                max_time_secs: Some(7200)
+            })
         );
         assert_eq!(
             parse_sinfo(out, Some("other")),
-            Some(PartitionInfo { name: "other".into(), nodes: 3, max_time_secs: None })
+            Some(PartitionInfo {
+                name: "other".into(),
+                nodes: 3,
+                max_time_secs: None
+            })
         );
         assert_eq!(parse_sinfo(out, Some("nope")), None);
         assert_eq!(parse_sinfo("", None), None);

@@ -153,6 +153,9 @@ mod tests {
         assert_eq!(one, "#!/bin/sh\nexec '/r' batch '/h/a' '/h/b'\n");
         let two = shared_script(r, &[vec!["/h/a".into(), "/h/c".into()], vec!["/h/b".into()]]);
         assert!(two.starts_with("#!/bin/sh\n#SBATCH --array=0-1\n"), "{two}");
-        assert!(two.contains("0) exec '/r' batch '/h/a' '/h/c' ;;\n1) exec '/r' batch '/h/b' ;;\n"), "{two}");
+        assert!(
+            two.contains("0) exec '/r' batch '/h/a' '/h/c' ;;\n1) exec '/r' batch '/h/b' ;;\n"),
+            "{two}"
+        );
     }
 }
