@@ -55,6 +55,7 @@ mod batch;
 mod calllog;
 mod config;
 mod engine;
+mod output;
 mod probe;
 mod run;
 mod seccomp;

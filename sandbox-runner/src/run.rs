@@ -1,11 +1,10 @@
 //! Running one job: checks, one container, output streaming, the outcome.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::time::Duration;
 
-use bollard::container::LogOutput;
 use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
 use delegate_protocol::policy::{PerfMode, Policy, PolicyError};
@@ -15,13 +14,12 @@ use delegate_protocol::{
     write_record_at, Outcome, Started, State, Writer, CANCEL, OUTCOME, STDERR, STDOUT,
 };
 use futures_util::{FutureExt, StreamExt};
-use nix::fcntl::{openat, OFlag};
-use nix::sys::stat::{fstat, Mode};
-use tokio::io::AsyncWriteExt;
+use nix::sys::stat::fstat;
 use tokio::sync::watch;
 
 use crate::config::{self, Params, Perf};
 use crate::engine::{self, EngineError};
+use crate::output::{create_output, pump, Pumped};
 use crate::validate::{self, Checked, JobDir, Refusal};
 
 /// How the process ends.
@@ -297,18 +295,6 @@ fn still_same_dir(dir: &JobDir) -> bool {
 
 const REPLACED: &str = "the job directory was replaced while the job was starting";
 
-/// Creates the output files; they must not exist.
-fn create_output(dir: &JobDir, name: &str) -> Result<tokio::fs::File, String> {
-    let fd: OwnedFd = openat(
-        dir.fd.as_fd(),
-        name,
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o644),
-    )
-    .map_err(|e| format!("cannot create {}: {e}", dir.path.join(name).display()))?;
-    Ok(tokio::fs::File::from_std(std::fs::File::from(fd)))
-}
-
 /// The docker part: always returns an outcome, never leaves a container.
 async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
     let spec = &ctx.checked.spec;
@@ -429,68 +415,6 @@ enum Ended {
     /// The user's `cancel` marker appeared.
     CancelMarker,
     WaitFailed(String),
-}
-
-/// Output pump result.
-struct Pumped {
-    error: Option<String>,
-}
-
-type OutputStream =
-    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
-
-/// One output file; after the first write error it only counts what is lost.
-struct Sink {
-    file: tokio::fs::File,
-    name: &'static str,
-    ok: bool,
-}
-
-impl Sink {
-    async fn write(&mut self, bytes: &[u8], error: &mut Option<String>) {
-        if !self.ok {
-            return;
-        }
-        if let Err(e) = self.file.write_all(bytes).await {
-            self.ok = false;
-            tracing::error!("cannot write {}: {e}", self.name);
-            error.get_or_insert_with(|| format!("cannot write {}: {e}", self.name));
-        }
-    }
-    async fn finish(&mut self, error: &mut Option<String>) {
-        let r = async {
-            self.file.flush().await?;
-            self.file.sync_all().await
-        }
-        .await;
-        if let Err(e) = r {
-            error.get_or_insert_with(|| format!("cannot save {}: {e}", self.name));
-        }
-    }
-}
-
-/// Copies the attach stream to the output files chunk by chunk, as it
-/// arrives (never the whole output in memory).
-async fn pump(mut stream: OutputStream, stdout: tokio::fs::File, stderr: tokio::fs::File) -> Pumped {
-    let mut error: Option<String> = None;
-    let mut out = Sink { file: stdout, name: STDOUT, ok: true };
-    let mut err = Sink { file: stderr, name: STDERR, ok: true };
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                out.write(&message, &mut error).await
-            }
-            Ok(LogOutput::StdErr { message }) => err.write(&message, &mut error).await,
-            Ok(LogOutput::StdIn { .. }) => {}
-            Err(e) => {
-                error.get_or_insert_with(|| format!("the output stream broke: {}", engine::short_reason(&e)));
-                break;
-            }
-        }
-    }
-    out.finish(&mut error).await;
-    err.finish(&mut error).await;
-    Pumped { error }
 }
 
 /// Attaches, starts, waits (time limit, signals), kills if needed, drains

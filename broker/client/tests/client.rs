@@ -2,6 +2,8 @@
 //! directories in a temporary root: submission, status, wait and cancel end
 //! to end, without a cluster.
 
+#![allow(clippy::unwrap_used)] // a test: a panic is how it fails
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
