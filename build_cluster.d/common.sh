@@ -57,3 +57,72 @@ need_root() {
 # docker_ok: the Docker engine answers (bounded: a hung engine must not
 # hang the script).
 docker_ok() { timeout 10 docker info >/dev/null 2>&1; }
+
+# --- lockdown (docs/security.md): shared by local.sh and stack.sh
+# Settings (environment): the group whose members keep full Slurm (salloc,
+# srun, any script, steps) beside root and SlurmUser; where the SPANK plugin
+# is installed; whether --local remounts /proc hidepid=invisible.
+: "${DELEGATE_ADMIN_GROUP:=delegate-admin}"
+: "${DELEGATE_SPANK_PLUGIN:=/usr/local/lib/delegate/delegate_lockdown.so}"
+: "${DELEGATE_HIDEPID:=1}"
+
+# lockdown_job_roots POLICY_FILE: the policy's job_roots as Lua table items
+# ("/home", "/scratch"); "/home" when the file or the key is missing. Dies on
+# a list the gate could not use safely.
+lockdown_job_roots() {
+    local roots=""
+    [[ -r $1 ]] && roots=$(sed -n 's/^job_roots *= *\[\(.*\)\] *$/\1/p' "$1" | head -n1)
+    roots=${roots:-'"/home"'}
+    [[ $roots =~ ^\ *\"/[A-Za-z0-9._/+@=,:-]*\"(\ *,\ *\"/[A-Za-z0-9._/+@=,:-]*\")*\ *,?\ *$ ]] \
+        || die "job_roots in $1 ($roots) must be absolute paths of the bytes A-Z a-z 0-9 . _ / + @ = , : -"
+    printf '%s\n' "$roots"
+}
+
+# lockdown_lua RUNNER JOB_ROOTS ADMIN_GROUP SLURM_UID: slurm-conf/job_submit.lua
+# with its settings filled in, on stdout.
+lockdown_lua() {
+    local runner=$1 roots=$2 group=$3 slurm_uid=$4 out
+    [[ $runner =~ ^/[A-Za-z0-9._/+@=,:-]+$ ]] || die "the runner path $runner has bytes the job gate refuses"
+    [[ $group =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad admin group name '$group'"
+    [[ $slurm_uid =~ ^[0-9]+$ ]] || die "bad SlurmUser uid '$slurm_uid'"
+    out=$(sed -e "s|@MARKER@|$MARKER|" -e "s|@RUNNER@|$runner|" -e "s|@JOB_ROOTS@|$roots|" \
+              -e "s|@ADMIN_GROUP@|$group|" -e "s|@SLURM_UID@|$slurm_uid|" "$REPO/slurm-conf/job_submit.lua")
+    grep -q '@[A-Z_]*@' <<<"$out" && die "slurm-conf/job_submit.lua has unfilled placeholders"
+    printf '%s\n' "$out"
+}
+
+# lockdown_plugstack PLUGIN ADMIN_GID: the SPANK stack file, on stdout.
+lockdown_plugstack() {
+    [[ $2 =~ ^[0-9]+$ ]] || die "bad admin gid '$2'"
+    sed -e "s|@MARKER@|$MARKER|" -e "s|@SPANK_PLUGIN@|$1|" -e "s|@ADMIN_GID@|$2|" \
+        "$REPO/slurm-conf/plugstack.conf.in"
+}
+
+# lockdown_build_spank SOURCE OUT: compile the SPANK plugin against the
+# installed Slurm headers (libslurm-dev).
+lockdown_build_spank() {
+    [[ -r /usr/include/slurm/spank.h ]] || die "/usr/include/slurm/spank.h missing: install libslurm-dev"
+    gcc -std=gnu11 -Wall -Wextra -Werror -O2 -fPIC -shared -o "$2" "$1" \
+        || die "cannot build the SPANK plugin $1"
+}
+
+# lockdown_sysctls: the fs.protected_* links/files protections on (persisted
+# in /etc/sysctl.d): no following another user's symlink or hard-linking
+# their file in a sticky world-writable directory (/tmp), no opening of
+# another user's FIFO or regular file there with O_CREAT.
+lockdown_sysctls() {
+    local conf=/etc/sysctl.d/60-delegate-protected.conf k
+    cat >"$conf.tmp" <<'CONF'
+# Written by delegate's build_cluster.sh (docs/security.md, "Privacy").
+fs.protected_symlinks = 1
+fs.protected_hardlinks = 1
+fs.protected_fifos = 1
+fs.protected_regular = 1
+CONF
+    mv "$conf.tmp" "$conf"
+    for k in symlinks hardlinks fifos regular; do
+        sysctl -q -w "fs.protected_$k=1" >/dev/null 2>&1 \
+            || warn "lockdown: cannot set fs.protected_$k=1 (set it on the host)"
+    done
+    log "lockdown: fs.protected_{symlinks,hardlinks,fifos,regular}=1 ($conf)"
+}

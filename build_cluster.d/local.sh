@@ -7,6 +7,9 @@
 # the header of build_cluster.sh lists them, one section below each:
 #   1. Debian packages          local_install_packages
 #   2. Slurm config and epilog  local_write_slurm_conf
+#      lockdown                 local_install_lockdown (job_submit.lua, the
+#                               SPANK plugin, the admin group, sysctls,
+#                               hidepid; docs/security.md)
 #   3. daemons                  local_start_daemons (munged, dockerd,
 #                               slurmctld, slurmd; then waits for the node)
 #   4. Rust build and install   local_build_install
@@ -27,7 +30,7 @@ STARTED_FILE=$DELEGATE_STATE_DIR/started
 # The Debian packages `up` installs when missing.
 PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
-          curl procps)
+          curl procps libslurm-dev lua5.1)
 
 # record_started NAME PID: remember a daemon we started so `stop` stops it
 # and nothing else.
@@ -141,6 +144,53 @@ local_write_slurm_conf() {
     install -d -m 0700 -o "$slurmuser" "$DELEGATE_STATE_DIR/slurm/ctld"
     touch "$DELEGATE_LOG_DIR/slurmctld.log" "$DELEGATE_LOG_DIR/epilog.log"
     chown "$slurmuser" "$DELEGATE_LOG_DIR/slurmctld.log"
+}
+
+# ---------------------------------------------------- 2b. lockdown
+# local_install_lockdown: what keeps students to delegate's own jobs and out
+# of each other's (docs/security.md, "Only delegate's jobs reach a node" and
+# "Privacy"): the admin group, job_submit.lua beside slurm.conf, the SPANK
+# plugin built against this Slurm and its plugstack file, the fs.protected_*
+# sysctls, and /proc mounted hidepid=invisible (gid = the admin group).
+local_install_lockdown() {
+    local gid slurm_uid=0 roots tmp
+    getent group "$DELEGATE_ADMIN_GROUP" >/dev/null \
+        || groupadd --system "$DELEGATE_ADMIN_GROUP" \
+        || die "cannot create the admin group $DELEGATE_ADMIN_GROUP"
+    gid=$(getent group "$DELEGATE_ADMIN_GROUP" | cut -d: -f3)
+    id slurm >/dev/null 2>&1 && slurm_uid=$(id -u slurm)
+    roots=$(lockdown_job_roots "$DELEGATE_POLICY_FILE")
+    tmp=$(mktemp)
+    lockdown_lua "$DELEGATE_PREFIX/sandbox-runner" "$roots" "$DELEGATE_ADMIN_GROUP" "$slurm_uid" >"$tmp"
+    if install_generated "$tmp" "$(dirname "$SLURM_CONF")/job_submit.lua" 0644; then
+        log "lockdown: installed $(dirname "$SLURM_CONF")/job_submit.lua (runner $DELEGATE_PREFIX/sandbox-runner, job roots $roots, admin group $DELEGATE_ADMIN_GROUP)"
+    fi
+    rm -f "$tmp"
+
+    # The SPANK plugin, built against this machine's Slurm headers.
+    tmp=$(mktemp -d)
+    lockdown_build_spank "$REPO/slurm-conf/spank/delegate_lockdown.c" "$tmp/delegate_lockdown.so"
+    if ! cmp -s "$tmp/delegate_lockdown.so" "$DELEGATE_SPANK_PLUGIN"; then
+        install -D -o root -g root -m 0755 "$tmp/delegate_lockdown.so" "$DELEGATE_SPANK_PLUGIN"
+        log "lockdown: installed $DELEGATE_SPANK_PLUGIN"
+    fi
+    lockdown_plugstack "$DELEGATE_SPANK_PLUGIN" "$gid" >"$tmp/plugstack.conf"
+    if install_generated "$tmp/plugstack.conf" "$(dirname "$SLURM_CONF")/delegate-plugstack.conf" 0644; then
+        log "lockdown: installed $(dirname "$SLURM_CONF")/delegate-plugstack.conf (admin gid $gid)"
+    fi
+    rm -rf "$tmp"
+
+    lockdown_sysctls
+    if [[ $DELEGATE_HIDEPID == 1 ]]; then
+        # Each proc mount is its own instance (Linux >= 5.8): this changes
+        # this machine's /proc only, not the containers'. Root and the admin
+        # group still see every process.
+        if mount -o "remount,hidepid=invisible,gid=$gid" /proc 2>/dev/null; then
+            log "lockdown: /proc remounted hidepid=invisible,gid=$gid"
+        else
+            warn "lockdown: cannot remount /proc with hidepid=invisible (users see each other's processes)"
+        fi
+    fi
 }
 
 # ------------------------------------------------------------- 3. daemons
@@ -462,6 +512,7 @@ local_up() {
     install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_LOG_DIR" "$DELEGATE_RUN_DIR"
     local_install_packages
     local_write_slurm_conf
+    local_install_lockdown
     local_start_daemons
     local_build_install
     local_build_images

@@ -1,0 +1,295 @@
+@MARKER@
+--[[
+delegate's slurmctld gate (JobSubmitPlugins=lua; Slurm 22.05 reads
+job_submit.lua from the directory of slurm.conf). Installed by
+build_cluster.sh from slurm-conf/job_submit.lua with the @...@ settings
+filled in (root-owned, 0644). Unit tests: tests/lua/job_submit_test.lua.
+
+Users who are not cluster admins (root, SlurmUser, members of the admin
+group) may only submit batch jobs whose script is byte for byte one of the
+forms delegate's client generates (broker/client/src/slurm/script.rs:
+batch_script, array_script, shared_script), REGENERATED here from the paths
+parsed out of the script and compared whole. Everything else is refused, with
+a one-line reason the user sees ("sbatch: error: delegate: ..."):
+  - salloc / srun allocations (they reach this hook with script == nil),
+  - sbatch --wrap and any other script,
+  - --get-user-env, --export=NONE, --export=<list> (sbatch then sets
+    SLURM_GET_USER_ENV and slurmd, as root, runs `su - <user> -c env` on the
+    worker: the user's login files, outside any step and any sandbox),
+  - --container, heterogeneous jobs, script arguments, more than one node,
+    --uid of another user, an --array that is not the script's own.
+Job steps never reach this hook: the SPANK plugin
+(slurm-conf/spank/delegate_lockdown.c) refuses them in slurmstepd.
+
+FAIL CLOSED. In 22.05 a Lua runtime error in slurm_job_submit, or a return
+value that is not a number, makes job_submit_lua.c ACCEPT the job (its rc
+stays SLURM_SUCCESS). So every check runs under pcall and any error is a
+refusal. A script that fails to load keeps the previously loaded one
+(slurm_lua_loadscript: "using previous script"); with none loaded at all,
+every submission fails.
+--]]
+
+-- ---- site settings (filled in by build_cluster.sh) ---------------------------
+-- The runner the scripts exec: the client's DEFAULT_RUNNER / DELEGATE_PREFIX.
+local RUNNER      = "@RUNNER@"
+-- The site policy's job_roots: job directories live below one of these.
+local JOB_ROOTS   = { @JOB_ROOTS@ }
+-- Members of this group (and root, SlurmUser) keep full Slurm.
+local ADMIN_GROUP = "@ADMIN_GROUP@"
+local ADMIN_UIDS  = { [0] = true, [@SLURM_UID@] = true }
+-- Bytes; Slurm's own bound (max_script_size) is 4 MiB and is checked after
+-- this hook, so the hook bounds the script itself before it parses it.
+local MAX_SCRIPT  = 1024 * 1024
+local MAX_ARRAY   = 100000
+-- -------------------------------------------------------------------------------
+
+local NO_VAL = 4294967294  -- 0xfffffffe
+
+-- The admin group's gid and members (/etc/group) and every account's primary
+-- gid (/etc/passwd), re-read at most every 60 s. Never the job's group_id:
+-- that is what the submitting client says. (Lua 5.1 has no getgrouplist;
+-- with LDAP/SSSD accounts, mirror the admin group into /etc/group on the
+-- controller or list the admins' uids in ADMIN_UIDS.)
+local GROUP_FILE, PASSWD_FILE = "/etc/group", "/etc/passwd"
+local cache = { t = -1 }
+local function accounts()
+   local now = os.time()
+   if now - cache.t < 60 then return cache end
+   local gid, members, primary = nil, {}, {}
+   local f = io.open(GROUP_FILE, "r")
+   if f then
+      for line in f:lines() do
+         local name, g, list = line:match("^([^:]*):[^:]*:(%d+):(.*)$")
+         if name == ADMIN_GROUP then
+            gid = tonumber(g)
+            for m in list:gmatch("[^,%s]+") do members[m] = true end
+         end
+      end
+      f:close()
+   end
+   f = io.open(PASSWD_FILE, "r")
+   if f then
+      for line in f:lines() do
+         local name, g = line:match("^([^:]*):[^:]*:%d+:(%d+):")
+         if name then primary[name] = tonumber(g) end
+      end
+      f:close()
+   end
+   cache = { t = now, gid = gid, members = members, primary = primary }
+   return cache
+end
+
+local function is_admin(submit_uid, job_desc)
+   if ADMIN_UIDS[submit_uid] then return true end
+   -- Only root may submit as another uid (--uid); such a job is refused below.
+   if job_desc.user_id ~= submit_uid then return false end
+   local a = accounts()
+   if a.gid == nil then return false end
+   local name = job_desc.user_name   -- derived by slurmctld from user_id
+   if name == nil then return false end
+   return a.members[name] == true or a.primary[name] == a.gid
+end
+
+-- ---- the generated forms (identical to broker/client/src/slurm/script.rs) ----
+local function q(s) return "'" .. s .. "'" end   -- shell_quote of a quote-free s
+
+local function batch_script(runner, dir)
+   return "#!/bin/sh\nexec " .. q(runner) .. " " .. q(dir) .. "\n"
+end
+
+local function array_script(runner, dirs, logs)
+   local t = { "#!/bin/sh\n#SBATCH --array=0-" .. (#dirs - 1) .. "\n",
+               "case \"$SLURM_ARRAY_TASK_ID\" in\n" }
+   for i = 1, #dirs do
+      t[#t + 1] = (i - 1) .. ") exec >>" .. q(logs[i]) .. " 2>&1; exec "
+                  .. q(runner) .. " " .. q(dirs[i]) .. " ;;\n"
+   end
+   t[#t + 1] = "esac\necho \"delegate: no job directory for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
+   return table.concat(t)
+end
+
+local function shared_line(runner, dirs)
+   local t = { "exec " .. q(runner) .. " batch" }
+   for _, d in ipairs(dirs) do t[#t + 1] = q(d) end
+   return table.concat(t, " ")
+end
+
+local function shared_script(runner, groups)
+   if #groups == 1 then return "#!/bin/sh\n" .. shared_line(runner, groups[1]) .. "\n" end
+   local t = { "#!/bin/sh\n#SBATCH --array=0-" .. (#groups - 1) .. "\n",
+               "case \"$SLURM_ARRAY_TASK_ID\" in\n" }
+   for i = 1, #groups do
+      t[#t + 1] = (i - 1) .. ") " .. shared_line(runner, groups[i]) .. " ;;\n"
+   end
+   t[#t + 1] = "esac\necho \"delegate: no job directories for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
+   return table.concat(t)
+end
+
+-- ---- paths ---------------------------------------------------------------------
+-- Only these bytes may appear in a path: no quote, newline, backslash, '$',
+-- space or glob. Inside '...' sh interprets nothing anyway; the allowlist
+-- keeps the line-based parser unambiguous. The client refuses a delegate root
+-- with other bytes before it submits (the same set).
+local function safe_path(p)
+   if not p:match("^/[A-Za-z0-9._/+@=,:%-]+$") then return false end
+   if p:find("//", 1, true) or p:find("/./", 1, true) or p:find("/../", 1, true)
+      or p:match("/%.%.?$") or p:match("/$") then return false end
+   return true
+end
+
+local function job_dir_ok(d)
+   if not safe_path(d) then return false end
+   -- the basename is a delegate job id: YYYYMMDDTHHMMSS-xxxxxxxx
+   if not d:match("/%d%d%d%d%d%d%d%dT%d%d%d%d%d%d%-%x%x%x%x%x%x%x%x$") then return false end
+   for _, r in ipairs(JOB_ROOTS) do
+      if d:sub(1, #r + 1) == r .. "/" then return true end
+   end
+   return false
+end
+
+-- "'a' 'b' 'c'" -> { "a", "b", "c" }; nil on anything else.
+local function quoted_words(s)
+   local words, pos = {}, 1
+   while pos <= #s do
+      local w, nextpos = s:match("^'([^']*)' ?()", pos)
+      if not w then return nil end
+      words[#words + 1] = w
+      pos = nextpos
+   end
+   return words
+end
+
+-- An exec line's body (after "exec "): kind ("single" | "shared"), dirs.
+local function parse_exec(body)
+   local quoted = body:gsub(" batch ", " 'batch' ", 1)
+   local w = quoted_words(quoted)
+   if not w or w[1] ~= RUNNER or #w < 2 then return nil end
+   if w[2] == "batch" then
+      if #w < 3 then return nil end
+      return "shared", { unpack(w, 3) }
+   end
+   if #w ~= 2 then return nil end
+   return "single", { w[2] }
+end
+
+-- nil when the script is one of delegate's forms, else the reason.
+local function check_script(script, array_inx)
+   if #script > MAX_SCRIPT then return "the script is larger than a delegate script can be" end
+   if script:sub(-1) ~= "\n" then return "not a delegate script" end
+   local lines = {}
+   for l in script:gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+   if lines[1] ~= "#!/bin/sh" or #lines < 2 then return "not a delegate script" end
+
+   local expected, dirs
+   if lines[2]:sub(1, 5) == "exec " then
+      if array_inx ~= nil and array_inx ~= "" then return "--array is not allowed with this script" end
+      local kind, d = parse_exec(lines[2]:sub(6))
+      if kind == "single" then expected = batch_script(RUNNER, d[1])
+      elseif kind == "shared" then expected = shared_script(RUNNER, { d })
+      else return "not a delegate script" end
+      dirs = d
+   else
+      local n = tonumber(lines[2]:match("^#SBATCH %-%-array=0%-(%d+)$"))
+      if not n or n + 1 > MAX_ARRAY or #lines ~= n + 7 then return "not a delegate script" end
+      if array_inx ~= "0-" .. n then return "--array must be the script's own (0-" .. n .. ")" end
+      local first = lines[4]:match("^0%) (.*) ;;$")
+      if not first then return "not a delegate script" end
+      dirs = {}
+      if first:sub(1, 8) == "exec >>'" then        -- array_script
+         local logs = {}
+         for i = 1, n + 1 do
+            local log, body = lines[3 + i]:match("^" .. (i - 1) .. "%) exec >>'([^']*)' 2>&1; exec (.*) ;;$")
+            if not log then return "not a delegate script" end
+            local kind, d = parse_exec(body)
+            if kind ~= "single" then return "not a delegate script" end
+            if log ~= d[1] .. ".log" then return "the log of a job must be its own <dir>.log" end
+            dirs[i], logs[i] = d[1], log
+         end
+         expected = array_script(RUNNER, dirs, logs)
+      else                                          -- shared_script, several allocations
+         local groups = {}
+         for i = 1, n + 1 do
+            local body = lines[3 + i]:match("^" .. (i - 1) .. "%) exec (.*) ;;$")
+            if not body then return "not a delegate script" end
+            local kind, d = parse_exec(body)
+            if kind ~= "shared" then return "not a delegate script" end
+            groups[i] = d
+            for _, x in ipairs(d) do dirs[#dirs + 1] = x end
+         end
+         expected = shared_script(RUNNER, groups)
+      end
+   end
+   for _, d in ipairs(dirs) do
+      if not job_dir_ok(d) then
+         return "job directory not allowed (not a job id below " .. table.concat(JOB_ROOTS, ", ")
+                .. ", or bytes outside A-Z a-z 0-9 . _ / + @ = , : -): " .. d:sub(1, 200)
+      end
+   end
+   if expected ~= script then return "not a delegate script" end
+   return nil
+end
+
+local function refuse_reason(job_desc, submit_uid)
+   if job_desc.user_id ~= submit_uid then return "--uid is reserved to administrators" end
+   local script = job_desc.script
+   if script == nil or script == "" then
+      return "interactive allocations (salloc, srun) are disabled for users; submit through delegate"
+   end
+   if script:find("# This script was created by sbatch --wrap.", 1, true) then
+      return "sbatch --wrap is disabled for users; submit through delegate"
+   end
+   if job_desc.het_job_offset ~= nil and job_desc.het_job_offset ~= NO_VAL then
+      return "heterogeneous jobs are not allowed"
+   end
+   if job_desc.container ~= nil and job_desc.container ~= "" then return "--container is not allowed" end
+   if job_desc.argc ~= nil and job_desc.argc > 1 then return "script arguments are not allowed" end
+   if job_desc.min_nodes ~= nil and job_desc.min_nodes ~= NO_VAL and job_desc.min_nodes > 1 then
+      return "delegate jobs use one node"
+   end
+   if job_desc.max_nodes ~= nil and job_desc.max_nodes ~= NO_VAL and job_desc.max_nodes > 1 then
+      return "delegate jobs use one node"
+   end
+   local env = job_desc.environment
+   if env == nil then return "a batch job without its environment" end
+   -- Set by sbatch for --get-user-env, --export=NONE and any --export but
+   -- plain ALL: slurmd (root) would run `su - <user> -c env` on the worker.
+   if env.SLURM_GET_USER_ENV ~= nil then
+      return "--get-user-env and --export other than ALL are not allowed"
+   end
+   return check_script(script, job_desc.array_inx)
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   local ok, admin = pcall(is_admin, submit_uid, job_desc)
+   if ok and admin then return slurm.SUCCESS end
+   local ok2, why = pcall(refuse_reason, job_desc, submit_uid)
+   if not ok2 then
+      slurm.log_error("delegate lockdown: check failed (%s); refusing uid %d", tostring(why), submit_uid)
+      slurm.log_user("delegate: job refused (internal error of the site's job check)")
+      return slurm.ESLURM_ACCESS_DENIED
+   end
+   if why then
+      slurm.log_info("delegate lockdown: refused uid %d: %s", submit_uid, why)
+      slurm.log_user("%s", "delegate: only delegate's own jobs may run here: " .. why)
+      return slurm.ESLURM_ACCESS_DENIED
+   end
+   return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_ptr, part_list, modify_uid)
+   -- Users may hold, release and shorten their pending jobs. Nothing a user
+   -- may update changes what runs: the script and environment are fixed at
+   -- submission, and --uid changes are root's alone in slurmctld itself.
+   return slurm.SUCCESS
+end
+
+-- for tests/lua/job_submit_test.lua
+_delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reason,
+                       batch_script = batch_script, array_script = array_script,
+                       shared_script = shared_script, safe_path = safe_path,
+                       set_account_files = function(g, p)
+                          GROUP_FILE, PASSWD_FILE, cache = g, p, { t = -1 }
+                       end }
+
+slurm.log_info("delegate lockdown: job_submit.lua loaded (runner %s)", RUNNER)
+return slurm.SUCCESS

@@ -1,0 +1,164 @@
+/*
+ * delegate_lockdown.so -- delegate's slurmstepd gate, a SPANK plugin for
+ * Slurm 22.05. Built by build_cluster.sh (gcc against libslurm-dev's
+ * <slurm/spank.h>); loaded through the PlugStackConfig that slurm.conf names
+ * (slurm-conf/plugstack.conf.in):
+ *
+ *   required /usr/local/lib/delegate/delegate_lockdown.so admin_gid=<gid>
+ *
+ * "required": a failing callback fails the step ("optional" would ignore it).
+ * CALLBACKS FAIL BY RETURNING A NEGATIVE VALUE: slurmstepd tests
+ * `spank_init(job) < 0` (mgr.c) and plugstack.c passes the plugin's rc
+ * through, so ESPANK_ERROR (3000, positive) would only be logged ("failed
+ * with rc=3000") and the step would RUN ANYWAY (seen on 22.05.8).
+ *
+ * For users who are neither root nor in the admin group (membership from
+ * this node's account database, by uid: never from what the job says):
+ *  - slurm_spank_init (remote: slurmstepd, as root, before any user code)
+ *    refuses every step but the batch step and the extern step (which runs
+ *    no user code): `srun --jobid=<own job> [--overlap] CMD`, srun inside an
+ *    allocation, interactive steps. The step fails before it forks; srun
+ *    prints "task 0 launch failed: Plugin initialization failed".
+ *  - slurm_spank_task_init (remote, in the batch task after setuid, just
+ *    before the exec of the batch script) replaces the job's environment by
+ *    an allowlist, so LD_PRELOAD, LD_AUDIT, GCONV_PATH, BASH_ENV, ... from
+ *    the submitting shell never reach /bin/sh before it execs the runner.
+ * Root and admins keep full Slurm. Students cannot reach this code: it runs
+ * inside slurmstepd, root-owned and not dumpable.
+ */
+#include <grp.h>
+#include <pwd.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(delegate_lockdown, 1);
+
+static gid_t admin_gid = (gid_t)-1;
+
+static void parse_args(int ac, char **av)
+{
+	for (int i = 0; i < ac; i++) {
+		if (!strncmp(av[i], "admin_gid=", 10))
+			admin_gid = (gid_t)strtoul(av[i] + 10, NULL, 10);
+	}
+}
+
+/* Is `uid` root or a member of admin_gid (primary or supplementary) in this
+ * node's account database? Any failure counts as "no". */
+static int uid_is_admin(uid_t uid)
+{
+	struct passwd pw, *res = NULL;
+	char buf[16384];
+	gid_t groups[256];
+	int ngroups = 256;
+
+	if (uid == 0)
+		return 1;
+	if (admin_gid == (gid_t)-1)
+		return 0;
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &res) != 0 || !res)
+		return 0;
+	if (pw.pw_gid == admin_gid)
+		return 1;
+	if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &ngroups) < 0)
+		return 0;	/* more than 256 groups: not an admin here */
+	for (int i = 0; i < ngroups; i++)
+		if (groups[i] == admin_gid)
+			return 1;
+	return 0;
+}
+
+static int is_admin(spank_t sp)
+{
+	uid_t uid;
+
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS)
+		return 0;
+	return uid_is_admin(uid);
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	uint32_t jobid = 0, stepid = 0;
+
+	if (spank_context() != S_CTX_REMOTE)
+		return ESPANK_SUCCESS;
+	parse_args(ac, av);
+	if (is_admin(sp))
+		return ESPANK_SUCCESS;
+	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS) {
+		slurm_error("delegate_lockdown: cannot read the step id; refusing the step");
+		return -1;
+	}
+	spank_get_item(sp, S_JOB_ID, &jobid);
+	if (stepid == SLURM_BATCH_SCRIPT || stepid == SLURM_EXTERN_CONT)
+		return ESPANK_SUCCESS;
+	slurm_error("delegate_lockdown: job steps are disabled for users on this cluster "
+		    "(job %u step %u refused); only delegate's batch step runs",
+		    jobid, stepid);
+	return -1;
+}
+
+static int allowed_name(const char *e)
+{
+	static const char *exact[] = { "HOME=", "USER=", "LOGNAME=", "LANG=", "TZ=", NULL };
+
+	/* SLURM_* and SLURMD_* are what slurmstepd sets for the task. */
+	if (!strncmp(e, "SLURM_", 6) || !strncmp(e, "SLURMD_", 7))
+		return 1;
+	for (int i = 0; exact[i]; i++)
+		if (!strncmp(e, exact[i], strlen(exact[i])))
+			return 1;
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	char **env = NULL, **names;
+	uint32_t stepid = 0;
+	int n = 0, k = 0;
+
+	if (spank_context() != S_CTX_REMOTE)
+		return ESPANK_SUCCESS;
+	parse_args(ac, av);
+	if (is_admin(sp))
+		return ESPANK_SUCCESS;
+	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS ||
+	    stepid != SLURM_BATCH_SCRIPT)
+		return -1;	/* not reached: slurm_spank_init refused it */
+	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env)
+		return -1;
+	while (env[n])
+		n++;
+	names = calloc(n + 1, sizeof(char *));
+	if (!names)
+		return -1;
+	for (int i = 0; i < n; i++) {
+		const char *eq = strchr(env[i], '=');
+
+		if (!eq || allowed_name(env[i]))
+			continue;
+		names[k++] = strndup(env[i], eq - env[i]);
+	}
+	for (int i = 0; i < k; i++) {
+		if (names[i] && spank_unsetenv(sp, names[i]) != ESPANK_SUCCESS) {
+			slurm_error("delegate_lockdown: cannot remove %s from the job's environment",
+				    names[i]);
+			for (int j = i; j < k; j++)
+				free(names[j]);
+			free(names);
+			return -1;
+		}
+		free(names[i]);
+	}
+	free(names);
+	if (spank_setenv(sp, "PATH", "/usr/bin:/bin", 1) != ESPANK_SUCCESS)
+		return -1;
+	return ESPANK_SUCCESS;
+}

@@ -1,0 +1,119 @@
+-- Unit tests of slurm-conf/job_submit.lua (delegate's slurmctld gate), with a
+-- stub `slurm` table. Run: lua5.1 tests/lua/job_submit_test.lua [job_submit.lua]
+-- (tests/e2e/test_lockdown.py runs it). Lua 5.1: what job_submit_lua.so links.
+-- The script's @...@ settings are filled in here as build_cluster.sh would.
+slurm = { SUCCESS = 0, ERROR = -1, ESLURM_ACCESS_DENIED = 2002,
+  log_info = function(...) end, log_error = function(...) end,
+  log_user = function(fmt, ...) last_user_msg = string.format(fmt, ...) end }
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+local path = arg[1] or (here .. "/../../slurm-conf/job_submit.lua")
+local f = assert(io.open(path, "r"))
+local text = f:read("*a"); f:close()
+local settings = { ["@MARKER@"] = "# marker", ["@RUNNER@"] = "/usr/local/bin/sandbox-runner",
+  ["@JOB_ROOTS@"] = '"/home"', ["@ADMIN_GROUP@"] = "delegate-admin", ["@SLURM_UID@"] = "64030" }
+text = text:gsub("@[A-Z_]+@", function(p) return assert(settings[p], "unknown placeholder " .. p) end)
+text = text:gsub("^#[^\n]*", "")  -- luaL_loadfile skips a first line starting with '#'
+assert(loadstring(text, "=job_submit.lua"))()
+local L = _delegate_lockdown
+local D1 = "/home/alice/.delegate/jobs/20261123T103000-abcdef01"
+local D2 = "/home/alice/.delegate/jobs/20261123T103001-abcdef02"
+local R = "/usr/local/bin/sandbox-runner"
+local function job(script, extra)
+  local j = { user_id = 1001, group_id = 1001, user_name = "alice", script = script,
+              argc = 1, min_nodes = 1, max_nodes = NOVAL, environment = { PATH = "/bin" },
+              het_job_offset = 4294967294 }
+  for k, v in pairs(extra or {}) do j[k] = v end
+  return j
+end
+local function replace(s, old, new)
+  local i, j = s:find(old, 1, true); assert(i, "replace: not found")
+  return s:sub(1, i - 1) .. new .. s:sub(j + 1)
+end
+local n, fails = 0, 0
+local function expect(name, want_ok, j)
+  n = n + 1
+  last_user_msg = nil
+  local rc = slurm_job_submit(j, {}, 1001)
+  local ok = (rc == 0)
+  if ok ~= want_ok then fails = fails + 1; print("FAIL " .. name .. " rc=" .. rc .. " " .. tostring(last_user_msg))
+  else print("ok   " .. name .. (ok and "" or ("  -> " .. tostring(last_user_msg)))) end
+end
+-- the exact strings broker/client/src/slurm/script.rs produces
+local single = "#!/bin/sh\nexec '" .. R .. "' '" .. D1 .. "'\n"
+local arr = "#!/bin/sh\n#SBATCH --array=0-1\ncase \"$SLURM_ARRAY_TASK_ID\" in\n" ..
+  "0) exec >>'" .. D1 .. ".log' 2>&1; exec '" .. R .. "' '" .. D1 .. "' ;;\n" ..
+  "1) exec >>'" .. D2 .. ".log' 2>&1; exec '" .. R .. "' '" .. D2 .. "' ;;\n" ..
+  "esac\necho \"delegate: no job directory for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
+local sh1 = "#!/bin/sh\nexec '" .. R .. "' batch '" .. D1 .. "' '" .. D2 .. "'\n"
+local sh2 = "#!/bin/sh\n#SBATCH --array=0-1\ncase \"$SLURM_ARRAY_TASK_ID\" in\n" ..
+  "0) exec '" .. R .. "' batch '" .. D1 .. "' ;;\n1) exec '" .. R .. "' batch '" .. D2 .. "' ;;\n" ..
+  "esac\necho \"delegate: no job directories for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
+assert(L.batch_script(R, D1) == single and L.array_script(R, {D1, D2}, {D1..".log", D2..".log"}) == arr)
+assert(L.shared_script(R, {{D1, D2}}) == sh1 and L.shared_script(R, {{D1}, {D2}}) == sh2)
+
+expect("single form", true, job(single))
+expect("array form", true, job(arr, { array_inx = "0-1" }))
+expect("shared form", true, job(sh1))
+expect("shared array form", true, job(sh2, { array_inx = "0-1" }))
+expect("salloc/srun allocation (script nil)", false, job(nil))
+expect("sbatch --wrap", false, job("#!/bin/sh\n# This script was created by sbatch --wrap.\n\npython3 -c 1\n"))
+expect("extra command after exec", false, job(single .. "curl evil\n"))
+expect("command substitution in path", false, job("#!/bin/sh\nexec '" .. R .. "' '/home/alice/$(id)/20261123T103000-abcdef01'\n"))
+expect("unquoted path", false, job("#!/bin/sh\nexec '" .. R .. "' " .. D1 .. "\n"))
+expect("quote break-out", false, job("#!/bin/sh\nexec '" .. R .. "' '" .. D1 .. "';id;'\n"))
+expect("two runner args", false, job("#!/bin/sh\nexec '" .. R .. "' '" .. D1 .. "' '" .. D2 .. "'\n"))
+expect("other binary", false, job("#!/bin/sh\nexec '/bin/bash' '" .. D1 .. "'\n"))
+expect("runner probe", false, job("#!/bin/sh\nexec '" .. R .. "' 'probe'\n"))
+expect("path outside job roots", false, job("#!/bin/sh\nexec '" .. R .. "' '/tmp/20261123T103000-abcdef01'\n"))
+expect("dotdot path", false, job("#!/bin/sh\nexec '" .. R .. "' '/home/../tmp/20261123T103000-abcdef01'\n"))
+expect("newline in path", false, job("#!/bin/sh\nexec '" .. R .. "' '/home/a\nid\n/20261123T103000-abcdef01'\n"))
+expect("CRLF", false, job((single:gsub("\n", "\r\n"))))
+expect("no trailing newline", false, job(single:sub(1, -2)))
+expect("different shebang", false, job((single:gsub("^#!/bin/sh", "#!/bin/bash"))))
+expect("array: extra task line", false, job(replace(replace(arr, "1) exec", "1) id ;;\n2) exec"), "--array=0-1", "--array=0-2"), { array_inx = "0-2" }))
+expect("array: --array mismatch", false, job(arr, { array_inx = "0-99999" }))
+expect("array: log elsewhere", false, job(replace(arr, D1 .. ".log", "/home/bob/.delegate/jobs/20261123T103000-abcdef01.log"), { array_inx = "0-1" }))
+expect("single with --array", false, job(single, { array_inx = "0-3" }))
+expect("--get-user-env / --export=NONE", false, job(single, { environment = { SLURM_GET_USER_ENV = "1" } }))
+expect("--container", false, job(single, { container = "/home/alice/bundle" }))
+expect("script args", false, job(single, { argc = 2 }))
+expect("two nodes", false, job(single, { min_nodes = 2 }))
+expect("--uid other user", false, job(single, { user_id = 1002 }))
+expect("het job component", false, job(single, { het_job_offset = 1 }))
+expect("huge script", false, job("#!/bin/sh\nexec '" .. R .. "' '" .. string.rep("/a", 600000) .. "'\n"))
+-- what the client would generate for a root with a quote in it (shell_quote's '\'')
+expect("quote in the root, as shell_quote writes it", false,
+  job("#!/bin/sh\nexec '" .. R .. "' '/home/o'\\''k/20261123T103000-abcdef01'\n"))
+expect("wrap with a forged delegate line", false,
+  job("#!/bin/sh\n# This script was created by sbatch --wrap.\n\nexec '" .. R .. "' '" .. D1 .. "'\n"))
+expect("--export=ALL (no SLURM_GET_USER_ENV) passes", true, job(single, { environment = { PATH = "/bin", LD_PRELOAD = "/x.so" } }))
+expect("array spec given twice differently", false, job(sh2, { array_inx = "0-1%1" }))
+-- admins: from /etc/group members or /etc/passwd primary gid, never the job's group_id
+local dir = os.tmpname(); os.remove(dir); os.execute("mkdir -p " .. dir)
+local function write(name, text) local h = assert(io.open(dir .. "/" .. name, "w")); h:write(text); h:close() end
+write("group", "root:x:0:\ndelegate-admin:x:990:carol,dave\nalice:x:1001:\nerin:x:991:\n")
+write("passwd", "root:x:0:0::/root:/bin/sh\nalice:x:1001:1001::/home/alice:/bin/sh\n" ..
+  "carol:x:1003:1003::/home/carol:/bin/sh\nfrank:x:1005:990::/home/frank:/bin/sh\n")
+L.set_account_files(dir .. "/group", dir .. "/passwd")
+local function as(name, uid, extra)
+  local j = job(nil, { user_id = uid, user_name = name }); for k, v in pairs(extra or {}) do j[k] = v end
+  last_user_msg = nil; return slurm_job_submit(j, {}, uid)
+end
+local function check(name, cond) n = n + 1; if cond then print("ok   " .. name) else fails = fails + 1; print("FAIL " .. name) end end
+check("admin group member may salloc", as("carol", 1003) == 0)
+check("primary group admin may salloc", as("frank", 1005) == 0)
+check("a student claiming the admin gid as group_id is refused", as("alice", 1001, { group_id = 990 }) ~= 0)
+check("SlurmUser may salloc", as("slurm", 64030) == 0)
+check("a student may not salloc", as("alice", 1001) ~= 0)
+L.set_account_files(dir .. "/missing", dir .. "/missing")
+check("no admin group: only root and SlurmUser", as("carol", 1003) ~= 0 and as("root", 0) == 0)
+os.execute("rm -rf " .. dir)
+-- admin / root
+local rc = slurm_job_submit(job(nil, { user_id = 0 }), {}, 0); n = n + 1
+if rc ~= 0 then fails = fails + 1; print("FAIL root salloc") else print("ok   root may salloc") end
+-- fail-closed: a field access that throws
+local bad = setmetatable({ user_id = 1001 }, { __index = function(t, k) error("boom " .. k) end })
+rc = slurm_job_submit(bad, {}, 1001); n = n + 1
+if rc == 0 then fails = fails + 1; print("FAIL error accepted") else print("ok   runtime error refuses (fail-closed)") end
+print(string.format("%d tests, %d failures", n, fails))
+os.exit(fails == 0 and 0 or 1)
