@@ -1,0 +1,270 @@
+"""Lockdown (issue 11): the sandbox is the only way onto a node, and one
+student's jobs are invisible to another. Each attack is tried as a test
+student through plain Slurm, as a hostile student would; every test failed
+on the main before the lockdown and passes with it (docs/security.md,
+docs/robustness.md "Plain Slurm and other students").
+
+The gates: slurmctld's job_submit.lua (slurm-conf/job_submit.lua) refuses
+every submission that is not one of delegate's generated scripts; the SPANK
+plugin (slurm-conf/spank/delegate_lockdown.c) refuses every job step but the
+batch step in slurmstepd and scrubs the batch step's environment;
+PrivateData and /proc hidepid hide other users' jobs and processes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import REPO, RUNNER, User, sh
+
+REFUSED = "delegate: only delegate's own jobs may run here"
+
+
+def slurm_as(user: User, *cmd, input=None, timeout=120, env_extra=None):
+    """A Slurm command (or any) as the student, in their home, with a plain
+    environment: what the student can type in their shell."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(user.home), "LANG": "C.UTF-8"}
+    env.update(env_extra or {})
+    return subprocess.run(
+        ["/usr/sbin/runuser", "-u", user.name, "--", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
+        env=env,
+        cwd=str(user.home),
+    )
+
+
+def marker(user: User) -> Path:
+    """A path the student could create if their command ran; it must not appear."""
+    return user.home / f"lockdown-marker-{uuid.uuid4().hex[:8]}"
+
+
+def fresh_job_dir(user: User) -> str:
+    """A job directory path of delegate's form (below the user's root, a job id
+    as basename) that does not exist: a script naming it is delegate's form,
+    and if it ever ran the runner would refuse it."""
+    return str(user.root / time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8])
+
+
+def delegate_script(job_dir: str) -> str:
+    """broker/client/src/slurm/script.rs batch_script, for `job_dir`."""
+    return f"#!/bin/sh\nexec '{RUNNER}' '{job_dir}'\n"
+
+
+def slurm_id(user: User, job: str) -> str:
+    return (user.job_dir(job) / "slurm-id").read_text().split()[0]
+
+
+def gone_from_queue(sid: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while sh("squeue", "-h", "-j", sid, "-o", "%i", check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"Slurm job {sid} still in the queue"
+        time.sleep(0.5)
+
+
+def assert_refused(r, reason: str | None = None):
+    assert r.returncode != 0, f"accepted: rc=0 stdout={r.stdout!r} stderr={r.stderr!r}"
+    assert REFUSED in r.stderr, r.stderr
+    if reason:
+        assert reason in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------ the gates' own tests
+def test_job_submit_lua_unit_tests():
+    """The slurmctld gate's unit tests (tests/lua/job_submit_test.lua): every
+    generated form accepted, forged scripts refused, fail-closed on errors."""
+    lua = shutil.which("lua5.1")
+    assert lua, "lua5.1 is not installed (build_cluster.sh --local installs it)"
+    r = sh(
+        lua, str(REPO / "tests/lua/job_submit_test.lua"), str(REPO / "slurm-conf/job_submit.lua"), check=False
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " 0 failures" in r.stdout, r.stdout
+
+
+def test_the_gates_are_installed():
+    conf = Path("/etc/slurm/slurm.conf").read_text()
+    assert "JobSubmitPlugins=lua" in conf
+    assert "PrivateData=jobs,usage,users,accounts" in conf
+    plugstack = Path("/etc/slurm/delegate-plugstack.conf").read_text()
+    assert any(
+        line.startswith("required ") and "delegate_lockdown.so" in line for line in plugstack.splitlines()
+    )
+    assert "delegate lockdown" in Path("/etc/slurm/job_submit.lua").read_text()
+
+
+# ------------------------------------------------------------ slurmctld: submissions
+def test_srun_allocation_is_refused(alice):
+    m = marker(alice)
+    r = slurm_as(alice, "srun", "-N1", "sh", "-c", f"touch {m}")
+    assert_refused(r, "interactive allocations")
+    assert not m.exists()
+
+
+def test_salloc_is_refused(alice):
+    m = marker(alice)
+    r = slurm_as(alice, "salloc", "-N1", "sh", "-c", f"touch {m}")
+    assert_refused(r, "interactive allocations")
+    assert not m.exists()
+
+
+def test_sbatch_wrap_is_refused(alice):
+    m = marker(alice)
+    r = slurm_as(alice, "sbatch", "--wrap", f"touch {m}")
+    assert_refused(r, "--wrap")
+    time.sleep(2)
+    assert not m.exists()
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["extra-line", "command-substitution", "quote-break-out", "other-binary", "runner-probe", "crlf"],
+)
+def test_forged_script_is_refused(alice, form):
+    """Scripts that mimic delegate's with extra shell: refused before they
+    reach a node."""
+    m = marker(alice)
+    d = fresh_job_dir(alice)
+    script = {
+        "extra-line": delegate_script(d) + f"touch {m}\n",
+        "command-substitution": f"#!/bin/sh\nexec '{RUNNER}' \"$(touch {m})\"'{d}'\n",
+        "quote-break-out": f"#!/bin/sh\nexec '{RUNNER}' '{d}'; touch {m}; ''\n",
+        "other-binary": f"#!/bin/sh\nexec '/usr/bin/touch' '{m}'\n",
+        "runner-probe": f"#!/bin/sh\nexec '{RUNNER}' 'probe'\n",
+        "crlf": delegate_script(d).replace("\n", "\r\n"),
+    }[form]
+    r = slurm_as(alice, "sbatch", "--output=/dev/null", input=script)
+    assert_refused(r)
+    time.sleep(1)
+    assert not m.exists()
+
+
+@pytest.mark.parametrize("flag", ["--export=NONE", "--get-user-env", "--export=ALL,FOO=1"])
+def test_user_env_flags_are_refused(alice, flag):
+    """With --get-user-env / --export other than ALL, slurmd (root) would run
+    `su - <user> -c env` on the node (the user's login files, outside any
+    step): refused even with delegate's own script. The same script without
+    the flag is accepted (submitted held, then cancelled)."""
+    script = delegate_script(fresh_job_dir(alice))
+    r = slurm_as(alice, "sbatch", "--output=/dev/null", flag, input=script)
+    assert_refused(r, "--get-user-env")
+    ok = slurm_as(alice, "sbatch", "--parsable", "--hold", "--output=/dev/null", input=script)
+    assert ok.returncode == 0, f"delegate's own form was refused: {ok.stderr}"
+    sid = ok.stdout.strip().split(";")[0]
+    sh("scancel", sid)
+    gone_from_queue(sid)
+
+
+def test_batch_step_environment_is_scrubbed(alice, tmp_path):
+    """`env LD_PRELOAD=~/x.so sbatch <delegate's script>`: the library would
+    run inside /bin/sh on the node before it execs the runner, outside the
+    sandbox. The SPANK plugin reduces the batch step's environment to an
+    allowlist, so it never loads there."""
+    m = marker(alice)
+    src = tmp_path / "preload.c"
+    src.write_text(
+        "#include <stdlib.h>\n#include <fcntl.h>\n#include <unistd.h>\n"
+        "__attribute__((constructor)) static void hit(void) {\n"
+        '  if (getenv("SLURM_JOB_ID")) close(open("' + str(m) + '", O_CREAT | O_WRONLY, 0600));\n}\n'
+    )
+    so = alice.home / f"lockdown-preload-{uuid.uuid4().hex[:8]}.so"
+    sh("gcc", "-shared", "-fPIC", "-o", str(so), str(src))
+    shutil.chown(so, alice.uid, alice.gid)
+    try:
+        d = fresh_job_dir(alice)
+        r = slurm_as(
+            alice,
+            "env",
+            f"LD_PRELOAD={so}",
+            "sbatch",
+            "--parsable",
+            f"--output={alice.home}/lockdown-preload.log",
+            input=delegate_script(d),
+        )
+        assert r.returncode == 0, r.stderr
+        sid = r.stdout.strip().split(";")[0]
+        gone_from_queue(sid)
+        assert not m.exists(), "LD_PRELOAD from the submitting shell ran in the batch step"
+    finally:
+        so.unlink(missing_ok=True)
+        m.unlink(missing_ok=True)
+        (alice.home / "lockdown-preload.log").unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------ slurmstepd: steps
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "plain"])
+def test_step_into_own_allocation_is_refused(alice, overlap):
+    """`srun --jobid=<own running delegate job> [--overlap] CMD`: the step
+    fails in slurmstepd before it forks ("Plugin initialization failed";
+    srun itself exits 0 on 22.05, so the test checks stderr and that the
+    command left no trace), and the delegate job goes on unharmed."""
+    job = alice.submit("sleep", "60")
+    try:
+        alice.wait_started(job)
+        sid = slurm_id(alice, job)
+        m = marker(alice)
+        args = ["srun", f"--jobid={sid}", *(["--overlap"] if overlap else []), "sh", "-c", f"touch {m}; id"]
+        r = slurm_as(alice, *args, timeout=120)
+        assert "uid=" not in r.stdout, r.stdout
+        assert "Plugin initialization failed" in r.stderr or "launch failed" in r.stderr, r.stderr
+        time.sleep(1)
+        assert not m.exists(), "the step ran"
+        assert alice.status(job)["state"] == "running", "the refused step disturbed the job"
+    finally:
+        alice.run("cancel", job)
+    assert alice.wait(job)["state"] == "cancelled"
+
+
+def test_root_can_still_srun():
+    r = sh("srun", "-N1", "-t", "1", "id", "-u", timeout=300, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stdout + r.stderr
+
+
+# ------------------------------------------------------------ privacy
+def test_other_students_jobs_are_invisible(alice, bob):
+    """PrivateData=jobs: bob's squeue and scontrol show nothing of alice's
+    job; alice and root see it."""
+    job = alice.submit("true", opts=("--hold",))
+    try:
+        sid = slurm_id(alice, job)
+        r = slurm_as(bob, "squeue", "-h", "-o", "%i %u %Z %o")
+        assert sid not in r.stdout and alice.name not in r.stdout, r.stdout
+        r = slurm_as(bob, "scontrol", "show", "job", sid)
+        assert f"JobId={sid}" not in r.stdout and alice.name not in r.stdout, r.stdout
+        assert r.returncode != 0, r.stdout
+        r = slurm_as(alice, "squeue", "-h", "-j", sid, "-o", "%i")
+        assert r.stdout.strip() == sid, r.stdout + r.stderr
+        assert sh("squeue", "-h", "-j", sid, "-o", "%i").stdout.strip() == sid
+    finally:
+        alice.run("cancel", job)
+
+
+def test_other_students_processes_are_invisible(alice, bob):
+    """/proc is mounted hidepid=invisible: bob's ps shows no process of
+    alice's (the runner's command line names her job directory); root sees
+    them."""
+    job = alice.submit("sleep", "30")
+    try:
+        alice.wait_started(job)
+        r = slurm_as(bob, "ps", "-eo", "uid=,args=")
+        assert r.returncode == 0, r.stderr
+        uids = {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+        assert str(alice.uid) not in uids, r.stdout
+        assert job not in r.stdout, r.stdout
+        mine = sh("ps", "-eo", "uid=,args=").stdout
+        assert job in mine, "root no longer sees the runner"
+    finally:
+        alice.run("cancel", job)
+
+
+def test_protected_links_and_files():
+    for k in ("symlinks", "hardlinks", "fifos", "regular"):
+        v = Path(f"/proc/sys/fs/protected_{k}").read_text().strip()
+        assert int(v) >= 1, f"fs.protected_{k} = {v}"
