@@ -325,6 +325,31 @@ mod tests {
     }
 
     #[test]
+    fn openat2_and_walk_agree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let same = |a: &OwnedFd, b: &OwnedFd| {
+            let (x, y) = (fstat(a).unwrap(), fstat(b).unwrap());
+            (x.st_dev, x.st_ino) == (y.st_dev, y.st_ino)
+        };
+        let walked = open_dir_walk(&real).unwrap();
+        // openat2 may be missing (old kernel, seccomp): then the walk serves.
+        if let Some(fd) = open_dir_openat2(&real) {
+            assert!(same(&fd, &walked));
+            assert!(open_dir_openat2(&link).is_none(), "openat2 followed a symlink");
+            assert!(open_dir_openat2(&link.join("x")).is_none());
+        }
+        assert!(matches!(open_dir_walk(&link), Err(ProtocolError::Symlink { .. })));
+        assert!(same(
+            &open_dir_nofollow(Path::new("/")).unwrap(),
+            &open_dir_walk(Path::new("/")).unwrap()
+        ));
+    }
+
+    #[test]
     fn ownership_check() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open_dir_nofollow(tmp.path()).unwrap();
