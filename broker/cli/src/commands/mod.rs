@@ -1,5 +1,5 @@
 //! One module per command group; each takes the parsed arguments and
-//! returns the exit code ([`CliResult`]).
+//! returns the exit code ([`crate::fail::CliResult`]).
 
 pub mod cancel;
 pub mod doctor;
