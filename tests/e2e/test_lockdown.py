@@ -50,7 +50,7 @@ def fresh_job_dir(user: User) -> str:
     """A job directory path of delegate's form (below the user's root, a job id
     as basename) that does not exist: a script naming it is delegate's form,
     and if it ever ran the runner would refuse it."""
-    return str(user.root / time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8])
+    return str(user.root / (time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]))
 
 
 def delegate_script(job_dir: str) -> str:
@@ -125,7 +125,14 @@ def test_sbatch_wrap_is_refused(alice):
 
 @pytest.mark.parametrize(
     "form",
-    ["extra-line", "command-substitution", "quote-break-out", "other-binary", "runner-probe", "crlf"],
+    [
+        "extra-line",
+        "command-substitution",
+        "quote-break-out",
+        "other-binary",
+        "runner-probe",
+        "newline-in-path",
+    ],
 )
 def test_forged_script_is_refused(alice, form):
     """Scripts that mimic delegate's with extra shell: refused before they
@@ -138,7 +145,7 @@ def test_forged_script_is_refused(alice, form):
         "quote-break-out": f"#!/bin/sh\nexec '{RUNNER}' '{d}'; touch {m}; ''\n",
         "other-binary": f"#!/bin/sh\nexec '/usr/bin/touch' '{m}'\n",
         "runner-probe": f"#!/bin/sh\nexec '{RUNNER}' 'probe'\n",
-        "crlf": delegate_script(d).replace("\n", "\r\n"),
+        "newline-in-path": f"#!/bin/sh\nexec '{RUNNER}' '{alice.root}/x\n'; touch {m}; '/{Path(d).name}'\n",
     }[form]
     r = slurm_as(alice, "sbatch", "--output=/dev/null", input=script)
     assert_refused(r)
@@ -253,12 +260,12 @@ def test_other_students_processes_are_invisible(alice, bob):
     job = alice.submit("sleep", "30")
     try:
         alice.wait_started(job)
-        r = slurm_as(bob, "ps", "-eo", "uid=,args=")
+        r = slurm_as(bob, "ps", "-ww", "-eo", "uid=,args=")
         assert r.returncode == 0, r.stderr
         uids = {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
         assert str(alice.uid) not in uids, r.stdout
         assert job not in r.stdout, r.stdout
-        mine = sh("ps", "-eo", "uid=,args=").stdout
+        mine = sh("ps", "-ww", "-eo", "uid=,args=").stdout
         assert job in mine, "root no longer sees the runner"
     finally:
         alice.run("cancel", job)
