@@ -151,8 +151,9 @@ stack_secrets() {
 
 # --- generated files
 # stack_generate: every generated file, from the one description
-# (cluster.conf): slurm.conf, gres.conf, policy.toml, accounts and the stack
-# file, in STACK_GEN.
+# (cluster.conf): slurm.conf, gres.conf, policy.toml, the lockdown's
+# job_submit.lua, plugstack.conf and admins, accounts and the stack file, in
+# STACK_GEN.
 stack_generate() {
     local n=$DELEGATE_STACK_WORKERS tmp gres="" nodes
     nodes="worker[1-$n]"
@@ -225,6 +226,20 @@ CONF
     grep -q "^job_roots = \[\"$DELEGATE_STACK_HOME\"\]" "$STACK_GEN/policy.toml" \
         || die "cannot set job_roots in the stack's policy"
 
+    # The lockdown (docs/security.md): slurmctld's job gate for the stack's
+    # runner and home, the SPANK stack with the admin gid, and the admin
+    # group ("name gid member,member" in the file `admins`).
+    local agroup=${DELEGATE_STACK_ADMIN_GROUP%%:*} agid=${DELEGATE_STACK_ADMIN_GROUP##*:} m members=""
+    [[ $DELEGATE_STACK_ADMIN_GROUP =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] \
+        || die "DELEGATE_STACK_ADMIN_GROUP must be name:gid, not '$DELEGATE_STACK_ADMIN_GROUP'"
+    for m in $DELEGATE_STACK_ADMINS; do
+        [[ " $STACK_ACCOUNTS " == *" $m:"* ]] || die "admin '$m' (DELEGATE_STACK_ADMINS) is not an account of cluster.conf"
+        members+=${members:+,}$m
+    done
+    lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" 0 >"$STACK_GEN/job_submit.lua"
+    lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" >"$STACK_GEN/plugstack.conf"
+    echo "$agroup $agid $members" >"$STACK_GEN/admins"
+
     # Accounts: "name uid" lines.
     local a
     : >"$STACK_GEN/accounts"
@@ -235,7 +250,7 @@ CONF
 
     # The stack file: the worker block repeated, placeholders filled.
     local cfgv keyv hc="" wc="" uc=""
-    cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts} | sha256sum | cut -c1-10)
+    cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins} | sha256sum | cut -c1-10)
     keyv=$(cat "$STACK_SECRETS"/{munge.key,jupyter-token} | sha256sum | cut -c1-10)
     if [[ ${DELEGATE_STACK_PLACEMENT:-0} == 1 ]]; then
         hc='"node.role == manager"'
@@ -259,7 +274,7 @@ CONF
         >"$tmp"
     grep -q '@[A-Z_]*@' "$tmp" && { rm -f "$tmp"; die "stack file has unfilled placeholders"; }
     mv "$tmp" "$STACK_FILE"
-    log "generated $STACK_GEN/{slurm.conf,gres.conf,policy.toml,accounts,delegate-stack.yml} ($n workers)"
+    log "generated $STACK_GEN/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,delegate-stack.yml} ($n workers)"
 }
 
 # --- images
@@ -312,9 +327,12 @@ stack_build_images() {
         log "cargo: building the workspace (release) for the images"
         (cd "$REPO" && cargo build --release --workspace -q) || die "cargo build failed"
         ctx=$(mktemp -d)
-        mkdir -p "$ctx/bin" "$ctx/docker" "$ctx/slurm-conf"
+        mkdir -p "$ctx/bin" "$ctx/docker" "$ctx/slurm-conf/spank"
         cp "$REPO/docker/cluster.Dockerfile" "$REPO/docker/cluster-entrypoint.sh" "$ctx/docker/"
         cp "$REPO/slurm-conf/epilog.sh" "$ctx/slurm-conf/"
+        # The SPANK plugin is compiled in the image build, against the
+        # image's own Slurm headers.
+        cp "$REPO/slurm-conf/spank/delegate_lockdown.c" "$ctx/slurm-conf/spank/"
         cp "$REPO/target/release/delegate" "$REPO/target/release/sandbox-runner" "$ctx/bin/" \
             || die "target/release/{delegate,sandbox-runner} missing after cargo build"
         cp "$(command -v docker)" "$ctx/bin/docker"

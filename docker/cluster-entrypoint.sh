@@ -22,6 +22,11 @@ install -o root -g root -m 0644 "$CFG/slurm.conf" /etc/slurm/slurm.conf
 install -o root -g root -m 0644 "$CFG/gres.conf" /etc/slurm/gres.conf
 # The site policy: root-owned, not writable by others (the runner checks).
 install -o root -g root -m 0644 "$CFG/policy.toml" /etc/delegate/policy.toml
+# The lockdown (docs/security.md): slurmctld's job gate (read on the head)
+# and the SPANK stack slurm.conf names (read by slurmstepd on the workers,
+# by srun/sbatch everywhere).
+install -o root -g root -m 0644 "$CFG/job_submit.lua" /etc/slurm/job_submit.lua
+install -o root -g root -m 0644 "$CFG/plugstack.conf" /etc/slurm/delegate-plugstack.conf
 
 # --- accounts: "name uid" per line; same uid/gid on every node
 while read -r name uid; do
@@ -37,6 +42,16 @@ while read -r name uid; do
         log "created home $HOME_ROOT/$name"
     fi
 done <"$CFG/accounts"
+
+# --- the admin group: "name gid member,member"; same gid on every node.
+# Its members keep full Slurm (job_submit.lua reads /etc/group on the head,
+# the SPANK plugin this node's account database).
+read -r agroup agid amembers <"$CFG/admins" || true
+if [[ -n ${agroup:-} ]]; then
+    getent group "$agroup" >/dev/null || groupadd --gid "$agid" "$agroup"
+    [[ $(getent group "$agroup" | cut -d: -f3) == "$agid" ]] || die "group $agroup exists with another gid than $agid"
+    for m in ${amembers//,/ }; do usermod -aG "$agroup" "$m"; done
+fi
 
 # --- munge: the one key of the cluster
 install -d -o munge -g munge -m 0700 /etc/munge

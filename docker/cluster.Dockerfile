@@ -1,10 +1,22 @@
 # The image of the stack's head and worker nodes (docker/cluster.Dockerfile),
 # and the base of the user node's image (docker/user.Dockerfile).
 # Built by `build_cluster.sh deploy|update` with a context of docker/,
-# slurm-conf/epilog.sh and bin/ (the workspace's release binaries and the
+# slurm-conf/epilog.sh, slurm-conf/spank/ and bin/ (the workspace's release binaries and the
 # host's Docker CLI), on top of BASE_IMAGE (a registry image such as
 # debian:bookworm-slim, or the local debootstrap import).
 ARG BASE_IMAGE=delegate-base:bookworm
+
+# The lockdown's SPANK plugin (slurm-conf/spank/delegate_lockdown.c), built
+# against the same Debian Slurm as the final image's (libslurm-dev's
+# spank.h); only the .so is copied out of this stage.
+FROM ${BASE_IMAGE} AS spank
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev libslurm-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY slurm-conf/spank/delegate_lockdown.c /src/delegate_lockdown.c
+RUN gcc -std=gnu11 -Wall -Wextra -Werror -O2 -fPIC -shared \
+        -o /src/delegate_lockdown.so /src/delegate_lockdown.c
+
 FROM ${BASE_IMAGE}
 
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
@@ -38,6 +50,10 @@ RUN set -e; \
     install -o root -g "$DOCKER_GID" -m 2755 /tmp/bin/sandbox-runner /usr/local/bin/sandbox-runner; \
     rm -rf /tmp/bin; \
     ls -l /usr/local/bin/sandbox-runner
+
+# The lockdown's SPANK plugin (slurm.conf's PlugStackConfig names it through
+# /etc/slurm/delegate-plugstack.conf, installed by the entrypoint).
+COPY --from=spank /src/delegate_lockdown.so /usr/local/lib/delegate/delegate_lockdown.so
 
 # The Slurm epilog (sweeps leftover sandbox containers of the ending job).
 COPY slurm-conf/epilog.sh /etc/slurm/delegate-epilog.sh
