@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use parse::{
-    array_spec_contains, lookup, parse_sbatch_parsable, parse_sinfo, parse_slurm_time, parse_squeue, PartitionInfo,
-    SlurmJob, SlurmPhase, SlurmState,
+    array_spec_contains, lookup, parse_sbatch_parsable, parse_sinfo, parse_slurm_time, parse_squeue, BadSlurmTime,
+    PartitionInfo, SlurmJob, SlurmPhase, SlurmState,
 };
 pub use script::{
     array_script, batch_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, BatchRequest,

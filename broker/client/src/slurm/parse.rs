@@ -142,6 +142,11 @@ pub enum SlurmPhase {
     Ended,
 }
 
+/// A time limit that is none of Slurm's formats.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a Slurm time limit")]
+pub struct BadSlurmTime(pub String);
+
 /// What `sinfo` says about the partition jobs go to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PartitionInfo {
@@ -155,12 +160,12 @@ pub struct PartitionInfo {
 /// Parses a Slurm time limit as sinfo prints it: `infinite`, `UNLIMITED`,
 /// `minutes`, `minutes:seconds`, `hours:minutes:seconds`,
 /// `days-hours[:minutes[:seconds]]`. `Ok(None)` means unlimited.
-pub fn parse_slurm_time(s: &str) -> Result<Option<u64>, String> {
+pub fn parse_slurm_time(s: &str) -> Result<Option<u64>, BadSlurmTime> {
     let s = s.trim();
     if s.eq_ignore_ascii_case("infinite") || s.eq_ignore_ascii_case("unlimited") {
         return Ok(None);
     }
-    let bad = || format!("{s:?} is not a Slurm time limit");
+    let bad = || BadSlurmTime(s.to_owned());
     let num = |t: &str| t.parse::<u64>().map_err(|_| bad());
     let (days, rest) = match s.split_once('-') {
         Some((d, r)) => (num(d)?, r),
