@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,72 @@ def test_local_cluster_untouched(stack):
     # The single-machine cluster on the host network still answers.
     r = run("sinfo", "-h", "-o", "%N %T")
     assert r.returncode == 0
+
+
+# --- the lockdown on the stack (docs/security.md): a student on the user node
+# reaches a worker only through delegate.
+REFUSED = "delegate: only delegate's own jobs may run here"
+HOME = os.environ.get("DELEGATE_STACK_HOME", "/srv/delegate-stack/home")
+STUDENT = "dlg-test1"  # cluster.conf DELEGATE_STACK_TEST_USERS
+
+
+def on_user_node(*cmd, user=None, timeout=300):
+    cid = run(
+        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_user"
+    ).stdout.split()
+    assert cid, "the user node has no running container"
+    opts = []
+    if user:
+        home = f"{HOME}/{user}"
+        opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
+    return run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
+
+
+def test_stack_srun_on_a_worker_is_refused(stack):
+    r = on_user_node("srun", "-w", "worker1", "-t", "1", "hostname", user=STUDENT)
+    assert r.returncode != 0 and REFUSED in r.stderr
+    assert "worker1" not in r.stdout
+
+
+def test_stack_sbatch_wrap_and_salloc_are_refused(stack):
+    r = on_user_node("sbatch", "-w", "worker1", "--wrap", "hostname", user=STUDENT)
+    assert r.returncode != 0 and REFUSED in r.stderr
+    r = on_user_node("salloc", "-w", "worker1", "true", user=STUDENT)
+    assert r.returncode != 0 and REFUSED in r.stderr
+
+
+def test_stack_step_into_own_job_is_refused(stack):
+    """The SPANK plugin on the workers: srun --jobid=<own running delegate
+    job> --overlap fails in slurmstepd, the job goes on."""
+    r = on_user_node("delegate", "submit", "--", "sleep", "60", user=STUDENT)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[-1]
+    d = Path(HOME) / STUDENT / ".delegate" / "jobs" / job
+    try:
+        deadline = time.monotonic() + 180
+        while not (d / "started").exists():
+            assert time.monotonic() < deadline, "the delegate job did not start"
+            time.sleep(0.5)
+        sid = (d / "slurm-id").read_text().split()[0]
+        r = on_user_node(
+            "srun",
+            f"--jobid={sid}",
+            "--overlap",
+            "sh",
+            "-c",
+            "id; touch $HOME/stack-step-marker",
+            user=STUDENT,
+        )
+        assert "uid=" not in r.stdout
+        assert "launch failed" in r.stderr or "Plugin initialization failed" in r.stderr
+        assert not (Path(HOME) / STUDENT / "stack-step-marker").exists()
+    finally:
+        on_user_node("delegate", "cancel", job, user=STUDENT)
+
+
+def test_stack_root_can_still_srun(stack):
+    r = on_user_node("srun", "-w", "worker1", "-t", "1", "hostname")
+    assert r.returncode == 0 and "worker1" in r.stdout
 
 
 def test_down_leaves_nothing_behind(stack):
