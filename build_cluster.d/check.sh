@@ -44,23 +44,40 @@ t_sinfo_idle() {
     stack_exec head sinfo -N -o '%N %T %c %m' || return 1
     stack_nodes_idle
 }
-# t_job_on_each_worker USER: one `sbatch --wait -w workerI` per worker at
-# once, as USER from the user node; each must print its worker's hostname.
+# t_job_on_each_worker: one `sbatch --wait -w workerI` per worker at once,
+# as root (an admin: students may only submit delegate's own jobs) from the
+# user node; each must print its worker's hostname.
 t_job_on_each_worker() {
-    local u=$1 i pids=() rc=0 out
+    local i pids=() rc=0 out f
     for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
-        stack_exec_as "$u" user timeout 180 sbatch --wait -Q -w "worker$i" -t 2 \
-            -o "$DELEGATE_STACK_HOME/$u/.stack-check-worker$i.out" --wrap 'hostname -s' </dev/null &
+        stack_exec user timeout 180 sbatch --wait -Q -w "worker$i" -t 2 \
+            -o "$DELEGATE_STACK_HOME/.stack-check-worker$i.out" --wrap 'hostname -s' </dev/null &
         pids+=($!)
     done
     for i in "${pids[@]}"; do wait "$i" || rc=1; done
     for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
-        out=$(stack_exec_as "$u" user cat "$DELEGATE_STACK_HOME/$u/.stack-check-worker$i.out" 2>/dev/null)
-        stack_exec_as "$u" user rm -f "$DELEGATE_STACK_HOME/$u/.stack-check-worker$i.out"
+        f=$DELEGATE_STACK_HOME/.stack-check-worker$i.out
+        out=$(stack_exec user cat "$f" 2>/dev/null)
+        stack_exec user rm -f "$f"
         echo "worker$i: ${out:-no output}"
         [[ $out == "worker$i" ]] || rc=1
     done
     return $rc
+}
+# t_plain_slurm_refused USER: USER (a student) cannot reach a worker through
+# plain Slurm (docs/security.md): srun and sbatch --wrap are refused by the
+# controller's job gate with its reason.
+t_plain_slurm_refused() {
+    local u=$1 out
+    for cmd in "srun -w worker1 -t 1 hostname" "sbatch -w worker1 --wrap hostname"; do
+        # shellcheck disable=SC2086  # the words of cmd, on purpose
+        if out=$(stack_exec_as "$u" user timeout 60 $cmd 2>&1 </dev/null); then
+            echo "$u: '$cmd' was accepted: $out"; return 1
+        fi
+        grep -q "only delegate's own jobs may run here" <<<"$out" \
+            || { echo "$u: '$cmd' failed without the gate's reason: $out"; return 1; }
+    done
+    echo "$u: srun and sbatch --wrap refused by the job gate"
 }
 # t_python USER ARGS...: stack/check_user.py on the user node, as USER, with
 # ARGS (basic, excl N, map N: see that file).
@@ -111,7 +128,8 @@ stack_test() {
     log "test: stack $STACK, $DELEGATE_STACK_WORKERS workers, test accounts $t1 $t2"
     stack_wait >/dev/null
     check "sinfo: every worker idle" t_sinfo_idle
-    check "a trivial job on each worker ($t1, sbatch -w)" t_job_on_each_worker "$t1"
+    check "a trivial job on each worker (root, sbatch -w)" t_job_on_each_worker
+    check "$t1 cannot run plain Slurm jobs (srun, sbatch --wrap)" t_plain_slurm_refused "$t1"
     check "$t1: Python function via delegate, own uid, perf counter" t_python "$t1" basic
     check "$t2: Python function via delegate, own uid, perf counter" t_python "$t2" basic
     check "$t1 cannot read $t2's job directories" t_isolation "$t1" "$t2"
