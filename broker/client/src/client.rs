@@ -72,6 +72,10 @@ impl Client {
             .create(&config.root)
             .map_err(|e| root_err(e.to_string()))?;
         let root = std::fs::canonicalize(&config.root).map_err(|e| root_err(e.to_string()))?;
+        // The batch scripts name job directories below the root, and the
+        // cluster's job gate accepts only a small set of bytes in them.
+        crate::config::check_root_path(&root)
+            .map_err(|reason| ClientError::Root { path: root.display().to_string(), reason })?;
         let root_fd = open_dir_nofollow(&root).map_err(|e| root_err(e.to_string()))?;
         let uid = nix::unistd::getuid().as_raw();
         let gid = nix::unistd::getgid().as_raw();

@@ -78,3 +78,68 @@ pub fn home_dir() -> Result<PathBuf> {
 pub fn default_root() -> Result<PathBuf> {
     Ok(home_dir()?.join(".delegate").join("jobs"))
 }
+
+/// The bytes a job directory's path may hold: the set the cluster's job gate
+/// (`slurm-conf/job_submit.lua`, `safe_path`) accepts in a batch script.
+pub const ROOT_PATH_BYTES: &str = "A-Z a-z 0-9 . _ / + @ = , : -";
+
+fn root_path_byte_ok(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"._/+@=,:-".contains(&b)
+}
+
+/// Checks that a (canonical) delegate root can be named in a batch script
+/// the cluster's job gate accepts: only [`ROOT_PATH_BYTES`]. Anything else (a
+/// quote, a space, a newline, `$`, non-ASCII) would make slurmctld refuse
+/// every job; the reason names the byte and what to do.
+pub fn check_root_path(root: &std::path::Path) -> std::result::Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = root.as_os_str().as_bytes();
+    match bytes.iter().position(|&b| !root_path_byte_ok(b)) {
+        None => Ok(()),
+        Some(i) => {
+            let b = bytes[i];
+            let shown = if b.is_ascii_graphic() {
+                format!("'{}' ", b as char)
+            } else {
+                String::new()
+            };
+            Err(format!(
+                "its path holds the byte {shown}(0x{b:02x}) at offset {i}; this cluster only runs job \
+                 directories whose paths are made of {ROOT_PATH_BYTES}: set ${ROOT_ENV} to such a \
+                 directory below your home"
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn root_paths_the_job_gate_accepts() {
+        for ok in [
+            "/home/alice/.delegate/jobs",
+            "/srv/delegate-stack/home/dlg-test1/.delegate/jobs",
+            "/h/a+b@c=d,e:f-g_h.i",
+        ] {
+            assert_eq!(check_root_path(Path::new(ok)), Ok(()), "{ok}");
+        }
+        for (bad, byte) in [
+            ("/home/o'k/.delegate/jobs", "(0x27)"),
+            ("/home/a b/jobs", "(0x20)"),
+            ("/home/a\nb/jobs", "(0x0a)"),
+            ("/home/$x/jobs", "'$' (0x24)"),
+            ("/home/\u{e9}t\u{e9}/jobs", "(0xc3)"),
+            ("/home/a\\b", "(0x5c)"),
+            ("/home/*/jobs", "(0x2a)"),
+        ] {
+            let e = check_root_path(Path::new(bad)).unwrap_err();
+            assert!(
+                e.contains(byte) && e.contains(ROOT_ENV) && e.contains(ROOT_PATH_BYTES),
+                "{bad}: {e}"
+            );
+        }
+    }
+}
