@@ -205,6 +205,21 @@ def test_batch_step_environment_is_scrubbed(alice, tmp_path):
         (alice.home / "lockdown-preload.log").unlink(missing_ok=True)
 
 
+def test_client_refuses_a_root_the_gate_would_refuse(alice):
+    """A delegate root with a quote in its path: shell_quote would write
+    '\\'' into the script and the job gate would refuse every job; the client
+    says so first, naming the byte and the way out."""
+    parent = alice.home / "o'k"
+    try:
+        r = slurm_as(
+            alice, "delegate", "submit", "--", "true", env_extra={"DELEGATE_ROOT": str(parent / "jobs")}
+        )
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "0x27" in r.stderr and "A-Z a-z 0-9" in r.stderr and "DELEGATE_ROOT" in r.stderr, r.stderr
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
 # ------------------------------------------------------------ slurmstepd: steps
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "plain"])
 def test_step_into_own_allocation_is_refused(alice, overlap):

@@ -66,6 +66,9 @@ impl Client {
         if !config.root.is_absolute() {
             return Err(root_err("it is not an absolute path".into()));
         }
+        // Refused before anything is created; the canonical path is checked
+        // again below (a symlink on the way may lead elsewhere).
+        crate::config::check_root_path(&config.root).map_err(root_err)?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)

@@ -99,12 +99,12 @@ pub fn check_root_path(root: &std::path::Path) -> std::result::Result<(), String
         Some(i) => {
             let b = bytes[i];
             let shown = if b.is_ascii_graphic() {
-                format!("'{}' ", b as char)
+                format!(" ({})", b as char)
             } else {
                 String::new()
             };
             Err(format!(
-                "its path holds the byte {shown}(0x{b:02x}) at offset {i}; this cluster only runs job \
+                "its path holds the byte 0x{b:02x}{shown} at offset {i}; this cluster only runs job \
                  directories whose paths are made of {ROOT_PATH_BYTES}: set ${ROOT_ENV} to such a \
                  directory below your home"
             ))
@@ -127,13 +127,13 @@ mod tests {
             assert_eq!(check_root_path(Path::new(ok)), Ok(()), "{ok}");
         }
         for (bad, byte) in [
-            ("/home/o'k/.delegate/jobs", "(0x27)"),
-            ("/home/a b/jobs", "(0x20)"),
-            ("/home/a\nb/jobs", "(0x0a)"),
-            ("/home/$x/jobs", "'$' (0x24)"),
-            ("/home/\u{e9}t\u{e9}/jobs", "(0xc3)"),
-            ("/home/a\\b", "(0x5c)"),
-            ("/home/*/jobs", "(0x2a)"),
+            ("/home/o'k/.delegate/jobs", "0x27"),
+            ("/home/a b/jobs", "0x20"),
+            ("/home/a\nb/jobs", "0x0a"),
+            ("/home/$x/jobs", "0x24 ($)"),
+            ("/home/\u{e9}t\u{e9}/jobs", "0xc3"),
+            ("/home/a\\b", "0x5c"),
+            ("/home/*/jobs", "0x2a"),
         ] {
             let e = check_root_path(Path::new(bad)).unwrap_err();
             assert!(
