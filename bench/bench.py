@@ -7,7 +7,8 @@ Started by bench/run.sh (read that first); three phases:
                                   the same container run on an idle node, a raw
                                   Slurm array), sandbox-runner's own cost and
                                   peak memory, the CPU loop on the bare node
-  bench.py user   OUT.json        as a student (non-root): delegate and submitit
+  bench.py user   OUT.json        as an ordinary account in the admin group (non-root;
+                                  run.sh): delegate and submitit
                                   (single call, maps), Slurm queries while
                                   N futures wait, the CPU loop in the sandbox
   bench.py report OUT.json A B    merges, prints the table of ratios, writes
@@ -32,7 +33,7 @@ RUNNER = os.environ.get("DELEGATE_RUNNER", "/usr/local/bin/sandbox-runner")
 DELEGATE_CLI = os.environ.get("BENCH_DELEGATE_CLI", "/usr/local/bin/delegate")
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 SKIP_200 = os.environ.get("BENCH_SKIP_200") == "1"
-USER = os.environ.get("BENCH_USER", "delegate-alice")
+USER = os.environ.get("BENCH_USER", "delegate-bench")
 REPS = 3 if QUICK else int(os.environ.get("BENCH_REPS", "10"))  # cheap figures
 SREPS = 3 if QUICK else int(os.environ.get("BENCH_SLURM_REPS", "6"))  # each waits for an idle node
 LOOP_N = 200_000 if QUICK else 2_000_000  # iterations of the CPU-bound loop
