@@ -13,6 +13,8 @@ PrivateData and /proc hidepid hide other users' jobs and processes.
 
 from __future__ import annotations
 
+import grp
+import re
 import shutil
 import subprocess
 import time
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, RUNNER, User, sh
+
+from testlib import ensure_user
 
 REFUSED = "delegate: only delegate's own jobs may run here"
 
@@ -247,6 +251,26 @@ def test_step_into_own_allocation_is_refused(alice, overlap):
 def test_root_can_still_srun():
     r = sh("srun", "-N1", "-t", "1", "id", "-u", timeout=300, check=False)
     assert r.returncode == 0 and r.stdout.strip() == "0", r.stdout + r.stderr
+
+
+def test_admin_group_member_keeps_full_slurm():
+    """A member of the admin group (not root) passes both gates: the job gate
+    reads /etc/group (re-read at most every 60 s), the SPANK plugin the
+    node's account database. The test account delegate-staff is made a
+    member; the students never are."""
+    m = re.search(r'^local ADMIN_GROUP\s*=\s*"([^"]+)"', Path("/etc/slurm/job_submit.lua").read_text(), re.M)
+    assert m, "no ADMIN_GROUP in /etc/slurm/job_submit.lua"
+    group = m.group(1)
+    staff = User(ensure_user("delegate-staff").pw_name)
+    if staff.name not in grp.getgrnam(group).gr_mem:
+        sh("usermod", "-aG", group, staff.name)
+    deadline = time.monotonic() + 90
+    while True:
+        r = slurm_as(staff, "srun", "-N1", "-t", "1", "id", "-u", timeout=300)
+        if r.returncode == 0 or time.monotonic() > deadline or REFUSED not in r.stderr:
+            break
+        time.sleep(5)  # the job gate has not re-read /etc/group yet
+    assert r.returncode == 0 and r.stdout.strip() == str(staff.uid), r.stdout + r.stderr
 
 
 # ------------------------------------------------------------ privacy
