@@ -17,18 +17,18 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 create_exception!(
-    _core,
+    delegate._core,
     DelegateError,
     PyException,
     "A delegate operation failed (submission, Slurm, the job directory)."
 );
 create_exception!(
-    _core,
+    delegate._core,
     NoSuchJobError,
     DelegateError,
     "No job with this id in the delegate root."
 );
-create_exception!(_core, SubmitError, DelegateError, "The job could not be submitted.");
+create_exception!(delegate._core, SubmitError, DelegateError, "The job could not be submitted.");
 
 #[derive(Debug, thiserror::Error)]
 enum CoreError {

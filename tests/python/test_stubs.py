@@ -49,3 +49,16 @@ def test_every_public_exception_is_exported_and_documented():
         assert (e.__doc__ or "").strip(), f"{e.__name__} has no docstring"
     assert issubclass(delegate.NoSuchJobError, delegate.DelegateError)
     assert issubclass(delegate.SubmitError, delegate.DelegateError)
+
+
+def test_extension_exceptions_pickle_round_trip():
+    """A caller can pickle a NoSuchJobError (e.g. across a process pool): the
+    extension's exceptions name their real module, delegate._core."""
+    import pickle
+
+    import delegate
+
+    for cls in (delegate.DelegateError, delegate.NoSuchJobError, delegate.SubmitError):
+        assert cls.__module__ == "delegate._core"
+        back = pickle.loads(pickle.dumps(cls("no job abc")))
+        assert type(back) is cls and str(back) == "no job abc"
