@@ -46,6 +46,7 @@
 //! Nothing here is CLI-only: the setgid `sandbox-runner` links this crate
 //! and nothing above it.
 
+pub mod agent;
 pub mod clock;
 pub mod error;
 pub mod fsio;

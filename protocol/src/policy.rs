@@ -17,6 +17,13 @@
 //! docker_socket = "/var/run/docker.sock"
 //! allow_root = false          # jobs of uid 0 are refused unless true
 //! calls_per_allocation = 100  # a map's calls share exclusive allocations, at most this many each
+//! max_output = "256M"         # stdout + stderr bytes of one call; past it output is dropped
+//! output_limit = "truncate"   # truncate (the call goes on) | stop (the call is stopped)
+//! max_job_bytes = "1G"        # bytes under /job (the job directory) while a call runs
+//! max_open_files = 1024       # RLIMIT_NOFILE in the sandbox
+//! agent_socket = "/run/delegate/agent.sock"
+//! staging_dir = "/run/delegate/jobs"  # where the agent pins job directories (root-owned)
+//! staging_host_dir = ""       # the same directory as the engine sees it, when it differs
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -45,6 +52,16 @@ pub enum PerfMode {
     Off,
 }
 
+/// What happens to a call whose output passes `max_output`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputLimit {
+    /// The rest of the output is dropped (counted); the call goes on.
+    Truncate,
+    /// The call is stopped.
+    Stop,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
@@ -67,6 +84,23 @@ pub struct Policy {
     /// Read by the client when it submits (fairness towards other users of
     /// the partition is the site's call).
     pub calls_per_allocation: u32,
+    /// Bytes of stdout plus stderr one call may produce (`0`: no limit).
+    pub max_output: String,
+    pub output_limit: OutputLimit,
+    /// Bytes the job directory may hold while a call runs (the agent
+    /// watches; it is also each file's RLIMIT_FSIZE). `0`: no limit.
+    pub max_job_bytes: String,
+    /// RLIMIT_NOFILE of the sandbox.
+    pub max_open_files: u32,
+    /// The agent's socket (the runner connects, the agent listens).
+    pub agent_socket: PathBuf,
+    /// Root-owned directory where the agent bind-mounts each running job
+    /// directory (the only path the engine is given).
+    pub staging_dir: PathBuf,
+    /// The staging directory as the engine sees it, when the engine runs in
+    /// another mount namespace (the stack's workers use the host's engine);
+    /// empty: the same as `staging_dir`.
+    pub staging_host_dir: PathBuf,
 }
 
 impl Default for Policy {
@@ -86,7 +120,22 @@ impl Default for Policy {
             docker_socket: PathBuf::from("/var/run/docker.sock"),
             allow_root: false,
             calls_per_allocation: 100,
+            max_output: "1G".into(),
+            output_limit: OutputLimit::Truncate,
+            max_job_bytes: "4G".into(),
+            max_open_files: 1024,
+            agent_socket: PathBuf::from(crate::agent::DEFAULT_AGENT_SOCKET),
+            staging_dir: PathBuf::from("/run/delegate/jobs"),
+            staging_host_dir: PathBuf::new(),
         }
+    }
+}
+
+/// A size limit: `0` or `"unlimited"` is 0 (no limit), else a size.
+fn parse_limit(s: &str) -> Result<u64, crate::units::UnitError> {
+    match s.trim() {
+        "0" | "unlimited" => Ok(0),
+        t => parse_size(t),
     }
 }
 
@@ -125,6 +174,8 @@ pub struct Limits {
     pub max_mem_bytes: u64,
     pub max_time_secs: u64,
     pub tmp_bytes: u64,
+    pub max_output_bytes: u64,
+    pub max_job_bytes: u64,
 }
 
 impl Policy {
@@ -163,6 +214,18 @@ impl Policy {
                 reason: "calls_per_allocation must be at least 1".into(),
             });
         }
+        for p in [&policy.agent_socket, &policy.staging_dir] {
+            check_clean_absolute(p).map_err(|e| PolicyError::Invalid {
+                path: origin.into(),
+                reason: e.to_string(),
+            })?;
+        }
+        if !policy.staging_host_dir.as_os_str().is_empty() {
+            check_clean_absolute(&policy.staging_host_dir).map_err(|e| PolicyError::Invalid {
+                path: origin.into(),
+                reason: e.to_string(),
+            })?;
+        }
         for r in &policy.job_roots {
             check_clean_absolute(r).map_err(|e| PolicyError::Invalid {
                 path: origin.into(),
@@ -189,6 +252,8 @@ impl Policy {
             max_mem_bytes: parse_size(&self.max_mem).map_err(|e| format!("max_mem: {e}"))?,
             max_time_secs: parse_duration(&self.max_time).map_err(|e| format!("max_time: {e}"))?,
             tmp_bytes: parse_size(&self.tmp_size).map_err(|e| format!("tmp_size: {e}"))?,
+            max_output_bytes: parse_limit(&self.max_output).map_err(|e| format!("max_output: {e}"))?,
+            max_job_bytes: parse_limit(&self.max_job_bytes).map_err(|e| format!("max_job_bytes: {e}"))?,
         })
     }
 
@@ -219,6 +284,8 @@ impl Policy {
             max_mem_bytes: 0,
             max_time_secs: 0,
             tmp_bytes: 0,
+            max_output_bytes: 0,
+            max_job_bytes: 0,
         });
         let r = &spec.resources;
         let over = |what, asked: String, max: String| Err(Violation::Limit { what, asked, max });
@@ -276,6 +343,11 @@ mod tests {
         assert_eq!(Policy::parse("calls_per_allocation = 1", "t").unwrap().calls_per_allocation, 1);
         assert!(Policy::parse("calls_per_allocation = 0", "t").is_err());
         assert!(Policy::parse("calls_per_allocation = -3", "t").is_err());
+        let l = Policy::parse("max_output = \"1M\"\nmax_job_bytes = \"0\"\noutput_limit = \"stop\"", "t").unwrap();
+        assert_eq!(l.output_limit, OutputLimit::Stop);
+        assert_eq!(l.limits().unwrap().max_output_bytes, 1 << 20);
+        assert_eq!(l.limits().unwrap().max_job_bytes, 0);
+        assert!(Policy::parse("staging_dir = \"rel\"", "t").is_err());
     }
 
     #[test]
