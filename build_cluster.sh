@@ -29,7 +29,9 @@
 #   4. builds the Rust workspace and installs `delegate` and the setgid
 #      `sandbox-runner`,
 #   5. builds the base and sandbox images,
-#   6. installs the site policy /etc/delegate/policy.toml (unless present),
+#   6. installs the site policy /etc/delegate/policy.toml (unless present)
+#      and (re)starts the root agent sandbox-agent (the Docker socket's only
+#      holder; socket $DELEGATE_AGENT_SOCKET, log /var/log/delegate/agent.log),
 #   7. runs a demo job as a non-root user and prints `delegate doctor`.
 # It is idempotent: a second run skips everything already in place.
 #
@@ -71,6 +73,8 @@ DELEGATE_STATE_DIR=${DELEGATE_STATE_DIR:-/var/lib/delegate}
 DELEGATE_LOG_DIR=${DELEGATE_LOG_DIR:-/var/log/delegate}
 DELEGATE_CACHE_DIR=${DELEGATE_CACHE_DIR:-/var/cache/delegate}
 DELEGATE_RUN_DIR=${DELEGATE_RUN_DIR:-/run/delegate}
+# The agent's socket (the policy's agent_socket must name the same path).
+DELEGATE_AGENT_SOCKET=${DELEGATE_AGENT_SOCKET:-/run/delegate/agent.sock}
 SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
 DELEGATE_POLICY_FILE=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
 # User for the demo job: $SUDO_USER when it is a real user, else this one

@@ -328,8 +328,9 @@ local_start_daemons() {
 }
 
 # --------------------------------------------------- 4. Rust build/install
-# local_build_install: cargo build of the workspace; install `delegate` and
-# the setgid-docker `sandbox-runner` into DELEGATE_PREFIX.
+# local_build_install: cargo build of the workspace; install `delegate`, the
+# unprivileged `sandbox-runner` and the root agent `sandbox-agent` into
+# DELEGATE_PREFIX.
 local_build_install() {
     command -v cargo >/dev/null || die "cargo not found (looked in \$HOME/.cargo/bin and PATH).
        Install Rust with rustup (https://rustup.rs); Debian's rustc is too old for this workspace."
@@ -343,12 +344,34 @@ local_build_install() {
         warn "the workspace built no 'delegate' binary yet; CLI not installed"
     fi
     [[ -x $t/sandbox-runner ]] || die "the workspace built no target/release/sandbox-runner"
-    getent group docker >/dev/null || die "group 'docker' missing (is docker.io installed?)"
-    # The privilege model: students are NOT in the docker group; the runner
-    # reaches the Docker socket through its setgid docker group.
-    # (install sets the mode after chown, so the setgid bit survives.)
-    install -o root -g docker -m 2755 "$t/sandbox-runner" "$DELEGATE_PREFIX/sandbox-runner"
-    log "installed $DELEGATE_PREFIX/sandbox-runner (root:docker 2755)"
+    [[ -x $t/sandbox-agent ]] || die "the workspace built no target/release/sandbox-agent"
+    # The privilege model: students are NOT in the docker group and the
+    # runner holds no privilege (no setgid); only the root agent reaches
+    # the Docker socket (docs/security.md).
+    install -o root -g root -m 0755 "$t/sandbox-runner" "$DELEGATE_PREFIX/sandbox-runner"
+    install -o root -g root -m 0755 "$t/sandbox-agent" "$DELEGATE_PREFIX/sandbox-agent"
+    log "installed $DELEGATE_PREFIX/sandbox-runner (root:root 0755) and $DELEGATE_PREFIX/sandbox-agent"
+}
+
+# ------------------------------------------------------ 6b. the agent
+# agent_ok: the agent's socket exists.
+agent_ok() { [[ -S $DELEGATE_AGENT_SOCKET ]]; }
+# local_start_agent: (re)start the root agent, the only holder of the Docker
+# socket; it logs to $DELEGATE_LOG_DIR/agent.log (its own file).
+local_start_agent() {
+    local pid
+    pid=$(awk '$1 == "sandbox-agent" { print $2 }' "$STARTED_FILE" 2>/dev/null || true)
+    if [[ -n $pid ]]; then
+        stop_recorded sandbox-agent "$pid"
+    fi
+    rm -f "$DELEGATE_AGENT_SOCKET"
+    DELEGATE_AGENT_LOG=$DELEGATE_LOG_DIR/agent.log SLURM_CONF=$SLURM_CONF \
+        nohup setsid "$DELEGATE_PREFIX/sandbox-agent" </dev/null >>"$DELEGATE_LOG_DIR/agent.log" 2>&1 &
+    record_started sandbox-agent $!
+    wait_for 20 sandbox-agent agent_ok \
+        || die "sandbox-agent did not open $DELEGATE_AGENT_SOCKET; tail $DELEGATE_LOG_DIR/agent.log:
+$(tail -n 20 "$DELEGATE_LOG_DIR/agent.log")"
+    log "sandbox-agent: listening on $DELEGATE_AGENT_SOCKET (log $DELEGATE_LOG_DIR/agent.log)"
 }
 
 # ------------------------------------------------------------- 5. images
@@ -517,6 +540,7 @@ local_up() {
     local_build_install
     local_build_images
     local_install_policy
+    local_start_agent
     local_demo
     log "up: done in $((SECONDS - T0)) s"
 }
@@ -529,7 +553,7 @@ local_stop() {
         log "stop: nothing recorded in $STARTED_FILE; nothing to stop"
         return
     fi
-    # Reverse order of starting: slurmd, slurmctld, dockerd, munged.
+    # Reverse order of starting: sandbox-agent, slurmd, slurmctld, dockerd, munged.
     local name pid
     tac "$STARTED_FILE" | while read -r name pid; do
         stop_recorded "$name" "$pid"
@@ -541,7 +565,7 @@ local_stop() {
 # local_status: `--local status`, daemons, Slurm's view and the images.
 local_status() {
     local d pids
-    for d in munged dockerd slurmctld slurmd; do
+    for d in munged dockerd slurmctld slurmd sandbox-agent; do
         pids=$(pgrep -x "$d" | tr '\n' ' ' || true)
         printf '%-10s %s\n' "$d" "${pids:-(not running)}"
     done

@@ -62,9 +62,16 @@ pub enum Answer {
     /// the job's outcome is `failed` with this reason.
     Failed(String),
     /// The container exists (not started yet).
-    Created { container_id: String, perf_mode: String },
+    Created {
+        container_id: String,
+        perf_mode: String,
+    },
     /// The container started; the runner records it.
-    Started { container_id: String, perf_mode: String, started_ms: u64 },
+    Started {
+        container_id: String,
+        perf_mode: String,
+        started_ms: u64,
+    },
     /// The container ended and has been removed (or could not be).
     Ended(Ended),
 }
@@ -148,7 +155,7 @@ impl FrameBuf {
     /// The next whole frame decoded, `Ok(None)` when more bytes are
     /// needed, an error for a frame over the bound or that does not decode
     /// (the connection is then dropped).
-    pub fn next<R: Record>(&mut self) -> Result<Option<R>> {
+    pub fn next_frame<R: Record>(&mut self) -> Result<Option<R>> {
         if self.buf.len() < 4 {
             return Ok(None);
         }
@@ -179,7 +186,11 @@ mod tests {
     fn frames_round_trip_in_pieces() {
         let reqs = vec![
             Request::Probe,
-            Request::Run(RunRequest { spec: sample_spec(), job_dir: "/home/a/x".into(), gid: 5 }),
+            Request::Run(RunRequest {
+                spec: sample_spec(),
+                job_dir: "/home/a/x".into(),
+                gid: 5,
+            }),
             Request::Kill,
         ];
         let mut bytes = Vec::new();
@@ -190,7 +201,7 @@ mod tests {
         let mut got = Vec::new();
         for b in bytes.chunks(3) {
             fb.push(b);
-            while let Some(r) = fb.next::<Request>().unwrap() {
+            while let Some(r) = fb.next_frame::<Request>().unwrap() {
                 got.push(r);
             }
         }
@@ -201,9 +212,9 @@ mod tests {
     fn oversized_and_wrong_kind_frames_are_errors() {
         let mut fb = FrameBuf::default();
         fb.push(&(u32::MAX).to_le_bytes());
-        assert!(fb.next::<Request>().is_err());
+        assert!(fb.next_frame::<Request>().is_err());
         let mut fb = FrameBuf::default();
         fb.push(&frame(&Answer::Refused("no".into())).unwrap());
-        assert!(fb.next::<Request>().is_err());
+        assert!(fb.next_frame::<Request>().is_err());
     }
 }

@@ -9,7 +9,9 @@ use crate::run::{self, SignalWatch, EXIT_OUTCOME};
 /// Runs every job directory in order; returns the exit code of the batch:
 /// the worst of the calls' codes (0 < 3 refused < 4 internal error), a call
 /// skipped because it already had an outcome counting as 0.
-pub async fn run_batch(dirs: &[impl AsRef<Path>], signals: SignalWatch, slurm_job: Option<String>) -> i32 {
+pub async fn run_batch(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
+    // One agent connection for the whole allocation: one identity check.
+    let mut agent = None;
     let uid = nix::unistd::getuid().as_raw();
     let saved = match calllog::save_stderr() {
         Ok(fd) => Some(fd),
@@ -45,7 +47,7 @@ pub async fn run_batch(dirs: &[impl AsRef<Path>], signals: SignalWatch, slurm_jo
         if log.is_some() {
             tracing::info!("call {n}/{total} of a batch: {}", dir.display());
         }
-        let finish = run::run_job(dir, crate::load_policy(), slurm_job.clone(), signals.clone()).await;
+        let finish = run::run_job(dir, crate::load_policy(), &mut agent, signals.clone()).await;
         let (c, summary) = if finish.already_ended {
             let what = "skipped: it already has an outcome (cancelled before its turn)";
             tracing::info!("{}: {what}", dir.display());

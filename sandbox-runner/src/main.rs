@@ -51,20 +51,18 @@
 //! `delegate: refused: <reason>`, `delegate: <state>: <reason>` (state being
 //! failed, timed-out or cancelled) or `delegate: error: <reason>`.
 
+mod agent;
 mod batch;
 mod calllog;
-mod config;
-mod engine;
-mod output;
 mod probe;
 mod run;
-mod seccomp;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 use delegate_protocol::policy::{Policy, PolicyError, DEFAULT_POLICY_PATH, POLICY_ENV};
+use probe::Show;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -201,16 +199,15 @@ async fn async_main(cli: Cli) -> i32 {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            let slurm_job = std::env::var("SLURM_JOB_ID").ok();
-            batch::run_batch(&dirs, signals, slurm_job).await
+            batch::run_batch(&dirs, signals).await
         }
         (None, Some(dir)) => {
             let signals = match signal_handlers() {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            let slurm_job = std::env::var("SLURM_JOB_ID").ok();
-            let finish = run::run_job(&dir, load_policy(), slurm_job, signals).await;
+            let mut agent = None;
+            let finish = run::run_job(&dir, load_policy(), &mut agent, signals).await;
             if let Some(line) = finish.final_line {
                 eprintln!("{line}");
             }

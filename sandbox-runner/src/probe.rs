@@ -1,34 +1,28 @@
-//! `sandbox-runner probe`: what `delegate doctor` asks the (setgid) runner,
-//! since students cannot reach the Docker socket themselves.
+//! `sandbox-runner probe`: what `delegate doctor` asks; the runner asks the
+//! node's agent (students cannot reach the Docker socket themselves).
 
-use std::collections::HashMap;
-
-use bollard::models::ContainerCreateBody;
-use delegate_protocol::policy::{PerfMode, Policy};
+use delegate_protocol::agent::{Answer, Request};
+use delegate_protocol::policy::Policy;
 use serde_json::{json, Value};
 
-use crate::config::{self, Perf, LABEL_PROBE, LABEL_UID};
-use crate::engine;
+use crate::agent::Agent;
 
-/// The probe's findings.
-#[derive(Debug, Default)]
-pub struct Report {
-    pub docker_ok: bool,
-    pub version: String,
-    pub api_version: String,
-    pub error: String,
-    pub image: String,
-    pub image_present: bool,
-    pub perf_mode: String,
-    pub perf_detail: String,
+/// The probe's findings (the agent's answer).
+pub type Report = delegate_protocol::agent::ProbeReport;
+
+/// Text and JSON forms of the report.
+pub trait Show {
+    fn ok(&self) -> bool;
+    fn to_json(&self) -> Value;
+    fn to_text(&self) -> String;
 }
 
-impl Report {
-    pub fn ok(&self) -> bool {
+impl Show for Report {
+    fn ok(&self) -> bool {
         self.docker_ok && self.image_present
     }
 
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self) -> Value {
         json!({
             "docker": {
                 "ok": self.docker_ok,
@@ -41,7 +35,7 @@ impl Report {
         })
     }
 
-    pub fn to_text(&self) -> String {
+    fn to_text(&self) -> String {
         let mut s = String::new();
         if self.docker_ok {
             s += &format!("docker:    ok, engine {} (API {} negotiated)\n", self.version, self.api_version);
@@ -58,77 +52,25 @@ impl Report {
     }
 }
 
-/// A throwaway container that is created (never started) to see whether the
-/// engine accepts CAP_PERFMON.
-fn probe_body(policy: &Policy, tmp_bytes: u64) -> ContainerCreateBody {
-    let uid = nix::unistd::getuid().as_raw();
-    ContainerCreateBody {
-        image: Some(policy.default_image.clone()),
-        cmd: Some(vec!["true".into()]),
-        user: Some(format!("{uid}:{}", nix::unistd::getgid().as_raw())),
-        labels: Some(HashMap::from([
-            (LABEL_PROBE.to_string(), "1".to_string()),
-            (LABEL_UID.to_string(), uid.to_string()),
-        ])),
-        network_disabled: Some(true),
-        host_config: Some(config::base_host_config(tmp_bytes, policy.max_pids, Perf::Perfmon)),
-        ..Default::default()
-    }
-}
-
+/// Asks the agent named by the policy.
 pub async fn probe(policy: &Policy) -> Report {
-    let mut r = Report {
+    let unknown = |error: String| Report {
         image: policy.default_image.clone(),
+        error,
+        perf_mode: "unknown".into(),
+        perf_detail: "the delegate agent could not be asked".into(),
         ..Default::default()
     };
-    let docker = match engine::connect(&policy.docker_socket).await {
-        Ok(d) => d,
-        Err(e) => {
-            r.error = e.to_string();
-            r.perf_mode = "unknown".into();
-            r.perf_detail = "the engine could not be reached".into();
-            return r;
-        }
+    let mut agent = match Agent::connect(&policy.agent_socket).await {
+        Ok(a) => a,
+        Err(e) => return unknown(e),
     };
-    match docker.version().await {
-        Ok(v) => {
-            r.docker_ok = true;
-            r.version = v.version.unwrap_or_default();
-        }
-        Err(e) => {
-            r.error = engine::short_reason(&e);
-            return r;
-        }
+    if let Err(e) = agent.send(&Request::Probe, &[]).await {
+        return unknown(e);
     }
-    r.api_version = docker.client_version().to_string();
-    r.image_present = docker.inspect_image(&policy.default_image).await.is_ok();
-    let tmp_bytes = policy.limits().map(|l| l.tmp_bytes).unwrap_or(64 << 20);
-    let (mode, detail) = match policy.perf_mode {
-        PerfMode::Off => (Perf::Off.as_str().to_string(), Perf::Off.detail().to_string()),
-        PerfMode::Seccomp => (
-            Perf::Seccomp.as_str().to_string(),
-            "delegate's seccomp profile permits perf_event_open (perf_mode = \"seccomp\" in the site policy)".into(),
-        ),
-        PerfMode::Auto | PerfMode::Perfmon => match engine::perfmon_accepted(&docker, probe_body(policy, tmp_bytes))
-            .await
-        {
-            Ok(true) => ("perfmon".to_string(), Perf::Perfmon.detail().to_string()),
-            Ok(false) if policy.perf_mode == PerfMode::Perfmon => (
-                "off".to_string(),
-                "the engine rejects CAP_PERFMON and the site policy asks for perf_mode = \"perfmon\": jobs will fail"
-                    .to_string(),
-            ),
-            Ok(false) => (
-                "seccomp".to_string(),
-                "engine rejects CAP_PERFMON; delegate's seccomp profile permits perf_event_open".to_string(),
-            ),
-            Err(e) => (
-                "unknown".to_string(),
-                format!("could not test CAP_PERFMON: {}", engine::short_reason(&e)),
-            ),
-        },
-    };
-    r.perf_mode = mode;
-    r.perf_detail = detail;
-    r
+    match agent.recv().await {
+        Ok(Answer::Probe(r)) => r,
+        Ok(other) => unknown(format!("unexpected answer from the delegate agent: {other:?}")),
+        Err(e) => unknown(e),
+    }
 }

@@ -1,25 +1,21 @@
 //! Running one job: checks, one container, output streaming, the outcome.
 
-use std::os::fd::AsFd;
-use std::panic::AssertUnwindSafe;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
-use bollard::Docker;
-use delegate_protocol::policy::{PerfMode, Policy, PolicyError};
+use delegate_protocol::agent::{Answer, Ended, EndedHow, Request, RunRequest};
+use delegate_protocol::policy::{Policy, PolicyError};
 use delegate_protocol::units::{format_duration, format_size};
 use delegate_protocol::{
-    check_clean_absolute, error_line, exists_at, now_ms, one_line, open_dir_nofollow, refused_line, state_line,
-    write_record_at, Outcome, Started, State, Writer, CANCEL, OUTCOME, STDERR, STDOUT,
+    error_line, exists_at, now_ms, one_line, open_dir_nofollow, refused_line, state_line, write_record_at, Outcome,
+    Started, State, Writer, CANCEL, OUTCOME, STDERR, STDOUT,
 };
-use futures_util::{FutureExt, StreamExt};
-use nix::sys::stat::fstat;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstat, Mode};
 use tokio::sync::watch;
 
-use crate::config::{self, Params, Perf};
-use crate::engine::{self, EngineError};
-use crate::output::{create_output, pump, Pumped};
+use crate::agent::Agent;
 use crate::validate::{self, Checked, JobDir, Refusal};
 
 /// How the process ends.
@@ -37,17 +33,8 @@ pub const EXIT_OUTCOME: i32 = 0;
 pub const EXIT_REFUSED: i32 = 3;
 pub const EXIT_INTERNAL: i32 = 4;
 
-/// Time allowed for the output to drain after the container ended.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(30);
-/// Time allowed for the output to drain after a kill (SIGKILL from Slurm
-/// follows SIGTERM after KillWait, 5 s by default).
-const DRAIN_AFTER_KILL: Duration = Duration::from_millis(1500);
-/// Time allowed for the wait/inspect/remove calls on the kill path.
-const KILL_PATH_CALL: Duration = Duration::from_millis(1500);
 /// How often a running job's `cancel` marker is looked for.
 const CANCEL_POLL: Duration = Duration::from_millis(250);
-/// How long the removal waits for an engine that does not answer (restarting).
-const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Which signal asked the runner to stop.
 pub type SignalWatch = watch::Receiver<Option<&'static str>>;
@@ -119,9 +106,7 @@ struct Ctx<'a> {
     checked: &'a Checked,
     policy: &'a Policy,
     host: String,
-    uid: u32,
     gid: u32,
-    slurm_job: String,
     signals: SignalWatch,
 }
 
@@ -160,7 +145,7 @@ impl Ctx<'_> {
 pub async fn run_job(
     path: &Path,
     policy: Result<Policy, PolicyError>,
-    slurm_job_env: Option<String>,
+    agent: &mut Option<Agent>,
     signals: SignalWatch,
 ) -> Finish {
     let uid = nix::unistd::getuid().as_raw();
@@ -264,15 +249,16 @@ pub async fn run_job(
         checked: &checked,
         policy: &policy,
         host: host.clone(),
-        uid,
         gid: validate::sandbox_gid(checked.spec.gid, real_gid, &groups),
-        slurm_job: config::sanitize_slurm_job(slurm_job_env.as_deref()),
         signals,
     };
-    let outcome = docker_phase(&ctx).await;
+    let outcome = agent_phase(&ctx, agent).await;
     tracing::info!("job {}: {}: {}", checked.job_id, outcome.state, outcome.reason);
     let line = match outcome.state {
         State::Completed => None,
+        _ if outcome.refused => Some(refused_line(
+            outcome.reason.strip_prefix("refused: ").unwrap_or(&outcome.reason),
+        )),
         _ => Some(state_line(outcome.state, &outcome.reason)),
     };
     write(&outcome, line)
@@ -295,25 +281,39 @@ fn still_same_dir(dir: &JobDir) -> bool {
 
 const REPLACED: &str = "the job directory was replaced while the job was starting";
 
-/// The docker part: always returns an outcome, never leaves a container.
-async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
+/// Creates an output file in the job directory; it must not exist.
+fn create_output(dir: &JobDir, name: &str) -> Result<OwnedFd, String> {
+    openat(
+        dir.fd.as_fd(),
+        name,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|e| format!("cannot create {}: {e}", dir.path.join(name).display()))
+}
+
+/// Why the runner asked the agent to kill the container.
+enum KillWhy {
+    Signalled(&'static str),
+    CancelMarker,
+    /// The start could not be recorded (the reason).
+    Record(String),
+}
+
+/// What woke the runner while the agent runs the call.
+enum Event {
+    Answer(Result<Answer, String>),
+    Signal(&'static str),
+    Marker,
+}
+
+/// The agent part: the agent creates, starts, watches and removes the
+/// container; the runner records the start and the outcome, as the user.
+/// Always returns an outcome; the container never outlives the call (the
+/// agent removes it, also when this process dies).
+async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
     let spec = &ctx.checked.spec;
-    let socket = &ctx.policy.docker_socket;
-    if let Err(e) = check_clean_absolute(socket) {
-        return ctx.outcome(State::Failed, format!("the site policy's docker_socket is invalid: {e}"));
-    }
-    let limits = match ctx.policy.limits() {
-        Ok(l) => l,
-        Err(e) => return ctx.outcome(State::Failed, format!("the site policy is invalid: {e}")),
-    };
-    let docker = match engine::connect(socket).await {
-        Ok(d) => d,
-        Err(e) => return ctx.outcome(State::Failed, e.to_string()),
-    };
     let job = ctx.checked.job_id.as_str();
-    if let Err(e) = engine::sweep(&docker, job, &ctx.slurm_job, ctx.uid).await {
-        tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
-    }
     if let Some(o) = ctx.must_not_start() {
         return o;
     }
@@ -321,264 +321,143 @@ async fn docker_phase(ctx: &Ctx<'_>) -> Outcome {
         (Ok(o), Ok(e)) => (o, e),
         (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
     };
-
-    let params = |perf| Params {
-        spec,
-        job_dir: &ctx.dir.path,
-        uid: ctx.uid,
-        gid: ctx.gid,
-        slurm_job: &ctx.slurm_job,
-        tmp_bytes: limits.tmp_bytes,
-        max_pids: ctx.policy.max_pids,
-        perf,
-    };
-    let mut perf = match ctx.policy.perf_mode {
-        // Engines before Docker 24 (API 1.43) reject CAP_PERFMON by name:
-        // decide from the negotiated API version instead of paying a failed
-        // create per job. Newer engines still fall back below if they reject.
-        PerfMode::Auto if !engine::may_accept_perfmon(&docker) => Perf::Seccomp,
-        PerfMode::Auto | PerfMode::Perfmon => Perf::Perfmon,
-        PerfMode::Seccomp => Perf::Seccomp,
-        PerfMode::Off => Perf::Off,
+    if agent.is_none() {
+        match Agent::connect(&ctx.policy.agent_socket).await {
+            Ok(a) => *agent = Some(a),
+            Err(e) => return ctx.outcome(State::Failed, e),
+        }
+    }
+    let Some(a) = agent.as_mut() else {
+        return ctx.outcome(State::Failed, "internal error: no agent connection".into());
     };
     if !still_same_dir(ctx.dir) {
         return ctx.outcome(State::Failed, REPLACED.into());
     }
-    // Last look before the container exists: a cancel (marker or the
-    // client's outcome) or a signal that arrived meanwhile.
+    // Last look before the container exists.
     if let Some(o) = ctx.must_not_start() {
         return o;
     }
-    let name = format!("delegate-{job}");
-    let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
-    let mut created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
-    if let Err(e) = &created {
-        if perf == Perf::Perfmon && engine::is_unknown_capability(e) {
-            if ctx.policy.perf_mode == PerfMode::Perfmon {
-                return ctx.outcome(
-                    State::Failed,
-                    EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string(),
-                );
-            }
-            tracing::warn!(
-                "the Docker engine rejects CAP_PERFMON ({}); falling back to delegate's seccomp profile",
-                engine::short_reason(e)
-            );
-            perf = Perf::Seccomp;
-            created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
-        }
+    let req = Request::Run(RunRequest {
+        spec: spec.clone(),
+        job_dir: ctx.dir.path.display().to_string(),
+        gid: ctx.gid,
+    });
+    if let Err(e) = a.send(&req, &[ctx.dir.fd.as_fd(), stdout.as_fd(), stderr.as_fd()]).await {
+        *agent = None;
+        return ctx.outcome(State::Failed, e);
     }
-    let id = match created {
-        Ok(id) => id,
-        Err(e) => return ctx.outcome(State::Failed, classify(&e, "create the sandbox").to_string()),
-    };
-    tracing::info!("created container {id} for job {job} (perf mode {})", perf.as_str());
-
-    // Everything from here on ends with the container removed, panics included.
-    let result = AssertUnwindSafe(supervise(ctx, &docker, &id, perf, stdout, stderr))
-        .catch_unwind()
-        .await;
-    // A restarting engine is waited for (bounded) rather than leaving the
-    // container behind; the Slurm epilog is the next safety net.
-    let removed = engine::remove_patiently(&docker, &id, REMOVE_PATIENCE).await;
-    let mut outcome = match result {
-        Ok(Ok(o)) => o,
-        Ok(Err(e)) => ctx.outcome(State::Failed, e),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            ctx.outcome(State::Failed, format!("internal error in sandbox-runner: {msg}"))
-        }
-    };
-    match removed {
-        Ok(()) => tracing::info!("removed container {id}"),
-        Err(e) => {
-            let r = engine::short_reason(&e);
-            tracing::error!("could not remove container {id}: {r}");
-            outcome
-                .reason
-                .push_str(&format!("; the sandbox container {id} could not be removed: {r}"));
-        }
-    }
-    outcome.finished_ms = now_ms();
-    outcome
-}
-
-/// How the container's run ended.
-enum Ended {
-    Exited,
-    TimedOut,
-    Signalled(&'static str),
-    /// The user's `cancel` marker appeared.
-    CancelMarker,
-    WaitFailed(String),
-}
-
-/// Attaches, starts, waits (time limit, signals), kills if needed, drains
-/// the output and inspects the container. The caller removes it.
-async fn supervise(
-    ctx: &Ctx<'_>,
-    docker: &Docker,
-    id: &str,
-    perf: Perf,
-    stdout: tokio::fs::File,
-    stderr: tokio::fs::File,
-) -> Result<Outcome, String> {
-    let spec = &ctx.checked.spec;
-    let socket = &ctx.policy.docker_socket;
-    let classify =
-        |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image).to_string();
-    if let Some(o) = ctx.must_not_start() {
-        return Ok(o);
-    }
-    // Attach before starting, so no output is lost.
-    let attach = AttachContainerOptions {
-        stream: true,
-        stdout: true,
-        stderr: true,
-        stdin: false,
-        logs: false,
-        detach_keys: None,
-    };
-    let attached = docker
-        .attach_container(id, Some(attach))
-        .await
-        .map_err(|e| classify(&e, "attach to the sandbox"))?;
-    let mut pump_task = tokio::spawn(pump(attached.output, stdout, stderr));
-    drop(attached.input);
-
-    docker
-        .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
-        .await
-        .map_err(|e| classify(&e, "start the sandbox"))?;
-    let started_ms = now_ms();
-    tracing::info!("started container {id}");
-    if !still_same_dir(ctx.dir) {
-        // The caller removes (and so kills) the container.
-        return Err(REPLACED.into());
-    }
-    let started = Started {
-        host: ctx.host.clone(),
-        started_ms,
-        container_id: id.to_string(),
-        perf_mode: perf.as_str().to_string(),
-    };
-    // A job whose start cannot be recorded is stopped: the directory is broken.
-    as_user_group(|| write_record_at(&ctx.dir.fd, &ctx.dir.path, &started))
-        .map_err(|e| format!("cannot record the start: {e}"))?;
-
-    let limit = Duration::from_secs(spec.resources.time_limit_secs);
+    drop((stdout, stderr));
     let mut signals = ctx.signals.clone();
-    let mut wait = docker.wait_container(id, None::<WaitContainerOptions>);
     let mut marker_poll = tokio::time::interval(CANCEL_POLL);
     marker_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let ended = tokio::select! {
-        w = wait.next() => match w {
-            // Non-zero exits come back as DockerContainerWaitError.
-            Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => Ended::Exited,
-            Some(Err(e)) => Ended::WaitFailed(classify(&e, "wait for the sandbox")),
-            None => Ended::WaitFailed("the Docker engine ended the wait without a result".into()),
-        },
-        _ = tokio::time::sleep(limit) => Ended::TimedOut,
-        sig = async {
-            loop {
-                if let Some(s) = *signals.borrow_and_update() {
-                    return s;
+    let mut started = false;
+    let mut kill: Option<KillWhy> = None;
+    loop {
+        let watching = kill.is_none();
+        let ev = tokio::select! {
+            r = a.recv() => Event::Answer(r),
+            sig = async {
+                loop {
+                    if let Some(s) = *signals.borrow_and_update() {
+                        return s;
+                    }
+                    if signals.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
                 }
-                if signals.changed().await.is_err() {
-                    // The signal task is gone: never resolve.
-                    std::future::pending::<()>().await;
+            }, if watching => Event::Signal(sig),
+            () = async {
+                loop {
+                    marker_poll.tick().await;
+                    if started && exists_at(&ctx.dir.fd, CANCEL) {
+                        return;
+                    }
+                }
+            }, if watching => Event::Marker,
+        };
+        let answer = match ev {
+            Event::Signal(sig) => {
+                kill = Some(KillWhy::Signalled(sig));
+                let _ = a.send(&Request::Kill, &[]).await;
+                continue;
+            }
+            Event::Marker => {
+                kill = Some(KillWhy::CancelMarker);
+                let _ = a.send(&Request::Kill, &[]).await;
+                continue;
+            }
+            Event::Answer(r) => r,
+        };
+        match answer {
+            Ok(Answer::Created { container_id, perf_mode }) => {
+                tracing::info!("created container {container_id} for job {job} (perf mode {perf_mode})");
+            }
+            Ok(Answer::Started { container_id, perf_mode, started_ms }) => {
+                tracing::info!("started container {container_id}");
+                started = true;
+                let rec = Started {
+                    host: ctx.host.clone(),
+                    started_ms,
+                    container_id,
+                    perf_mode,
+                };
+                // A job whose start cannot be recorded is stopped: the directory is broken.
+                if let Err(e) = as_user_group(|| write_record_at(&ctx.dir.fd, &ctx.dir.path, &rec)) {
+                    if kill.is_none() {
+                        kill = Some(KillWhy::Record(format!("cannot record the start: {e}")));
+                        let _ = a.send(&Request::Kill, &[]).await;
+                    }
                 }
             }
-        } => Ended::Signalled(sig),
-        () = async {
-            loop {
-                marker_poll.tick().await;
-                if exists_at(&ctx.dir.fd, CANCEL) {
-                    return;
-                }
+            Ok(Answer::Ended(e)) => return ended_outcome(ctx, e, kill),
+            Ok(Answer::Refused(reason)) => {
+                tracing::error!("the delegate agent refused job {job}: {reason}");
+                *agent = None;
+                let mut o = ctx.outcome(State::Failed, format!("refused: {reason}"));
+                o.refused = true;
+                return o;
             }
-        } => Ended::CancelMarker,
-    };
-
-    let killing = !matches!(ended, Ended::Exited);
-    if killing {
-        tracing::warn!("killing container {id}");
-        if let Err(e) = engine::kill(docker, id).await {
-            tracing::error!("could not kill container {id}: {}", engine::short_reason(&e));
+            Ok(Answer::Failed(reason)) => return ctx.outcome(State::Failed, reason),
+            Ok(Answer::Probe(_)) => {}
+            Err(e) => {
+                *agent = None;
+                return ctx.outcome(State::Failed, e);
+            }
         }
-        // Let the engine notice the death before inspecting; bounded.
-        let _ = tokio::time::timeout(KILL_PATH_CALL, wait.next()).await;
     }
-    drop(wait);
+}
 
-    let drain = if killing { DRAIN_AFTER_KILL } else { DRAIN_AFTER_EXIT };
-    let pumped = match tokio::time::timeout(drain, &mut pump_task).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => Pumped {
-            error: Some(format!("the output copier failed: {e}")),
-        },
-        Err(_) => {
-            pump_task.abort();
-            Pumped {
-                error: Some("the output did not finish draining in time and may be incomplete".into()),
-            }
-        }
-    };
-
-    let inspect_timeout = if killing {
-        KILL_PATH_CALL
-    } else {
-        Duration::from_secs(30)
-    };
-    let mut engine_gone = None;
-    let state = match tokio::time::timeout(
-        inspect_timeout,
-        docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>),
-    )
-    .await
-    {
-        Ok(Ok(info)) => info.state,
-        Ok(Err(e)) => {
-            tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
-            if engine::unreachable(&e) {
-                engine_gone = Some(classify(&e, "inspect the sandbox"));
-            }
-            None
-        }
-        Err(_) => {
-            tracing::error!("inspecting container {id} timed out");
-            None
-        }
-    };
-    let exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
-    let oom = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
-
+/// The outcome of a call the agent ran.
+fn ended_outcome(ctx: &Ctx<'_>, e: Ended, kill: Option<KillWhy>) -> Outcome {
+    let spec = &ctx.checked.spec;
     let mut o = ctx.outcome(State::Failed, String::new());
-    o.started_ms = Some(started_ms);
-    o.oom_killed = oom;
-    match ended {
-        Ended::TimedOut => {
+    o.started_ms = e.started_ms;
+    o.oom_killed = e.oom_killed;
+    match e.how {
+        EndedHow::TimedOut => {
             o.state = State::TimedOut;
             o.reason = format!("time limit of {} reached", format_duration(spec.resources.time_limit_secs));
         }
-        Ended::Signalled(sig) => {
-            o.state = State::Cancelled;
-            o.reason = ctx.cancel_reason(sig);
-        }
-        Ended::CancelMarker => {
-            o.state = State::Cancelled;
-            o.reason = "cancelled by the user".into();
-        }
-        Ended::WaitFailed(reason) => {
-            o.reason = reason;
-        }
-        Ended::Exited => {
-            o.exit_code = exit_code;
-            match exit_code {
+        EndedHow::Killed => match kill {
+            Some(KillWhy::Signalled(sig)) => {
+                o.state = State::Cancelled;
+                o.reason = ctx.cancel_reason(sig);
+            }
+            Some(KillWhy::CancelMarker) => {
+                o.state = State::Cancelled;
+                o.reason = "cancelled by the user".into();
+            }
+            Some(KillWhy::Record(r)) => {
+                o.started_ms = None;
+                o.reason = r;
+            }
+            None => o.reason = "the sandbox was stopped by the delegate agent".into(),
+        },
+        EndedHow::WaitFailed(r) | EndedHow::Stopped(r) | EndedHow::Failed(r) => o.reason = r,
+        EndedHow::Exited => {
+            o.exit_code = e.exit_code;
+            let oom = e.oom_killed;
+            match e.exit_code {
                 // The main process survived, a child of it was the one killed.
                 Some(c) if oom && c != 137 => {
                     o.reason = format!(
@@ -597,8 +476,7 @@ async fn supervise(
                     o.reason = format!("exited with code {c} (killed by signal {})", c - 128);
                 }
                 Some(c) => o.reason = format!("exited with code {c}"),
-                None => match engine_gone.take() {
-                    // The engine stopped (restart, crash) and took the sandbox with it.
+                None => match e.engine_gone {
                     Some(why) => {
                         o.reason =
                             format!("the Docker engine stopped during the job and the sandbox ended with it ({why})")
@@ -608,8 +486,12 @@ async fn supervise(
             }
         }
     }
-    if let Some(e) = pumped.error {
-        o.reason.push_str(&format!("; the output may be incomplete: {e}"));
+    if let Some(note) = e.output_note {
+        o.reason.push_str(&format!("; {note}"));
     }
-    Ok(o)
+    if let Some(r) = e.removal_error {
+        o.reason.push_str(&format!("; {r}"));
+    }
+    o.finished_ms = now_ms();
+    o
 }

@@ -1,33 +1,23 @@
-//! The job's output files: created fresh in the job directory, then fed
-//! from the container's attach stream chunk by chunk as it arrives.
-
-use std::os::fd::{AsFd, OwnedFd};
+//! The call's output: copied from the container's attach stream into the
+//! `stdout` and `stderr` files the runner created (as the user) and passed
+//! as descriptors, chunk by chunk, counting against the site's
+//! `max_output`. Past it the rest is read and dropped (counted), so the
+//! container never blocks on a full pipe; with `output_limit = "stop"` the
+//! call is stopped.
 
 use bollard::container::LogOutput;
 use delegate_protocol::{STDERR, STDOUT};
 use futures_util::StreamExt;
-use nix::fcntl::{openat, OFlag};
-use nix::sys::stat::Mode;
 use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
 
 use crate::engine;
-use crate::validate::JobDir;
-
-/// Creates the output files; they must not exist.
-pub fn create_output(dir: &JobDir, name: &str) -> Result<tokio::fs::File, String> {
-    let fd: OwnedFd = openat(
-        dir.fd.as_fd(),
-        name,
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o644),
-    )
-    .map_err(|e| format!("cannot create {}: {e}", dir.path.join(name).display()))?;
-    Ok(tokio::fs::File::from_std(std::fs::File::from(fd)))
-}
 
 /// Output pump result.
 pub struct Pumped {
     pub error: Option<String>,
+    /// Bytes dropped past `max_output`.
+    pub dropped: u64,
 }
 
 pub type OutputStream =
@@ -63,26 +53,48 @@ impl Sink {
     }
 }
 
-/// Copies the attach stream to the output files chunk by chunk, as it
-/// arrives (never the whole output in memory).
-pub async fn pump(mut stream: OutputStream, stdout: tokio::fs::File, stderr: tokio::fs::File) -> Pumped {
+/// Copies the attach stream to the output files as it arrives. `limit` is
+/// the site's `max_output` (0: none); `over` is set once it is passed.
+pub async fn pump(
+    mut stream: OutputStream,
+    stdout: tokio::fs::File,
+    stderr: tokio::fs::File,
+    limit: u64,
+    over: watch::Sender<bool>,
+) -> Pumped {
     let mut error: Option<String> = None;
     let mut out = Sink { file: stdout, name: STDOUT, ok: true };
     let mut err = Sink { file: stderr, name: STDERR, ok: true };
+    let mut written: u64 = 0;
+    let mut dropped: u64 = 0;
     while let Some(item) = stream.next().await {
-        match item {
-            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                out.write(&message, &mut error).await
-            }
-            Ok(LogOutput::StdErr { message }) => err.write(&message, &mut error).await,
-            Ok(LogOutput::StdIn { .. }) => {}
+        let (sink, message) = match item {
+            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => (&mut out, message),
+            Ok(LogOutput::StdErr { message }) => (&mut err, message),
+            Ok(LogOutput::StdIn { .. }) => continue,
             Err(e) => {
                 error.get_or_insert_with(|| format!("the output stream broke: {}", engine::short_reason(&e)));
                 break;
             }
+        };
+        let n = message.len() as u64;
+        let room = if limit == 0 {
+            n
+        } else {
+            limit.saturating_sub(written).min(n)
+        };
+        if room > 0 {
+            sink.write(&message[..room as usize], &mut error).await;
+            written += room;
+        }
+        if room < n {
+            if dropped == 0 {
+                let _ = over.send(true);
+            }
+            dropped += n - room;
         }
     }
     out.finish(&mut error).await;
     err.finish(&mut error).await;
-    Pumped { error }
+    Pumped { error, dropped }
 }

@@ -185,8 +185,8 @@ pub async fn kill(docker: &Docker, id: &str) -> Result<(), BollardError> {
 }
 
 /// Removes containers left from an earlier attempt of this job (or of this
-/// Slurm job), but only ever containers of `uid`: `$SLURM_JOB_ID` comes from
-/// the caller's environment and must not let one user remove another's.
+/// Slurm job), but only ever containers of `uid` (the Slurm job id is the
+/// one the agent verified; the uid filter stays as a second guard).
 pub async fn sweep(docker: &Docker, job: &str, slurm_job: &str, uid: u32) -> Result<usize, BollardError> {
     let mut selectors = vec![format!("{LABEL_JOB}={job}")];
     if slurm_job != "none" {

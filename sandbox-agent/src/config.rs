@@ -7,7 +7,7 @@ use std::path::Path;
 
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountBindOptions, MountBindOptionsPropagationEnum,
-    MountType,
+    MountType, ResourcesUlimits,
 };
 use delegate_protocol::{Spec, Task, SANDBOX_JOB_DIR};
 
@@ -46,16 +46,21 @@ impl Perf {
 #[derive(Clone, Debug)]
 pub struct Params<'a> {
     pub spec: &'a Spec,
-    /// Absolute, validated path of the job directory on the host.
+    /// The bind source: the agent's staging mount of the checked job
+    /// directory, as the engine sees it (never a path the user can rename).
     pub job_dir: &'a Path,
     /// The uid and gid the sandbox runs as.
     pub uid: u32,
     pub gid: u32,
-    /// `$SLURM_JOB_ID` after sanitising, or "none".
+    /// The Slurm job id the agent verified with slurmctld.
     pub slurm_job: &'a str,
     pub tmp_bytes: u64,
     pub max_pids: i64,
     pub perf: Perf,
+    /// RLIMIT_NOFILE (soft = hard).
+    pub max_open_files: u32,
+    /// RLIMIT_FSIZE in bytes (0: none).
+    pub max_file_bytes: u64,
 }
 
 /// The command the container runs.
@@ -138,6 +143,30 @@ pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
         }),
         ..Default::default()
     }]);
+    // No core dumps (a large process would leave a file of its size in
+    // /job), a sane number of open files, and no single file past the
+    // job's byte limit (SIGXFSZ; the agent's watcher caps the sum).
+    let mut ulimits = vec![
+        ResourcesUlimits {
+            name: Some("core".into()),
+            soft: Some(0),
+            hard: Some(0),
+        },
+        ResourcesUlimits {
+            name: Some("nofile".into()),
+            soft: Some(i64::from(p.max_open_files)),
+            hard: Some(i64::from(p.max_open_files)),
+        },
+    ];
+    if p.max_file_bytes > 0 {
+        let b = i64::try_from(p.max_file_bytes).unwrap_or(i64::MAX);
+        ulimits.push(ResourcesUlimits {
+            name: Some("fsize".into()),
+            soft: Some(b),
+            hard: Some(b),
+        });
+    }
+    host.ulimits = Some(ulimits);
     host.memory = Some(mem);
     host.memory_swap = Some(mem);
     host.nano_cpus = Some(i64::from(spec.resources.cpus).saturating_mul(1_000_000_000));
@@ -158,16 +187,6 @@ pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
         network_disabled: Some(true),
         host_config: Some(host),
         ..Default::default()
-    }
-}
-
-/// `$SLURM_JOB_ID` as a label value: digits and `_` only (array jobs), else "none".
-pub fn sanitize_slurm_job(v: Option<&str>) -> String {
-    match v {
-        Some(s) if !s.is_empty() && s.len() <= 32 && s.bytes().all(|c| c.is_ascii_digit() || c == b'_') => {
-            s.to_string()
-        }
-        _ => "none".to_string(),
     }
 }
 
@@ -204,6 +223,8 @@ mod tests {
             tmp_bytes: 256 << 20,
             max_pids: 512,
             perf,
+            max_open_files: 1024,
+            max_file_bytes: 1 << 30,
         };
         container_config(&p)
     }
@@ -243,6 +264,11 @@ mod tests {
             assert_eq!(c.working_dir.as_deref(), Some("/job"));
             assert_eq!(c.tty, Some(false));
             assert_eq!(c.network_disabled, Some(true));
+            let ul = h.ulimits.clone().unwrap();
+            let get = |n: &str| ul.iter().find(|u| u.name.as_deref() == Some(n)).map(|u| (u.soft, u.hard));
+            assert_eq!(get("core"), Some((Some(0), Some(0))));
+            assert_eq!(get("nofile"), Some((Some(1024), Some(1024))));
+            assert_eq!(get("fsize"), Some((Some(1 << 30), Some(1 << 30))));
         }
     }
 
@@ -279,13 +305,5 @@ mod tests {
             cloudpickle_version: "3".into(),
         });
         assert_eq!(py, ["python3", "-m", "delegate_executor", "/job"]);
-    }
-
-    #[test]
-    fn slurm_job_sanitised() {
-        assert_eq!(sanitize_slurm_job(Some("123")), "123");
-        assert_eq!(sanitize_slurm_job(Some("123_4")), "123_4");
-        assert_eq!(sanitize_slurm_job(Some("1,label=x")), "none");
-        assert_eq!(sanitize_slurm_job(None), "none");
     }
 }

@@ -1,0 +1,102 @@
+//! One runner's connection: frames in (with the descriptors a `Run`
+//! carries), frames out. Reading runs in its own task and hands whole
+//! requests over a channel, so the job's supervision sees a `Kill` or the
+//! runner's end at any time.
+
+use std::collections::VecDeque;
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use delegate_protocol::agent::{frame, Answer, FrameBuf, Request, RUN_FDS};
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+/// At most this many descriptors may wait unclaimed (one `Run` carries 3).
+const MAX_QUEUED_FDS: usize = 6;
+
+/// A request with its descriptors (only `Run` has any).
+pub struct Incoming {
+    pub request: Request,
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Reads requests until the peer closes or misbehaves; the channel closes then.
+pub fn spawn_reader(stream: Arc<UnixStream>) -> mpsc::Receiver<Incoming> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        if let Err(e) = read_loop(&stream, &tx).await {
+            tracing::info!("connection closed: {e}");
+        }
+    });
+    rx
+}
+
+async fn read_loop(stream: &UnixStream, tx: &mpsc::Sender<Incoming>) -> Result<(), String> {
+    let mut frames = FrameBuf::default();
+    let mut fds: VecDeque<OwnedFd> = VecDeque::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        stream.readable().await.map_err(|e| e.to_string())?;
+        let got = stream.try_io(Interest::READABLE, || {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+            let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
+                .map_err(std::io::Error::from)?;
+            let mut new_fds = Vec::new();
+            for c in msg.cmsgs().map_err(std::io::Error::from)? {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    for fd in raw {
+                        // SAFETY: the kernel just installed these descriptors for us.
+                        new_fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                    }
+                }
+            }
+            let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+            Ok((msg.bytes, new_fds, truncated))
+        });
+        let (n, new_fds, truncated) = match got {
+            Ok(v) => v,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e.to_string()),
+        };
+        if truncated {
+            return Err("too many descriptors in one message".into());
+        }
+        fds.extend(new_fds);
+        if fds.len() > MAX_QUEUED_FDS {
+            return Err("too many descriptors".into());
+        }
+        if n == 0 {
+            return Err("end of stream".into());
+        }
+        frames.push(&buf[..n]);
+        while let Some(request) = frames.next_frame::<Request>().map_err(|e| e.to_string())? {
+            let take = if matches!(request, Request::Run(_)) { RUN_FDS } else { 0 };
+            if fds.len() < take {
+                return Err("a run request without its descriptors".into());
+            }
+            let mine: Vec<OwnedFd> = fds.drain(..take).collect();
+            if tx.send(Incoming { request, fds: mine }).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Sends one answer. Errors mean the runner is gone.
+pub async fn send(stream: &UnixStream, answer: &Answer) -> std::io::Result<()> {
+    let bytes = frame(answer).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut done = 0;
+    while done < bytes.len() {
+        stream.writable().await?;
+        match stream.try_write(&bytes[done..]) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

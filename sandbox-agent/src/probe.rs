@@ -1,0 +1,112 @@
+//! The agent's answer to `sandbox-runner probe` (what `delegate doctor`
+//! shows, since students cannot reach the Docker socket themselves).
+//! Anyone may ask; the CAP_PERFMON test (a container created, never
+//! started) runs at most once a minute whoever asks.
+
+use std::collections::HashMap;
+
+use bollard::models::ContainerCreateBody;
+use delegate_protocol::agent::ProbeReport as Report;
+use delegate_protocol::policy::{PerfMode, Policy};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::config::{self, Perf, LABEL_PROBE, LABEL_UID};
+use crate::engine;
+
+/// A throwaway container that is created (never started) to see whether the
+/// engine accepts CAP_PERFMON.
+fn probe_body(policy: &Policy, tmp_bytes: u64) -> ContainerCreateBody {
+    // Never started; runs as nobody.
+    let uid = 65534;
+    ContainerCreateBody {
+        image: Some(policy.default_image.clone()),
+        cmd: Some(vec!["true".into()]),
+        user: Some(format!("{uid}:{uid}")),
+        labels: Some(HashMap::from([
+            (LABEL_PROBE.to_string(), "1".to_string()),
+            (LABEL_UID.to_string(), uid.to_string()),
+        ])),
+        network_disabled: Some(true),
+        host_config: Some(config::base_host_config(tmp_bytes, policy.max_pids, Perf::Perfmon)),
+        ..Default::default()
+    }
+}
+
+pub async fn probe(policy: &Policy) -> Report {
+    let mut r = Report {
+        image: policy.default_image.clone(),
+        ..Default::default()
+    };
+    let docker = match engine::connect(&policy.docker_socket).await {
+        Ok(d) => d,
+        Err(e) => {
+            r.error = e.to_string();
+            r.perf_mode = "unknown".into();
+            r.perf_detail = "the engine could not be reached".into();
+            return r;
+        }
+    };
+    match docker.version().await {
+        Ok(v) => {
+            r.docker_ok = true;
+            r.version = v.version.unwrap_or_default();
+        }
+        Err(e) => {
+            r.error = engine::short_reason(&e);
+            return r;
+        }
+    }
+    r.api_version = docker.client_version().to_string();
+    r.image_present = docker.inspect_image(&policy.default_image).await.is_ok();
+    let tmp_bytes = policy.limits().map(|l| l.tmp_bytes).unwrap_or(64 << 20);
+    let (mode, detail) = match policy.perf_mode {
+        PerfMode::Off => (Perf::Off.as_str().to_string(), Perf::Off.detail().to_string()),
+        PerfMode::Seccomp => (
+            Perf::Seccomp.as_str().to_string(),
+            "delegate's seccomp profile permits perf_event_open (perf_mode = \"seccomp\" in the site policy)".into(),
+        ),
+        PerfMode::Auto | PerfMode::Perfmon => match perfmon_cached(&docker, policy, tmp_bytes).await {
+            Ok(true) => ("perfmon".to_string(), Perf::Perfmon.detail().to_string()),
+            Ok(false) if policy.perf_mode == PerfMode::Perfmon => (
+                "off".to_string(),
+                "the engine rejects CAP_PERFMON and the site policy asks for perf_mode = \"perfmon\": jobs will fail"
+                    .to_string(),
+            ),
+            Ok(false) => (
+                "seccomp".to_string(),
+                "engine rejects CAP_PERFMON; delegate's seccomp profile permits perf_event_open".to_string(),
+            ),
+            Err(e) => (
+                "unknown".to_string(),
+                format!("could not test CAP_PERFMON: {}", engine::short_reason(&e)),
+            ),
+        },
+    };
+    r.perf_mode = mode;
+    r.perf_detail = detail;
+    r
+}
+
+/// The last CAP_PERFMON test and when it ran.
+static PERFMON: Mutex<Option<(Instant, bool)>> = Mutex::new(None);
+const PERFMON_FOR: Duration = Duration::from_secs(60);
+
+async fn perfmon_cached(
+    docker: &bollard::Docker,
+    policy: &Policy,
+    tmp_bytes: u64,
+) -> Result<bool, bollard::errors::Error> {
+    if let Ok(g) = PERFMON.lock() {
+        if let Some((at, v)) = *g {
+            if at.elapsed() < PERFMON_FOR {
+                return Ok(v);
+            }
+        }
+    }
+    let v = engine::perfmon_accepted(docker, probe_body(policy, tmp_bytes)).await?;
+    if let Ok(mut g) = PERFMON.lock() {
+        *g = Some((Instant::now(), v));
+    }
+    Ok(v)
+}
