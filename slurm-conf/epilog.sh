@@ -28,12 +28,12 @@ main() {
     # One listing of every delegate container serves both sweeps below.
     # Bounded: a hung docker daemon must not hang the epilog forever.
     listing=$(timeout 20 docker ps -a --filter label=delegate.slurm-job \
-        --format '{{.ID}} {{.Label "delegate.slurm-job"}}' 2>>"$LOG") || {
+        --format '{{.ID}} {{.Label "delegate.slurm-job"}} {{.Label "delegate.node"}}' 2>>"$LOG") || {
         log "docker ps failed (exit $?), skipping sweep"
         return 0
     }
     remove_own "$(printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" '$2 == j { print $1 }')"
-    printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" 'NF == 2 && $2 != j' | sweep_orphans
+    printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" 'NF >= 2 && $2 != j' | sweep_orphans
     return 0
 }
 
@@ -61,11 +61,23 @@ remove_own() {
 # share this Docker engine (the multi-node stack on one machine): a container
 # is removed only when this cluster's slurmctld still knows its job, says it
 # is over, and lists this node among its nodes. Jobs forgotten by slurmctld
-# (MinJobAge) are left alone. Reads "<container id> <slurm job id>" lines.
+# (MinJobAge) are left alone, unless the container carries this node's
+# name (label delegate.node, set by sandbox-agent): a container of this
+# node whose job slurmctld no longer knows, or labelled "none" (an old
+# runner's), is removed too. Reads "<container id> <slurm job id> [<node>]".
 sweep_orphans() {
     node=${SLURMD_NODENAME:-}
     [ -n "$node" ] || return 0
-    while read -r id sj; do
+    while read -r id sj cnode; do
+        if [ "$cnode" = "$node" ]; then
+            case "$sj" in ''|*[!0-9]*) gone=1 ;; *) gone=0 ;; esac
+            if [ "$gone" = 1 ] || ! timeout 10 scontrol -o show job "$sj" >/dev/null 2>&1; then
+                if timeout 60 docker rm -f "$id" >>"$LOG" 2>&1; then
+                    log "removed orphan container $id of this node (Slurm job $sj unknown)"
+                fi
+                continue
+            fi
+        fi
         case "$sj" in ''|*[!0-9]*) continue ;; esac
         info=$(timeout 10 scontrol -o show job "$sj" 2>/dev/null) || continue
         state=$(printf '%s\n' "$info" | sed -n 's/.* JobState=\([A-Z_]*\) .*/\1/p')

@@ -17,6 +17,8 @@ pub const LABEL_JOB: &str = "delegate.job";
 pub const LABEL_SLURM_JOB: &str = "delegate.slurm-job";
 pub const LABEL_UID: &str = "delegate.uid";
 pub const LABEL_PROBE: &str = "delegate.probe";
+/// The Slurm node whose agent created the container (for the epilog's sweep).
+pub const LABEL_NODE: &str = "delegate.node";
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The capability asked for in perfmon mode.
 pub const CAP_PERFMON: &str = "CAP_PERFMON";
@@ -61,6 +63,8 @@ pub struct Params<'a> {
     pub max_open_files: u32,
     /// RLIMIT_FSIZE in bytes (0: none).
     pub max_file_bytes: u64,
+    /// This node's Slurm name.
+    pub node: &'a str,
 }
 
 /// The command the container runs.
@@ -178,7 +182,11 @@ pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
         user: Some(format!("{}:{}", p.uid, p.gid)),
         working_dir: Some(SANDBOX_JOB_DIR.into()),
         env: Some(environment(spec)),
-        labels: Some(labels(spec.job_id.as_str(), p.slurm_job, p.uid)),
+        labels: Some({
+            let mut l = labels(spec.job_id.as_str(), p.slurm_job, p.uid);
+            l.insert(LABEL_NODE.to_string(), p.node.to_string());
+            l
+        }),
         attach_stdin: Some(false),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
@@ -225,6 +233,7 @@ mod tests {
             perf,
             max_open_files: 1024,
             max_file_bytes: 1 << 30,
+            node: "n1",
         };
         container_config(&p)
     }

@@ -289,6 +289,7 @@ async fn run(
         max_output: limits.max_output_bytes,
         max_job_bytes: limits.max_job_bytes,
         caller,
+        node: shared.node.clone(),
     };
     let answer = AssertUnwindSafe(engine_phase(&ctx, &staged, &dir, out, err, stream, rx))
         .catch_unwind()
@@ -316,6 +317,7 @@ struct Ctx<'a> {
     max_output: u64,
     max_job_bytes: u64,
     caller: &'a Caller,
+    node: String,
 }
 
 fn file(fd: OwnedFd) -> tokio::fs::File {
@@ -356,6 +358,7 @@ async fn engine_phase(
         perf,
         max_open_files: ctx.policy.max_open_files,
         max_file_bytes: ctx.max_job_bytes,
+        node: &ctx.node,
     };
     let mut perf = match ctx.policy.perf_mode {
         PerfMode::Auto if !engine::may_accept_perfmon(&docker) => Perf::Seccomp,

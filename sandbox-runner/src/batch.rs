@@ -54,7 +54,7 @@ pub async fn run_batch(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
             (EXIT_OUTCOME, what.to_string())
         } else {
             if let Some(line) = &finish.final_line {
-                eprintln!("{line}");
+                say!("{line}");
             }
             let what = finish.final_line.clone().unwrap_or_else(|| "delegate: outcome written".into());
             (finish.code, what)

@@ -51,6 +51,16 @@
 //! `delegate: refused: <reason>`, `delegate: <state>: <reason>` (state being
 //! failed, timed-out or cancelled) or `delegate: error: <reason>`.
 
+/// A line on stderr (Slurm's log of the job) that never panics: stderr is
+/// the student's to close or fill (a full non-blocking pipe); a line that
+/// cannot be written is lost, the runner goes on.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod agent;
 mod batch;
 mod calllog;
@@ -63,6 +73,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 use delegate_protocol::policy::{Policy, PolicyError, DEFAULT_POLICY_PATH, POLICY_ENV};
 use probe::Show;
+use std::io::Write as _;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -113,7 +124,11 @@ fn init_logging() {
     } else {
         tracing::Level::INFO
     };
+    // A log line that cannot be written (stderr closed, or a full
+    // non-blocking pipe) is dropped: never tracing's own eprintln!, which
+    // panics (issue 11, attack 4).
     tracing_subscriber::fmt()
+        .log_internal_errors(false)
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .with_target(false)
@@ -142,7 +157,7 @@ fn main() {
     let cli = Cli::parse();
     init_logging();
     if let Err(e) = drop_capabilities() {
-        eprintln!("delegate: error: cannot drop capabilities: {e}");
+        say!("delegate: error: cannot drop capabilities: {e}");
         std::process::exit(run::EXIT_INTERNAL);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -152,7 +167,7 @@ fn main() {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("delegate: error: cannot start the runtime: {e}");
+            say!("delegate: error: cannot start the runtime: {e}");
             std::process::exit(run::EXIT_INTERNAL);
         }
     };
@@ -166,7 +181,7 @@ fn main() {
 /// kill the runner while it holds a container. `Err` is the exit code.
 fn signal_handlers() -> Result<run::SignalWatch, i32> {
     run::install_signal_handlers().map_err(|e| {
-        eprintln!("delegate: error: cannot install signal handlers: {e}");
+        say!("delegate: error: cannot install signal handlers: {e}");
         run::EXIT_INTERNAL
     })
 }
@@ -184,9 +199,9 @@ async fn async_main(cli: Cli) -> i32 {
                 },
             };
             if json {
-                println!("{}", report.to_json());
+                let _ = writeln!(std::io::stdout(), "{}", report.to_json());
             } else {
-                print!("{}", report.to_text());
+                let _ = write!(std::io::stdout(), "{}", report.to_text());
             }
             if report.ok() {
                 0
@@ -209,12 +224,12 @@ async fn async_main(cli: Cli) -> i32 {
             let mut agent = None;
             let finish = run::run_job(&dir, load_policy(), &mut agent, signals).await;
             if let Some(line) = finish.final_line {
-                eprintln!("{line}");
+                say!("{line}");
             }
             finish.code
         }
         (None, None) => {
-            eprintln!("delegate: error: a job directory or the probe subcommand is required");
+            say!("delegate: error: a job directory or the probe subcommand is required");
             2
         }
     }
