@@ -1,0 +1,269 @@
+"""The privileged side (issue 11, items 2-5): only the root agent
+`sandbox-agent` holds the Docker socket; `sandbox-runner` is an ordinary
+unprivileged program the student may pause, feed, forge or run by hand
+without gaining anything. Each attack of the issue is a test here; each
+failed on the main before the agent (the setgid runner) and passes now.
+
+- the runner run by hand with a forged SLURM_JOB_ID (another student's
+  running job, or none): refused by the agent, no container;
+- the agent's socket reached directly by a process that is not a batch
+  task: answers the probe, starts nothing;
+- pause-and-swap: the agent is paused (test-only, root-owned knob) between
+  its checks and the start while the student swaps the job directory for a
+  symlink to another student's 0700 directory: the sandbox sees its own;
+- the runner's stderr closed or a full non-blocking pipe: no panic;
+- 2 GiB of output and of /job data stop at the policy's limits; no core
+  dumps; a sane nofile.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RUNNER, containers_created_since, sh
+
+AGENT_SOCKET = "/run/delegate/agent.sock"
+AGENT_LOG = Path("/var/log/delegate/agent.log")
+POLICY = Path("/etc/delegate/policy.toml")
+PAUSE_FILE = Path("/etc/delegate/agent-test-pause")
+NOT_A_TASK = "is not a Slurm batch task on this node"
+
+
+def slurm_id(user, job: str) -> str:
+    return (user.job_dir(job) / "slurm-id").read_text().split()[0]
+
+
+def held(user):
+    t0 = float(int(time.time()))
+    job = user.submit("true", opts=("--hold",))
+    return job, user.job_dir(job), t0
+
+
+def cancel(user, job):
+    user.run("cancel", job)
+
+
+def no_container_for(job: str, t0: float):
+    assert containers_created_since(job, t0) == []
+
+
+def test_runner_is_not_privileged():
+    st = os.stat(RUNNER)
+    assert st.st_mode & 0o6000 == 0, oct(st.st_mode)
+    assert Path(AGENT_SOCKET).is_socket()
+
+
+@pytest.mark.parametrize("forged", ["other-students-job", "none"])
+def test_runner_by_hand_with_forged_job_id_is_refused(alice, bob, forged):
+    env = []
+    victim = None
+    if forged == "other-students-job":
+        victim = bob.submit("sleep", "60")
+        bob.wait_started(victim)
+        env = [f"SLURM_JOB_ID={slurm_id(bob, victim)}", f"SLURM_JOBID={slurm_id(bob, victim)}"]
+    job, d, t0 = held(alice)
+    try:
+        time.sleep(max(0.0, t0 + 1 - time.time()))
+        r = alice.as_user("env", *env, RUNNER, str(d), check=False, timeout=60)
+        assert r.returncode != 101, r.stderr  # no panic
+        assert NOT_A_TASK in r.stderr, r.stderr
+        assert "delegate: refused:" in r.stderr.strip().splitlines()[-1], r.stderr
+        no_container_for(job, t0)
+        # Bob's node was not touched: only his own container runs.
+        if victim:
+            sid = slurm_id(bob, victim)
+            ids = sh("docker", "ps", "-aq", "--filter", f"label=delegate.slurm-job={sid}").stdout.split()
+            assert len(ids) == 1, ids
+    finally:
+        cancel(alice, job)
+        if victim:
+            cancel(bob, victim)
+
+
+def frame(kind: bytes, body: bytes) -> bytes:
+    rec = b"DLGT" + kind + b"\0" + struct.pack("<H", 1) + body
+    return struct.pack("<I", len(rec)) + rec
+
+
+def test_agent_reached_directly_is_refused(alice):
+    """A student's own program on the agent's socket: the probe is answered
+    (it starts nothing), a run request without a verified batch task is not,
+    garbage and oversized frames close the connection, the agent lives on."""
+    code = f"""
+import os, socket, struct, sys
+def frame(kind, body):
+    rec = b"DLGT" + kind + b"\\0" + struct.pack("<H", 1) + body
+    return struct.pack("<I", len(rec)) + rec
+def talk(data, fds=()):
+    s = socket.socket(socket.AF_UNIX); s.connect({AGENT_SOCKET!r}); s.settimeout(20)
+    if fds:
+        s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))])
+    else:
+        s.sendall(data)
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b: break
+            out += b
+            if len(out) > 12 and len(out) >= 4 + struct.unpack("<I", out[:4])[0]: break
+    except socket.timeout:
+        out += b"TIMEOUT"
+    return out
+print("probe", talk(frame(b"Q", b"\\x00"))[4:9])
+print("garbage", talk(frame(b"Q", b"\\x01\\xff\\xff\\xff")))
+print("huge", talk(struct.pack("<I", 1 << 30) + b"x" * 64))
+fd = os.open("/tmp", os.O_RDONLY)
+print("fds-no-run", talk(frame(b"Q", b"\\x02"), (fd, fd, fd)))
+"""
+    t0 = time.time()
+    r = alice.as_user("python3", "-c", code, check=False, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert "probe b'DLGTA'" in r.stdout, r.stdout
+    assert "garbage b''" in r.stdout and "huge b''" in r.stdout, r.stdout
+    # No container was created by any of it, and the agent still answers.
+    ev = sh("docker", "events", "--since", f"{t0:.0f}", "--until", f"{time.time() + 1:.0f}",
+            "--filter", "type=container", "--filter", "event=create", "--filter", "label=delegate.job",
+            "--format", "{{.ID}}")
+    assert ev.stdout.split() == []
+    assert "docker:    ok" in sh(RUNNER, "probe").stdout
+
+
+def test_runner_with_closed_or_full_stderr_does_not_panic(alice):
+    job, d, t0 = held(alice)
+    try:
+        time.sleep(max(0.0, t0 + 1 - time.time()))
+        # stderr closed
+        r = subprocess.run(
+            ["/usr/sbin/runuser", "-u", alice.name, "--", "sh", "-c", f"exec {RUNNER} {d} 2>&-"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert r.returncode in (0, 3), (r.returncode, r.stderr)
+        # stderr a full non-blocking pipe: fill it first, never read it.
+        rfd, wfd = os.pipe()
+        os.set_blocking(wfd, False)
+        try:
+            while True:
+                os.write(wfd, b"x" * 65536)
+        except BlockingIOError:
+            pass
+        p = subprocess.run(
+            ["/usr/sbin/runuser", "-u", alice.name, "--", RUNNER, str(d)],
+            stdout=subprocess.DEVNULL, stderr=wfd, timeout=60,
+        )
+        os.close(wfd)
+        os.close(rfd)
+        assert p.returncode in (0, 3), p.returncode  # 101 was the panic
+        no_container_for(job, t0)
+        assert sh("docker", "ps", "-aq", "--filter", "label=delegate.slurm-job=none").stdout.split() == []
+    finally:
+        cancel(alice, job)
+
+
+@pytest.fixture
+def agent_pause():
+    PAUSE_FILE.write_text("4\n")
+    os.chmod(PAUSE_FILE, 0o644)
+    try:
+        yield
+    finally:
+        PAUSE_FILE.unlink(missing_ok=True)
+
+
+def test_pause_and_swap_never_mounts_another_students_dir(alice, bob, agent_pause):
+    victim = bob.home / "victim-private"
+    sh("runuser", "-u", bob.name, "--", "sh", "-c",
+       f"mkdir -p {victim} && chmod 0700 {victim} && echo VICTIM > {victim}/secret && chmod 0700 {bob.home}")
+    log_start = AGENT_LOG.stat().st_size
+    job = alice.submit("sh", "-c", "ls -A /job; cat /job/secret 2>&1; echo done")
+    d = alice.job_dir(job)
+    moved = d.with_name(d.name + ".moved")
+    sid = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if sid is None and (d / "slurm-id").exists():
+            sid = slurm_id(alice, job)
+        with AGENT_LOG.open() as f:
+            f.seek(log_start)
+            text = f.read()
+        if sid and re.search(rf"job {sid}: checks done, pausing", text):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the agent never paused")
+    # The swap, as alice: her dir away, a symlink to bob's private dir in its place.
+    sh("runuser", "-u", alice.name, "--", "sh", "-c", f"mv {d} {moved} && ln -s {victim} {d}")
+    try:
+        deadline = time.monotonic() + 120
+        while not (moved / "outcome").exists():
+            assert time.monotonic() < deadline, "no outcome"
+            time.sleep(0.2)
+        out = (moved / "stdout").read_text()
+        assert "VICTIM" not in out, out
+        assert "spec" in out and "done" in out, out
+        assert (victim / "secret").read_text() == "VICTIM\n"
+        assert sorted(p.name for p in victim.iterdir()) == ["secret"]
+    finally:
+        sh("sh", "-c", f"rm -f {d} && mv {moved} {d}", check=False)
+
+
+@pytest.fixture
+def small_disk_limits():
+    old = POLICY.read_text()
+    keep = [ln for ln in old.splitlines()
+            if not re.match(r"\s*(max_output|max_job_bytes|output_limit)\s*=", ln)]
+    POLICY.write_text("\n".join(keep + ['max_output = "32M"', 'max_job_bytes = "64M"', 'output_limit = "truncate"']) + "\n")
+    try:
+        yield
+    finally:
+        POLICY.write_text(old)
+
+
+def test_two_gib_of_output_is_truncated_at_max_output(alice, small_disk_limits):
+    job = alice.submit("sh", "-c", "head -c 2G /dev/zero; echo survived >&2", opts=("--time", "120"))
+    st = alice.wait(job, timeout=240)
+    assert st["state"] == "completed", st
+    assert "truncated at the site limit of 32M (max_output)" in st["reason"], st
+    size = (alice.job_dir(job) / "stdout").stat().st_size
+    assert size <= 32 << 20, size
+    assert containers_created_since(job, 0) and not sh(
+        "docker", "ps", "-aq", "--filter", f"label=delegate.job={job}").stdout.split()
+
+
+def test_two_gib_of_job_data_is_stopped_at_max_job_bytes(alice, small_disk_limits):
+    # One file: RLIMIT_FSIZE (SIGXFSZ) at 64M.
+    job = alice.submit("sh", "-c", "head -c 2G /dev/zero > /job/big", opts=("--time", "120"))
+    st = alice.wait(job, timeout=240)
+    assert st["state"] == "failed", st
+    assert (alice.job_dir(job) / "big").stat().st_size <= 64 << 20
+    # Many files under the per-file limit: the agent's watcher stops the call.
+    job = alice.submit(
+        "sh", "-c", "i=0; while [ $i -lt 64 ]; do head -c 32M /dev/zero > /job/f$i; i=$((i+1)); done",
+        opts=("--time", "120"),
+    )
+    st = alice.wait(job, timeout=240)
+    assert st["state"] == "failed", st
+    assert "max_job_bytes" in st["reason"], st
+    used = sum(p.stat().st_size for p in alice.job_dir(job).glob("f*"))
+    assert used < 1 << 30, used
+
+
+def test_core_dumps_off_and_sane_nofile(alice):
+    job = alice.submit(
+        "sh", "-c",
+        "ulimit -c; ulimit -n; (ulimit -c unlimited) 2>/dev/null && echo raised; "
+        "cd /job && sh -c 'kill -SEGV $$'; ls /job",
+    )
+    st = alice.wait(job)
+    out = (alice.job_dir(job) / "stdout").read_text().split()
+    assert out[0] == "0" and out[1] == "1024", out
+    assert "raised" not in out
+    assert not [n for n in out if n.startswith("core")], out
+    assert st["state"] == "completed", st
