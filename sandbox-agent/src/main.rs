@@ -44,7 +44,10 @@ fn init_logging() {
         let _ = std::fs::create_dir_all(parent);
     }
     let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
-    let builder = tracing_subscriber::fmt().log_internal_errors(false).with_ansi(false).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .log_internal_errors(false)
+        .with_ansi(false)
+        .with_target(false);
     match file {
         Ok(f) => builder.with_writer(Mutex::new(f)).init(),
         Err(e) => {

@@ -129,9 +129,22 @@ print("fds-no-run", talk(frame(b"Q", b"\\x02"), (fd, fd, fd)))
     assert "probe b'DLGTA'" in r.stdout, r.stdout
     assert "garbage b''" in r.stdout and "huge b''" in r.stdout, r.stdout
     # No container was created by any of it, and the agent still answers.
-    ev = sh("docker", "events", "--since", f"{t0:.0f}", "--until", f"{time.time() + 1:.0f}",
-            "--filter", "type=container", "--filter", "event=create", "--filter", "label=delegate.job",
-            "--format", "{{.ID}}")
+    ev = sh(
+        "docker",
+        "events",
+        "--since",
+        f"{t0:.0f}",
+        "--until",
+        f"{time.time() + 1:.0f}",
+        "--filter",
+        "type=container",
+        "--filter",
+        "event=create",
+        "--filter",
+        "label=delegate.job",
+        "--format",
+        "{{.ID}}",
+    )
     assert ev.stdout.split() == []
     assert "docker:    ok" in sh(RUNNER, "probe").stdout
 
@@ -143,7 +156,9 @@ def test_runner_with_closed_or_full_stderr_does_not_panic(alice):
         # stderr closed
         r = subprocess.run(
             ["/usr/sbin/runuser", "-u", alice.name, "--", "sh", "-c", f"exec {RUNNER} {d} 2>&-"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert r.returncode in (0, 3), (r.returncode, r.stderr)
         # stderr a full non-blocking pipe: fill it first, never read it.
@@ -156,7 +171,9 @@ def test_runner_with_closed_or_full_stderr_does_not_panic(alice):
             pass
         p = subprocess.run(
             ["/usr/sbin/runuser", "-u", alice.name, "--", RUNNER, str(d)],
-            stdout=subprocess.DEVNULL, stderr=wfd, timeout=60,
+            stdout=subprocess.DEVNULL,
+            stderr=wfd,
+            timeout=60,
         )
         os.close(wfd)
         os.close(rfd)
@@ -179,8 +196,15 @@ def agent_pause():
 
 def test_pause_and_swap_never_mounts_another_students_dir(alice, bob, agent_pause):
     victim = bob.home / "victim-private"
-    sh("runuser", "-u", bob.name, "--", "sh", "-c",
-       f"mkdir -p {victim} && chmod 0700 {victim} && echo VICTIM > {victim}/secret && chmod 0700 {bob.home}")
+    sh(
+        "runuser",
+        "-u",
+        bob.name,
+        "--",
+        "sh",
+        "-c",
+        f"mkdir -p {victim} && chmod 0700 {victim} && echo VICTIM > {victim}/secret && chmod 0700 {bob.home}",
+    )
     log_start = AGENT_LOG.stat().st_size
     job = alice.submit("sh", "-c", "ls -A /job; cat /job/secret 2>&1; echo done")
     d = alice.job_dir(job)
@@ -217,9 +241,12 @@ def test_pause_and_swap_never_mounts_another_students_dir(alice, bob, agent_paus
 @pytest.fixture
 def small_disk_limits():
     old = POLICY.read_text()
-    keep = [ln for ln in old.splitlines()
-            if not re.match(r"\s*(max_output|max_job_bytes|output_limit)\s*=", ln)]
-    POLICY.write_text("\n".join(keep + ['max_output = "32M"', 'max_job_bytes = "64M"', 'output_limit = "truncate"']) + "\n")
+    keep = [
+        ln for ln in old.splitlines() if not re.match(r"\s*(max_output|max_job_bytes|output_limit)\s*=", ln)
+    ]
+    POLICY.write_text(
+        "\n".join(keep + ['max_output = "32M"', 'max_job_bytes = "64M"', 'output_limit = "truncate"']) + "\n"
+    )
     try:
         yield
     finally:
@@ -233,8 +260,10 @@ def test_two_gib_of_output_is_truncated_at_max_output(alice, small_disk_limits):
     assert "truncated at the site limit of 32M (max_output)" in st["reason"], st
     size = (alice.job_dir(job) / "stdout").stat().st_size
     assert size <= 32 << 20, size
-    assert containers_created_since(job, 0) and not sh(
-        "docker", "ps", "-aq", "--filter", f"label=delegate.job={job}").stdout.split()
+    assert (
+        containers_created_since(job, 0)
+        and not sh("docker", "ps", "-aq", "--filter", f"label=delegate.job={job}").stdout.split()
+    )
 
 
 def test_two_gib_of_job_data_is_stopped_at_max_job_bytes(alice, small_disk_limits):
@@ -245,7 +274,9 @@ def test_two_gib_of_job_data_is_stopped_at_max_job_bytes(alice, small_disk_limit
     assert (alice.job_dir(job) / "big").stat().st_size <= 64 << 20
     # Many files under the per-file limit: the agent's watcher stops the call.
     job = alice.submit(
-        "sh", "-c", "i=0; while [ $i -lt 64 ]; do head -c 32M /dev/zero > /job/f$i; i=$((i+1)); done",
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 64 ]; do head -c 32M /dev/zero > /job/f$i; i=$((i+1)); done",
         opts=("--time", "120"),
     )
     st = alice.wait(job, timeout=240)
@@ -257,7 +288,8 @@ def test_two_gib_of_job_data_is_stopped_at_max_job_bytes(alice, small_disk_limit
 
 def test_core_dumps_off_and_sane_nofile(alice):
     job = alice.submit(
-        "sh", "-c",
+        "sh",
+        "-c",
         "ulimit -c; ulimit -n; (ulimit -c unlimited) 2>/dev/null && echo raised; "
         "cd /job && sh -c 'kill -SEGV $$'; ls /job",
     )
