@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import struct
 import subprocess
 import time
@@ -245,7 +244,7 @@ def small_disk_limits():
         ln for ln in old.splitlines() if not re.match(r"\s*(max_output|max_job_bytes|output_limit)\s*=", ln)
     ]
     POLICY.write_text(
-        "\n".join(keep + ['max_output = "32M"', 'max_job_bytes = "64M"', 'output_limit = "truncate"']) + "\n"
+        "\n".join([*keep, 'max_output = "32M"', 'max_job_bytes = "64M"', 'output_limit = "truncate"']) + "\n"
     )
     try:
         yield
