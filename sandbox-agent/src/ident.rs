@@ -5,7 +5,7 @@
 //! a Slurm batch step: its parent is a root-owned `slurmstepd` whose title
 //! is `slurmstepd: [<job>.batch]` (a title only that root process sets;
 //! delegate's batch scripts `exec` the runner, so the runner is that task).
-//! slurmctld must say the job is RUNNING, belongs to the peer's uid and has
+//! slurmctld (squeue, fields the submitter cannot choose) must say the job is RUNNING, belongs to the peer's uid and has
 //! its batch host on this node. A pidfd pins the peer: the agent watches it
 //! and ends the sandbox when the batch task ends, and the peer's start time
 //! is checked again after the slow checks (no pid reuse).
@@ -99,27 +99,32 @@ pub fn job_of_title(cmdline: &[u8]) -> Option<String> {
     (!job.is_empty() && job.len() <= 20 && job.bytes().all(|b| b.is_ascii_digit())).then(|| job.to_string())
 }
 
-/// The fields of `scontrol -o show job` that matter.
-pub fn check_scontrol(out: &str, job: &str, uid: u32, node: &str) -> Result<(), String> {
-    let field = |k: &str| {
-        out.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+/// The squeue format the agent asks for: job id, state, numeric owner uid
+/// and batch host, `|`-separated. Only fields the submitter cannot choose
+/// (never the job name, comment or work dir, which could carry forged
+/// `Key=value` text in `scontrol show job`'s one-line output).
+pub const SQUEUE_FORMAT: &str = "%A|%T|%U|%B";
+
+/// Checks squeue's answer (`SQUEUE_FORMAT`) about `job`.
+pub fn check_squeue(out: &str, job: &str, uid: u32, node: &str) -> Result<(), String> {
+    let mut lines = out.lines().filter(|l| !l.trim().is_empty());
+    let (Some(line), None) = (lines.next(), lines.next()) else {
+        return Err(format!("slurmctld does not know job {job}"));
     };
-    if field("JobId") != Some(job) {
+    let f: Vec<&str> = line.trim().split('|').collect();
+    let [id, state, owner, host] = f.as_slice() else {
+        return Err(format!("slurmctld does not know job {job}"));
+    };
+    if *id != job {
         return Err(format!("slurmctld does not know job {job}"));
     }
-    if field("JobState") != Some("RUNNING") {
+    if *state != "RUNNING" {
         return Err(format!("Slurm job {job} is not running"));
     }
-    // UserId=alice(2001)
-    let owner = field("UserId")
-        .and_then(|v| v.rsplit_once('('))
-        .and_then(|(_, n)| n.strip_suffix(')'))
-        .and_then(|n| n.parse::<u32>().ok());
-    if owner != Some(uid) {
+    if owner.parse::<u32>().ok() != Some(uid) {
         return Err(format!("Slurm job {job} does not belong to uid {uid}"));
     }
-    if field("BatchHost") != Some(node) {
+    if *host != node {
         return Err(format!("Slurm job {job} does not run its batch step on this node ({node})"));
     }
     Ok(())
@@ -164,16 +169,16 @@ pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Res
     let job = job_of_title(&cmdline).ok_or_else(|| not_task(format!("its parent {ppid} is not a batch step")))?;
     let out = tokio::time::timeout(
         Duration::from_secs(15),
-        tokio::process::Command::new("scontrol")
-            .args(["-o", "show", "job", &job])
+        tokio::process::Command::new("squeue")
+            .args(["-h", "-t", "all", "-j", &job, "-o", SQUEUE_FORMAT])
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .kill_on_drop(true)
             .output(),
     )
     .await
     .map_err(|_| format!("slurmctld did not answer about job {job} in time"))?
-    .map_err(|e| format!("cannot run scontrol: {e}"))?;
-    check_scontrol(&String::from_utf8_lossy(&out.stdout), &job, uid, node)?;
+    .map_err(|e| format!("cannot run squeue: {e}"))?;
+    check_squeue(&String::from_utf8_lossy(&out.stdout), &job, uid, node)?;
     // Still the same process, still the child of that slurmstepd.
     match proc_stat(pid) {
         Ok((p, s)) if p == ppid && s == starttime => {}
@@ -212,14 +217,17 @@ mod tests {
     }
 
     #[test]
-    fn scontrol_fields() {
-        let line = "JobId=42 JobName=x UserId=alice(2001) GroupId=alice(2001) JobState=RUNNING Reason=None BatchHost=n1 NodeList=n1";
-        assert_eq!(check_scontrol(line, "42", 2001, "n1"), Ok(()));
-        assert!(check_scontrol(line, "42", 2002, "n1").unwrap_err().contains("does not belong"));
-        assert!(check_scontrol(line, "42", 2001, "n2").unwrap_err().contains("batch step"));
-        assert!(check_scontrol(&line.replace("RUNNING", "COMPLETING"), "42", 2001, "n1").is_err());
-        assert!(check_scontrol("", "42", 2001, "n1").is_err());
-        assert!(check_scontrol(line, "43", 2001, "n1").is_err());
+    fn squeue_fields() {
+        let line = "42|RUNNING|2001|n1\n";
+        assert_eq!(check_squeue(line, "42", 2001, "n1"), Ok(()));
+        assert!(check_squeue(line, "42", 2002, "n1").unwrap_err().contains("does not belong"));
+        assert!(check_squeue(line, "42", 2001, "n2").unwrap_err().contains("batch step"));
+        assert!(check_squeue(&line.replace("RUNNING", "COMPLETING"), "42", 2001, "n1").is_err());
+        assert!(check_squeue("", "42", 2001, "n1").is_err());
+        assert!(check_squeue(line, "43", 2001, "n1").is_err());
+        // More than one line, or extra fields: never a guess.
+        assert!(check_squeue("42|RUNNING|2001|n1\n42|RUNNING|2001|n1\n", "42", 2001, "n1").is_err());
+        assert!(check_squeue("42|RUNNING|2001|n1|x\n", "42", 2001, "n1").is_err());
     }
 
     #[test]
