@@ -9,7 +9,8 @@
 # counter; the user-side script is stack/check_user.py, run on the user
 # node); neither account can read the other's job directories; exclusive
 # nodes; a map sharing one allocation per worker; JupyterLab answering with
-# the token and refusing without. Exits 1 (die) when any check failed.
+# the token and refusing without; the root agent answering on every worker,
+# and no student reaching the Docker socket there. Exits 1 (die) when any check failed.
 # The action is stack_test; each check is a function t_* run by `check`.
 #
 # Sourced by build_cluster.sh after common.sh, local.sh and stack.sh (never
@@ -79,6 +80,47 @@ t_plain_slurm_refused() {
     done
     echo "$u: srun and sbatch --wrap refused by the job gate"
 }
+# t_agents USER: on every worker the root agent runs and answers the probe
+# asked by USER (a student) through the unprivileged runner.
+t_agents() {
+    local u=$1 i w pid rc=0
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        w=worker$i
+        pid=$(stack_exec "$w" pgrep -x -u 0 sandbox-agent | paste -sd, -)
+        if [[ -z $pid ]]; then
+            echo "$w: no sandbox-agent runs"; rc=1; continue
+        fi
+        if ! stack_exec_as "$u" "$w" timeout 60 /usr/local/bin/sandbox-runner probe >/dev/null 2>&1; then
+            echo "$w: the agent (pid $pid) does not answer $u's probe:"
+            stack_exec "$w" tail -n 5 /var/log/delegate/agent.log; rc=1; continue
+        fi
+        echo "$w: sandbox-agent (root, pid $pid) answers $u's probe"
+    done
+    return $rc
+}
+# t_worker_locked USER: on every worker the runner is not setuid/setgid,
+# the host's Docker socket sits in a root-only directory, USER is in no
+# group owning it and cannot talk to the engine.
+t_worker_locked() {
+    local u=$1 i w mode dir gid rc=0
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        w=worker$i
+        mode=$(stack_exec "$w" stat -c '%a %U:%G' /usr/local/bin/sandbox-runner)
+        [[ $mode == "755 root:root" ]] || { echo "$w: sandbox-runner is $mode (want 755 root:root)"; rc=1; }
+        dir=$(stack_exec "$w" stat -c '%a %U' /run/delegate-engine)
+        [[ $dir == "700 root" ]] || { echo "$w: /run/delegate-engine is $dir (want 700 root)"; rc=1; }
+        gid=$(stack_exec "$w" stat -L -c %g /var/run/docker.sock)
+        if stack_exec "$w" id -G "$u" | tr ' ' '\n' | grep -qx "$gid"; then
+            echo "$w: $u is in group $gid, which owns the Docker socket"; rc=1
+        fi
+        if stack_exec_as "$u" "$w" curl -fsS --max-time 10 --unix-socket /var/run/docker.sock \
+            http://engine/version >/dev/null 2>&1; then
+            echo "$w: $u reached the Docker engine through /var/run/docker.sock"; rc=1
+        fi
+        ((rc)) || echo "$w: runner $mode, socket only for root (/run/delegate-engine $dir), $u refused"
+    done
+    return $rc
+}
 # t_python USER ARGS...: stack/check_user.py on the user node, as USER, with
 # ARGS (basic, excl N, map N: see that file).
 t_python() {
@@ -130,6 +172,8 @@ stack_test() {
     check "sinfo: every worker idle" t_sinfo_idle
     check "a trivial job on each worker (root, sbatch -w)" t_job_on_each_worker
     check "$t1 cannot run plain Slurm jobs (srun, sbatch --wrap)" t_plain_slurm_refused "$t1"
+    check "the root agent runs and answers on every worker" t_agents "$t1"
+    check "$t1 cannot reach the Docker socket on any worker; the runner is not setgid" t_worker_locked "$t1"
     check "$t1: Python function via delegate, own uid, perf counter" t_python "$t1" basic
     check "$t2: Python function via delegate, own uid, perf counter" t_python "$t2" basic
     check "$t1 cannot read $t2's job directories" t_isolation "$t1" "$t2"

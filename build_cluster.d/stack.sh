@@ -40,6 +40,8 @@ stack_load_config() {
     [[ $DELEGATE_STACK_WORKERS =~ ^[1-9][0-9]*$ ]] || die "--workers/DELEGATE_STACK_WORKERS must be a positive number, not '$DELEGATE_STACK_WORKERS'"
     [[ $DELEGATE_STACK_NAME =~ ^[a-z][a-z0-9-]*$ ]] || die "DELEGATE_STACK_NAME must be lowercase letters, digits and '-'"
     [[ $DELEGATE_STACK_HOME == /* ]] || die "DELEGATE_STACK_HOME must be an absolute path"
+    [[ $DELEGATE_STACK_STAGING =~ ^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$ && $DELEGATE_STACK_STAGING != *..* ]] \
+        || die "DELEGATE_STACK_STAGING must be a clean absolute path, not '$DELEGATE_STACK_STAGING'"
     STACK=$DELEGATE_STACK_NAME
     STACK_GEN=$DELEGATE_STACK_DIR/generated
     STACK_SECRETS=$DELEGATE_STACK_DIR/secrets
@@ -122,6 +124,46 @@ stack_swarm() {
             date >"$STACK_SWARM_MARK" ;;
         *) die "swarm state is '$state'; fix it first (docker info, docker swarm leave --force)" ;;
     esac
+}
+
+# --- the agents' staging directories
+# stack_staging_up: DELEGATE_STACK_STAGING becomes a shared mount point
+# (a bind mount of itself, rshared) with one root-only subdirectory per
+# worker. Each worker binds its own at /run/delegate/jobs with rshared
+# propagation (the stack file), so the bind mount the worker's agent makes
+# there for a running job propagates to the host, where the host's engine
+# (given the host path, policy staging_host_dir) mounts it into the sandbox.
+# Idempotent.
+stack_staging_up() {
+    local d=$DELEGATE_STACK_STAGING i prop
+    install -d -o root -g root -m 0755 "$d"
+    if ! mountpoint -q "$d"; then
+        mount --bind "$d" "$d" || die "cannot bind-mount $d onto itself"
+    fi
+    prop=$(findmnt -n -o PROPAGATION --mountpoint "$d")
+    if [[ $prop != shared* ]]; then
+        mount --make-rshared "$d" || die "cannot make $d a shared mount"
+    fi
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        install -d -o root -g root -m 0700 "$d/worker$i"
+    done
+    log "staging: $d is a shared mount ($(findmnt -n -o PROPAGATION --mountpoint "$d")), one directory per worker"
+}
+
+# stack_staging_down: unmount what is left under DELEGATE_STACK_STAGING (a
+# job's pin left by a killed worker) and the shared mount itself; remove
+# the directories. Idempotent.
+stack_staging_down() {
+    local d=$DELEGATE_STACK_STAGING m
+    [[ -d $d ]] || return 0
+    # Deepest first: the job pins, then the shared mount point.
+    for m in $(findmnt -n -r -o TARGET | grep -E "^$d(/|$)" | sort -r); do
+        umount -l "$m" 2>/dev/null || warn "down: cannot unmount $m"
+    done
+    find "$d" -mindepth 1 -maxdepth 2 -type d -empty -delete 2>/dev/null || true
+    rmdir "$d" 2>/dev/null || warn "down: $d is not empty; left in place"
+    mountpoint -q "$d" 2>/dev/null && warn "down: $d is still a mount point"
+    return 0
 }
 
 # --- secrets
@@ -267,6 +309,7 @@ CONF
             -e "s|@CLUSTER_IMAGE@|$DELEGATE_CLUSTER_IMAGE|g" \
             -e "s|@USER_IMAGE@|$DELEGATE_USER_IMAGE|g" \
             -e "s|@HOME@|$DELEGATE_STACK_HOME|g" \
+            -e "s|@STAGING@|$DELEGATE_STACK_STAGING|g" \
             -e "s|@JUPYTER_USER@|$JUPYTER_USER|g" \
             -e "s|@JUPYTER_PORT@|$DELEGATE_JUPYTER_PORT|g" \
             -e "s|@STACK@|$STACK|g" -e "s|@CFGV@|$cfgv|g" -e "s|@KEYV@|$keyv|g" \
@@ -313,7 +356,7 @@ image_is_current() {
 # stack_build_images [force]: build the images that are missing or were
 # built from other sources (all with force).
 stack_build_images() {
-    local force=${1:-0} ctx gid src
+    local force=${1:-0} ctx src
     src=$(source_hash)
     # Base and sandbox images: the single-machine functions (cached builds).
     if ((force)) || ! docker image inspect "$DELEGATE_SANDBOX_IMAGE" >/dev/null 2>&1 \
@@ -333,13 +376,13 @@ stack_build_images() {
         # The SPANK plugin is compiled in the image build, against the
         # image's own Slurm headers.
         cp "$REPO/slurm-conf/spank/delegate_lockdown.c" "$ctx/slurm-conf/spank/"
-        cp "$REPO/target/release/delegate" "$REPO/target/release/sandbox-runner" "$ctx/bin/" \
-            || die "target/release/{delegate,sandbox-runner} missing after cargo build"
+        cp "$REPO/target/release/delegate" "$REPO/target/release/sandbox-runner" \
+            "$REPO/target/release/sandbox-agent" "$ctx/bin/" \
+            || die "target/release/{delegate,sandbox-runner,sandbox-agent} missing after cargo build"
         cp "$(command -v docker)" "$ctx/bin/docker"
-        gid=$(stat -c %g /var/run/docker.sock)
-        log "image $DELEGATE_CLUSTER_IMAGE: building (docker socket gid $gid; log $DELEGATE_LOG_DIR/build-cluster-image.log)"
+        log "image $DELEGATE_CLUSTER_IMAGE: building (log $DELEGATE_LOG_DIR/build-cluster-image.log)"
         install -d -m 0755 "$DELEGATE_LOG_DIR"
-        docker build --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" --build-arg "DOCKER_GID=$gid" \
+        docker build --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
             --label "org.delegate.source=$src" -t "$DELEGATE_CLUSTER_IMAGE" -f "$ctx/docker/cluster.Dockerfile" "$ctx" \
             >"$DELEGATE_LOG_DIR/build-cluster-image.log" 2>&1 \
             || { rm -rf "$ctx"; die "docker build of $DELEGATE_CLUSTER_IMAGE failed; tail:
@@ -464,6 +507,7 @@ stack_deploy() {
     stack_swarm
     stack_secrets
     stack_generate
+    stack_staging_up
     log "stack: docker stack deploy $STACK ($DELEGATE_STACK_WORKERS workers)"
     (cd "$STACK_GEN" && docker stack deploy --prune -c "$STACK_FILE" "$STACK" 2>&1 \
         | grep -v 'could not be accessed on a registry' ) || true
@@ -511,11 +555,30 @@ stack_status() {
     echo
     stack_exec head sinfo -N -l 2>&1 || true
     stack_exec head squeue 2>&1 || true
+    echo
+    stack_agents_status
     local token
     token=$(cat "$STACK_SECRETS/jupyter-token" 2>/dev/null || echo '?')
     echo
     echo "JupyterLab (as $JUPYTER_USER): http://$(hostname -f 2>/dev/null || hostname):$DELEGATE_JUPYTER_PORT/lab?token=$token"
     echo "shared home: $DELEGATE_STACK_HOME   accounts: $STACK_ACCOUNTS"
+}
+
+# stack_agents_status: one line per worker: its root agent's pid, whether
+# it answers the probe (as nobody), the last line of its log.
+stack_agents_status() {
+    local i w pid probe last
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        w=worker$i
+        pid=$(stack_exec "$w" pgrep -x sandbox-agent 2>/dev/null | paste -sd, -)
+        if stack_exec "$w" runuser -u nobody -- /usr/local/bin/sandbox-runner probe >/dev/null 2>&1; then
+            probe="answers"
+        else
+            probe="does NOT answer"
+        fi
+        last=$(stack_exec "$w" tail -n 1 /var/log/delegate/agent.log 2>/dev/null | cut -c1-120)
+        echo "$w: sandbox-agent pid ${pid:-none}, $probe the probe; log: ${last:-empty}"
+    done
 }
 
 # stack_leftovers: what of the stack is left on this engine, one "kind id"
@@ -559,6 +622,7 @@ stack_down() {
             docker rm -f "$c" >/dev/null && log "down: removed leftover sandbox $c (Slurm job $id)"
         fi
     done
+    stack_staging_down
     if [[ -f $STACK_SWARM_MARK ]]; then
         if [[ -z $(docker service ls -q 2>/dev/null) ]]; then
             log "down: leaving the swarm this script initialized"

@@ -6,9 +6,13 @@
 #   /run/secrets/munge.key, /run/secrets/jupyter-token                 (swarm secrets)
 #   DELEGATE_STACK_HOME   the shared home (same absolute path everywhere)
 #   DELEGATE_JUPYTER_USER the account JupyterLab runs as (user node)
-# It installs them, creates the accounts, starts munged, then runs the
-# role's daemon in the foreground (slurmctld, slurmd or JupyterLab) so the
-# container lives exactly as long as the daemon.
+#   DELEGATE_STAGING_HOST_DIR  (worker) the host directory bound at
+#                         /run/delegate/jobs, as the host's engine sees it
+#   /run/delegate-engine/docker.sock  (worker) the host's Docker socket
+# It installs them, creates the accounts, starts munged (and on a worker
+# the root agent sandbox-agent), then runs the role's daemon in the
+# foreground (slurmctld, slurmd or JupyterLab) so the container lives
+# exactly as long as the daemon.
 set -euo pipefail
 role=${1:-worker}
 CFG=/etc/delegate-stack
@@ -74,20 +78,56 @@ head)
     exec slurmctld -D -i
     ;;
 worker)
-    # The runner must be setgid to the group owning the HOST's socket (the
-    # image was built for the gid of the build host; another host may differ).
-    [[ -S /var/run/docker.sock ]] || die "the host's Docker socket is not mounted at /var/run/docker.sock"
-    gid=$(stat -c %g /var/run/docker.sock)
-    if [[ $(stat -c %g /usr/local/bin/sandbox-runner) != "$gid" ]]; then
-        log "docker socket group is $gid: re-setting the runner's group"
-        chgrp "$gid" /usr/local/bin/sandbox-runner
-        chmod 2755 /usr/local/bin/sandbox-runner
+    # The host's Docker socket is mounted in /run/delegate-engine, a
+    # root-only directory (0700): only root in this container (the agent and
+    # the epilog) reaches it; /var/run/docker.sock is a symlink into it for
+    # the docker CLI's default. Students are in no group that owns it, and
+    # the runner is not setgid (docs/security.md, "Who starts containers").
+    engine=/run/delegate-engine
+    [[ -S $engine/docker.sock ]] || die "the host's Docker socket is not mounted at $engine/docker.sock"
+    chown root:root "$engine"
+    chmod 0700 "$engine"
+    ln -sfn "$engine/docker.sock" /var/run/docker.sock
+    [[ ! -g /usr/local/bin/sandbox-runner && ! -u /usr/local/bin/sandbox-runner ]] \
+        || die "/usr/local/bin/sandbox-runner must not be setuid/setgid"
+    # The agent pins each running job directory at /run/delegate/jobs/<job>
+    # (policy staging_dir), a bind mount of a host directory with rshared
+    # propagation, so the host's engine sees the pin at
+    # $DELEGATE_STAGING_HOST_DIR/<job> (policy staging_host_dir).
+    stage=/run/delegate/jobs
+    host_stage=${DELEGATE_STAGING_HOST_DIR:?DELEGATE_STAGING_HOST_DIR not set}
+    prop=$(findmnt -n -o PROPAGATION --mountpoint "$stage" 2>/dev/null || true)
+    [[ $prop == shared* ]] || die "$stage is not a shared bind mount of the host's $host_stage (propagation '${prop:-none}'): the host's engine would not see the agent's staging mounts"
+    if grep -q '^staging_host_dir *=' /etc/delegate/policy.toml; then
+        sed -i "s|^staging_host_dir *=.*|staging_host_dir = \"$host_stage\"|" /etc/delegate/policy.toml
+    else
+        printf '# Set by the entrypoint: this worker'"'"'s staging directory as the host'"'"'s engine sees it.\nstaging_host_dir = "%s"\n' \
+            "$host_stage" >>/etc/delegate/policy.toml
     fi
     docker image inspect "$(sed -n 's/^default_image *= *"\(.*\)"/\1/p' /etc/delegate/policy.toml)" >/dev/null 2>&1 \
         || log "WARNING: the sandbox image is not present on this host's Docker engine"
+    # The root agent, before slurmd: restarted if it ever exits (a job's
+    # runner fails with "cannot reach the delegate agent" meanwhile).
+    touch /var/log/delegate/agent.log
+    chmod 0640 /var/log/delegate/agent.log
+    (
+        while :; do
+            rc=0
+            # It opens its log itself; its stdout/stderr (nothing, unless
+            # it cannot open the log) go to the container's output.
+            DELEGATE_AGENT_LOG=/var/log/delegate/agent.log DELEGATE_NODE_NAME=$(hostname -s) \
+                /usr/local/sbin/sandbox-agent </dev/null || rc=$?
+            log "sandbox-agent exited ($rc); restarting in 2 s"
+            sleep 2
+        done
+    ) &
+    for _ in $(seq 40); do [[ -S /run/delegate/agent.sock ]] && break; sleep 0.25; done
+    [[ -S /run/delegate/agent.sock ]] || die "sandbox-agent did not open /run/delegate/agent.sock: $(tail -n 20 /var/log/delegate/agent.log)"
+    log "sandbox-agent: listening on /run/delegate/agent.sock (log /var/log/delegate/agent.log)"
     log "starting slurmd"
-    # slurmd's log goes to the container's output too (docker service logs).
-    tail -F /var/log/delegate/slurmd.log /var/log/delegate/epilog.log 2>/dev/null &
+    # slurmd's and the agent's logs go to the container's output too
+    # (docker service logs).
+    tail -F /var/log/delegate/slurmd.log /var/log/delegate/epilog.log /var/log/delegate/agent.log 2>/dev/null &
     exec slurmd -D
     ;;
 user)

@@ -31,25 +31,26 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && slurmd -V
 
-# The Docker CLI, only for the epilog's sweep by label (the runner talks to
-# the engine's API itself). It is the host's own client binary: the engine
-# it talks to is the host's, and Debian has no CLI-only package. No engine
-# runs in this image: workers use the host's engine through its socket.
+# The Docker CLI, for the epilog's sweep by label (root only: the agent
+# talks to the engine's API itself). It is the host's own client binary: the
+# engine it talks to is the host's, and Debian has no CLI-only package. No
+# engine runs in this image: workers use the host's engine through its
+# socket, mounted in the root-only directory /run/delegate-engine (0700).
 COPY bin/docker /usr/bin/docker
 
-# delegate: the CLI (user node, and `delegate doctor` anywhere) and the
-# runner. The runner is the only way a job reaches the Docker socket: it is
-# setgid to the group owning the HOST's socket (DOCKER_GID, looked up by
-# build_cluster.sh; the entrypoint re-checks it against the mounted socket).
-# Students are never in that group.
-ARG DOCKER_GID=999
-COPY bin/delegate bin/sandbox-runner /tmp/bin/
+# delegate: the CLI (user node, and `delegate doctor` anywhere), the runner
+# and the root agent (docs/security.md, "Who starts containers"). The runner
+# is an ordinary program (root:root 0755, no setgid): it asks the agent,
+# which the worker's entrypoint starts as root and which alone reaches the
+# Docker socket. Students are in no group that owns the socket.
+COPY bin/delegate bin/sandbox-runner bin/sandbox-agent /tmp/bin/
 RUN set -e; \
-    if ! getent group "$DOCKER_GID" >/dev/null; then groupadd --system --gid "$DOCKER_GID" docker-host; fi; \
     install -o root -g root -m 0755 /tmp/bin/delegate /usr/local/bin/delegate; \
-    install -o root -g "$DOCKER_GID" -m 2755 /tmp/bin/sandbox-runner /usr/local/bin/sandbox-runner; \
+    install -o root -g root -m 0755 /tmp/bin/sandbox-runner /usr/local/bin/sandbox-runner; \
+    install -o root -g root -m 0755 /tmp/bin/sandbox-agent /usr/local/sbin/sandbox-agent; \
+    install -d -o root -g root -m 0700 /run/delegate-engine; \
     rm -rf /tmp/bin; \
-    ls -l /usr/local/bin/sandbox-runner
+    ls -l /usr/local/bin/sandbox-runner /usr/local/sbin/sandbox-agent
 
 # The lockdown's SPANK plugin (slurm.conf's PlugStackConfig names it through
 # /etc/slurm/delegate-plugstack.conf, installed by the entrypoint).
@@ -64,4 +65,4 @@ RUN chmod 0755 /etc/slurm/delegate-epilog.sh /usr/local/sbin/cluster-entrypoint 
 ENTRYPOINT ["/usr/local/sbin/cluster-entrypoint"]
 CMD ["worker"]
 LABEL org.opencontainers.image.title="delegate-cluster" \
-      org.opencontainers.image.description="delegate head/worker node: munge, Slurm, sandbox-runner"
+      org.opencontainers.image.description="delegate head/worker node: munge, Slurm, sandbox-runner, sandbox-agent"

@@ -138,6 +138,93 @@ def test_stack_step_into_own_job_is_refused(stack):
         on_user_node("delegate", "cancel", job, user=STUDENT)
 
 
+# --- the root agent on the workers (docs/security.md, "Who starts
+# containers"): students reach the engine only through it.
+NOT_A_TASK = "is not a Slurm batch task on this node"
+VICTIM = "dlg-test2"  # the other test account
+
+
+def on_node(node, *cmd, user=None, env=(), timeout=300):
+    cid = run(
+        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{node}"
+    ).stdout.split()
+    assert cid, f"{node} has no running container"
+    opts = []
+    if user:
+        home = f"{HOME}/{user}"
+        opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
+    for e in env:
+        opts += ["-e", e]
+    return run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
+
+
+@pytest.mark.parametrize("worker", ["worker1", "worker2"])
+def test_stack_worker_runs_the_agent_and_hides_the_socket(stack, worker):
+    r = on_node(worker, "pgrep", "-x", "-u", "0", "sandbox-agent")
+    assert r.returncode == 0 and r.stdout.split(), "no root sandbox-agent on " + worker
+    r = on_node(worker, "stat", "-c", "%a %U:%G", "/usr/local/bin/sandbox-runner")
+    assert r.stdout.strip() == "755 root:root"  # not setgid
+    r = on_node(worker, "stat", "-c", "%a %U", "/run/delegate-engine")
+    assert r.stdout.strip() == "700 root"
+    r = on_node(worker, "id", "-G", user=STUDENT)
+    gid = on_node(worker, "stat", "-L", "-c", "%g", "/var/run/docker.sock").stdout.strip()
+    assert gid and gid not in r.stdout.split()
+    r = on_node(
+        worker,
+        "curl", "-fsS", "--max-time", "10", "--unix-socket", "/var/run/docker.sock",
+        "http://engine/version",
+        user=STUDENT,
+    )  # fmt: skip
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
+    # The probe goes through the agent and is answered to anyone.
+    r = on_node(worker, "/usr/local/bin/sandbox-runner", "probe", user=STUDENT, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def host_containers(label: str) -> list[str]:
+    return run("docker", "ps", "-aq", "--filter", f"label={label}").stdout.split()
+
+
+def test_stack_runner_by_hand_with_forged_job_id_is_refused(stack):
+    """A student on a worker (simulated with docker exec as their uid: on
+    real machines pam_slurm_adopt keeps them off) runs the runner by hand
+    with SLURM_JOB_ID of another student's running job on that node: the
+    agent refuses, no container is created, the other job goes on."""
+    r = on_user_node("delegate", "submit", "--", "sleep", "120", user=VICTIM)
+    assert r.returncode == 0, r.stderr
+    victim = r.stdout.split()[-1]
+    vdir = Path(HOME) / VICTIM / ".delegate" / "jobs" / victim
+    r = on_user_node("delegate", "submit", "--hold", "--", "true", user=STUDENT)
+    assert r.returncode == 0, r.stderr
+    own = r.stdout.split()[-1]
+    odir = Path(HOME) / STUDENT / ".delegate" / "jobs" / own
+    try:
+        deadline = time.monotonic() + 180
+        while not (vdir / "started").exists():
+            assert time.monotonic() < deadline, "the victim's delegate job did not start"
+            time.sleep(0.5)
+        sid = (vdir / "slurm-id").read_text().split()[0]
+        info = on_user_node("scontrol", "-o", "show", "job", sid).stdout
+        node = next(f.split("=", 1)[1] for f in info.split() if f.startswith("BatchHost="))
+        assert node.startswith("worker"), info
+        assert len(host_containers(f"delegate.slurm-job={sid}")) == 1
+        for forged in ([f"SLURM_JOB_ID={sid}", f"SLURM_JOBID={sid}"], []):
+            r = on_node(
+                node, "/usr/local/bin/sandbox-runner", str(odir), user=STUDENT, env=forged, timeout=120
+            )
+            assert r.returncode != 0
+            assert r.returncode != 101, r.stderr  # no panic
+            assert NOT_A_TASK in r.stderr, r.stderr
+            assert "delegate: refused:" in r.stderr, r.stderr
+        assert host_containers(f"delegate.job={own}") == []
+        # The other student's node: still only their own sandbox.
+        assert len(host_containers(f"delegate.slurm-job={sid}")) == 1
+        assert not (vdir / "outcome").exists()
+    finally:
+        on_user_node("delegate", "cancel", own, user=STUDENT)
+        on_user_node("delegate", "cancel", victim, user=VICTIM)
+
+
 def test_stack_root_can_still_srun(stack):
     r = on_user_node("srun", "-w", "worker1", "-t", "1", "hostname")
     assert r.returncode == 0 and "worker1" in r.stdout
