@@ -169,13 +169,16 @@ def test_stack_worker_runs_the_agent_and_hides_the_socket(stack, worker):
     r = on_node(worker, "id", "-G", user=STUDENT)
     gid = on_node(worker, "stat", "-L", "-c", "%g", "/var/run/docker.sock").stdout.strip()
     assert gid and gid not in r.stdout.split()
+    # The socket sits in a root-only directory: not even stat-able.
+    r = on_node(worker, "stat", "-L", "/var/run/docker.sock", user=STUDENT)
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
     r = on_node(
         worker,
         "curl", "-fsS", "--max-time", "10", "--unix-socket", "/var/run/docker.sock",
         "http://engine/version",
         user=STUDENT,
     )  # fmt: skip
-    assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
+    assert r.returncode != 0 and '"ApiVersion"' not in r.stdout
     # The probe goes through the agent and is answered to anyone.
     r = on_node(worker, "/usr/local/bin/sandbox-runner", "probe", user=STUDENT, timeout=120)
     assert r.returncode == 0, r.stderr
