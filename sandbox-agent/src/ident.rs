@@ -106,18 +106,26 @@ pub fn job_of_title(cmdline: &[u8]) -> Option<String> {
 pub const SQUEUE_FORMAT: &str = "%A|%T|%U|%B";
 
 /// Checks squeue's answer (`SQUEUE_FORMAT`) about `job`.
+///
+/// `squeue -j <id>` also lists the other elements of a job array whose
+/// array id is `<id>` (a map's array: the first element's job id is the
+/// array's id, its siblings run on other nodes or wait): the one line whose
+/// job id (`%A`, unique per element) is `job` is the answer, and there must
+/// be exactly one.
 pub fn check_squeue(out: &str, job: &str, uid: u32, node: &str) -> Result<(), String> {
-    let mut lines = out.lines().filter(|l| !l.trim().is_empty());
-    let (Some(line), None) = (lines.next(), lines.next()) else {
-        return Err(format!("slurmctld does not know job {job}"));
-    };
-    let f: Vec<&str> = line.trim().split('|').collect();
-    let [id, state, owner, host] = f.as_slice() else {
-        return Err(format!("slurmctld does not know job {job}"));
-    };
-    if *id != job {
-        return Err(format!("slurmctld does not know job {job}"));
+    let mut rows = Vec::new();
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.trim().split('|').collect();
+        let [id, state, owner, host] = f.as_slice() else {
+            return Err(format!("slurmctld does not know job {job}"));
+        };
+        if *id == job {
+            rows.push((*state, *owner, *host));
+        }
     }
+    let [(state, owner, host)] = rows.as_slice() else {
+        return Err(format!("slurmctld does not know job {job}"));
+    };
     if *state != "RUNNING" {
         return Err(format!("Slurm job {job} is not running"));
     }
@@ -225,8 +233,14 @@ mod tests {
         assert!(check_squeue(&line.replace("RUNNING", "COMPLETING"), "42", 2001, "n1").is_err());
         assert!(check_squeue("", "42", 2001, "n1").is_err());
         assert!(check_squeue(line, "43", 2001, "n1").is_err());
-        // More than one line, or extra fields: never a guess.
+        // More than one line for the job, or extra fields: never a guess.
         assert!(check_squeue("42|RUNNING|2001|n1\n42|RUNNING|2001|n1\n", "42", 2001, "n1").is_err());
+        // An array's other elements (listed by `squeue -j <array id>`) are
+        // skipped: the line of the caller's own job id decides.
+        let array = "43|RUNNING|2001|n2\n42|RUNNING|2001|n1\n44|PENDING|2001|\n";
+        assert_eq!(check_squeue(array, "42", 2001, "n1"), Ok(()));
+        assert!(check_squeue(array, "43", 2001, "n1").unwrap_err().contains("batch step"));
+        assert!(check_squeue("43|RUNNING|2001|n1\n", "42", 2001, "n1").is_err());
         assert!(check_squeue("42|RUNNING|2001|n1|x\n", "42", 2001, "n1").is_err());
     }
 

@@ -215,8 +215,9 @@ def test_stack_runner_by_hand_with_forged_job_id_is_refused(stack):
             r = on_node(
                 node, "/usr/local/bin/sandbox-runner", str(odir), user=STUDENT, env=forged, timeout=120
             )
-            assert r.returncode != 0
-            assert r.returncode != 101, r.stderr  # no panic
+            # (exit 0 when it could write the refusal as the own job's
+            # outcome, 3 when it could not: never a container)
+            assert r.returncode in (0, 3), r.stderr  # no panic (101)
             assert NOT_A_TASK in r.stderr, r.stderr
             assert "delegate: refused:" in r.stderr, r.stderr
         assert host_containers(f"delegate.job={own}") == []
