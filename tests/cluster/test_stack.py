@@ -197,10 +197,11 @@ def test_stack_runner_by_hand_with_forged_job_id_is_refused(stack):
     assert r.returncode == 0, r.stderr
     victim = r.stdout.split()[-1]
     vdir = Path(HOME) / VICTIM / ".delegate" / "jobs" / victim
-    r = on_user_node("delegate", "submit", "--hold", "--", "true", user=STUDENT)
-    assert r.returncode == 0, r.stderr
-    own = r.stdout.split()[-1]
-    odir = Path(HOME) / STUDENT / ".delegate" / "jobs" / own
+    own = []  # one held job of the student per attempt (each gets an outcome)
+    for _ in range(2):
+        r = on_user_node("delegate", "submit", "--hold", "--", "true", user=STUDENT)
+        assert r.returncode == 0, r.stderr
+        own.append(r.stdout.split()[-1])
     try:
         deadline = time.monotonic() + 180
         while not (vdir / "started").exists():
@@ -211,7 +212,8 @@ def test_stack_runner_by_hand_with_forged_job_id_is_refused(stack):
         node = next(f.split("=", 1)[1] for f in info.split() if f.startswith("BatchHost="))
         assert node.startswith("worker"), info
         assert len(host_containers(f"delegate.slurm-job={sid}")) == 1
-        for forged in ([f"SLURM_JOB_ID={sid}", f"SLURM_JOBID={sid}"], []):
+        for job, forged in zip(own, ([f"SLURM_JOB_ID={sid}", f"SLURM_JOBID={sid}"], [])):
+            odir = Path(HOME) / STUDENT / ".delegate" / "jobs" / job
             r = on_node(
                 node, "/usr/local/bin/sandbox-runner", str(odir), user=STUDENT, env=forged, timeout=120
             )
@@ -220,12 +222,13 @@ def test_stack_runner_by_hand_with_forged_job_id_is_refused(stack):
             assert r.returncode in (0, 3), r.stderr  # no panic (101)
             assert NOT_A_TASK in r.stderr, r.stderr
             assert "delegate: refused:" in r.stderr, r.stderr
-        assert host_containers(f"delegate.job={own}") == []
+            assert host_containers(f"delegate.job={job}") == []
         # The other student's node: still only their own sandbox.
         assert len(host_containers(f"delegate.slurm-job={sid}")) == 1
         assert not (vdir / "outcome").exists()
     finally:
-        on_user_node("delegate", "cancel", own, user=STUDENT)
+        for job in own:
+            on_user_node("delegate", "cancel", job, user=STUDENT)
         on_user_node("delegate", "cancel", victim, user=VICTIM)
 
 
