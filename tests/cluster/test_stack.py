@@ -232,6 +232,35 @@ def test_stack_runner_by_hand_with_forged_job_id_is_refused(stack):
         on_user_node("delegate", "cancel", victim, user=VICTIM)
 
 
+def test_stack_epilog_sweeps_this_workers_orphans(stack):
+    """The workers' epilog removes, after any job on the node, a delegate
+    container labelled with this node whose Slurm job is unknown (a pin the
+    agent could not clean: an agent or worker killed), and leaves another
+    node's alone."""
+    image = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
+    ids = {}
+    for node in ("worker1", "worker2"):
+        r = run(
+            "docker", "create",
+            "--label", "delegate.slurm-job=none", "--label", f"delegate.node={node}",
+            "--label", "delegate.job=stack-orphan-test", image, "true",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        ids[node] = r.stdout.strip()
+    try:
+        r = on_user_node(
+            "sbatch", "--wait", "-Q", "-w", "worker1", "-t", "1", "-o", "/dev/null", "--wrap", "true"
+        )
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 60
+        while ids["worker1"] in run("docker", "ps", "-aq", "--no-trunc").stdout:
+            assert time.monotonic() < deadline, "worker1's epilog left its orphan container"
+            time.sleep(1)
+        assert ids["worker2"] in run("docker", "ps", "-aq", "--no-trunc").stdout
+    finally:
+        run("docker", "rm", "-f", *ids.values())
+
+
 def test_stack_root_can_still_srun(stack):
     r = on_user_node("srun", "-w", "worker1", "-t", "1", "hostname")
     assert r.returncode == 0 and "worker1" in r.stdout
