@@ -55,6 +55,10 @@ def test_status_shows_every_worker(stack):
     assert r.returncode == 0
     for node in ("worker1", "worker2"):
         assert node in r.stdout
+        # The root agent of each worker, answering the probe.
+        assert f"{node}: sandbox-agent pid " in r.stdout
+    assert "answers the probe" in r.stdout and "does NOT answer" not in r.stdout
+    assert "sandbox-agent pid none" not in r.stdout
     assert "JupyterLab" in r.stdout
 
 
