@@ -4,7 +4,7 @@
 # uses for `test`).
 #
 # The cluster (head node with slurmctld, N workers with slurmd, Docker and
-# sandbox-runner, a user node with JupyterLab, one shared home) runs as a
+# sandbox-runner and the root sandbox-agent, a user node with JupyterLab, one shared home) runs as a
 # swarm stack: on several machines, or as several containers on this one
 # for the tests. Everything is generated from one description, cluster.conf
 # (DELEGATE_CLUSTER_CONF=file to use another one), into
