@@ -3,10 +3,11 @@
 # `./build_cluster.sh deploy|update|status|down` (and the helpers check.sh
 # uses for `test`).
 #
-# The cluster (head node with slurmctld, N workers with slurmd, Docker and
-# sandbox-runner and the root sandbox-agent, a user node with JupyterLab, one shared home) runs as a
-# swarm stack: on several machines, or as several containers on this one
-# for the tests. Everything is generated from one description, cluster.conf
+# The cluster (head node with slurmctld, N workers with slurmd, Docker,
+# sandbox-runner and the root sandbox-agent, a user node with JupyterLab,
+# one shared home) runs as a swarm stack: on several machines, or as
+# several containers on this one for the tests. Everything is generated
+# from one description, cluster.conf
 # (DELEGATE_CLUSTER_CONF=file to use another one), into
 # $DELEGATE_STACK_DIR/generated/.
 #   ./build_cluster.sh deploy [--workers N]   build what is missing, deploy
