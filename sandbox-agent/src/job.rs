@@ -9,35 +9,24 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
 use delegate_protocol::agent::{Answer, Ended, EndedHow, Request, RunRequest};
-use delegate_protocol::policy::{OutputLimit, PerfMode, Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
-use delegate_protocol::units::format_size;
-use delegate_protocol::{check_clean_absolute, now_ms, JobId};
-use futures_util::{FutureExt, StreamExt};
+use delegate_protocol::policy::{PerfMode, Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
+use delegate_protocol::{check_clean_absolute, JobId};
+use futures_util::FutureExt;
 use nix::sys::stat::{fstat, SFlag};
-use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::config::{self, Params, Perf};
 use crate::conn::{self, Incoming};
 use crate::engine::{self, EngineError};
 use crate::ident::{self, Caller};
-use crate::output::{pump, Pumped};
 use crate::stage::Staged;
+use crate::supervise;
 
-/// Time allowed for the output to drain after the container ended.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(30);
-/// ... after a kill.
-const DRAIN_AFTER_KILL: Duration = Duration::from_millis(1500);
-/// Time allowed for the wait/inspect calls on the kill path.
-const KILL_PATH_CALL: Duration = Duration::from_millis(1500);
 /// How long the removal waits for an engine that does not answer (restarting).
-const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
-/// How often the job directory's usage is summed.
-const DISK_POLL: Duration = Duration::from_secs(1);
+pub(crate) const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
 /// The test-only pause between the checks and the container's creation:
 /// honoured only when this file is root-owned and not writable by others
 /// (written by the test fixture as root, never reachable by a job).
@@ -306,21 +295,21 @@ async fn run(
     answer
 }
 
-struct Ctx<'a> {
-    policy: &'a Policy,
-    host: String,
-    uid: u32,
-    gid: u32,
-    slurm_job: &'a str,
-    spec: &'a delegate_protocol::Spec,
-    tmp_bytes: u64,
-    max_output: u64,
-    max_job_bytes: u64,
-    caller: &'a Caller,
-    node: String,
+pub(crate) struct Ctx<'a> {
+    pub(crate) policy: &'a Policy,
+    pub(crate) host: String,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) slurm_job: &'a str,
+    pub(crate) spec: &'a delegate_protocol::Spec,
+    pub(crate) tmp_bytes: u64,
+    pub(crate) max_output: u64,
+    pub(crate) max_job_bytes: u64,
+    pub(crate) caller: &'a Caller,
+    pub(crate) node: String,
 }
 
-fn file(fd: OwnedFd) -> tokio::fs::File {
+pub(crate) fn file(fd: OwnedFd) -> tokio::fs::File {
     tokio::fs::File::from_std(std::fs::File::from(fd))
 }
 
@@ -407,7 +396,7 @@ async fn engine_phase(
     .await
     .is_ok();
     let mut ended = if created_ok {
-        supervise(ctx, &docker, &id, perf, dir, out, err, stream, rx).await
+        supervise::supervise(ctx, &docker, &id, perf, dir, out, err, stream, rx).await
     } else {
         Ended {
             how: EndedHow::Failed("the runner went away".into()),
@@ -429,297 +418,4 @@ async fn engine_phase(
     }
     guard.armed = false;
     Answer::Ended(ended)
-}
-
-/// Sums the bytes the directory holds (allocated blocks), through the
-/// descriptor (never a path), bounded in depth and entries.
-fn usage(dir: &OwnedFd) -> std::io::Result<u64> {
-    fn walk(fd: std::os::fd::BorrowedFd<'_>, depth: u32, budget: &mut u32) -> std::io::Result<u64> {
-        use nix::fcntl::{openat, AtFlags, OFlag};
-        use nix::sys::stat::{fstatat, Mode};
-        let own = nix::unistd::dup(fd)?;
-        let mut d = nix::dir::Dir::from_fd(own)?;
-        let mut total = 0u64;
-        let mut subdirs = Vec::new();
-        for e in d.iter() {
-            let e = e?;
-            let name = e.file_name().to_owned();
-            if name.as_bytes() == b"." || name.as_bytes() == b".." {
-                continue;
-            }
-            if *budget == 0 {
-                break;
-            }
-            *budget -= 1;
-            let Ok(st) = fstatat(fd, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
-                continue;
-            };
-            total += (st.st_blocks as u64).saturating_mul(512);
-            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR && depth < 64 {
-                subdirs.push(name);
-            }
-        }
-        for name in subdirs {
-            if let Ok(sub) = openat(
-                fd,
-                name.as_c_str(),
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            ) {
-                total += walk(sub.as_fd(), depth + 1, budget)?;
-            }
-        }
-        Ok(total)
-    }
-    let mut budget = 200_000;
-    walk(dir.as_fd(), 0, &mut budget)
-}
-
-/// Why supervision ended.
-enum End {
-    Exited,
-    TimedOut,
-    Killed,
-    WaitFailed(String),
-    Stopped(String),
-}
-
-/// Attaches, starts, waits (time limit, the runner's kill, the batch
-/// task's end, the disk limits), kills if needed, drains the output and
-/// inspects the container. The caller removes it.
-#[allow(clippy::too_many_arguments)]
-async fn supervise(
-    ctx: &Ctx<'_>,
-    docker: &Docker,
-    id: &str,
-    perf: Perf,
-    dir: &OwnedFd,
-    out: OwnedFd,
-    err: OwnedFd,
-    stream: &UnixStream,
-    rx: &mut mpsc::Receiver<Incoming>,
-) -> Ended {
-    let spec = ctx.spec;
-    let socket = &ctx.policy.docker_socket;
-    let classify =
-        |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image).to_string();
-    let mut ended = Ended {
-        how: EndedHow::Exited,
-        exit_code: None,
-        oom_killed: false,
-        engine_gone: None,
-        output_note: None,
-        removal_error: None,
-        started_ms: None,
-    };
-    let fail = |mut e: Ended, why: String| {
-        e.how = EndedHow::Failed(why);
-        e
-    };
-    // A kill asked before the start: do not start.
-    if let Ok(Incoming { request: Request::Kill, .. }) = rx.try_recv() {
-        ended.how = EndedHow::Killed;
-        return ended;
-    }
-    let attach = AttachContainerOptions {
-        stream: true,
-        stdout: true,
-        stderr: true,
-        stdin: false,
-        logs: false,
-        detach_keys: None,
-    };
-    let attached = match docker.attach_container(id, Some(attach)).await {
-        Ok(a) => a,
-        Err(e) => return fail(ended, classify(&e, "attach to the sandbox")),
-    };
-    let (over_tx, mut over_rx) = watch::channel(false);
-    let mut pump_task = tokio::spawn(pump(attached.output, file(out), file(err), ctx.max_output, over_tx));
-    drop(attached.input);
-    if let Err(e) = docker
-        .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
-        .await
-    {
-        pump_task.abort();
-        return fail(ended, classify(&e, "start the sandbox"));
-    }
-    let started_ms = now_ms();
-    ended.started_ms = Some(started_ms);
-    tracing::info!("started container {id}");
-    let told = conn::send(
-        stream,
-        &Answer::Started {
-            container_id: id.to_string(),
-            perf_mode: perf.as_str().into(),
-            started_ms,
-        },
-    )
-    .await;
-
-    let limit = Duration::from_secs(spec.resources.time_limit_secs);
-    let mut wait = docker.wait_container(id, None::<WaitContainerOptions>);
-    // SAFETY: `register` needs the descriptor to stay open and owned by the
-    // AsyncFd while registered: it is a fresh duplicate moved into it.
-    let pidfd = ctx
-        .caller
-        .pidfd
-        .try_clone()
-        .and_then(|fd| unsafe { AsyncFd::register(fd) }.map_err(|e| e.into()));
-    let mut disk_poll = tokio::time::interval(DISK_POLL);
-    disk_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let output_stop = ctx.policy.output_limit == OutputLimit::Stop && ctx.max_output > 0;
-    let end = if told.is_err() {
-        End::Killed
-    } else {
-        tokio::select! {
-            w = wait.next() => match w {
-                Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => End::Exited,
-                Some(Err(e)) => End::WaitFailed(classify(&e, "wait for the sandbox")),
-                None => End::WaitFailed("the Docker engine ended the wait without a result".into()),
-            },
-            _ = tokio::time::sleep(limit) => End::TimedOut,
-            // The runner asked, or went away (killed, its allocation ended).
-            () = async {
-                loop {
-                    match rx.recv().await {
-                        Some(Incoming { request: Request::Kill, .. }) | None => return,
-                        Some(_) => {}
-                    }
-                }
-            } => End::Killed,
-            // The batch task ended (the pidfd becomes readable).
-            () = async {
-                match &pidfd {
-                    Ok(fd) => {
-                        let _ = fd.readable().await;
-                    }
-                    Err(_) => std::future::pending::<()>().await,
-                }
-            } => End::Killed,
-            why = async {
-                loop {
-                    disk_poll.tick().await;
-                    if ctx.max_job_bytes == 0 {
-                        continue;
-                    }
-                    let d = dir.try_clone();
-                    let used = match d {
-                        Ok(d) => tokio::task::spawn_blocking(move || usage(&d)).await.ok().and_then(Result::ok),
-                        Err(_) => None,
-                    };
-                    if let Some(u) = used {
-                        if u > ctx.max_job_bytes {
-                            return format!(
-                                "stopped: the job directory holds {}, more than the site limit of {} (max_job_bytes)",
-                                format_size(u),
-                                format_size(ctx.max_job_bytes)
-                            );
-                        }
-                    }
-                }
-            } => End::Stopped(why),
-            () = async {
-                if !output_stop {
-                    std::future::pending::<()>().await;
-                }
-                while !*over_rx.borrow_and_update() {
-                    if over_rx.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-            } => End::Stopped(format!(
-                "stopped: its output passed the site limit of {} (max_output)",
-                format_size(ctx.max_output)
-            )),
-        }
-    };
-    let killing = !matches!(end, End::Exited);
-    if killing {
-        tracing::warn!("killing container {id}");
-        if let Err(e) = engine::kill(docker, id).await {
-            tracing::error!("could not kill container {id}: {}", engine::short_reason(&e));
-        }
-        let _ = tokio::time::timeout(KILL_PATH_CALL, wait.next()).await;
-    }
-    drop(wait);
-    let drain = if killing { DRAIN_AFTER_KILL } else { DRAIN_AFTER_EXIT };
-    let pumped = match tokio::time::timeout(drain, &mut pump_task).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => Pumped {
-            error: Some(format!("the output copier failed: {e}")),
-            dropped: 0,
-        },
-        Err(_) => {
-            pump_task.abort();
-            Pumped {
-                error: Some("the output did not finish draining in time and may be incomplete".into()),
-                dropped: 0,
-            }
-        }
-    };
-    let inspect_timeout = if killing {
-        KILL_PATH_CALL
-    } else {
-        Duration::from_secs(30)
-    };
-    let state = match tokio::time::timeout(
-        inspect_timeout,
-        docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>),
-    )
-    .await
-    {
-        Ok(Ok(info)) => info.state,
-        Ok(Err(e)) => {
-            tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
-            if engine::unreachable(&e) {
-                ended.engine_gone = Some(classify(&e, "inspect the sandbox"));
-            }
-            None
-        }
-        Err(_) => {
-            tracing::error!("inspecting container {id} timed out");
-            None
-        }
-    };
-    ended.exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
-    ended.oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
-    ended.how = match end {
-        End::Exited => EndedHow::Exited,
-        End::TimedOut => EndedHow::TimedOut,
-        End::Killed => EndedHow::Killed,
-        End::WaitFailed(r) => EndedHow::WaitFailed(r),
-        End::Stopped(r) => EndedHow::Stopped(r),
-    };
-    let mut notes = Vec::new();
-    if pumped.dropped > 0 {
-        notes.push(format!(
-            "the output was truncated at the site limit of {} (max_output): {} bytes were dropped",
-            format_size(ctx.max_output),
-            pumped.dropped
-        ));
-    }
-    if let Some(e) = pumped.error {
-        notes.push(format!("the output may be incomplete: {e}"));
-    }
-    if !notes.is_empty() {
-        ended.output_note = Some(notes.join("; "));
-    }
-    tracing::info!("container {id} ended: {:?} exit {:?}", ended.how, ended.exit_code);
-    ended
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usage_counts_nested_files() {
-        let t = tempfile::tempdir().unwrap();
-        std::fs::create_dir(t.path().join("a")).unwrap();
-        std::fs::write(t.path().join("a/f"), vec![1u8; 1 << 20]).unwrap();
-        std::fs::write(t.path().join("g"), vec![1u8; 1 << 20]).unwrap();
-        let fd: OwnedFd = std::fs::File::open(t.path()).unwrap().into();
-        let u = usage(&fd).unwrap();
-        assert!(u >= 2 << 20, "{u}");
-    }
 }

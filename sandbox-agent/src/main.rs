@@ -28,6 +28,7 @@ mod output;
 mod probe;
 mod seccomp;
 mod stage;
+mod supervise;
 
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
