@@ -5,6 +5,10 @@
 #   ./build_cluster.sh --local [up]     everything on this one machine (default)
 #   ./build_cluster.sh --local stop     stop the daemons this script started
 #   ./build_cluster.sh --local status   show daemons, sinfo, images
+#   ./build_cluster.sh accounts add --csv roster.csv [--instructors]
+#                                       the roster: Unix accounts (0700
+#                                       homes) and their Slurm associations
+#   ./build_cluster.sh accounts list | remove USER [--archive]
 #   ./build_cluster.sh --help
 #
 #   ./build_cluster.sh deploy [--workers N]   the multi-node cluster as a
@@ -24,8 +28,9 @@
 #   1. installs the missing Debian packages (Slurm, munge, Docker, build deps),
 #   2. writes /etc/slurm/slurm.conf from slurm-conf/slurm.conf.in (only a
 #      file this script wrote before is ever replaced) and the epilog,
-#   3. starts munged, slurmctld, slurmd and dockerd when not running,
-#      and waits until the node is idle,
+#   3. starts munged, MariaDB, slurmdbd, slurmctld, slurmd and dockerd
+#      when not running (accounting: the cluster, the course account and
+#      the student QOS in slurmdbd), and waits until the node is idle,
 #   4. builds the Rust workspace and installs `delegate` and the setgid
 #      `sandbox-runner`,
 #   5. builds the base and sandbox images,
@@ -45,6 +50,8 @@ set -euo pipefail
 #   build_cluster.d/common.sh   logging, die, wait_for, need_root, docker_ok,
 #                               MARKER, the environment (PATH)
 #   build_cluster.d/local.sh    --local up|stop|status (local_*)
+#   build_cluster.d/accounting.sh  MariaDB + slurmdbd, the course account,
+#                               the student QOS, `accounts` (the roster)
 #   build_cluster.d/stack.sh    deploy|update|status|down of the swarm stack
 #                               (stack_*)
 #   build_cluster.d/check.sh    test: the instructor's check of a deployed
@@ -92,7 +99,7 @@ DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common local stack check; do
+for part in common local accounting stack check; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -104,6 +111,8 @@ unset part
 source "$REPO/build_cluster.d/common.sh"
 # shellcheck source=build_cluster.d/local.sh
 source "$REPO/build_cluster.d/local.sh"
+# shellcheck source=build_cluster.d/accounting.sh
+source "$REPO/build_cluster.d/accounting.sh"
 # shellcheck source=build_cluster.d/stack.sh
 source "$REPO/build_cluster.d/stack.sh"
 # shellcheck source=build_cluster.d/check.sh
@@ -125,6 +134,13 @@ EOF
 # then run the function <mode>_<action> (local_up, stack_deploy, ...).
 main() {
     local mode="" action=""
+    # `accounts ...` (after an optional --local): its own arguments.
+    [[ ${1:-} == --local ]] && [[ ${2:-} == accounts ]] && shift
+    if [[ ${1:-} == accounts ]]; then
+        shift
+        accounts_main "$@"
+        return
+    fi
     while (($#)); do
         case $1 in
             -h|--help|help) usage; exit 0 ;;

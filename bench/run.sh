@@ -67,6 +67,14 @@ if ! id -nG "$BENCH_USER" 2>/dev/null | tr ' ' '\n' | grep -qx "$ADMIN_GROUP"; t
     echo "bench: $BENCH_USER added to $ADMIN_GROUP; waiting 61 s for the job gate to see it"
     sleep 61
 fi
+# Accounting is enforced (slurmdbd): the bench account needs an association
+# in the course account, as every student has (build_cluster.sh accounts).
+if scontrol show config 2>/dev/null | grep -q '^AccountingStorageType *= *accounting_storage/slurmdbd'; then
+    acct=${DELEGATE_COURSE_ACCOUNT:-course}
+    [[ -n $(sacctmgr -n -P show assoc where user="$BENCH_USER" account="$acct" format=user 2>/dev/null) ]] \
+        || sacctmgr -i add user "$BENCH_USER" account="$acct" defaultaccount="$acct" >/dev/null \
+        || { echo "bench/run.sh: cannot give $BENCH_USER an association in $acct" >&2; exit 1; }
+fi
 
 # 1. The bench venv: delegate + submitit + matplotlib.
 if [[ ! -x $VENV/bin/python ]]; then

@@ -126,3 +126,25 @@ CONF
     done
     log "lockdown: fs.protected_{symlinks,hardlinks,fifos,regular}=1 ($conf)"
 }
+
+# --- accounting (build_cluster.d/accounting.sh): shared by local.sh and
+# stack.sh. Settings (environment; cluster.conf for the stack):
+#   the database (MariaDB on 127.0.0.1 only, its own datadir) and slurmdbd,
+#   the course's Slurm account, the students' QOS and its per-user limits:
+#   MAX_SUBMIT   jobs (array tasks count one each) a student may have queued
+#                or running at once; >= the client's MAX_ARRAY (1000), so
+#                one map of any size is never refused (a map's calls share
+#                allocations: a map of 1000 short calls is ~10 jobs);
+#   MAX_RUNNING  jobs running at once per student (each holds a whole node);
+#   MAX_CPU_RUN_MINS  CPU-minutes (time limit x CPUs) of a student's running
+#                jobs together; more stay pending (QOSMaxCpuMinutes...).
+: "${DELEGATE_DB_PORT:=3306}"
+: "${DELEGATE_DBD_PORT:=6819}"
+: "${DELEGATE_DB_NAME:=delegate_acct_db}"
+: "${DELEGATE_DB_DIR:=${DELEGATE_STATE_DIR:-/var/lib/delegate}/mariadb}"
+: "${DELEGATE_COURSE_ACCOUNT:=course}"
+: "${DELEGATE_STUDENT_QOS:=student}"
+: "${DELEGATE_QOS_MAX_SUBMIT:=1000}"
+: "${DELEGATE_QOS_MAX_RUNNING:=12}"
+: "${DELEGATE_QOS_MAX_CPU_RUN_MINS:=$(( $(nproc) * 12 * 120 ))}"
+: "${DELEGATE_ROSTER_FIRST_UID:=3000}"

@@ -30,7 +30,7 @@ STARTED_FILE=$DELEGATE_STATE_DIR/started
 # The Debian packages `up` installs when missing.
 PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
-          curl procps libslurm-dev lua5.1)
+          curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd)
 
 # record_started NAME PID: remember a daemon we started so `stop` stops it
 # and nothing else.
@@ -114,7 +114,8 @@ local_write_slurm_conf() {
         -e "s|@NODENAME@|$node|g" \
         -e "s|@NODEHW@|$(node_hardware)|" \
         -e "s|@SLURMUSER@|$slurmuser|" \
-        -e "s|@PART_MAXTIME@|$DELEGATE_PART_MAXTIME|" \
+        -e "s|@PART_MAXTIME@|$DELEGATE_PART_MAXTIME|g" \
+        -e "s|@DBD_PORT@|$DELEGATE_DBD_PORT|" \
         -e "s|@STATE_DIR@|$DELEGATE_STATE_DIR|g" \
         -e "s|@LOG_DIR@|$DELEGATE_LOG_DIR|g" \
         -e "s|@RUN_DIR@|$DELEGATE_RUN_DIR|g" \
@@ -322,7 +323,9 @@ local_start_daemons() {
     fi
     start_munged
     start_dockerd
+    local_start_accounting
     start_slurmctld
+    local_setup_accounts
     start_slurmd
     local_wait_node
 }
@@ -507,6 +510,8 @@ local_demo() {
        (set DELEGATE_SKIP_DEMO=1 to skip it)"
     local u home
     u=$(demo_user)
+    # Accounting is enforced: the demo user needs an association.
+    add_association "$u" || die "cannot give the demo user $u a Slurm association"
     home=$(getent passwd "$u" | cut -d: -f6)
     # As that user, in their home and with their HOME (runuser keeps root's
     # environment otherwise): the CLI keeps job dirs under ~/.delegate.
@@ -565,7 +570,7 @@ local_stop() {
 # local_status: `--local status`, daemons, Slurm's view and the images.
 local_status() {
     local d pids
-    for d in munged dockerd slurmctld slurmd sandbox-agent; do
+    for d in munged dockerd mariadbd slurmdbd slurmctld slurmd sandbox-agent; do
         pids=$(pgrep -x "$d" | tr '\n' ' ' || true)
         printf '%-10s %s\n' "$d" "${pids:-(not running)}"
     done

@@ -215,7 +215,9 @@ stack_generate() {
         -e "/^NodeName=/d" \
         -e "s|^PartitionName=delegate Nodes=@NODENAME@ |PartitionName=delegate Nodes=$nodes |" \
         -e "s|@SLURMUSER@|slurm|" \
-        -e "s|@PART_MAXTIME@|$DELEGATE_STACK_PART_MAXTIME|" \
+        -e "s|@PART_MAXTIME@|$DELEGATE_STACK_PART_MAXTIME|g" \
+        -e "s|^AccountingStorageType=.*|AccountingStorageType=accounting_storage/none|" \
+        -e "/^AccountingStorage\(Host\|Port\|Enforce\)=/d" \
         -e "s|@STATE_DIR@|/var/lib/delegate|g" \
         -e "s|@LOG_DIR@|/var/log/delegate|g" \
         -e "s|@RUN_DIR@|/run/delegate|g" \

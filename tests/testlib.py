@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import os
+import shutil
 import pwd
 import subprocess
 from collections.abc import Iterable
@@ -28,6 +30,10 @@ FIRST_ID = 2001
 ID_RANGE = (1000, 60000)
 # The comment (GECOS) of the accounts the tests create.
 COMMENT = "delegate test student"
+# The Slurm account every test student is associated with (build_cluster.sh's
+# DELEGATE_COURSE_ACCOUNT): with AccountingStorageEnforce=associations Slurm
+# refuses the jobs of a user without an association.
+COURSE_ACCOUNT = os.environ.get("DELEGATE_COURSE_ACCOUNT", "course")
 
 
 class Plan(NamedTuple):
@@ -70,9 +76,50 @@ def plan_user(name: str, passwd: Iterable, groups: Iterable, prefer: int = FIRST
     return Plan("create", free_id(taken, prefer))
 
 
+def accounting_enforced() -> bool:
+    """Slurm keeps accounting in slurmdbd here (so it enforces associations)."""
+    if not shutil.which("scontrol"):
+        return False
+    r = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    return any(
+        line.split("=", 1)[0].strip() == "AccountingStorageType" and "slurmdbd" in line
+        for line in r.stdout.splitlines()
+    )
+
+
+def ensure_association(name: str, account: str = COURSE_ACCOUNT, qos: str | None = None) -> None:
+    """The test account `name` has a Slurm association in `account` (the
+    course's, as the roster gives students; build_cluster.sh made the account
+    and its default QOS), with `qos` as its only QOS when given. Does nothing
+    when Slurm keeps no accounting. Idempotent."""
+    if not accounting_enforced():
+        return
+    show = ["sacctmgr", "-n", "-P", "show", "assoc", f"where user={name}", f"account={account}", "format=user"]
+    r = subprocess.run(show, capture_output=True, text=True, timeout=60)
+    if not r.stdout.strip():
+        add = ["sacctmgr", "-i", "add", "user", name, f"account={account}", f"defaultaccount={account}"]
+        r = subprocess.run(add, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0 and "Nothing new added" not in r.stdout + r.stderr:
+            raise RuntimeError(f"{' '.join(add)} failed: {(r.stdout + r.stderr).strip()}")
+    if qos is not None:
+        mod = ["sacctmgr", "-i", "modify", "user", f"where user={name}", f"account={account}", "set"]
+        mod += [f"qos={qos}", f"defaultqos={qos}"]
+        r = subprocess.run(mod, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0 and "Nothing modified" not in r.stdout + r.stderr:
+            raise RuntimeError(f"{' '.join(mod)} failed: {(r.stdout + r.stderr).strip()}")
+
+
 def ensure_user(name: str, prefer: int = FIRST_ID) -> pwd.struct_passwd:
     """The test account `name`: reused when it exists, else created (with a
-    home, a group of its own, a free uid from `prefer` up). Returns its entry."""
+    home, a group of its own, a free uid from `prefer` up), and its Slurm
+    association in the course account (ensure_association). Returns its entry."""
+    entry = _ensure_unix_user(name, prefer)
+    ensure_association(name)
+    return entry
+
+
+def _ensure_unix_user(name: str, prefer: int) -> pwd.struct_passwd:
+    """The Unix side of ensure_user."""
     for _ in range(20):
         plan = plan_user(name, pwd.getpwall(), grp.getgrall(), prefer)
         if plan.action == "reuse":

@@ -67,6 +67,7 @@ class FakeAccounts:
 
     def __init__(self, passwd, groups, steal=()):
         self.passwd, self.groups, self.steal, self.calls = list(passwd), list(groups), set(steal), []
+        self.associated = []
 
     def getpwnam(self, name):
         for p in self.passwd:
@@ -103,6 +104,7 @@ def fake(monkeypatch):
         monkeypatch.setattr(testlib.grp, "getgrall", lambda: list(f.groups))
         monkeypatch.setattr(testlib.grp, "getgrnam", f.getgrnam)
         monkeypatch.setattr(testlib.subprocess, "run", f.useradd)
+        monkeypatch.setattr(testlib, "ensure_association", lambda name, *a, **k: f.associated.append(name))
         return f
 
     return install
@@ -117,6 +119,8 @@ def test_ensure_users_around_real_accounts(fake):
     assert f.getpwnam("delegate-bob").pw_uid == 2002
     assert f.getpwnam("carol").pw_uid == 2001
     assert len(f.calls) == 1 and f.calls[0][-1] == "delegate-alice"
+    # Both students, created or reused, get their Slurm association.
+    assert f.associated == ["delegate-alice", "delegate-bob"]
 
 
 def test_ensure_user_retries_when_the_uid_is_taken_meanwhile(fake):

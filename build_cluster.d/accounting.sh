@@ -1,0 +1,385 @@
+# shellcheck shell=bash
+# build_cluster.d/accounting.sh -- Slurm accounting in a real database for
+# the single-machine cluster (MariaDB + slurmdbd), the course's Slurm
+# account, the student QOS, and the roster (`build_cluster.sh accounts`).
+#
+# Sourced by build_cluster.sh after common.sh and local.sh (never run by
+# itself). What it holds:
+#   local_start_accounting   step 3a of `--local up`, before slurmctld:
+#                            MariaDB (own datadir, socket, 127.0.0.1 port),
+#                            the database user, slurmdbd.conf, slurmdbd
+#   local_setup_accounts     step 3b, after slurmctld: the cluster, the
+#                            course account, the student QOS and its limits,
+#                            root and the demo user's associations
+#   accounts_main ARGS       `build_cluster.sh accounts add --csv roster.csv
+#                            [--instructors] | list | remove USER [--archive]`
+# No systemd here: both daemons are started in the background, recorded in
+# STARTED_FILE like the others (so `--local stop` stops them), and every
+# step is idempotent.
+#
+# Needs from common.sh: log, warn, die, wait_for, MARKER and the accounting
+# settings (DELEGATE_DB_*, DELEGATE_DBD_PORT, DELEGATE_COURSE_ACCOUNT,
+# DELEGATE_QOS_*). From local.sh: record_started, install_generated,
+# stop_recorded, STARTED_FILE. From build_cluster.sh: the DELEGATE_* paths
+# and SLURM_CONF.
+
+# Files of the database and slurmdbd.
+DB_SOCKET=$DELEGATE_RUN_DIR/mariadb.sock
+DB_PIDFILE=$DELEGATE_RUN_DIR/mariadb.pid
+# The database password of slurmdbd, generated once, readable by root only.
+DB_PASSFILE=$DELEGATE_STATE_DIR/slurmdbd.pass
+DBD_CONF=$(dirname "$SLURM_CONF")/slurmdbd.conf
+
+# db_sql SQL: run SQL as the database's root over its socket (root of this
+# machine authenticates by unix_socket; no password exists).
+db_sql() {
+    mariadb --no-defaults --protocol=socket --socket="$DB_SOCKET" -u root -N -B -e "$1"
+}
+db_ok() { mariadb-admin --no-defaults --socket="$DB_SOCKET" -u root ping >/dev/null 2>&1; }
+slurmdbd_ok() { timeout 10 sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; }
+
+# start_mariadb: the database server on its own datadir, socket and port
+# (127.0.0.1 only), initialised on first use; nothing of a system MariaDB
+# (/etc/mysql, /var/lib/mysql) is read or touched.
+start_mariadb() {
+    if db_ok; then
+        log "mariadb: already running"; return
+    fi
+    install -d -o mysql -g mysql -m 0750 "$DELEGATE_DB_DIR"
+    install -d -m 0755 "$DELEGATE_RUN_DIR"
+    chown mysql:mysql "$DELEGATE_RUN_DIR" 2>/dev/null || true
+    if [[ ! -d $DELEGATE_DB_DIR/mysql ]]; then
+        log "mariadb: initialising $DELEGATE_DB_DIR"
+        mariadb-install-db --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
+            --auth-root-authentication-method=socket --skip-test-db \
+            >>"$DELEGATE_LOG_DIR/mariadb-install.log" 2>&1 \
+            || die "mariadb-install-db failed; see $DELEGATE_LOG_DIR/mariadb-install.log"
+    fi
+    touch "$DELEGATE_LOG_DIR/mariadb.log"; chown mysql "$DELEGATE_LOG_DIR/mariadb.log"
+    # InnoDB settings slurmdbd's documentation asks for (large buffer pool,
+    # long lock wait for the rollup of a big job table).
+    nohup mariadbd --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
+        --socket="$DB_SOCKET" --pid-file="$DB_PIDFILE" --port="$DELEGATE_DB_PORT" \
+        --bind-address=127.0.0.1 --log-error="$DELEGATE_LOG_DIR/mariadb.log" \
+        --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
+        >/dev/null 2>&1 </dev/null &
+    record_started mariadbd $!
+    wait_for "$DELEGATE_WAIT" mariadb db_ok \
+        || die "mariadb not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/mariadb.log:
+$(tail -n 20 "$DELEGATE_LOG_DIR/mariadb.log")"
+}
+
+# db_password: slurmdbd's database password (created once, root only).
+db_password() {
+    if [[ ! -s $DB_PASSFILE ]]; then
+        (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$DB_PASSFILE")
+    fi
+    cat "$DB_PASSFILE"
+}
+
+# write_slurmdbd_conf SLURMUSER: slurmdbd.conf beside slurm.conf (0600,
+# owned by SlurmUser, as slurmdbd demands); returns 0 when it changed.
+write_slurmdbd_conf() {
+    local slurmuser=$1 tmp rc=1
+    tmp=$(mktemp)
+    cat >"$tmp" <<CONF
+$MARKER
+# slurmdbd for delegate's single-machine cluster (build_cluster.d/accounting.sh).
+# The accounting database: MariaDB on 127.0.0.1:$DELEGATE_DB_PORT, datadir
+# $DELEGATE_DB_DIR (started by build_cluster.sh, not by systemd).
+AuthType=auth/munge
+DbdAddr=127.0.0.1
+DbdHost=localhost
+DbdPort=$DELEGATE_DBD_PORT
+SlurmUser=$slurmuser
+LogFile=$DELEGATE_LOG_DIR/slurmdbd.log
+PidFile=$DELEGATE_RUN_DIR/slurmdbd.pid
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DELEGATE_DB_PORT
+StorageUser=slurm
+StoragePass=$(db_password)
+StorageLoc=$DELEGATE_DB_NAME
+# As slurm.conf: a user sees only their own jobs, usage, user and account
+# records in sacct/sreport/sshare; root, SlurmUser and the course's
+# coordinators/operators see everything.
+PrivateData=jobs,usage,users,accounts
+# Keep a term of job records; older ones are purged (monthly rollups stay).
+PurgeJobAfter=12months
+PurgeStepAfter=12months
+CONF
+    if install_generated "$tmp" "$DBD_CONF" 0600; then
+        chown "$slurmuser" "$DBD_CONF"
+        rc=0
+    fi
+    chown "$slurmuser" "$DBD_CONF"
+    rm -f "$tmp"
+    return $rc
+}
+
+# local_start_accounting: step 3a, before slurmctld (which needs slurmdbd
+# to know the associations it enforces).
+local_start_accounting() {
+    local slurmuser=root pass
+    id slurm >/dev/null 2>&1 && slurmuser=slurm
+    start_mariadb
+    pass=$(db_password)
+    db_sql "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+            ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+            GRANT ALL ON \`$DELEGATE_DB_NAME\`.* TO 'slurm'@'127.0.0.1';" \
+        || die "cannot create the database user slurm"
+    touch "$DELEGATE_LOG_DIR/slurmdbd.log"; chown "$slurmuser" "$DELEGATE_LOG_DIR/slurmdbd.log"
+    local changed=0
+    write_slurmdbd_conf "$slurmuser" && changed=1
+    if ((changed)) && pgrep -x slurmdbd >/dev/null; then
+        log "slurmdbd: configuration changed, restarting it"
+        stop_recorded slurmdbd "$(pgrep -x slurmdbd | head -n1)"
+    fi
+    if slurmdbd_ok && pgrep -x slurmdbd >/dev/null; then
+        log "slurmdbd: already running"; return
+    fi
+    if ! pgrep -x slurmdbd >/dev/null; then
+        SLURM_CONF=$SLURM_CONF slurmdbd || die "slurmdbd failed to start; see $DELEGATE_LOG_DIR/slurmdbd.log"
+    fi
+    wait_for "$DELEGATE_WAIT" slurmdbd slurmdbd_ok \
+        || die "slurmdbd not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmdbd.log:
+$(tail -n 20 "$DELEGATE_LOG_DIR/slurmdbd.log")"
+    record_started slurmdbd "$(cat "$DELEGATE_RUN_DIR/slurmdbd.pid")"
+    accounting_cluster
+}
+
+# sacctmgr_q ARGS: sacctmgr without questions; "Nothing new added" and
+# "Nothing modified" are not failures (idempotent runs).
+sacctmgr_q() {
+    local out rc=0
+    out=$(timeout 60 sacctmgr -i "$@" 2>&1) || rc=$?
+    if ((rc != 0)) && ! grep -qiE 'nothing (new added|modified)|already exists' <<<"$out"; then
+        warn "sacctmgr $*: $out"
+        return 1
+    fi
+    return 0
+}
+
+# cluster_name: ClusterName of slurm.conf.
+cluster_name() { sed -n 's/^ClusterName=//p' "$SLURM_CONF" | head -n1; }
+
+# accounting_cluster: the cluster registered in the database (slurmctld
+# would add it itself on its first connection; explicit so that the
+# account and QOS below exist before the first job).
+accounting_cluster() {
+    local c; c=$(cluster_name)
+    [[ -n $c ]] || die "no ClusterName in $SLURM_CONF"
+    if [[ -z $(sacctmgr -n -P show cluster "$c" format=cluster 2>/dev/null) ]]; then
+        sacctmgr_q add cluster "$c" || die "cannot register the cluster $c in slurmdbd"
+        log "accounting: cluster $c registered"
+    fi
+}
+
+# qos_limits: the student QOS's per-user limits as sacctmgr arguments, from
+# the settings (common.sh / cluster.conf).
+qos_limits() {
+    printf '%s\n' "MaxSubmitJobsPerUser=$DELEGATE_QOS_MAX_SUBMIT" \
+        "MaxJobsPerUser=$DELEGATE_QOS_MAX_RUNNING"
+}
+
+# accounting_course: the student QOS with its limits, the course account
+# (default QOS student), root's association.
+accounting_course() {
+    local c; c=$(cluster_name)
+    local -a limits
+    mapfile -t limits < <(qos_limits)
+    if [[ -z $(sacctmgr -n -P show qos "$DELEGATE_STUDENT_QOS" format=name 2>/dev/null) ]]; then
+        sacctmgr_q add qos "$DELEGATE_STUDENT_QOS" || die "cannot add the QOS $DELEGATE_STUDENT_QOS"
+    fi
+    sacctmgr_q modify qos "$DELEGATE_STUDENT_QOS" set "${limits[@]}" \
+        || die "cannot set the limits of the QOS $DELEGATE_STUDENT_QOS"
+    if [[ -z $(sacctmgr -n -P show account "$DELEGATE_COURSE_ACCOUNT" format=account 2>/dev/null) ]]; then
+        sacctmgr_q add account "$DELEGATE_COURSE_ACCOUNT" cluster="$c" \
+            description="delegate course" organization=delegate \
+            || die "cannot add the account $DELEGATE_COURSE_ACCOUNT"
+    fi
+    sacctmgr_q modify account "$DELEGATE_COURSE_ACCOUNT" set \
+        qos="normal,$DELEGATE_STUDENT_QOS" defaultqos="$DELEGATE_STUDENT_QOS" \
+        || die "cannot set the QOS of the account $DELEGATE_COURSE_ACCOUNT"
+    # Slurm 22.05's QOS has no per-user TRES-run-minutes limit: it is the
+    # GrpTRESRunMins of each user's own association (set here for all of
+    # them, so a changed setting reaches existing students).
+    if [[ -n $(sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null | grep .) ]]; then
+        sacctmgr_q modify user where account="$DELEGATE_COURSE_ACCOUNT" set \
+            grptresrunmins="cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS" \
+            || warn "cannot set GrpTRESRunMins of the users of $DELEGATE_COURSE_ACCOUNT"
+    fi
+    log "accounting: account $DELEGATE_COURSE_ACCOUNT, QOS $DELEGATE_STUDENT_QOS ($(tr '\n' ' ' < <(qos_limits))), per user GrpTRESRunMins=cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS"
+}
+
+# add_association USER [ADMIN]: USER in the course account (default QOS
+# student); ADMIN=1 makes them a coordinator of the account and a Slurm
+# operator (sees and manages every job and record). Idempotent.
+add_association() {
+    local u=$1 admin=${2:-0}
+    if [[ -z $(sacctmgr -n -P show assoc where user="$u" account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null) ]]; then
+        sacctmgr_q add user "$u" account="$DELEGATE_COURSE_ACCOUNT" defaultaccount="$DELEGATE_COURSE_ACCOUNT" \
+            grptresrunmins="cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS" || return 1
+    fi
+    if ((admin)); then
+        sacctmgr_q add coordinator account="$DELEGATE_COURSE_ACCOUNT" names="$u" || return 1
+        sacctmgr_q modify user "$u" set adminlevel=operator || return 1
+    fi
+}
+
+# local_setup_accounts: step 3b: the course account and QOS, and the demo
+# user in it (the demo job is the first check that enforcement lets a
+# student through).
+local_setup_accounts() {
+    accounting_cluster
+    accounting_course
+}
+
+# ---------------------------------------------------------------- roster
+# The roster is a CSV file: username,full name[,email][,role]; a header
+# line (username,...) and blank or #-lines are skipped; role "instructor"
+# (or --instructors for the whole file) makes a coordinator/operator and a
+# member of the admin group. Accounts get the same uid on every machine: a
+# uid column is not needed, the first free id from DELEGATE_ROSTER_FIRST_UID
+# is taken; --local has one machine.
+
+# roster_rows FILE: "user|name|email|role" per valid line; dies on a bad one.
+roster_rows() {
+    local line n=0 user name email role
+    while IFS= read -r line || [[ -n $line ]]; do
+        n=$((n + 1))
+        line=${line%$'\r'}
+        [[ -z ${line//[[:space:]]/} || $line == \#* ]] && continue
+        IFS=, read -r user name email role <<<"$line"
+        user=${user//[[:space:]]/}
+        [[ $n == 1 && ${user,,} == username ]] && continue
+        [[ $user =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] \
+            || die "$1 line $n: '$user' is not a valid user name (lower case letters, digits, _ and -)"
+        case $name$email in
+            *[:\|]*) die "$1 line $n: ':' and '|' are not allowed in a name or email" ;;
+        esac
+        role=${role//[[:space:]]/}
+        printf '%s|%s|%s|%s\n' "$user" "$name" "${email//[[:space:]]/}" "${role,,}"
+    done <"$1"
+}
+
+# ensure_unix_account USER NAME EMAIL: the account with a group of its own
+# (same id), a 0700 home; an existing account is left as it is.
+ensure_unix_account() {
+    local u=$1 name=$2 email=$3 id
+    if id "$u" >/dev/null 2>&1; then
+        return 0
+    fi
+    id=$DELEGATE_ROSTER_FIRST_UID
+    while getent passwd "$id" >/dev/null || getent group "$id" >/dev/null; do
+        id=$((id + 1))
+    done
+    if getent group "$u" >/dev/null; then
+        useradd --create-home --uid "$id" --gid "$u" --shell /bin/bash --comment "$name${email:+,,,$email}" "$u" \
+            || die "cannot create the account $u"
+    else
+        groupadd --gid "$id" "$u" || die "cannot create the group $u"
+        useradd --create-home --uid "$id" --gid "$id" --shell /bin/bash --comment "$name${email:+,,,$email}" "$u" \
+            || die "cannot create the account $u"
+    fi
+    chmod 0700 "$(getent passwd "$u" | cut -d: -f6)"
+    log "accounts: created $u (uid $id)"
+}
+
+# accounts_add FILE INSTRUCTORS: every roster line: Unix account, home,
+# association; instructors also coordinator/operator and admin group.
+accounts_add() {
+    local file=$1 all_instr=$2 rows row u name email role n=0
+    [[ -r $file ]] || die "cannot read the roster $file"
+    rows=$(roster_rows "$file")
+    while IFS='|' read -r u name email role; do
+        [[ -n $u ]] || continue
+        ensure_unix_account "$u" "$name" "$email"
+        local admin=0
+        [[ $all_instr == 1 || $role == instructor ]] && admin=1
+        add_association "$u" "$admin" || die "cannot add the Slurm association of $u"
+        if ((admin)); then
+            getent group "$DELEGATE_ADMIN_GROUP" >/dev/null || groupadd --system "$DELEGATE_ADMIN_GROUP"
+            id -nG "$u" | tr ' ' '\n' | grep -qx "$DELEGATE_ADMIN_GROUP" \
+                || usermod -a -G "$DELEGATE_ADMIN_GROUP" "$u"
+        fi
+        n=$((n + 1))
+    done <<<"$rows"
+    log "accounts: $n roster entries in place (account $DELEGATE_COURSE_ACCOUNT)"
+}
+
+# accounts_list: the course account's users, with their Unix uid and role.
+accounts_list() {
+    local u coord
+    coord=$(sacctmgr -n -P show account "$DELEGATE_COURSE_ACCOUNT" withcoord format=coordinators 2>/dev/null | tr ',' ' ')
+    printf '%-20s %-7s %-10s %s\n' USER UID ROLE NAME
+    sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null | sort -u \
+        | while read -r u; do
+            [[ -n $u ]] || continue
+            local role=student
+            [[ " $coord " == *" $u "* ]] && role=instructor
+            printf '%-20s %-7s %-10s %s\n' "$u" "$(id -u "$u" 2>/dev/null || echo -)" "$role" \
+                "$(getent passwd "$u" | cut -d: -f5 | cut -d, -f1)"
+        done
+}
+
+# accounts_remove USER ARCHIVE: the association removed; the Unix account
+# removed with its home kept (ARCHIVE=1: the home is first packed into
+# $DELEGATE_STATE_DIR/archive/USER-DATE.tar.gz, then removed).
+accounts_remove() {
+    local u=$1 archive=$2 home
+    [[ $u =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "'$u' is not a user name"
+    id "$u" >/dev/null 2>&1 || warn "no Unix account $u"
+    home=$(getent passwd "$u" | cut -d: -f6 || true)
+    sacctmgr_q delete user name="$u" account="$DELEGATE_COURSE_ACCOUNT" || warn "cannot remove the association of $u (jobs still running?)"
+    if id "$u" >/dev/null 2>&1; then
+        if [[ $archive == 1 && -d $home ]]; then
+            install -d -m 0700 "$DELEGATE_STATE_DIR/archive"
+            tar -C "$(dirname "$home")" -czf "$DELEGATE_STATE_DIR/archive/$u-$(date +%Y%m%d%H%M%S).tar.gz" "$(basename "$home")" \
+                || die "cannot archive $home"
+            userdel -r "$u" 2>/dev/null || userdel "$u"
+            log "accounts: removed $u (home archived in $DELEGATE_STATE_DIR/archive/)"
+        else
+            userdel "$u" || die "cannot remove the account $u"
+            log "accounts: removed $u (home $home kept)"
+        fi
+    fi
+}
+
+# accounts_main ARGS: `build_cluster.sh accounts add --csv FILE
+# [--instructors] | list | remove USER [--archive]`.
+accounts_main() {
+    local sub=${1:-list}; shift || true
+    case $sub in
+        add)
+            local file="" instr=0
+            while (($#)); do
+                case $1 in
+                    --csv) (($# > 1)) || die "--csv needs a file"; file=$2; shift ;;
+                    --csv=*) file=${1#--csv=} ;;
+                    --instructors) instr=1 ;;
+                    *) die "accounts add: unknown argument '$1'" ;;
+                esac
+                shift
+            done
+            [[ -n $file ]] || die "accounts add needs --csv roster.csv"
+            need_root accounts
+            accounts_add "$file" "$instr" ;;
+        list) accounts_list ;;
+        remove)
+            local u="" archive=0
+            while (($#)); do
+                case $1 in
+                    --archive) archive=1 ;;
+                    -*) die "accounts remove: unknown option '$1'" ;;
+                    *) u=$1 ;;
+                esac
+                shift
+            done
+            [[ -n $u ]] || die "accounts remove needs a user name"
+            need_root accounts
+            accounts_remove "$u" "$archive" ;;
+        *) die "accounts: unknown action '$sub' (add --csv FILE [--instructors] | list | remove USER [--archive])" ;;
+    esac
+}
