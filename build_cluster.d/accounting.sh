@@ -205,7 +205,7 @@ accounting_course() {
     # Slurm 22.05's QOS has no per-user TRES-run-minutes limit: it is the
     # GrpTRESRunMins of each user's own association (set here for all of
     # them, so a changed setting reaches existing students).
-    if [[ -n $(sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null | grep .) ]]; then
+    if sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null | grep -q .; then
         sacctmgr_q modify user where account="$DELEGATE_COURSE_ACCOUNT" set \
             grptresrunmins="cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS" \
             || warn "cannot set GrpTRESRunMins of the users of $DELEGATE_COURSE_ACCOUNT"
@@ -290,7 +290,7 @@ ensure_unix_account() {
 # accounts_add FILE INSTRUCTORS: every roster line: Unix account, home,
 # association; instructors also coordinator/operator and admin group.
 accounts_add() {
-    local file=$1 all_instr=$2 rows row u name email role n=0
+    local file=$1 all_instr=$2 rows u name email role n=0
     [[ -r $file ]] || die "cannot read the roster $file"
     rows=$(roster_rows "$file")
     while IFS='|' read -r u name email role; do

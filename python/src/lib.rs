@@ -46,7 +46,7 @@ impl From<CoreError> for PyErr {
                 let msg = c.to_string();
                 match c {
                     ClientError::NoSuchJob { .. } => NoSuchJobError::new_err(msg),
-                    ClientError::SubmitFailed { .. } => SubmitError::new_err(msg),
+                    ClientError::SubmitFailed { .. } | ClientError::Refused(_) => SubmitError::new_err(msg),
                     ClientError::InvalidRequest(_) => SubmitError::new_err(msg),
                     _ => DelegateError::new_err(msg),
                 }

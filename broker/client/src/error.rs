@@ -3,7 +3,7 @@
 use delegate_protocol::policy::PolicyError;
 use delegate_protocol::{JobId, ProtocolError};
 
-use crate::slurm::SlurmError;
+use crate::slurm::{Refusal, SlurmError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -21,6 +21,11 @@ pub enum ClientError {
     Policy(#[from] PolicyError),
     #[error("{0}")]
     Slurm(#[from] SlurmError),
+    /// Slurm refused the submission by the course's accounting policy; the
+    /// one sentence for the user. Nothing was left behind (the prepared job
+    /// directories were removed).
+    #[error("{0}")]
+    Refused(Refusal),
     #[error("job {id} could not be submitted: {reason}")]
     SubmitFailed { id: JobId, reason: String },
     #[error("{what}: {source}")]

@@ -138,12 +138,27 @@ impl Client {
         };
         let slurm_id = match self.config.slurm.submit(&batch) {
             Ok(s) => s,
-            Err(e) => {
+            // Slurm said no (or sbatch could not even start): no Slurm job
+            // exists, so no job directory may stay behind either.
+            Err(SlurmError::Refused(r)) => {
+                self.withdraw_all(&jobs);
+                return Err(ClientError::Refused(r));
+            }
+            Err(e @ (SlurmError::Failed { .. } | SlurmError::Spawn { .. })) => {
+                self.withdraw_all(&jobs);
                 let why = match &e {
                     SlurmError::Failed { message, .. } => message.clone(),
                     other => other.to_string(),
                 };
-                let reason = format!("sbatch failed: {why}");
+                return Err(ClientError::SubmitFailed {
+                    id: ids[0].clone(),
+                    reason: format!("sbatch failed: {why}"),
+                });
+            }
+            // No answer, or no id: a Slurm job may exist; the directories
+            // stay, marked failed with the reason, for whoever looks.
+            Err(e) => {
+                let reason = format!("sbatch failed: {e}");
                 self.fail_all(&jobs, &reason);
                 return Err(ClientError::SubmitFailed { id: ids[0].clone(), reason });
             }
@@ -256,6 +271,16 @@ impl Client {
             atomic_write_at(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
         }
         Ok((spec.job_id, dir, fd))
+    }
+
+    /// Removes every prepared job directory (best effort): for a submission
+    /// Slurm refused, so that no job directory exists without a Slurm job.
+    fn withdraw_all(&self, jobs: &[(JobId, PathBuf, OwnedFd)]) {
+        for (id, dir, _) in jobs {
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                tracing::warn!(error = %e, job = %id, "cannot remove the job directory of a refused submission");
+            }
+        }
     }
 
     /// Marks every prepared job failed with `reason` (best effort).

@@ -256,12 +256,31 @@ fn refused_and_sbatch_failure() {
                 reason,
                 "sbatch failed: sbatch: error: Batch job submission failed: Invalid partition"
             );
-            let s = c.status(&[id]).unwrap();
-            assert_eq!(s[0].state, State::Failed);
-            assert_eq!(s[0].reason, reason);
+            // Slurm made no job: no job directory is left behind.
+            assert!(matches!(c.status(&[id]), Err(ClientError::NoSuchJob { .. })));
         }
         other => panic!("{other:?}"),
     }
+    assert!(c.list().unwrap().is_empty());
+    // A refusal by the accounting policy: the one sentence, nothing left.
+    let c = client(
+        tmp.path(),
+        fake_slurm(
+            &bin,
+            "echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2; \
+             echo 'sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user'\\''s size and/or time limits)' >&2; exit 1",
+            "",
+        ),
+    );
+    let reqs = vec![req.clone(), req.clone(), req.clone()];
+    match c.submit_many(&reqs) {
+        Err(e @ ClientError::Refused(delegate_client::slurm::Refusal::SubmitLimit)) => {
+            let m = e.to_string();
+            assert!(m.contains("MaxSubmitJobsPerUser") && !m.contains("violates"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(c.list().unwrap().is_empty());
     // A job the runner refused: Slurm says COMPLETED, the log says why.
     let c = client(
         tmp.path(),

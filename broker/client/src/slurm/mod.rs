@@ -6,6 +6,7 @@
 //! they never panic on odd output (junk lines are skipped with a warning).
 
 mod parse;
+mod refusal;
 mod script;
 
 use std::collections::HashMap;
@@ -17,6 +18,7 @@ pub use parse::{
     array_spec_contains, lookup, parse_sbatch_parsable, parse_sinfo, parse_slurm_time, parse_squeue, BadSlurmTime,
     PartitionInfo, SlurmJob, SlurmPhase, SlurmState,
 };
+pub use refusal::{classify_sbatch_error, Refusal};
 pub use script::{
     array_script, batch_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, BatchRequest,
 };
@@ -44,6 +46,10 @@ pub enum SlurmError {
     TimedOut { program: String, timeout: Duration },
     #[error("sbatch printed no job id (its output was {0:?})")]
     NoJobId(String),
+    /// Slurm refused the submission by the course's accounting policy (a
+    /// per-student limit, no association): the sentence for the student.
+    #[error("{0}")]
+    Refused(Refusal),
 }
 
 impl From<SubprocessError> for SlurmError {
@@ -69,6 +75,16 @@ pub fn sbatch_calls() -> u64 {
 /// How many `squeue` processes this process has started.
 pub fn squeue_calls() -> u64 {
     SQUEUE_CALLS.load(Ordering::SeqCst)
+}
+
+/// The error of a tool that exited non-zero: its first line of output.
+fn failed(program: &std::path::Path, out: &subprocess::Output) -> SlurmError {
+    SlurmError::Failed {
+        program: program.display().to_string(),
+        message: out
+            .first_line()
+            .unwrap_or_else(|| format!("it exited with {} and printed nothing", out.status)),
+    }
 }
 
 /// Slurm's command-line tools.
@@ -110,22 +126,24 @@ impl Slurm {
     fn run(&self, program: &std::path::Path, args: &[String], stdin: Option<&str>) -> Result<String, SlurmError> {
         let out = subprocess::run(program, args, stdin.map(str::as_bytes), self.timeout)?;
         if !out.success() {
-            return Err(SlurmError::Failed {
-                program: program.display().to_string(),
-                message: out
-                    .first_line()
-                    .unwrap_or_else(|| format!("it exited with {} and printed nothing", out.status)),
-            });
+            return Err(failed(program, &out));
         }
         Ok(out.stdout_text())
     }
 
-    /// Submits one batch job; returns its Slurm id.
+    /// Submits one batch job; returns its Slurm id. A refusal by the
+    /// accounting policy is [`SlurmError::Refused`] (Slurm created no job).
     pub fn submit(&self, req: &BatchRequest) -> Result<String, SlurmError> {
         let args = sbatch_args(req, self.partition.as_deref());
         SBATCH_CALLS.fetch_add(1, Ordering::SeqCst);
-        let out = self.run(&self.sbatch, &args, Some(&req.script))?;
-        parse_sbatch_parsable(&out)
+        let out = subprocess::run(&self.sbatch, &args, Some(req.script.as_bytes()), self.timeout)?;
+        if !out.success() {
+            if let Some(r) = classify_sbatch_error(&String::from_utf8_lossy(&out.stderr)) {
+                return Err(SlurmError::Refused(r));
+            }
+            return Err(failed(&self.sbatch, &out));
+        }
+        parse_sbatch_parsable(&out.stdout_text())
     }
 
     /// All jobs of `uid` that Slurm still knows, in one query.
@@ -197,6 +215,32 @@ mod tests {
             ])
             .unwrap_err();
         assert_eq!(e.to_string(), "/bin/sh failed: first line");
+    }
+
+    #[test]
+    fn an_accounting_refusal_is_typed() {
+        // A stand-in for sbatch that refuses as Slurm does.
+        let fake = std::env::temp_dir().join(format!("delegate-fake-sbatch-{}", std::process::id()));
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2\n\
+             echo 'sbatch: error: Batch job submission failed: Job violates accounting/QOS policy' >&2\nexit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let s = Slurm { sbatch: fake.clone(), ..Slurm::default() };
+        let req = BatchRequest {
+            job_name: "x".into(),
+            chdir: "/".into(),
+            output: "/dev/null".into(),
+            cpus: 1,
+            time_limit_secs: 60,
+            script: "#!/bin/sh\n".into(),
+            hold: false,
+        };
+        let e = s.submit(&req).unwrap_err();
+        let _ = std::fs::remove_file(&fake);
+        assert!(matches!(e, SlurmError::Refused(Refusal::SubmitLimit)), "{e}");
     }
 
     #[test]
