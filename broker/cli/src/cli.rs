@@ -78,6 +78,28 @@ pub enum Cmd {
     /// Check that Slurm, munge, Docker, the sandbox image, the delegate root
     /// and the site policy work.
     Doctor,
+    /// The instructor's view (root and the admin group only): usage per
+    /// student from Slurm's accounting, and the queue now.
+    #[command(subcommand)]
+    Admin(AdminCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdminCmd {
+    /// Per student: calls, submissions, allocations, node-time, jobs still
+    /// active and failures by reason, from sacct.
+    Usage {
+        /// From this date or time (e.g. 2026-11-23, 2026-11-23T08:00,
+        /// now-2days) [default: now-7days].
+        #[arg(long, value_name = "DATE")]
+        since: Option<String>,
+        /// Print CSV (one line per student) instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
+    /// Who waits for what right now: every job running or pending, running
+    /// first, then in the order Slurm will start them.
+    Queue,
 }
 
 #[derive(Args, Debug)]

@@ -21,8 +21,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Cmd};
-use crate::commands::{cancel, doctor, logs, status, submit, wait};
+use crate::cli::{AdminCmd, Cli, Cmd};
+use crate::commands::{admin, cancel, doctor, logs, status, submit, wait};
 use crate::fail::CliResult;
 
 fn main() -> ExitCode {
@@ -69,5 +69,7 @@ fn run(cli: Cli) -> CliResult {
         Cmd::Result { id } => status::result(&cli, id),
         Cmd::Cancel { ids } => cancel::cancel(&cli, ids),
         Cmd::Doctor => doctor::doctor(&cli),
+        Cmd::Admin(AdminCmd::Usage { since, csv }) => admin::usage(&cli, since.as_deref(), *csv),
+        Cmd::Admin(AdminCmd::Queue) => admin::queue(&cli),
     }
 }

@@ -113,6 +113,7 @@ impl Client {
                     .saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
                 script: slurm::shared_script(&self.config.runner, &dir_groups),
                 hold: first.hold,
+                calls: jobs.len(),
             }
         } else if jobs.len() == 1 {
             BatchRequest {
@@ -123,6 +124,7 @@ impl Client {
                 time_limit_secs: first.time_limit_secs,
                 script: slurm::batch_script(&self.config.runner, &dirs[0]),
                 hold: first.hold,
+                calls: jobs.len(),
             }
         } else {
             let logs: Vec<PathBuf> = ids.iter().map(|id| self.log_path(id)).collect();
@@ -134,6 +136,7 @@ impl Client {
                 time_limit_secs: first.time_limit_secs,
                 script: slurm::array_script(&self.config.runner, &dirs, &logs),
                 hold: first.hold,
+                calls: jobs.len(),
             }
         };
         let slurm_id = match self.config.slurm.submit(&batch) {

@@ -1,6 +1,7 @@
 //! One module per command group; each takes the parsed arguments and
 //! returns the exit code ([`crate::fail::CliResult`]).
 
+pub mod admin;
 pub mod cancel;
 pub mod doctor;
 pub mod logs;

@@ -8,6 +8,7 @@
 mod parse;
 mod refusal;
 mod script;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -95,6 +96,7 @@ pub struct Slurm {
     pub squeue: PathBuf,
     pub scancel: PathBuf,
     pub sinfo: PathBuf,
+    pub sacct: PathBuf,
     /// How long one call may take ([`SLURM_TIMEOUT`]).
     pub timeout: Duration,
 }
@@ -107,6 +109,7 @@ impl Default for Slurm {
             squeue: "squeue".into(),
             scancel: "scancel".into(),
             sinfo: "sinfo".into(),
+            sacct: "sacct".into(),
             timeout: SLURM_TIMEOUT,
         }
     }
@@ -179,6 +182,40 @@ impl Slurm {
         })
     }
 
+    /// Every user's allocations that ran, ended or were recorded since
+    /// `since` (sacct's `--starttime`: `2026-11-23`, `2026-11-23T08:00`,
+    /// `now-7days`; default: Slurm's, midnight today), in one `sacct`.
+    /// Every user's records only for root, SlurmUser and accounting
+    /// operators/coordinators (PrivateData); others get their own.
+    pub fn accounting(&self, since: Option<&str>) -> Result<Vec<usage::AcctJob>, SlurmError> {
+        let mut args = vec![
+            "--allusers".to_owned(),
+            "--allocations".to_owned(),
+            "--noheader".to_owned(),
+            "--parsable2".to_owned(),
+            format!("--format={}", usage::SACCT_FORMAT),
+        ];
+        if let Some(s) = since.filter(|s| !s.trim().is_empty()) {
+            args.push(format!("--starttime={}", s.trim()));
+            args.push("--endtime=now".to_owned());
+        }
+        Ok(usage::parse_sacct(&self.run(&self.sacct, &args, None)?))
+    }
+
+    /// Every user's jobs waiting or running now (one line per array
+    /// element), running first, then in the order Slurm will start them.
+    pub fn queue_all(&self) -> Result<Vec<usage::QueuedJob>, SlurmError> {
+        let args = vec![
+            "--all".to_owned(),
+            "--array".to_owned(),
+            "--noheader".to_owned(),
+            "--states=PENDING,RUNNING,CONFIGURING,COMPLETING".to_owned(),
+            format!("--format={}", usage::SQUEUE_FORMAT),
+        ];
+        SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
+        Ok(usage::parse_queue(&self.run(&self.squeue, &args, None)?))
+    }
+
     /// Cancels all `ids` in one call.
     pub fn cancel(&self, ids: &[String]) -> Result<(), SlurmError> {
         if ids.is_empty() {
@@ -237,6 +274,7 @@ mod tests {
             time_limit_secs: 60,
             script: "#!/bin/sh\n".into(),
             hold: false,
+            calls: 1,
         };
         let e = s.submit(&req).unwrap_err();
         let _ = std::fs::remove_file(&fake);

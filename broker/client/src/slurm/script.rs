@@ -81,6 +81,10 @@ pub struct BatchRequest {
     pub script: String,
     /// Submit held (`--hold`): the job waits for `scontrol release`.
     pub hold: bool,
+    /// The calls this submission runs (all its allocations together), told
+    /// to the accounting (`--comment=delegate:calls=N`) so that the
+    /// instructor's usage counts calls, not allocations.
+    pub calls: usize,
 }
 
 /// The arguments of `sbatch` for `req`.
@@ -96,6 +100,7 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
         format!("--output={}", req.output.display()),
         format!("--cpus-per-task={}", req.cpus),
         format!("--time={}", time_limit_minutes(req.time_limit_secs)),
+        format!("--comment={}{}", super::usage::CALLS_COMMENT, req.calls.max(1)),
     ];
     if let Some(p) = partition.filter(|p| !p.is_empty()) {
         args.push(format!("--partition={p}"));
@@ -124,6 +129,7 @@ mod tests {
             time_limit_secs: 300,
             script: String::new(),
             hold: false,
+            calls: 1,
         };
         let a = sbatch_args(&req, None);
         assert_eq!(
@@ -136,7 +142,8 @@ mod tests {
                 "--chdir=/home/a/.delegate/jobs",
                 "--output=/home/a/.delegate/jobs/20261123T103000-abcdef01.log",
                 "--cpus-per-task=2",
-                "--time=6"
+                "--time=6",
+                "--comment=delegate:calls=1"
             ]
         );
         assert_eq!(sbatch_args(&req, Some("debug")).last().unwrap(), "--partition=debug");
