@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import grp
 import os
-import shutil
 import pwd
+import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -94,7 +94,16 @@ def ensure_association(name: str, account: str = COURSE_ACCOUNT, qos: str | None
     when Slurm keeps no accounting. Idempotent."""
     if not accounting_enforced():
         return
-    show = ["sacctmgr", "-n", "-P", "show", "assoc", f"where user={name}", f"account={account}", "format=user"]
+    show = [
+        "sacctmgr",
+        "-n",
+        "-P",
+        "show",
+        "assoc",
+        f"where user={name}",
+        f"account={account}",
+        "format=user",
+    ]
     r = subprocess.run(show, capture_output=True, text=True, timeout=60)
     if not r.stdout.strip():
         add = ["sacctmgr", "-i", "add", "user", name, f"account={account}", f"defaultaccount={account}"]

@@ -1,0 +1,195 @@
+"""Accounting in a real database (slurmdbd + MariaDB, build_cluster.d/
+accounting.sh): sacct records every student's jobs, a per-student limit
+refuses in one sentence and leaves nothing behind, a user without an
+association is refused with the same care, fair share puts a heavy user's
+pending job after a fresh student's, and the instructor's view (`delegate
+admin usage|queue`) is for admins only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DELEGATE, User, sh
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import testlib
+
+# A QOS of the tests only: one job per student at a time, given to one test
+# account only, so the limit is met without touching the course's QOS.
+TIGHT_QOS = "delegate-test-tight"
+
+
+def _accounting_on() -> bool:
+    return testlib.accounting_enforced()
+
+
+pytestmark = pytest.mark.skipif(not _accounting_on(), reason="Slurm keeps no accounting here (slurmdbd)")
+
+
+def slurm_id(user: User, job: str) -> str:
+    return (user.job_dir(job) / "slurm-id").read_text().split()[0]
+
+
+def job_dirs(user: User) -> set[str]:
+    if not user.root.is_dir():
+        return set()
+    return {p.name for p in user.root.iterdir() if p.is_dir()}
+
+
+def sacct(*args: str) -> list[list[str]]:
+    r = sh("sacct", "-n", "-P", *args)
+    return [line.split("|") for line in r.stdout.splitlines() if line.strip()]
+
+
+def test_sacct_shows_each_students_jobs(alice, bob):
+    ids = {}
+    for u in (alice, bob):
+        job = u.submit("true")
+        assert u.wait(job, timeout=240)["state"] == "completed"
+        ids[u.name] = slurm_id(u, job)
+    # Root sees both; records reach the database within a few seconds.
+    deadline = time.monotonic() + 60
+    while True:
+        rows = sacct("-a", "-X", "-o", "JobID,User,State,Account", "-j", ",".join(ids.values()))
+        seen = {r[0]: r for r in rows}
+        if (
+            all(seen.get(sid, [""] * 3)[2] == "COMPLETED" for sid in ids.values())
+            or time.monotonic() > deadline
+        ):
+            break
+        time.sleep(2)
+    for name, sid in ids.items():
+        assert sid in seen, f"sacct has no record of {name}'s job {sid}: {rows}"
+        assert seen[sid][1] == name and seen[sid][2] == "COMPLETED", seen[sid]
+        assert seen[sid][3] == testlib.COURSE_ACCOUNT, seen[sid]
+    # PrivateData: a student's sacct shows their own jobs only.
+    r = subprocess.run(
+        ["/usr/sbin/runuser", "-u", bob.name, "--", "sacct", "-a", "-X", "-n", "-P", "-o", "JobID,User"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert ids[alice.name] not in r.stdout and alice.name not in r.stdout, r.stdout
+
+
+@pytest.fixture
+def limited():
+    """delegate-carol, whose only QOS allows one job at a time."""
+    sh("sacctmgr", "-i", "add", "qos", TIGHT_QOS, check=False)
+    sh("sacctmgr", "-i", "modify", "qos", TIGHT_QOS, "set", "MaxSubmitJobsPerUser=1")
+    sh("sacctmgr", "-i", "modify", "account", testlib.COURSE_ACCOUNT, "set", f"qos+={TIGHT_QOS}", check=False)
+    testlib.ensure_user("delegate-carol")
+    testlib.ensure_association("delegate-carol", qos=TIGHT_QOS)
+    u = User("delegate-carol")
+    yield u
+    sh("scancel", "-u", u.name, check=False)
+
+
+def test_a_limit_refuses_in_one_sentence_and_leaves_nothing(limited):
+    held = limited.submit("true", opts=("--hold",))
+    before = job_dirs(limited)
+    for opts in ((), ("--count", "5")):
+        r = limited.run("submit", *opts, "--", "true")
+        assert r.returncode == 1, r.stdout + r.stderr
+        msg = r.stderr.strip()
+        assert len(msg.splitlines()) == 1, msg
+        assert "MaxSubmitJobsPerUser" in msg and "wait for some to finish or cancel some" in msg, msg
+        assert "QOSMax" not in msg and "violates" not in msg and "sbatch" not in msg, msg
+        assert job_dirs(limited) == before, "a refused submission left a job directory behind"
+    r = limited.run("cancel", held, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_user_without_association_is_told_so():
+    name = "delegate-noassoc"
+    pw = testlib._ensure_unix_user(name, testlib.FIRST_ID)
+    sh("sacctmgr", "-i", "delete", "user", f"name={name}", check=False)
+    u = User(pw.pw_name)
+    before = job_dirs(u)
+    r = u.run("submit", "--", "true")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "not registered with Slurm for this course" in r.stderr and "roster" in r.stderr, r.stderr
+    assert "Invalid account" not in r.stderr, r.stderr
+    assert job_dirs(u) == before
+
+
+def raw_usage(name: str) -> float:
+    r = sh("sshare", "-n", "-P", "-A", testlib.COURSE_ACCOUNT, "-u", name, "-o", "User,RawUsage", check=False)
+    for line in r.stdout.splitlines():
+        user, _, usage = line.partition("|")
+        if user == name:
+            try:
+                return float(usage)
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def test_fair_share_puts_a_heavy_users_job_after_a_fresh_students():
+    heavy = User(testlib.ensure_user("delegate-heavy").pw_name)
+    fresh = User(testlib.ensure_user("delegate-fresh").pw_name)
+    # The heavy user uses the node more than the fresh one ever did (usage
+    # is folded in every minute, PriorityCalcPeriod=1).
+    if raw_usage(heavy.name) <= 2 * raw_usage(fresh.name) + 1:
+        r = heavy.run("submit", "--wait", "--", "sleep", "15", timeout=300)
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 150
+        while raw_usage(heavy.name) <= 2 * raw_usage(fresh.name) + 1:
+            assert time.monotonic() < deadline, "the heavy user's usage never reached sshare"
+            time.sleep(5)
+    # Hold the node with an admin's job, queue the heavy user's job first,
+    # then the fresh student's.
+    blocker = sh(
+        "sbatch", "--parsable", "--exclusive", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 300"
+    ).stdout
+    blocker = blocker.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 60
+        while sh("squeue", "-h", "-j", blocker, "-o", "%T").stdout.strip() != "RUNNING":
+            assert time.monotonic() < deadline, "the blocking job did not start"
+            time.sleep(1)
+        hj = heavy.submit("true")
+        time.sleep(1)
+        fj = fresh.submit("true")
+        hs, fs = slurm_id(heavy, hj), slurm_id(fresh, fj)
+        prio = {}
+        for line in sh("squeue", "-h", "-j", f"{hs},{fs}", "-o", "%i|%Q").stdout.splitlines():
+            sid, _, p = line.partition("|")
+            prio[sid] = int(p)
+        assert prio[fs] > prio[hs], (
+            f"fresh student's priority {prio[fs]} not above the heavy user's {prio[hs]}"
+        )
+    finally:
+        sh("scancel", blocker, check=False)
+    # Once the node is free, the fresh student's job starts first.
+    for u, j in ((fresh, fj), (heavy, hj)):
+        st = u.wait(j, timeout=240)
+        assert st["state"] == "completed", st
+    starts = {r[0]: r[1] for r in sacct("-a", "-X", "-o", "JobID,Start", "-j", f"{hs},{fs}")}
+    assert starts[fs] <= starts[hs], starts
+
+
+def test_admin_usage_for_admins_only(alice):
+    r = alice.run("submit", "--wait", "--count", "3", "--", "true", timeout=300)
+    assert r.returncode == 0, r.stderr
+    time.sleep(3)
+    r = subprocess.run(
+        [DELEGATE, "admin", "usage", "--since", "now-1days", "--csv"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("user,calls,"), lines
+    rows = {line.split(",")[0]: line.split(",") for line in lines[1:]}
+    assert alice.name in rows, r.stdout
+    assert int(rows[alice.name][1]) >= 3, rows[alice.name]
+    r = subprocess.run([DELEGATE, "admin", "queue"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("SLURM-ID"), r.stdout + r.stderr
+    for args in (("usage",), ("queue",)):
+        r = alice.run("admin", *args)
+        assert r.returncode == 1, r.stdout
+        assert "for the course's instructors only" in r.stderr and alice.name not in r.stdout, r.stderr
