@@ -24,8 +24,10 @@
 # and SLURM_CONF.
 
 # Files of the database and slurmdbd.
-DB_SOCKET=$DELEGATE_RUN_DIR/mariadb.sock
-DB_PIDFILE=$DELEGATE_RUN_DIR/mariadb.pid
+# (in a directory of its own: mariadbd runs as mysql and writes there)
+DB_RUN_DIR=$DELEGATE_RUN_DIR/mariadb
+DB_SOCKET=$DB_RUN_DIR/mariadb.sock
+DB_PIDFILE=$DB_RUN_DIR/mariadb.pid
 # The database password of slurmdbd, generated once, readable by root only.
 DB_PASSFILE=$DELEGATE_STATE_DIR/slurmdbd.pass
 DBD_CONF=$(dirname "$SLURM_CONF")/slurmdbd.conf
@@ -47,7 +49,7 @@ start_mariadb() {
     fi
     install -d -o mysql -g mysql -m 0750 "$DELEGATE_DB_DIR"
     install -d -m 0755 "$DELEGATE_RUN_DIR"
-    chown mysql:mysql "$DELEGATE_RUN_DIR" 2>/dev/null || true
+    install -d -o mysql -g mysql -m 0755 "$DB_RUN_DIR"
     if [[ ! -d $DELEGATE_DB_DIR/mysql ]]; then
         log "mariadb: initialising $DELEGATE_DB_DIR"
         mariadb-install-db --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
