@@ -7,6 +7,8 @@ admin usage|queue`) is for admins only."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -193,3 +195,75 @@ def test_admin_usage_for_admins_only(alice):
         r = alice.run("admin", *args)
         assert r.returncode == 1, r.stdout
         assert "for the course's instructors only" in r.stderr and alice.name not in r.stdout, r.stderr
+
+
+def _one_pid(name: str) -> int:
+    r = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
+    pids = [int(p) for p in r.stdout.split()]
+    assert len(pids) == 1, f"expected one {name}, found {pids}"
+    return pids[0]
+
+
+def _stop(pid: int, timeout: float = 60) -> None:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.2)
+
+
+def _record_started(name: str, pid: int) -> None:
+    """As build_cluster.sh's record_started (so `--local stop` finds it)."""
+    f = Path("/var/lib/delegate/started")
+    if not f.exists():
+        return
+    lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith(name + " ")]
+    lines.append(f"{name} {pid}")
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(f)
+
+
+def test_slurmdbd_and_mariadb_restart_mid_run(alice, bob):
+    """The database and slurmdbd stop while a job runs: the running job
+    finishes, a new one is accepted and scheduled (slurmctld keeps the
+    associations and queues the records), and after the restart sacct has
+    both."""
+    db_pid, dbd_pid = _one_pid("mariadbd"), _one_pid("slurmdbd")
+    db_cmd = Path(f"/proc/{db_pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    running = alice.submit("sleep", "15")
+    alice.wait_started(running)
+    _stop(dbd_pid)
+    _stop(db_pid)
+    try:
+        queued = bob.submit("true")
+        for u, j in ((alice, running), (bob, queued)):
+            st = u.wait(j, timeout=240)
+            assert st["state"] == "completed", st
+    finally:
+        db = subprocess.Popen(
+            db_cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        _record_started("mariadbd", db.pid)
+        deadline = time.monotonic() + 60
+        while subprocess.run(["sacctmgr", "-n", "show", "cluster"], capture_output=True).returncode != 0:
+            if not subprocess.run(["pgrep", "-x", "slurmdbd"], capture_output=True).stdout:
+                time.sleep(2)  # the socket first
+                subprocess.run(["slurmdbd"], check=True, timeout=60)
+                _record_started("slurmdbd", _one_pid("slurmdbd"))
+            assert time.monotonic() < deadline, "slurmdbd did not come back"
+            time.sleep(1)
+    ids = {slurm_id(alice, running): alice.name, slurm_id(bob, queued): bob.name}
+    deadline = time.monotonic() + 180
+    while True:
+        rows = {r[0]: r for r in sacct("-a", "-X", "-o", "JobID,User,State", "-j", ",".join(ids))}
+        if all(rows.get(sid, ["", "", ""])[2] == "COMPLETED" for sid in ids):
+            break
+        assert time.monotonic() < deadline, f"accounting did not catch up: {rows}"
+        time.sleep(3)
+    for sid, name in ids.items():
+        assert rows[sid][1] == name
