@@ -201,8 +201,10 @@ accounting_course() {
             description="delegate course" organization=delegate \
             || die "cannot add the account $DELEGATE_COURSE_ACCOUNT"
     fi
+    # The student QOS only: a student who runs sbatch by hand with
+    # --qos=normal must not escape the limits.
     sacctmgr_q modify account "$DELEGATE_COURSE_ACCOUNT" set \
-        qos="normal,$DELEGATE_STUDENT_QOS" defaultqos="$DELEGATE_STUDENT_QOS" \
+        qos="$DELEGATE_STUDENT_QOS" defaultqos="$DELEGATE_STUDENT_QOS" \
         || die "cannot set the QOS of the account $DELEGATE_COURSE_ACCOUNT"
     # Slurm 22.05's QOS has no per-user TRES-run-minutes limit: it is the
     # GrpTRESRunMins of each user's own association (set here for all of
