@@ -39,6 +39,14 @@ db_sql() {
 }
 db_ok() { mariadb-admin --no-defaults --socket="$DB_SOCKET" -u root ping >/dev/null 2>&1; }
 slurmdbd_ok() { timeout 10 sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; }
+# slurmdbd_pid: the pid of OUR slurmdbd (its pid file, when that process is
+# a slurmdbd), else nothing: another slurmdbd on this machine is not ours.
+slurmdbd_pid() {
+    local pid
+    pid=$(cat "$DELEGATE_RUN_DIR/slurmdbd.pid" 2>/dev/null) || return 0
+    [[ $pid =~ ^[0-9]+$ && $(cat "/proc/$pid/comm" 2>/dev/null) == slurmdbd ]] && echo "$pid"
+    return 0
+}
 
 # start_mariadb: the database server on its own datadir, socket and port
 # (127.0.0.1 only), initialised on first use; nothing of a system MariaDB
@@ -132,22 +140,24 @@ local_start_accounting() {
             GRANT ALL ON \`$DELEGATE_DB_NAME\`.* TO 'slurm'@'127.0.0.1';" \
         || die "cannot create the database user slurm"
     touch "$DELEGATE_LOG_DIR/slurmdbd.log"; chown "$slurmuser" "$DELEGATE_LOG_DIR/slurmdbd.log"
-    local changed=0
+    local changed=0 pid
     write_slurmdbd_conf "$slurmuser" && changed=1
-    if ((changed)) && pgrep -x slurmdbd >/dev/null; then
+    pid=$(slurmdbd_pid)
+    if ((changed)) && [[ -n $pid ]]; then
         log "slurmdbd: configuration changed, restarting it"
-        stop_recorded slurmdbd "$(pgrep -x slurmdbd | head -n1)"
+        stop_recorded slurmdbd "$pid"
+        pid=""
     fi
-    if slurmdbd_ok && pgrep -x slurmdbd >/dev/null; then
-        log "slurmdbd: already running"; return
-    fi
-    if ! pgrep -x slurmdbd >/dev/null; then
-        SLURM_CONF=$SLURM_CONF slurmdbd || die "slurmdbd failed to start; see $DELEGATE_LOG_DIR/slurmdbd.log"
-    fi
-    wait_for "$DELEGATE_WAIT" slurmdbd slurmdbd_ok \
-        || die "slurmdbd not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmdbd.log:
+    if [[ -n $pid ]] && slurmdbd_ok; then
+        log "slurmdbd: already running"
+    else
+        [[ -n $pid ]] || SLURM_CONF=$SLURM_CONF slurmdbd \
+            || die "slurmdbd failed to start; see $DELEGATE_LOG_DIR/slurmdbd.log"
+        wait_for "$DELEGATE_WAIT" slurmdbd slurmdbd_ok \
+            || die "slurmdbd not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmdbd.log:
 $(tail -n 20 "$DELEGATE_LOG_DIR/slurmdbd.log")"
-    record_started slurmdbd "$(cat "$DELEGATE_RUN_DIR/slurmdbd.pid")"
+        record_started slurmdbd "$(slurmdbd_pid)"
+    fi
     accounting_cluster
 }
 

@@ -197,11 +197,11 @@ def test_admin_usage_for_admins_only(alice):
         assert "for the course's instructors only" in r.stderr and alice.name not in r.stdout, r.stderr
 
 
-def _one_pid(name: str) -> int:
-    r = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
-    pids = [int(p) for p in r.stdout.split()]
-    assert len(pids) == 1, f"expected one {name}, found {pids}"
-    return pids[0]
+def _pid_of(name: str, pidfile: str) -> int:
+    """The pid of build_cluster.sh's daemon `name` (from its pid file)."""
+    pid = int(Path(pidfile).read_text().split()[0])
+    assert Path(f"/proc/{pid}/comm").read_text().strip() == name, f"{pidfile}: pid {pid} is not {name}"
+    return pid
 
 
 def _stop(pid: int, timeout: float = 60) -> None:
@@ -229,7 +229,8 @@ def test_slurmdbd_and_mariadb_restart_mid_run(alice, bob):
     finishes, a new one is accepted and scheduled (slurmctld keeps the
     associations and queues the records), and after the restart sacct has
     both."""
-    db_pid, dbd_pid = _one_pid("mariadbd"), _one_pid("slurmdbd")
+    db_pid = _pid_of("mariadbd", "/run/delegate/mariadb/mariadb.pid")
+    dbd_pid = _pid_of("slurmdbd", "/run/delegate/slurmdbd.pid")
     db_cmd = Path(f"/proc/{db_pid}/cmdline").read_bytes().split(b"\0")[:-1]
     running = alice.submit("sleep", "15")
     alice.wait_started(running)
@@ -250,11 +251,14 @@ def test_slurmdbd_and_mariadb_restart_mid_run(alice, bob):
         )
         _record_started("mariadbd", db.pid)
         deadline = time.monotonic() + 60
+        started = False
         while subprocess.run(["sacctmgr", "-n", "show", "cluster"], capture_output=True).returncode != 0:
-            if not subprocess.run(["pgrep", "-x", "slurmdbd"], capture_output=True).stdout:
-                time.sleep(2)  # the socket first
+            if not started:
+                time.sleep(3)  # the database first
                 subprocess.run(["slurmdbd"], check=True, timeout=60)
-                _record_started("slurmdbd", _one_pid("slurmdbd"))
+                started = True
+                time.sleep(2)
+                _record_started("slurmdbd", _pid_of("slurmdbd", "/run/delegate/slurmdbd.pid"))
             assert time.monotonic() < deadline, "slurmdbd did not come back"
             time.sleep(1)
     ids = {slurm_id(alice, running): alice.name, slurm_id(bob, queued): bob.name}
