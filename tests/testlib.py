@@ -111,7 +111,7 @@ def ensure_association(name: str, account: str = COURSE_ACCOUNT, qos: str | None
         if r.returncode != 0 and "Nothing new added" not in r.stdout + r.stderr:
             raise RuntimeError(f"{' '.join(add)} failed: {(r.stdout + r.stderr).strip()}")
     if qos is not None:
-        mod = ["sacctmgr", "-i", "modify", "user", f"where user={name}", f"account={account}", "set"]
+        mod = ["sacctmgr", "-i", "modify", "user", "where", f"user={name}", f"account={account}", "set"]
         mod += [f"qos={qos}", f"defaultqos={qos}"]
         r = subprocess.run(mod, capture_output=True, text=True, timeout=60)
         if r.returncode != 0 and "Nothing modified" not in r.stdout + r.stderr:

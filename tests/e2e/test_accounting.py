@@ -159,10 +159,17 @@ def test_fair_share_puts_a_heavy_users_job_after_a_fresh_students():
         time.sleep(1)
         fj = fresh.submit("true")
         hs, fs = slurm_id(heavy, hj), slurm_id(fresh, fj)
-        prio = {}
-        for line in sh("squeue", "-h", "-j", f"{hs},{fs}", "-o", "%i|%Q").stdout.splitlines():
-            sid, _, p = line.partition("|")
-            prio[sid] = int(p)
+        # Priorities are (re)computed every PriorityCalcPeriod (1 min); a
+        # new association's fair share counts from its first calculation.
+        deadline = time.monotonic() + 150
+        while True:
+            prio = {}
+            for line in sh("squeue", "-h", "-j", f"{hs},{fs}", "-o", "%i|%Q").stdout.splitlines():
+                sid, _, p = line.partition("|")
+                prio[sid] = int(p)
+            if prio.get(fs, 0) > prio.get(hs, 0) or time.monotonic() > deadline:
+                break
+            time.sleep(5)
         assert prio[fs] > prio[hs], (
             f"fresh student's priority {prio[fs]} not above the heavy user's {prio[hs]}"
         )
