@@ -9,8 +9,9 @@
 #                            MariaDB (own datadir, socket, 127.0.0.1 port),
 #                            the database user, slurmdbd.conf, slurmdbd
 #   local_setup_accounts     step 3b, after slurmctld: the cluster, the
-#                            course account, the student QOS and its limits,
-#                            root and the demo user's associations
+#                            course account, the student QOS and its limits
+#                            (root's association comes with the cluster; the
+#                            demo user's is added by local_demo)
 #   accounts_main ARGS       `build_cluster.sh accounts add --csv roster.csv
 #                            [--instructors] | list | remove USER [--archive]`
 # No systemd here: both daemons are started in the background, recorded in
@@ -119,10 +120,7 @@ PrivateData=jobs,usage,users,accounts
 PurgeJobAfter=12months
 PurgeStepAfter=12months
 CONF
-    if install_generated "$tmp" "$DBD_CONF" 0600; then
-        chown "$slurmuser" "$DBD_CONF"
-        rc=0
-    fi
+    install_generated "$tmp" "$DBD_CONF" 0600 && rc=0
     chown "$slurmuser" "$DBD_CONF"
     rm -f "$tmp"
     return $rc
@@ -242,9 +240,9 @@ add_association() {
     fi
 }
 
-# local_setup_accounts: step 3b: the course account and QOS, and the demo
-# user in it (the demo job is the first check that enforcement lets a
-# student through).
+# local_setup_accounts: step 3b: the course account and QOS (local_demo
+# then puts the demo user in it: the demo job is the first check that
+# enforcement lets a student through).
 local_setup_accounts() {
     accounting_cluster
     accounting_course
