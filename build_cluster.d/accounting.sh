@@ -249,31 +249,40 @@ local_setup_accounts() {
 }
 
 # ---------------------------------------------------------------- roster
-# The roster is a CSV file: username,full name[,email][,role]; a header
+# The roster is a CSV file (quoted fields may hold commas):
+# username,full name[,email][,role]; a header
 # line (username,...) and blank or #-lines are skipped; role "instructor"
 # (or --instructors for the whole file) makes a coordinator/operator and a
 # member of the admin group. Accounts get the same uid on every machine: a
 # uid column is not needed, the first free id from DELEGATE_ROSTER_FIRST_UID
 # is taken; --local has one machine.
 
-# roster_rows FILE: "user|name|email|role" per valid line; dies on a bad one.
+# roster_rows FILE: "line|user|name|email|role" per roster line (CSV as
+# Python's csv module reads it: quoted fields may hold commas); dies on a
+# bad line.
 roster_rows() {
-    local line n=0 user name email role
-    while IFS= read -r line || [[ -n $line ]]; do
-        n=$((n + 1))
-        line=${line%$'\r'}
-        [[ -z ${line//[[:space:]]/} || $line == \#* ]] && continue
-        IFS=, read -r user name email role <<<"$line"
-        user=${user//[[:space:]]/}
-        [[ $n == 1 && ${user,,} == username ]] && continue
-        [[ $user =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] \
-            || die "$1 line $n: '$user' is not a valid user name (lower case letters, digits, _ and -)"
-        case $name$email in
-            *[:\|]*) die "$1 line $n: ':' and '|' are not allowed in a name or email" ;;
-        esac
-        role=${role//[[:space:]]/}
-        printf '%s|%s|%s|%s\n' "$user" "$name" "${email//[[:space:]]/}" "${role,,}"
-    done <"$1"
+    python3 -c '
+import csv, sys
+with open(sys.argv[1], newline="", encoding="utf-8-sig") as f:
+    for n, row in enumerate(csv.reader(f), 1):
+        row = [c.strip() for c in row]
+        if not row or not any(row) or row[0].startswith("#"):
+            continue
+        if n == 1 and row[0].lower() == "username":
+            continue
+        row += [""] * (4 - len(row))
+        print("|".join([str(n)] + [c.replace("|", " ").replace("\n", " ") for c in row[:4]]))
+' "$1" || die "cannot read the roster $1 as CSV"
+}
+
+# roster_check LINE USER NAME EMAIL: dies on a user name or field that
+# cannot be used.
+roster_check() {
+    [[ $2 =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] \
+        || die "roster line $1: '$2' is not a valid user name (lower case letters, digits, _ and -)"
+    case $3$4 in
+        *:*) die "roster line $1: ':' is not allowed in a name or email" ;;
+    esac
 }
 
 # ensure_unix_account USER NAME EMAIL: the account with a group of its own
@@ -302,11 +311,13 @@ ensure_unix_account() {
 # accounts_add FILE INSTRUCTORS: every roster line: Unix account, home,
 # association; instructors also coordinator/operator and admin group.
 accounts_add() {
-    local file=$1 all_instr=$2 rows u name email role n=0
+    local file=$1 all_instr=$2 rows line u name email role n=0
     [[ -r $file ]] || die "cannot read the roster $file"
-    rows=$(roster_rows "$file")
-    while IFS='|' read -r u name email role; do
+    rows=$(roster_rows "$file") || exit 1
+    while IFS='|' read -r line u name email role; do
         [[ -n $u ]] || continue
+        roster_check "$line" "$u" "$name" "$email"
+        role=${role,,}
         ensure_unix_account "$u" "$name" "$email"
         local admin=0
         [[ $all_instr == 1 || $role == instructor ]] && admin=1
