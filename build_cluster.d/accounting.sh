@@ -288,7 +288,7 @@ roster_check() {
 # ensure_unix_account USER NAME EMAIL: the account with a group of its own
 # (same id), a 0700 home; an existing account is left as it is.
 ensure_unix_account() {
-    local u=$1 name=$2 email=$3 id
+    local u=$1 name=${2//,/ } email=${3//,/ } id  # (commas separate GECOS fields)
     if id "$u" >/dev/null 2>&1; then
         return 0
     fi
