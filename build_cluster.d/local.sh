@@ -558,7 +558,8 @@ local_stop() {
         log "stop: nothing recorded in $STARTED_FILE; nothing to stop"
         return
     fi
-    # Reverse order of starting: sandbox-agent, slurmd, slurmctld, dockerd, munged.
+    # Reverse order of starting: sandbox-agent, slurmd, slurmctld, slurmdbd,
+    # mariadbd, dockerd, munged.
     local name pid
     tac "$STARTED_FILE" | while read -r name pid; do
         stop_recorded "$name" "$pid"
