@@ -69,7 +69,10 @@ if ! id -nG "$BENCH_USER" 2>/dev/null | tr ' ' '\n' | grep -qx "$ADMIN_GROUP"; t
 fi
 # Accounting is enforced (slurmdbd): the bench account needs an association
 # in the course account, as every student has (build_cluster.sh accounts).
-if scontrol show config 2>/dev/null | grep -q '^AccountingStorageType *= *accounting_storage/slurmdbd'; then
+# (The config is read whole first: under pipefail, grep -q closing the pipe
+# early would make scontrol's SIGPIPE fail the test.)
+slurm_config=$(scontrol show config 2>/dev/null || true)
+if grep -q '^AccountingStorageType *= *accounting_storage/slurmdbd' <<<"$slurm_config"; then
     acct=${DELEGATE_COURSE_ACCOUNT:-course}
     [[ -n $(sacctmgr -n -P show assoc where user="$BENCH_USER" account="$acct" format=user 2>/dev/null) ]] \
         || sacctmgr -i add user "$BENCH_USER" account="$acct" defaultaccount="$acct" >/dev/null \

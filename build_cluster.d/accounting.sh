@@ -217,7 +217,11 @@ accounting_course() {
     # Slurm 22.05's QOS has no per-user TRES-run-minutes limit: it is the
     # GrpTRESRunMins of each user's own association (set here for all of
     # them, so a changed setting reaches existing students).
-    if sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null | grep -q .; then
+    # (Read whole first: under pipefail, grep -q ending the pipe early would
+    # fail the test with sacctmgr's SIGPIPE once the course is large.)
+    local course_users
+    course_users=$(sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null || true)
+    if [[ -n ${course_users//[[:space:]]/} ]]; then
         sacctmgr_q modify user where account="$DELEGATE_COURSE_ACCOUNT" set \
             grptresrunmins="cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS" \
             || warn "cannot set GrpTRESRunMins of the users of $DELEGATE_COURSE_ACCOUNT"
