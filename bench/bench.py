@@ -95,9 +95,10 @@ def sh(*cmd, check=True, **kw):
 
 
 def slurm_busy() -> bool:
-    """Any job of the partition not over yet, or the node not idle."""
-    q = sh("squeue", "-h", "-p", PARTITION, "-t", "PD,R,CG,CF,S", "-o", "%i", check=False).stdout.strip()
-    if q:
+    """Any job of the partition not over yet (but held ones, which never
+    start by themselves), or the node not idle."""
+    q = sh("squeue", "-h", "-p", PARTITION, "-t", "PD,R,CG,CF,S", "-o", "%i %r", check=False).stdout
+    if any(ln.split()[1:2] not in (["JobHeldUser"], ["JobHeldAdmin"]) for ln in q.splitlines() if ln.strip()):
         return True
     st = sh("sinfo", "-h", "-p", PARTITION, "-o", "%T", check=False).stdout.split()
     return any(s.rstrip("*~#") not in ("idle",) for s in st)
