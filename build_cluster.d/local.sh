@@ -30,7 +30,7 @@ STARTED_FILE=$DELEGATE_STATE_DIR/started
 # The Debian packages `up` installs when missing.
 PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
-          curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd)
+          curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd btrfs-progs)
 
 # record_started NAME PID: remember a daemon we started so `stop` stops it
 # and nothing else.
