@@ -69,11 +69,11 @@ start_mariadb() {
     touch "$DELEGATE_LOG_DIR/mariadb.log"; chown mysql "$DELEGATE_LOG_DIR/mariadb.log"
     # InnoDB settings slurmdbd's documentation asks for (large buffer pool,
     # long lock wait for the rollup of a big job table).
-    nohup mariadbd --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
+    detached mariadbd --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
         --socket="$DB_SOCKET" --pid-file="$DB_PIDFILE" --port="$DELEGATE_DB_PORT" \
         --bind-address=127.0.0.1 --log-error="$DELEGATE_LOG_DIR/mariadb.log" \
         --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
-        >/dev/null 2>&1 </dev/null &
+        >/dev/null 2>&1 </dev/null
     record_started mariadbd $!
     wait_for "$DELEGATE_WAIT" mariadb db_ok \
         || die "mariadb not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/mariadb.log:
