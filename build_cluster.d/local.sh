@@ -30,7 +30,8 @@ STARTED_FILE=$DELEGATE_STATE_DIR/started
 # The Debian packages `up` installs when missing.
 PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
-          curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd btrfs-progs)
+          curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd btrfs-progs
+          libpfm4)
 
 # record_started NAME PID: remember a daemon we started so `stop` stops it
 # and nothing else.
@@ -399,12 +400,48 @@ local_build_images() {
     wheels=$(mktemp -d)
     python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheels/wheels" "$pin" \
         || die "cannot download $pin (pip download)"
+    sandbox_cfiddle_wheels "$wheels/wheels-cfiddle" || { rm -rf "$wheels"; die "cannot download the CFiddle wheels"; }
     tar --exclude=__pycache__ -c -C "$REPO" docker python/pyproject.toml python/pysrc/delegate_executor \
-        -C "$wheels" wheels \
+        python/requirements-cfiddle.txt -C "$wheels" wheels wheels-cfiddle \
         | docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
             -t "$DELEGATE_SANDBOX_IMAGE" -f docker/sandbox.Dockerfile - \
         || { rm -rf "$wheels"; die "docker build of $DELEGATE_SANDBOX_IMAGE failed"; }
     rm -rf "$wheels"
+}
+
+# sandbox_cfiddle_wheels DIR: the wheels of python/requirements-cfiddle.txt
+# (CFiddle and its run-time needs, pinned there) for the sandbox's Python
+# (asked of the base image) into DIR, through a cache so a rebuild
+# downloads nothing.
+sandbox_cfiddle_wheels() {
+    local dir=$1 cache=$DELEGATE_CACHE_DIR/sandbox-wheels py arch
+    py=$(docker run --rm --network none --entrypoint python3 "$DELEGATE_BASE_IMAGE" \
+        -c 'import sys; print("%d.%d" % sys.version_info[:2])') || return 1
+    arch=$(uname -m)
+    install -d -m 0755 "$cache" "$dir"
+    log "wheels: CFiddle's pins (python/requirements-cfiddle.txt) for Python $py $arch (cache $cache)"
+    python3 -m pip download -q --no-deps --only-binary=:all: --implementation cp \
+        --python-version "$py" --platform "manylinux2014_$arch" --platform "manylinux_2_28_$arch" \
+        -d "$cache" -r "$REPO/python/requirements-cfiddle.txt" || return 1
+    # Only the pinned files (the cache may hold older pins).
+    python3 - "$REPO/python/requirements-cfiddle.txt" "$cache" "$dir" "cp${py/./}" "$arch" <<'PY' || return 1
+import pathlib, re, shutil, sys
+req, cache, out = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+pytag, arch = sys.argv[4], sys.argv[5]
+def fits(w):
+    py, _abi, plat = w.name[: -len(".whl")].split("-")[-3:]
+    return (pytag in py.split(".") or "py3" in py.split(".")) and (plat == "any" or arch in plat)
+for line in open(req):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, ver = line.split("==")
+    norm = re.sub(r"[-_.]+", "_", name).lower()
+    hits = [w for w in cache.glob("*.whl") if re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower() == norm and w.name.split("-")[1] == ver and fits(w)]
+    if not hits:
+        sys.exit("no wheel of %s in %s" % (line, cache))
+    shutil.copy(hits[0], out / hits[0].name)
+PY
 }
 
 # build_base_image: no registry: debootstrap a minimal Debian with python3 and import it. The

@@ -445,6 +445,10 @@ stack_wheels() {
     log "wheels: pip download jupyterlab $pin (cache $cache)"
     "$venv/bin/pip" download -q --only-binary=:all: -d "$cache" jupyterlab "$pin" \
         || die "pip download of jupyterlab/$pin failed"
+    # CFiddle: the same pins as the sandbox image (user.Dockerfile installs them).
+    "$venv/bin/pip" download -q --no-deps --only-binary=:all: -d "$cache" -r "$REPO/python/requirements-cfiddle.txt" \
+        || die "pip download of python/requirements-cfiddle.txt failed"
+    cp "$REPO/python/requirements-cfiddle.txt" "$dir/"
     cp "$cache"/*.whl "$dir/"
 }
 

@@ -10,11 +10,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1
 
 # Lean on purpose: Python for the payloads, a C toolchain for the
-# measurements students build in their job directory.
+# measurements students build in their job directory, libpfm4 for CFiddle's
+# libcfiddle.so (perf counter names).
 # Then strip every setuid/setgid bit: jobs run as the submitting user with
 # no-new-privileges, and nothing in the image needs to gain privileges.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 gcc make libc6-dev \
+ && apt-get install -y --no-install-recommends python3 gcc make libc6-dev libpfm4 \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && find / -xdev -perm /6000 -type f -exec chmod a-s {} + \
@@ -43,6 +44,33 @@ RUN set -e; \
     chmod -R a+rX "$site"; \
     python3 -m compileall -q "$site"; \
     python3 -c 'import cloudpickle, delegate_executor; assert cloudpickle.__version__ == "'"$ver"'"; print("cloudpickle", cloudpickle.__version__)'
+
+# CFiddle and its run-time needs (delegate.cfiddle runs cfiddle-run here on
+# the executables CFiddle built on the caller's side), at exactly the versions
+# of python/requirements-cfiddle.txt -- the one place they are pinned, which
+# the user image and the test venv install too. Their wheels are downloaded
+# on the host (build_cluster.sh, for this image's Python) and unpacked with
+# --no-deps semantics: only the pinned files, each checked present.
+COPY python/requirements-cfiddle.txt /tmp/cfiddle/requirements-cfiddle.txt
+COPY wheels-cfiddle /tmp/cfiddle/wheels
+RUN set -e; \
+    site=$(python3 -c 'import site; print([p for p in site.getsitepackages() if p.startswith("/usr/local/")][0])'); \
+    n=0; \
+    for pin in $(sed -e 's/#.*//' /tmp/cfiddle/requirements-cfiddle.txt); do \
+        name=$(echo "${pin%%==*}" | tr 'A-Z.-' 'a-z__'); ver=${pin#*==}; found=; \
+        for whl in /tmp/cfiddle/wheels/*.whl; do \
+            base=$(basename "$whl"); wname=$(echo "${base%%-*}" | tr 'A-Z.-' 'a-z__'); rest=${base#*-}; \
+            if [ "$wname" = "$name" ] && [ "${rest%%-*}" = "$ver" ]; then found=$whl; fi; \
+        done; \
+        test -n "$found" || { echo "missing the wheel of $pin (build_cluster.sh downloads it)" >&2; exit 1; }; \
+        python3 -m zipfile -e "$found" "$site"; n=$((n + 1)); \
+    done; \
+    rm -rf /tmp/cfiddle; \
+    find "$site" -name __pycache__ -prune -exec rm -rf {} +; \
+    chmod -R a+rX "$site"; \
+    python3 -m compileall -q "$site" >/dev/null 2>&1 || true; \
+    python3 -c 'import ctypes, importlib.metadata as m, os, cfiddle, cfiddle.Runner, cfiddle.paths; lib = cfiddle.paths.cfiddle_lib_path(); ctypes.CDLL(os.path.join(lib, "libcfiddle.so")); print("cfiddle", m.version("cfiddle"), "pandas", m.version("pandas"), "libcfiddle in", lib)'; \
+    echo "$n CFiddle wheels unpacked"
 
 LABEL org.opencontainers.image.title="delegate-sandbox" \
       org.opencontainers.image.description="Sandbox image for delegate jobs"

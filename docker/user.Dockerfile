@@ -3,7 +3,9 @@
 # delegate package and JupyterLab in /opt/delegate/venv.
 # Built by `build_cluster.sh deploy|update` with a context of docker/ and
 # wheels/ (the delegate wheel built with maturin, JupyterLab, cloudpickle and
-# their dependencies, downloaded on the host: the build has no PyPI access).
+# their dependencies, downloaded on the host: the build has no PyPI access;
+# CFiddle at the pins of python/requirements-cfiddle.txt, the same file the
+# sandbox image installs, copied beside them).
 ARG CLUSTER_IMAGE=delegate-cluster:latest
 FROM ${CLUSTER_IMAGE}
 
@@ -15,6 +17,7 @@ RUN apt-get update \
 COPY wheels /tmp/wheels
 RUN python3 -m venv /opt/delegate/venv \
  && /opt/delegate/venv/bin/pip install -q --no-index --find-links /tmp/wheels jupyterlab delegate \
+ && /opt/delegate/venv/bin/pip install -q --no-index --no-deps --find-links /tmp/wheels -r /tmp/wheels/requirements-cfiddle.txt \
  && rm -rf /tmp/wheels /root/.cache \
  && /opt/delegate/venv/bin/python -c 'import delegate, cloudpickle, jupyterlab; print("delegate ok, cloudpickle", cloudpickle.__version__, "jupyterlab", jupyterlab.__version__)'
 
