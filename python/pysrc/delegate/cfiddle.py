@@ -69,6 +69,7 @@ __all__ = [
     "RunTooLarge",
     "disable",
     "enable",
+    "last_job_ids",
 ]
 
 #: Default bound on the bytes one job carries to the sandbox (executables
@@ -76,6 +77,8 @@ __all__ = [
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # The protocol's bound on a payload (delegate-protocol MAX_PAYLOAD_BYTES).
 _PAYLOAD_BOUND = 256 * 1024 * 1024
+# The job ids of the last delegated run of this process (last_job_ids()).
+_last_job_ids: list[str] = []
 
 
 class DelegatedRunError(RunnerDelegateException):
@@ -284,6 +287,7 @@ class Delegate:
         except DelegateError as e:
             raise DelegatedRunError("the CFiddle run could not be submitted: %s" % e) from e
         self.job_ids = [f.job_id for f in futs]
+        _last_job_ids[:] = self.job_ids
         try:
             answers = [self._answer(f) for f in futs]
         except BaseException:
@@ -342,6 +346,12 @@ class Delegate:
                 % (job_id, type(e).__name__, e),
                 job_id,
             ) from None
+
+
+def last_job_ids() -> list[str]:
+    """The delegate job ids of the last delegated ``run()`` of this process,
+    in the order of its invocations (for ``delegate.Job``, the CLI, logs)."""
+    return list(_last_job_ids)
 
 
 def enable(
