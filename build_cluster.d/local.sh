@@ -224,7 +224,7 @@ start_slurmctld() {
     if slurmctld_ok; then
         log "slurmctld: already running"; return
     fi
-    pgrep -x slurmctld >/dev/null && die "slurmctld is running but 'scontrol ping' fails; see $DELEGATE_LOG_DIR/slurmctld.log"
+    pgrep -x --ns $$ --nslist pid slurmctld >/dev/null && die "slurmctld is running but 'scontrol ping' fails; see $DELEGATE_LOG_DIR/slurmctld.log"
     slurmctld -f "$SLURM_CONF" || die "slurmctld failed to start; see $DELEGATE_LOG_DIR/slurmctld.log"
     wait_for "$DELEGATE_WAIT" slurmctld slurmctld_ok \
         || die "slurmctld not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmctld.log:
@@ -234,7 +234,7 @@ $(tail -n 20 "$DELEGATE_LOG_DIR/slurmctld.log")"
 
 # start_slurmd: start the node daemon unless one runs.
 start_slurmd() {
-    if pgrep -x slurmd >/dev/null; then
+    if pgrep -x --ns $$ --nslist pid slurmd >/dev/null; then
         log "slurmd: already running"; return
     fi
     slurmd -f "$SLURM_CONF" || die "slurmd failed to start; see $DELEGATE_LOG_DIR/slurmd.log"
@@ -314,11 +314,11 @@ $(tail -n 15 "$DELEGATE_LOG_DIR/slurmd.log")"
 local_start_daemons() {
     # A changed slurm.conf (new template, new hardware) needs a restart of
     # the Slurm daemons (node definitions are not reread by reconfigure).
-    if ((SLURM_CONF_CHANGED)) && { pgrep -x slurmctld || pgrep -x slurmd; } >/dev/null; then
+    if ((SLURM_CONF_CHANGED)) && { pgrep -x --ns $$ --nslist pid slurmctld || pgrep -x --ns $$ --nslist pid slurmd; } >/dev/null; then
         log "slurm: configuration changed, restarting the Slurm daemons"
         local d
         for d in slurmd slurmctld; do
-            local pid; pid=$(pgrep -x "$d" | head -n1 || true)
+            local pid; pid=$(pgrep -x --ns $$ --nslist pid "$d" | head -n1 || true)
             [[ -n $pid ]] && stop_recorded "$d" "$pid"
         done
     fi
