@@ -49,7 +49,7 @@ import time as _time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import delegate_executor as _fmt
+import delegate_executor as _fmt  # type: ignore[import-untyped]
 from delegate import _core, _local
 from delegate._client import DelegateFuture, attach, attach_many, mark_cancelled
 from delegate._errors import (

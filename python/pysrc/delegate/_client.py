@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 import weakref
-from typing import Literal
+from typing import Any, Literal
 
-import delegate_executor as fmt
+import delegate_executor as fmt  # type: ignore[import-untyped]
 from delegate import _core, _traceback
 from delegate._display import TERMINAL, Progress, outcome_words
 from delegate._errors import (
@@ -119,7 +119,7 @@ class DelegateFuture(cf.Future):
         super().__init__()
         self.job_id = job_id
         self.label = label or job_id
-        self._status = {"state": "pending", "reason": ""}
+        self._status: dict[str, Any] = {"state": "pending", "reason": ""}
         self._stdout: str | None = None
         self._stderr: str | None = None
         self._shown = False

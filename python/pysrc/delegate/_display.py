@@ -265,7 +265,7 @@ class _Ticker:
     """One daemon thread refreshing the clock of every live line each
     ``TICK`` seconds while there is one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.cv = threading.Condition()
         self.live: weakref.WeakSet = weakref.WeakSet()
         self.thread: threading.Thread | None = None

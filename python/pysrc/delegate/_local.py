@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 
-import delegate_executor as fmt
+import delegate_executor as fmt  # type: ignore[import-untyped]
 from delegate import _core
 from delegate._client import DelegateFuture, mark_cancelled, watch
 from delegate._errors import NoSuchJobError
@@ -42,7 +42,7 @@ class _Runner:
     """The local jobs of this process: their directories and a bound on how
     many run at once."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.root: str | None = None
         self.jobs: dict[str, LocalFuture] = {}
