@@ -241,7 +241,7 @@ class DelegateFuture(cf.Future):
             self._show_output()
         if exc is not None:
             exc = _traceback.prepare(exc)
-            if _traceback.marked(exc) and not isinstance(exc, RemoteError):
+            if _traceback.marked(exc):
                 _traceback.raise_remote(exc)
             raise exc
         return self._result
