@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use delegate_client::{Client, ClientError, JobStatus, Stream, SubmitRequest};
+use delegate_client::{Client, ClientError, JobStatus, JobSummary, Stream, SubmitRequest};
 use delegate_protocol::units::{parse_duration, parse_size};
 use delegate_protocol::{JobId, State, Task, MAX_RESULT_BYTES};
 use pyo3::create_exception;
@@ -251,6 +251,37 @@ fn read_file<'py>(py: Python<'py>, id: String, name: String, limit: u64) -> PyRe
     Ok(data.map(|d| PyBytes::new(py, &d)))
 }
 
+/// The `limit` most recent jobs of the delegate root (all with None),
+/// oldest first: each a status dict plus `what` (the command, or the
+/// Python function's name). One Slurm query for all.
+#[pyfunction]
+#[pyo3(signature = (limit=None))]
+fn jobs<'py>(py: Python<'py>, limit: Option<usize>) -> PyResult<Bound<'py, PyList>> {
+    let v = py.detach(move || -> CoreResult<Vec<JobSummary>> { Ok(client()?.list_summaries(limit)?) })?;
+    let items = v
+        .iter()
+        .map(|j| {
+            let d = status_dict(py, &j.status)?;
+            d.set_item("what", &j.what)?;
+            Ok(d)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// Seconds from a duration such as `90`, `30s`, `5m` or `1h30m` (the same
+/// parser as the cluster's `time=`).
+#[pyfunction]
+fn parse_duration_secs(s: &str) -> PyResult<u64> {
+    parse_duration(s).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Bytes from a size such as `512M` or `2G` (the same parser as `mem=`).
+#[pyfunction]
+fn parse_size_bytes(s: &str) -> PyResult<u64> {
+    parse_size(s).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The job directory of a job.
 #[pyfunction]
 fn job_dir(py: Python<'_>, id: String) -> PyResult<String> {
@@ -297,6 +328,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(wake, m)?)?;
     m.add_function(wrap_pyfunction!(cancel, m)?)?;
     m.add_function(wrap_pyfunction!(read_file, m)?)?;
+    m.add_function(wrap_pyfunction!(jobs, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_duration_secs, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(job_dir, m)?)?;
     m.add_function(wrap_pyfunction!(root, m)?)?;
     m.add_function(wrap_pyfunction!(sbatch_count, m)?)?;

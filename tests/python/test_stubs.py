@@ -1,7 +1,7 @@
 """The package's typing: the stubs of the Rust extension (delegate/_core.pyi)
-match the installed extension (mypy's stubtest: every function with its
-parameters, every exception and attribute), and the wheel ships them with
-its py.typed marker. Needs no Slurm job, only the installed wheel."""
+and of the public API (delegate/__init__.pyi) match the installed package
+(mypy's stubtest: every function with its parameters, every exception and
+attribute), and the wheel ships them with its py.typed marker. Needs no Slurm job, only the installed wheel."""
 
 from __future__ import annotations
 
@@ -12,16 +12,19 @@ from pathlib import Path
 import pytest
 
 
-def test_core_stubs_match_the_extension(tmp_path):
+@pytest.mark.parametrize("module", ["delegate._core", "delegate"])
+def test_stubs_match_the_package(tmp_path, module):
+    """delegate/_core.pyi against the extension; delegate/__init__.pyi (the
+    public API: everything in __all__) against the package."""
     pytest.importorskip("mypy.stubtest", reason="mypy is pinned in tests/requirements.txt")
     r = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "delegate._core", "--mypy-config-file", "/dev/null"],
+        [sys.executable, "-m", "mypy.stubtest", module, "--mypy-config-file", "/dev/null"],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=tmp_path,  # its cache, and never the source tree instead of the installed package
     )
-    assert r.returncode == 0, f"stubtest: the stubs and lib.rs differ\n{r.stdout}\n{r.stderr}"
+    assert r.returncode == 0, f"stubtest: the stubs of {module} and the code differ\n{r.stdout}\n{r.stderr}"
 
 
 def test_wheel_ships_stubs_and_py_typed():
@@ -29,6 +32,7 @@ def test_wheel_ships_stubs_and_py_typed():
 
     pkg = Path(delegate.__file__).parent
     assert (pkg / "_core.pyi").is_file()
+    assert (pkg / "__init__.pyi").is_file()
     assert (pkg / "py.typed").is_file()
 
 

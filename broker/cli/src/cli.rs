@@ -73,7 +73,8 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// List all jobs.
+    /// List all jobs: id, function or command, state, node, elapsed time,
+    /// when submitted, and the reason of a job that did not complete.
     List,
     /// Check that Slurm, munge, Docker, the sandbox image, the delegate root
     /// and the site policy work.

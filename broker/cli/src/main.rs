@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{AdminCmd, Cli, Cmd};
-use crate::commands::{admin, cancel, doctor, logs, status, submit, wait};
+use crate::commands::{admin, cancel, doctor, list, logs, status, submit, wait};
 use crate::fail::CliResult;
 
 fn main() -> ExitCode {
@@ -59,7 +59,7 @@ fn run(cli: Cli) -> CliResult {
     match &cli.command {
         Cmd::Submit(a) => submit::submit(&cli, a),
         Cmd::Status { ids } => status::status(&cli, ids),
-        Cmd::List => status::list(&cli),
+        Cmd::List => list::list(&cli),
         Cmd::Wait { ids, timeout } => wait::wait(&cli, ids, *timeout),
         Cmd::Logs { id, follow, stderr } => {
             let c = commands::client(&cli.root)?;

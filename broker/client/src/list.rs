@@ -1,12 +1,41 @@
-//! Listing the jobs of a delegate root.
+//! Listing the jobs of a delegate root, and what each one runs (the
+//! command, or the name of the Python function).
 
-use delegate_protocol::{list_entries, JobId};
+use std::io::Read;
+
+use delegate_protocol::{list_entries, open_regular_at, read_record_at, JobId, Spec, Task, PAYLOAD};
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstatat, SFlag};
+use serde::{Deserialize, Serialize};
 
 use crate::{Client, JobStatus, Result};
 
 const MAX_JOBS_LISTED: usize = 100_000;
+/// The magic of a Python payload (python/pysrc/delegate_executor): the
+/// header that follows it is one line of JSON, at most
+/// [`MAX_PAYLOAD_HEADER`] bytes.
+const PAYLOAD_MAGIC: &[u8] = b"DLGTPY1\n";
+const MAX_PAYLOAD_HEADER: usize = 4096;
+/// Longest description shown for a job (characters).
+pub const MAX_WHAT_CHARS: usize = 80;
+
+/// A job's status and what it runs, as `delegate list` and
+/// `delegate.jobs()` show it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobSummary {
+    #[serde(flatten)]
+    pub status: JobStatus,
+    /// The command line (`echo hi`), or the Python function's name
+    /// (`square()`), or `python call` when the payload does not name it.
+    pub what: String,
+}
+
+/// The part of a payload's JSON header that names the call.
+#[derive(Deserialize)]
+struct PayloadHeader {
+    #[serde(default)]
+    function: Option<String>,
+}
 
 impl Client {
     /// The ids of all job directories in the root, oldest first.
@@ -27,13 +56,137 @@ impl Client {
     /// All jobs in the root, oldest first; unreadable directories are
     /// skipped with a warning.
     pub fn list(&self) -> Result<Vec<JobStatus>> {
+        self.list_ids(self.job_ids()?)
+    }
+
+    /// The `limit` most recent jobs (all with `None`), oldest first, each
+    /// with what it runs. One Slurm query for all of them.
+    pub fn list_summaries(&self, limit: Option<usize>) -> Result<Vec<JobSummary>> {
+        let mut ids = self.job_ids()?;
+        if let Some(n) = limit {
+            ids = ids.split_off(ids.len().saturating_sub(n));
+        }
+        Ok(self
+            .list_ids(ids)?
+            .into_iter()
+            .map(|status| {
+                let what = self.what(&status.id);
+                JobSummary { status, what }
+            })
+            .collect())
+    }
+
+    fn list_ids(&self, ids: Vec<JobId>) -> Result<Vec<JobStatus>> {
         let mut jobs = Vec::new();
-        for id in self.job_ids()? {
+        for id in ids {
             match self.load(&id) {
                 Ok(j) => jobs.push(j),
                 Err(e) => tracing::warn!(job = %id, error = %e, "skipping an unreadable job directory"),
             }
         }
         self.reconcile(&mut jobs, true)
+    }
+
+    /// What a job runs, in one short line: its command, or the name of
+    /// its Python function from the payload's header. Everything read is
+    /// the user's own (untrusted) data: bounded, control characters
+    /// replaced; `?` when the spec cannot be read.
+    pub fn what(&self, id: &JobId) -> String {
+        let Ok(fd) = self.open_job_dir(id) else {
+            return "?".to_owned();
+        };
+        let dir = self.job_dir(id);
+        let spec: Spec = match read_record_at(&fd, &dir, None) {
+            Ok(s) => s,
+            Err(_) => return "?".to_owned(),
+        };
+        match spec.task {
+            Task::Command { argv } => describe_argv(&argv),
+            Task::Python { .. } => {
+                let header = open_regular_at(&fd, &dir, PAYLOAD).ok().flatten().and_then(|f| {
+                    let mut buf = Vec::new();
+                    f.take((PAYLOAD_MAGIC.len() + MAX_PAYLOAD_HEADER) as u64)
+                        .read_to_end(&mut buf)
+                        .ok()?;
+                    python_function(&buf)
+                });
+                match header {
+                    Some(name) => format!("{}()", clean(&name)),
+                    None => "python call".to_owned(),
+                }
+            }
+        }
+    }
+}
+
+/// The function named by a payload's header (the payload's first bytes).
+fn python_function(head: &[u8]) -> Option<String> {
+    let rest = head.strip_prefix(PAYLOAD_MAGIC)?;
+    let end = rest.iter().position(|&b| b == b'\n')?;
+    let header: PayloadHeader = serde_json::from_slice(&rest[..end]).ok()?;
+    header.function.filter(|f| !f.trim().is_empty())
+}
+
+/// A command line as a shell would show it (arguments with spaces or quotes
+/// single-quoted), bounded.
+fn describe_argv(argv: &[String]) -> String {
+    let mut out = String::new();
+    for (i, a) in argv.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+        if plain {
+            out.push_str(a);
+        } else {
+            out.push('\'');
+            out.push_str(&a.replace('\'', r"'\''"));
+            out.push('\'');
+        }
+        if out.chars().count() > MAX_WHAT_CHARS {
+            break;
+        }
+    }
+    clean(&out)
+}
+
+/// One line of at most [`MAX_WHAT_CHARS`] characters, control characters
+/// shown as `?`.
+fn clean(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .take(MAX_WHAT_CHARS)
+        .collect();
+    if s.chars().count() > MAX_WHAT_CHARS {
+        out.pop();
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_header_names_the_function() {
+        let p = b"DLGTPY1\n{\"cloudpickle\": \"3.1.2\", \"function\": \"square\", \"python\": \"3.11.2\"}\n\x80\x04...";
+        assert_eq!(python_function(p).as_deref(), Some("square"));
+        assert_eq!(python_function(b"DLGTPY1\n{\"python\": \"3.11\"}\nxx"), None);
+        assert_eq!(python_function(b"DLGTPY1\n{\"function\": \"f\"}"), None, "no end of header");
+        assert_eq!(python_function(b"garbage\n{}\n"), None);
+        assert_eq!(python_function(b"DLGTPY1\n[1]\n"), None);
+    }
+
+    #[test]
+    fn argv_is_quoted_and_bounded() {
+        let argv: Vec<String> = ["echo", "hi there", "it's"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(describe_argv(&argv), r"echo 'hi there' 'it'\''s'");
+        let long = vec!["x".repeat(500)];
+        let d = describe_argv(&long);
+        assert_eq!(d.chars().count(), MAX_WHAT_CHARS);
+        assert!(d.ends_with('…'));
+        assert_eq!(clean("a\nb\x1b[31m"), "a?b?[31m");
     }
 }

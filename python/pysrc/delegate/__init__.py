@@ -14,6 +14,18 @@ Docker sandbox on a node allocated exclusively to it.
         squares = list(ex.map(lambda x: x * x, range(50)))   # one sbatch
 
     delegate.Job(job_id).result()   # reattach from another process
+    delegate.jobs()                 # your recent jobs: a table
+
+Each submission shows one live line in a notebook (a map: one line with its
+done/running/pending/failed counts), or a carriage-return line on a
+terminal's stderr; nothing when stderr is not a terminal.
+
+Local mode: ``backend="local"`` (``remote``, ``Executor``) or
+``DELEGATE_BACKEND=local`` in the environment runs each call in a fresh
+local subprocess, with no cluster and NO SANDBOX (see ``delegate._local``).
+
+A remote exception is re-raised as its own type, its remote traceback as its
+cause, delegate's own frames hidden; ``DELEGATE_TRACEBACK=full`` shows them.
 
 The job handling (job directory, sbatch, squeue, scancel, waiting) is the
 Rust core (``delegate._core``); Python does the pickling only.
@@ -37,9 +49,9 @@ import time as _time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import delegate_executor as _fmt
-from delegate import _core
-from delegate._client import DelegateFuture, attach, mark_cancelled
+import delegate_executor as _fmt  # type: ignore[import-untyped]
+from delegate import _core, _local
+from delegate._client import DelegateFuture, attach, attach_many, mark_cancelled
 from delegate._errors import (
     DelegateError,
     JobFailed,
@@ -50,6 +62,8 @@ from delegate._errors import (
     SubmitError,
     VersionMismatchError,
 )
+from delegate._jobs import JobTable, jobs
+from delegate._traceback import hide as _hide_frames
 
 if TYPE_CHECKING:
     from delegate._core import JobStatus
@@ -60,6 +74,7 @@ __all__ = [
     "Executor",
     "Job",
     "JobFailed",
+    "JobTable",
     "JobTimedOut",
     "NoSuchJobError",
     "RemoteError",
@@ -68,6 +83,7 @@ __all__ = [
     "SubmitError",
     "VersionMismatchError",
     "cancel",
+    "jobs",
     "remote",
     "sbatch_count",
     "status",
@@ -75,6 +91,19 @@ __all__ = [
 __version__ = _core.__version__
 
 _RESOURCE_KEYS = ("cpus", "mem", "time", "image", "env")
+#: The environment variable choosing the backend when none is given:
+#: ``cluster`` (the default) or ``local``.
+BACKEND_ENV = "DELEGATE_BACKEND"
+_BACKENDS = ("cluster", "local")
+
+
+def _backend(backend: str | None) -> str:
+    """The backend of a submission: the one given, else $DELEGATE_BACKEND
+    (read at each submission), else ``cluster``."""
+    b = backend if backend is not None else (os.environ.get(BACKEND_ENV, "").strip() or "cluster")
+    if b not in _BACKENDS:
+        raise ValueError("unknown backend %r (expected %s)" % (b, " or ".join(_BACKENDS)))
+    return b
 
 
 def _cloudpickle():
@@ -114,7 +143,7 @@ def _payload(fn, args, kwargs) -> bytes:
     cloudpickle = _cloudpickle()
     _register_local_module(fn, cloudpickle)
     body = cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=4)
-    return _fmt.encode_payload(body, _fmt.python_version(), cloudpickle.__version__)
+    return _fmt.encode_payload(body, _fmt.python_version(), cloudpickle.__version__, _label(fn))
 
 
 def _label(fn) -> str:
@@ -136,17 +165,20 @@ def _resources(res: dict) -> dict:
     return out
 
 
-def _submit_many(fn, calls, res: dict) -> list:
-    """Submits every (args, kwargs) of ``calls`` in one sbatch; returns futures."""
+def _submit_many(fn, calls, res: dict, backend: str | None = None) -> list:
+    """Submits every (args, kwargs) of ``calls`` in one sbatch (or runs each
+    in a local subprocess); returns futures, under one live line."""
     cloudpickle = _cloudpickle()
     payloads = [_payload(fn, a, k) for a, k in calls]
-    ids = _core.submit_python(payloads, _fmt.python_version(), cloudpickle.__version__, **_resources(res))
     label = _label(fn)
-    return [attach(i, "%s [%s]" % (label, i)) for i in ids]
+    if _backend(backend) == "local":
+        return _local.submit(payloads, label, _resources(res))
+    ids = _core.submit_python(payloads, _fmt.python_version(), cloudpickle.__version__, **_resources(res))
+    return attach_many(ids, label)
 
 
-def _submit(fn, args, kwargs, res: dict) -> DelegateFuture:
-    (fut,) = _submit_many(fn, [(args, kwargs)], res)
+def _submit(fn, args, kwargs, res: dict, backend: str | None = None) -> DelegateFuture:
+    (fut,) = _submit_many(fn, [(args, kwargs)], res, backend)
     return fut
 
 
@@ -155,24 +187,33 @@ class RemoteFunction:
     value; ``submit`` returns a future at once; ``map`` runs many calls in one
     sbatch."""
 
-    def __init__(self, fn, **resources):
+    def __init__(self, fn, *, backend: str | None = None, **resources):
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._resources = resources
+        self._backend = backend
         _resources(resources)  # validate early
+        if backend is not None:
+            _backend(backend)
 
     def __call__(self, *args, **kwargs):
+        __tracebackhide__ = _hide_frames()
         return self.submit(*args, **kwargs).result()
 
     def submit(self, *args, **kwargs) -> DelegateFuture:
-        return _submit(self._fn, args, kwargs, self._resources)
+        return _submit(self._fn, args, kwargs, self._resources, self._backend)
 
     def map(self, *iterables, timeout=None):
-        with Executor(**self._resources) as ex:
+        __tracebackhide__ = _hide_frames()
+        with Executor(backend=self._backend, **self._resources) as ex:
             return list(ex.map(self._fn, *iterables, timeout=timeout))
 
-    def options(self, **resources) -> RemoteFunction:
-        return RemoteFunction(self._fn, **{**self._resources, **resources})
+    def options(self, *, backend: str | None = None, **resources) -> RemoteFunction:
+        return RemoteFunction(
+            self._fn,
+            backend=backend if backend is not None else self._backend,
+            **{**self._resources, **resources},
+        )
 
     def __reduce__(self):
         # Inside the sandbox (where delegate is not installed) a reference to
@@ -180,27 +221,33 @@ class RemoteFunction:
         return operator.itemgetter(0), ((self._fn,),)
 
 
-def remote(fn=None, *, cpus=None, mem=None, time=None, image=None, env=None):
+def remote(fn=None, *, cpus=None, mem=None, time=None, image=None, env=None, backend=None):
     """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, mem="2G",
-    time="5m", image="delegate-sandbox:latest", env={"K": "v"})``."""
+    time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
+    ``backend="local"`` runs each call in a local subprocess instead (not
+    sandboxed); the default is $DELEGATE_BACKEND, else the cluster."""
     res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env)
     res = {k: v for k, v in res.items() if v is not None}
     if fn is None:
-        return lambda f: RemoteFunction(f, **res)
-    return RemoteFunction(fn, **res)
+        return lambda f: RemoteFunction(f, backend=backend, **res)
+    return RemoteFunction(fn, backend=backend, **res)
 
 
 class Executor(cf.Executor):
     """A ``concurrent.futures.Executor`` running each call in its own sandbox
-    on the cluster. ``map`` submits all its calls in one sbatch."""
+    on the cluster. ``map`` submits all its calls in one sbatch.
+    ``backend="local"`` runs each call in a fresh local subprocess instead
+    (NOT sandboxed; for trying a notebook without a cluster); the default is
+    $DELEGATE_BACKEND, else ``cluster``."""
 
-    def __init__(self, cpus=None, mem=None, time=None, image=None, env=None):
+    def __init__(self, cpus=None, mem=None, time=None, image=None, env=None, backend=None):
         self._resources = {
             k: v
             for k, v in dict(cpus=cpus, mem=mem, time=time, image=image, env=env).items()
             if v is not None
         }
         _resources(self._resources)
+        self._backend = None if backend is None else _backend(backend)
         self._futures = []
         self._lock = threading.Lock()
         self._shutdown = False
@@ -215,7 +262,7 @@ class Executor(cf.Executor):
     def submit(self, fn, /, *args, **kwargs) -> DelegateFuture:
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        (fut,) = self._track(_submit_many(fn, [(args, kwargs)], self._resources))
+        (fut,) = self._track(_submit_many(fn, [(args, kwargs)], self._resources, self._backend))
         return fut
 
     def map(self, fn, *iterables, timeout=None, chunksize=1):
@@ -225,9 +272,10 @@ class Executor(cf.Executor):
             fn = fn._fn
         calls = [(args, {}) for args in zip(*iterables)]
         end = None if timeout is None else _time.monotonic() + timeout
-        futs = self._track(_submit_many(fn, calls, self._resources)) if calls else []
+        futs = self._track(_submit_many(fn, calls, self._resources, self._backend)) if calls else []
 
         def results():
+            __tracebackhide__ = _hide_frames()
             try:
                 for f in futs:
                     left = None if end is None else max(0.0, end - _time.monotonic())
@@ -248,7 +296,11 @@ class Executor(cf.Executor):
 
 
 def _cancel_futures(futs) -> None:
-    """Cancels many futures with one scancel."""
+    """Cancels many futures with one scancel (local ones one by one)."""
+    local = [f for f in futs if isinstance(f, _local.LocalFuture)]
+    futs = [f for f in futs if not isinstance(f, _local.LocalFuture)]
+    for f in local:
+        f.cancel()
     if not futs:
         return
     _core.cancel([f.job_id for f in futs])
@@ -259,7 +311,10 @@ def _cancel_futures(futs) -> None:
 def Job(job_id: str) -> DelegateFuture:  # noqa: N802 - reads like a class
     """Reattaches to a job by id (from any process): the same kind of future.
     Raises ``NoSuchJobError`` when the delegate root holds no such job, and
-    ``ValueError`` when ``job_id`` is not a job id at all."""
+    ``ValueError`` when ``job_id`` is not a job id at all. A local job
+    (``local-...``) is found only in the process that ran it."""
+    if job_id.startswith("local-"):
+        return _local.job(job_id)
     _core.status([job_id])  # validates the id and that the job exists
     return attach(job_id, job_id)
 
@@ -270,14 +325,24 @@ def status(job_ids: Iterable[str]) -> list[JobStatus]:
     cancelled or lost), ``reason``, ``exit_code``, ``refused``,
     ``oom_killed``, ``host``, ``submitted``/``started``/``finished`` (Unix
     seconds) and ``elapsed`` (seconds); ``None`` where not known yet.
-    Raises ``NoSuchJobError`` for an unknown job."""
-    return _core.status(list(job_ids))
+    Raises ``NoSuchJobError`` for an unknown job. Local jobs (``local-...``)
+    are known only to the process that ran them."""
+    ids = list(job_ids)
+    remote_ids = [i for i in ids if not i.startswith("local-")]
+    cluster = _core.status(remote_ids) if remote_ids else []
+    by_id = {st["id"]: st for st in cluster}
+    return [_local.job(i).status if i.startswith("local-") else by_id[i] for i in ids]  # type: ignore[misc]
 
 
 def cancel(job_ids: Iterable[str]) -> None:
     """Cancels the jobs, pending or running (one scancel). Raises
     ``NoSuchJobError`` for an unknown job."""
-    _core.cancel(list(job_ids))
+    ids = list(job_ids)
+    for f in [_local.job(i) for i in ids if i.startswith("local-")]:
+        f.cancel()
+    cluster = [i for i in ids if not i.startswith("local-")]
+    if cluster:
+        _core.cancel(cluster)
 
 
 def sbatch_count() -> int:

@@ -13,11 +13,12 @@ import pickle
 import sys
 import threading
 import time
-from typing import Literal
+import weakref
+from typing import Any, Literal
 
-import delegate_executor as fmt
-from delegate import _core
-from delegate._display import StatusLine
+import delegate_executor as fmt  # type: ignore[import-untyped]
+from delegate import _core, _traceback
+from delegate._display import TERMINAL, Progress, outcome_words
 from delegate._errors import (
     DelegateError,
     JobFailed,
@@ -87,6 +88,7 @@ def decode_result(data: bytes, job_id: str):
                 "unpicklable-exception",
             )
         exc.__cause__ = RemoteTraceback(text)
+        _traceback.remember_frame(exc, rec.get("frames") or [])
         if hasattr(exc, "add_note"):
             try:
                 exc.add_note("(raised remotely in delegate job %s; remote traceback above)" % job_id)
@@ -98,6 +100,16 @@ def decode_result(data: bytes, job_id: str):
     return "err", RemoteError("job %s: %s" % (job_id, summary), text, exc_type, job_id, kind)
 
 
+#: The futures of this process by job id, while they live (for the user's
+#: words in ``delegate.jobs()``).
+_KNOWN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def known_future(job_id: str):
+    """This process's future of a job, if it still has one."""
+    return _KNOWN.get(job_id)
+
+
 class DelegateFuture(cf.Future):
     """A ``concurrent.futures.Future`` of a delegate job, with ``job_id``,
     ``state``, ``stdout`` and ``stderr``. ``cancel()`` cancels the Slurm job
@@ -106,11 +118,14 @@ class DelegateFuture(cf.Future):
     def __init__(self, job_id: str, label: str = ""):
         super().__init__()
         self.job_id = job_id
-        self._status = {"state": "pending", "reason": ""}
+        self.label = label or job_id
+        self._status: dict[str, Any] = {"state": "pending", "reason": ""}
         self._stdout: str | None = None
         self._stderr: str | None = None
         self._shown = False
-        self._line = StatusLine(label or job_id)
+        self._words: str | None = None
+        self._progress: Progress | None = None
+        _KNOWN[job_id] = self
 
     def __repr__(self) -> str:
         return "<DelegateFuture job %s %s>" % (self.job_id, self.state)
@@ -129,12 +144,56 @@ class DelegateFuture(cf.Future):
     def status(self) -> dict:
         return dict(self._status)
 
+    @property
+    def outcome(self) -> str:
+        """The call's state in the user's words: ``pending``, ``running on
+        node1``, ``done``, ``raised ZeroDivisionError``, ``refused: ...``,
+        ``timed out: ...``, ``lost: ...``, ``cancelled``, ``failed: ...``."""
+        return self._words_now()
+
+    def _words_now(self) -> str:
+        if self._words is not None:
+            return self._words
+        if self.cancelled():
+            return "cancelled"
+        state = self.state
+        if state in ("running", "completed", "failed", "timed-out", "lost"):
+            host = self._status.get("host")
+            return "running on %s" % host if host else "running"
+        return "pending"
+
+    def _phase(self) -> str:
+        """done, failed, cancelled, running or pending (the counts of a
+        submission's line)."""
+        w = self._words
+        if w is None:
+            if self.cancelled():
+                return "cancelled"
+            return "running" if self._words_now().startswith("running") else "pending"
+        if w == "done":
+            return "done"
+        if w.startswith("cancelled"):
+            return "cancelled"
+        return "failed"
+
+    def _changed(self) -> None:
+        p = self._progress
+        if p is not None:
+            try:
+                p.changed()
+            except Exception:  # noqa: BLE001 - a status line is never worth an error
+                pass
+
     def running(self) -> bool:
         return self.state == "running" and not self.done()
 
+    def _read(self, name: Literal["stdout", "stderr", "result"], limit: int) -> bytes | None:
+        """One of the job's files (None when absent); raises DelegateError."""
+        return _core.read_file(self.job_id, name, limit)
+
     def _read_log(self, name: Literal["stdout", "stderr"]) -> str:
         try:
-            data = _core.read_file(self.job_id, name, MAX_LOG)
+            data = self._read(name, MAX_LOG)
         except DelegateError:
             data = None
         return (data or b"").decode("utf-8", "replace")
@@ -164,6 +223,7 @@ class DelegateFuture(cf.Future):
         self._shown = True
         for text, stream in ((self._stdout, sys.stdout), (self._stderr, sys.stderr)):
             if text:
+                TERMINAL.clear()
                 try:
                     stream.write(text)
                     stream.flush()
@@ -171,10 +231,20 @@ class DelegateFuture(cf.Future):
                     pass
 
     def result(self, timeout=None):
+        """The return value, or the remote exception re-raised with the
+        remote traceback as its cause (delegate's frames hidden; see
+        ``delegate._traceback``)."""
+        __tracebackhide__ = _traceback.hide()
         try:
-            return super().result(timeout)
+            exc = cf.Future.exception(self, timeout)
         finally:
             self._show_output()
+        if exc is not None:
+            exc = _traceback.prepare(exc)
+            if _traceback.marked(exc):
+                _traceback.raise_remote(exc)
+            raise exc
+        return self._result
 
     def exception(self, timeout=None):
         try:
@@ -184,8 +254,10 @@ class DelegateFuture(cf.Future):
 
     # -- called by the waiter ---------------------------------------------
     def _update(self, st: dict) -> None:
+        old = (self.state, self._status.get("host"))
         self._status = st
-        self._line.update(self.state)
+        if (self.state, self._status.get("host")) != old:
+            self._changed()
 
     def _finish(self, st: dict) -> None:
         self._status = st
@@ -193,14 +265,15 @@ class DelegateFuture(cf.Future):
         self._stdout = self._read_log("stdout")
         self._stderr = self._read_log("stderr")
         try:
-            data = _core.read_file(self.job_id, "result", _core.MAX_RESULT_BYTES)
+            data = self._read("result", _core.MAX_RESULT_BYTES)
         except DelegateError as e:
             data = None
             if state == "completed":
                 self._set(False, RemoteError("job %s: %s" % (self.job_id, e), job_id=self.job_id))
                 return
-        self._line.update(state, final=True)
         if state == "cancelled":
+            self._words = outcome_words(state, self.reason)
+            self._changed()
             mark_cancelled(self)
             return
         if data is not None:
@@ -216,6 +289,15 @@ class DelegateFuture(cf.Future):
             self._set(False, JobFailed(msg, tail, "", self.job_id, state))
 
     def _set(self, ok: bool, obj) -> None:
+        """Completes the future; the line shows the outcome first, so that a
+        caller woken by it finds the line final."""
+        if self._words is None:
+            self._words = outcome_words(
+                self.state, self.reason, None if ok else obj, bool(self._status.get("refused"))
+            )
+        if not ok:
+            _traceback.mark(obj, self.job_id)
+        self._changed()
         try:
             if ok:
                 self.set_result(obj)
@@ -232,6 +314,9 @@ def mark_cancelled(fut) -> bool:
     (executors normally do it when they would have started the call)."""
     if not cf.Future.cancel(fut):
         return False
+    if getattr(fut, "_words", "") is None:
+        fut._words = outcome_words("cancelled", str(getattr(fut, "_status", {}).get("reason", "")))
+        fut._changed()
     with fut._condition:  # re-entrant: set_running_or_notify_cancel takes it too
         if fut._state == cf._base.CANCELLED:
             fut.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED
@@ -329,7 +414,30 @@ def _wake() -> None:
 WAITER = _Waiter()
 
 
+def watch(futs: list, label: str) -> list:
+    """Gives the futures of one submission their live line: one line for a
+    single call, one aggregated line for several. Call it in the caller's
+    thread (a notebook shows the line in the cell that submitted)."""
+    if futs:
+        p = Progress(label if len(futs) > 1 else futs[0].label, single=len(futs) == 1)
+        for f in futs:
+            f._progress = p
+        p.start(futs)
+    return futs
+
+
+def attach_many(job_ids: list, label: str) -> list:
+    """Futures of the jobs of one submission, waited for by the shared
+    waiter, under one live line."""
+    futs = [DelegateFuture(i, "%s [%s]" % (label, i)) for i in job_ids]
+    watch(futs, label)
+    for f in futs:
+        WAITER.add(f)
+    return futs
+
+
 def attach(job_id: str, label: str = "") -> DelegateFuture:
     fut = DelegateFuture(job_id, label)
+    watch([fut], label)
     WAITER.add(fut)
     return fut

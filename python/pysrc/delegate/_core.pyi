@@ -16,6 +16,9 @@ __all__ = [
     "__version__",
     "cancel",
     "job_dir",
+    "jobs",
+    "parse_duration_secs",
+    "parse_size_bytes",
     "read_file",
     "root",
     "sbatch_count",
@@ -61,6 +64,13 @@ class JobStatus(TypedDict):
     finished: float | None
     elapsed: float | None
 
+@type_check_only
+class JobRecord(JobStatus):
+    """A status plus what the job runs, as ``jobs`` returns it."""
+
+    #: the command line, or the Python function's name (``square()``)
+    what: str
+
 def submit_python(
     payloads: Sequence[bytes],
     python_version: str,
@@ -92,6 +102,16 @@ def cancel(ids: Sequence[str]) -> list[JobStatus]:
 def read_file(id: str, name: Literal["stdout", "stderr", "result"], limit: int = ...) -> bytes | None:
     """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes, 64 MiB by default) or
     ``result``; None when the file does not exist."""
+
+def jobs(limit: int | None = None) -> list[JobRecord]:
+    """The ``limit`` most recent jobs of the delegate root (all with None),
+    oldest first, each with ``what`` it runs (one Slurm query for all)."""
+
+def parse_duration_secs(s: str) -> int:
+    """Seconds from ``90``, ``30s``, ``5m``, ``1h30m``; ValueError otherwise."""
+
+def parse_size_bytes(s: str) -> int:
+    """Bytes from ``512M``, ``2G``, ``1048576``; ValueError otherwise."""
 
 def job_dir(id: str) -> str:
     """The job directory of a job."""

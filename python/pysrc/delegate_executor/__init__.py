@@ -16,6 +16,10 @@ Payload format::
 
     b"DLGTPY1\\n" + JSON header (one line) + b"\\n" + cloudpickle((fn, args, kwargs))
 
+The header holds ``python`` and ``cloudpickle`` (the caller's versions) and
+``function`` (the function's name, shown by ``delegate list``; optional,
+never trusted for anything else). Unknown keys are ignored.
+
 Result format: ``pickle`` (protocol 4) of a dict of builtins only, so the
 caller can always read it, even when the value inside cannot be unpickled::
 
@@ -54,8 +58,13 @@ def python_version() -> str:
     return "%d.%d.%d" % sys.version_info[:3]
 
 
-def encode_payload(call_bytes: bytes, python: str, cloudpickle_version: str) -> bytes:
-    header = json.dumps({"python": python, "cloudpickle": cloudpickle_version}, sort_keys=True)
+def encode_payload(call_bytes: bytes, python: str, cloudpickle_version: str, function: str = "") -> bytes:
+    """The payload of a call; ``function`` (the function's name, for
+    ``delegate list`` and ``delegate.jobs()``) is informative only."""
+    fields = {"python": python, "cloudpickle": cloudpickle_version}
+    if function:
+        fields["function"] = function[:200]
+    header = json.dumps(fields, sort_keys=True)
     return PAYLOAD_MAGIC + header.encode("utf-8") + b"\n" + call_bytes
 
 

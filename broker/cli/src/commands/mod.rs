@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod cancel;
 pub mod doctor;
+pub mod list;
 pub mod logs;
 pub mod status;
 pub mod submit;

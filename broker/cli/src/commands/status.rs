@@ -1,4 +1,4 @@
-//! `delegate status`, `delegate list` and `delegate result`: what is known
+//! `delegate status` and `delegate result`: what is known
 //! about jobs.
 
 use super::{client, parse_id, parse_ids};
@@ -15,13 +15,6 @@ pub fn status(cli: &Cli, ids: &[String]) -> CliResult {
         c.status(&parse_ids(ids)?)?
     };
     print_statuses(&st, cli.json)?;
-    Ok(0)
-}
-
-/// `delegate list`: all jobs.
-pub fn list(cli: &Cli) -> CliResult {
-    let c = client(&cli.root)?;
-    print_statuses(&c.list()?, cli.json)?;
     Ok(0)
 }
 

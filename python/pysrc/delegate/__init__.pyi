@@ -1,0 +1,142 @@
+"""Type stubs of the public API of ``delegate`` (everything in ``__all__``).
+Keep in step with __init__.py, _client.py and _jobs.py;
+``python -m mypy.stubtest delegate`` checks them against the installed
+package (tests/python/test_stubs.py)."""
+
+import concurrent.futures as cf
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+
+from delegate._core import DelegateError as DelegateError
+from delegate._core import JobRecord, JobStatus
+from delegate._core import NoSuchJobError as NoSuchJobError
+from delegate._core import SubmitError as SubmitError
+from delegate._errors import JobFailed as JobFailed
+from delegate._errors import JobTimedOut as JobTimedOut
+from delegate._errors import RemoteError as RemoteError
+from delegate._errors import RemoteTraceback as RemoteTraceback
+from delegate._errors import VersionMismatchError as VersionMismatchError
+
+__all__ = [
+    "DelegateError",
+    "DelegateFuture",
+    "Executor",
+    "Job",
+    "JobFailed",
+    "JobTable",
+    "JobTimedOut",
+    "NoSuchJobError",
+    "RemoteError",
+    "RemoteFunction",
+    "RemoteTraceback",
+    "SubmitError",
+    "VersionMismatchError",
+    "cancel",
+    "jobs",
+    "remote",
+    "sbatch_count",
+    "status",
+]
+
+__version__: str
+#: The environment variable choosing the backend: ``cluster`` or ``local``.
+BACKEND_ENV: str
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_Backend = Literal["cluster", "local"]
+_Size = str | int
+_Duration = str | int
+
+class DelegateFuture(cf.Future[Any]):
+    """A ``concurrent.futures.Future`` of one call (a cluster job, or a local
+    subprocess in local mode)."""
+
+    job_id: str
+    label: str
+    def __init__(self, job_id: str, label: str = "") -> None: ...
+    @property
+    def state(self) -> str:
+        """pending, running, completed, failed, timed-out, cancelled or lost."""
+    @property
+    def reason(self) -> str: ...
+    @property
+    def status(self) -> dict[str, Any]: ...
+    @property
+    def outcome(self) -> str:
+        """The state in the user's words (``done``, ``raised ZeroDivisionError``...)."""
+    @property
+    def stdout(self) -> str | None: ...
+    @property
+    def stderr(self) -> str | None: ...
+    def running(self) -> bool: ...
+    def cancel(self) -> bool: ...
+    def result(self, timeout: float | None = None) -> Any: ...
+    def exception(self, timeout: float | None = None) -> BaseException | None: ...
+
+class RemoteFunction(Generic[_P, _R]):
+    """A function that runs remotely: call it, ``submit`` it or ``map`` it."""
+
+    def __init__(
+        self, fn: Callable[_P, _R], *, backend: _Backend | None = None, **resources: Any
+    ) -> None: ...
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+    def submit(self, *args: _P.args, **kwargs: _P.kwargs) -> DelegateFuture: ...
+    def map(self, *iterables: Iterable[Any], timeout: float | None = None) -> list[_R]: ...
+    def options(self, *, backend: _Backend | None = None, **resources: Any) -> RemoteFunction[_P, _R]: ...
+
+@overload
+def remote(
+    fn: Callable[_P, _R],
+    *,
+    cpus: int | None = None,
+    mem: _Size | None = None,
+    time: _Duration | None = None,
+    image: str | None = None,
+    env: Mapping[str, str] | None = None,
+    backend: _Backend | None = None,
+) -> RemoteFunction[_P, _R]: ...
+@overload
+def remote(
+    fn: None = None,
+    *,
+    cpus: int | None = None,
+    mem: _Size | None = None,
+    time: _Duration | None = None,
+    image: str | None = None,
+    env: Mapping[str, str] | None = None,
+    backend: _Backend | None = None,
+) -> Callable[[Callable[_P, _R]], RemoteFunction[_P, _R]]: ...
+
+class Executor(cf.Executor):
+    """A ``concurrent.futures.Executor``; ``map`` is one submission."""
+
+    def __init__(
+        self,
+        cpus: int | None = None,
+        mem: _Size | None = None,
+        time: _Duration | None = None,
+        image: str | None = None,
+        env: Mapping[str, str] | None = None,
+        backend: _Backend | None = None,
+    ) -> None: ...
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> DelegateFuture: ...
+    def map(
+        self,
+        fn: Callable[..., _R],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+    ) -> Iterator[_R]: ...
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None: ...
+
+class JobTable(list[JobRecord]):
+    """Jobs as a table: HTML in a notebook, text in a terminal."""
+
+    def _repr_html_(self) -> str: ...
+
+def Job(job_id: str) -> DelegateFuture: ...  # noqa: N802
+def status(job_ids: Iterable[str]) -> list[JobStatus]: ...
+def cancel(job_ids: Iterable[str]) -> None: ...
+def sbatch_count() -> int: ...
+def jobs(limit: int = 20, backend: _Backend | None = None) -> JobTable: ...
