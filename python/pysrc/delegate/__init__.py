@@ -74,7 +74,7 @@ __all__ = [
 ]
 __version__ = _core.__version__
 
-_RESOURCE_KEYS = ("cpus", "mem", "time", "image", "env")
+_RESOURCE_KEYS = ("cpus", "gpus", "mem", "time", "image", "env")
 
 
 def _cloudpickle():
@@ -180,10 +180,10 @@ class RemoteFunction:
         return operator.itemgetter(0), ((self._fn,),)
 
 
-def remote(fn=None, *, cpus=None, mem=None, time=None, image=None, env=None):
+def remote(fn=None, *, cpus=None, gpus=None, mem=None, time=None, image=None, env=None):
     """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, mem="2G",
     time="5m", image="delegate-sandbox:latest", env={"K": "v"})``."""
-    res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env)
+    res = dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env)
     res = {k: v for k, v in res.items() if v is not None}
     if fn is None:
         return lambda f: RemoteFunction(f, **res)
@@ -194,10 +194,10 @@ class Executor(cf.Executor):
     """A ``concurrent.futures.Executor`` running each call in its own sandbox
     on the cluster. ``map`` submits all its calls in one sbatch."""
 
-    def __init__(self, cpus=None, mem=None, time=None, image=None, env=None):
+    def __init__(self, cpus=None, gpus=None, mem=None, time=None, image=None, env=None):
         self._resources = {
             k: v
-            for k, v in dict(cpus=cpus, mem=mem, time=time, image=image, env=env).items()
+            for k, v in dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env).items()
             if v is not None
         }
         _resources(self._resources)
