@@ -22,6 +22,7 @@
 mod config;
 mod conn;
 mod engine;
+mod gpu;
 mod ident;
 mod job;
 mod output;
