@@ -92,12 +92,7 @@ pub fn environment(spec: &Spec, gpu_env: &[String]) -> Vec<String> {
             || k.starts_with("NVIDIA_")
             || gpu_env.iter().any(|e| e.split_once('=').is_some_and(|(n, _)| n == k))
     };
-    env.extend(
-        spec.env
-            .iter()
-            .filter(|(k, _)| !ours(k))
-            .map(|(k, v)| format!("{k}={v}")),
-    );
+    env.extend(spec.env.iter().filter(|(k, _)| !ours(k)).map(|(k, v)| format!("{k}={v}")));
     env.extend(gpu_env.iter().cloned());
     env.push(format!("DELEGATE_JOB_ID={}", spec.job_id));
     env

@@ -238,7 +238,11 @@ pub fn gres_devices(text: &str, node: &str) -> Result<Vec<PathBuf>, String> {
             .map(|(k, v)| (k.to_ascii_lowercase(), v))
             .collect();
         if let Some(nodes) = fields.get("nodename") {
-            if !expand(nodes).map_err(|e| format!("line {}: {e}", n + 1))?.iter().any(|h| h == node) {
+            if !expand(nodes)
+                .map_err(|e| format!("line {}: {e}", n + 1))?
+                .iter()
+                .any(|h| h == node)
+            {
                 continue;
             }
         }
@@ -339,7 +343,11 @@ async fn allocated_indexes(job: &str) -> Result<Vec<u32>, GpuError> {
     if !out.status.success() || out.stdout.len() > MAX_SQUEUE_JSON {
         return Err(slurm(format!(
             "squeue --json failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim().chars().take(300).collect::<String>()
+            String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .chars()
+                .take(300)
+                .collect::<String>()
         )));
     }
     indexes_in_squeue_json(&String::from_utf8_lossy(&out.stdout), job)
@@ -359,7 +367,10 @@ pub fn node_devices(policy: &Policy, node: &str) -> Result<Vec<PathBuf>, GpuErro
         return Err(GpuError::Untrusted { path: p });
     }
     if meta.len() > MAX_GRES_CONF {
-        return Err(GpuError::GresConf { path: p, reason: "larger than 1 MiB".into() });
+        return Err(GpuError::GresConf {
+            path: p,
+            reason: "larger than 1 MiB".into(),
+        });
     }
     let text = std::fs::read_to_string(path).map_err(|e| GpuError::Read { path: p.clone(), reason: e.to_string() })?;
     gres_devices(&text, node).map_err(|reason| GpuError::GresConf { path: p, reason })
@@ -478,12 +489,7 @@ pub async fn for_job(
     } else {
         Vec::new()
     };
-    Ok(Passthrough {
-        mode,
-        devices: chosen,
-        ordinals,
-        control,
-    })
+    Ok(Passthrough { mode, devices: chosen, ordinals, control })
 }
 
 #[cfg(test)]
@@ -492,7 +498,10 @@ mod tests {
 
     #[test]
     fn expands() {
-        assert_eq!(expand("/dev/nvidia[0-2]").unwrap(), ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2"]);
+        assert_eq!(
+            expand("/dev/nvidia[0-2]").unwrap(),
+            ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2"]
+        );
         assert_eq!(expand("a,b[1,3-4]").unwrap(), ["a", "b1", "b3", "b4"]);
         assert_eq!(expand("n[08-10]").unwrap(), ["n08", "n09", "n10"]);
         assert!(expand("x[1-").is_err());
@@ -507,7 +516,11 @@ mod tests {
                     Name=gpu Type=a100 File=/dev/nvidia9 # every node\n";
         assert_eq!(
             gres_devices(text, "worker2").unwrap(),
-            [PathBuf::from("/dev/nvidia0"), "/dev/nvidia1".into(), "/dev/nvidia9".into()]
+            [
+                PathBuf::from("/dev/nvidia0"),
+                "/dev/nvidia1".into(),
+                "/dev/nvidia9".into()
+            ]
         );
         assert_eq!(gres_devices(text, "n1").unwrap(), [PathBuf::from("/dev/nvidia9")]);
         assert!(gres_devices("Name=gpu Count=2\n", "n").unwrap_err().contains("File="));
