@@ -52,6 +52,18 @@ PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
           curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd btrfs-progs)
 
+# local_pgrep NAME: pids of the processes named NAME in this machine's own
+# pid namespace, oldest first -- not those of containers (a swarm stack's
+# head and workers run slurmctld, slurmd and munged on the same host).
+local_pgrep() {
+    local pid ns
+    ns=$(readlink /proc/self/ns/pid)
+    for pid in $(pgrep -x "$1" || true); do
+        if [[ $(readlink "/proc/$pid/ns/pid" 2>/dev/null) == "$ns" ]]; then echo "$pid"; fi
+    done
+    return 0
+}
+
 # record_started NAME PID: remember a daemon we started so `stop` stops it
 # and nothing else.
 record_started() {
@@ -298,7 +310,7 @@ slurmctld_ok() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 # start_munged: start munged (creating its key on first use) unless it runs
 # and answers.
 start_munged() {
-    if pgrep -x munged >/dev/null && munge_ok; then
+    if [[ -n $(local_pgrep munged) ]] && munge_ok; then
         log "munged: already running"; return
     fi
     if [[ ! -s /etc/munge/munge.key ]]; then
@@ -308,7 +320,7 @@ start_munged() {
     fi
     install -d -o munge -g munge -m 0755 /run/munge
     runuser -u munge -- munged || die "munged failed to start (see /var/log/munge/munged.log)"
-    record_started munged "$(pgrep -x -n munged)"
+    record_started munged "$(local_pgrep munged | tail -n1)"
     wait_for 20 munged munge_ok || die "munged does not answer (munge -n | unmunge fails)"
 }
 
@@ -318,7 +330,7 @@ start_slurmctld() {
     if slurmctld_ok; then
         log "slurmctld: already running"; return
     fi
-    pgrep -x slurmctld >/dev/null && die "slurmctld is running but 'scontrol ping' fails; see $DELEGATE_LOG_DIR/slurmctld.log"
+    [[ -n $(local_pgrep slurmctld) ]] && die "slurmctld is running but 'scontrol ping' fails; see $DELEGATE_LOG_DIR/slurmctld.log"
     slurmctld -f "$SLURM_CONF" || die "slurmctld failed to start; see $DELEGATE_LOG_DIR/slurmctld.log"
     wait_for "$DELEGATE_WAIT" slurmctld slurmctld_ok \
         || die "slurmctld not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmctld.log:
@@ -328,7 +340,7 @@ $(tail -n 20 "$DELEGATE_LOG_DIR/slurmctld.log")"
 
 # start_slurmd: start the node daemon unless one runs.
 start_slurmd() {
-    if pgrep -x slurmd >/dev/null; then
+    if [[ -n $(local_pgrep slurmd) ]]; then
         log "slurmd: already running"; return
     fi
     slurmd -f "$SLURM_CONF" || die "slurmd failed to start; see $DELEGATE_LOG_DIR/slurmd.log"
@@ -343,7 +355,7 @@ start_dockerd() {
     if docker_ok; then
         log "dockerd: already running"; return
     fi
-    if pgrep -x dockerd >/dev/null; then
+    if [[ -n $(local_pgrep dockerd) ]]; then
         log "dockerd: running but not answering yet, waiting"
     else
         # No systemd here (containers, CI): start it by hand, in the background.
@@ -408,11 +420,11 @@ $(tail -n 15 "$DELEGATE_LOG_DIR/slurmd.log")"
 local_start_daemons() {
     # A changed slurm.conf (new template, new hardware) needs a restart of
     # the Slurm daemons (node definitions are not reread by reconfigure).
-    if ((SLURM_CONF_CHANGED)) && { pgrep -x slurmctld || pgrep -x slurmd; } >/dev/null; then
+    if ((SLURM_CONF_CHANGED)) && [[ -n $(local_pgrep slurmctld)$(local_pgrep slurmd) ]]; then
         log "slurm: configuration changed, restarting the Slurm daemons"
         local d
         for d in slurmd slurmctld; do
-            local pid; pid=$(pgrep -x "$d" | head -n1 || true)
+            local pid; pid=$(local_pgrep "$d" | head -n1)
             [[ -n $pid ]] && stop_recorded "$d" "$pid"
         done
     fi
@@ -673,7 +685,7 @@ local_stop() {
 local_status() {
     local d pids
     for d in munged dockerd mariadbd slurmdbd slurmctld slurmd sandbox-agent; do
-        pids=$(pgrep -x "$d" | tr '\n' ' ' || true)
+        pids=$(local_pgrep "$d" | tr '\n' ' ')
         printf '%-10s %s\n' "$d" "${pids:-(not running)}"
     done
     echo "started by this script: $( { [[ -s $STARTED_FILE ]] && tr "\n" " " <"$STARTED_FILE"; } || echo none)"
