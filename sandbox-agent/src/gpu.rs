@@ -8,7 +8,15 @@
 //! Never the job's environment (`SLURM_JOB_GPUS`, `CUDA_VISIBLE_DEVICES`,
 //! a step's environ): the student writes those.
 //!
-//! The sandbox gets exactly the allocated devices: as device nodes (and
+//! delegate's jobs have their node to themselves (`--exclusive`), and
+//! Slurm then allocates every GPU of the node to the job whatever it asked
+//! for (`JOB_GRES=gpu:<all>`; the batch step's `CUDA_VISIBLE_DEVICES` lists
+//! them all). The sandbox gets the number of GPUs the job asked for —
+//! slurmctld's record of the request (`tres_per_node`, which the site's
+//! job_submit.lua ties to the script's own line), which must equal the
+//! spec's — taken from Slurm's allocation in Slurm's order, and no other.
+//!
+//! The sandbox gets exactly those devices: as device nodes (and
 //! their device-cgroup rules) in `devices` mode, or through the NVIDIA
 //! container toolkit (Docker's `nvidia` device driver) or CDI, which also
 //! mount the host's driver libraries. `CUDA_VISIBLE_DEVICES` counts from 0
@@ -52,8 +60,10 @@ pub enum GpuError {
     GresConf { path: String, reason: String },
     #[error("the job asks for {asked} GPU(s), but this node ({node}) has no GPUs in its gres.conf")]
     NoGpus { asked: u32, node: String },
-    #[error("Slurm allocated {allocated} GPU(s) to job {job}, but its spec asks for {asked}")]
-    Mismatch { job: String, allocated: usize, asked: u32 },
+    #[error("Slurm job {job} asked Slurm for {requested} GPU(s), but its spec asks for {asked}")]
+    Mismatch { job: String, requested: u32, asked: u32 },
+    #[error("Slurm allocated {allocated} GPU(s) to job {job}, fewer than the {asked} it asks for")]
+    Short { job: String, allocated: usize, asked: u32 },
     #[error("Slurm allocated GPU index {index} to job {job}, but gres.conf lists {known} GPU(s) on this node")]
     UnknownIndex { job: String, index: u32, known: usize },
     #[error("cannot ask slurmctld about job {job}'s GPUs: {reason}")]
@@ -309,9 +319,30 @@ pub fn parse_detail(s: &str) -> Result<Vec<u32>, GpuError> {
     Ok(out)
 }
 
-/// The GPU indexes slurmctld records for `job` on its (first) node, from
-/// `squeue --json` (JSON: no field a user chose can pass for another).
-pub fn indexes_in_squeue_json(json: &str, job: &str) -> Result<Vec<u32>, GpuError> {
+/// The GPUs a `tres_per_node` request names: `gres:gpu:N`,
+/// `gres:gpu:<type>:N` (or without `gres:`), among other resources; 0 for none.
+pub fn requested_gpus(tres_per_node: &str) -> Result<u32, GpuError> {
+    let bad = || GpuError::Detail(tres_per_node.chars().take(200).collect());
+    let mut total: u32 = 0;
+    for item in tres_per_node.split(',').filter(|s| !s.is_empty()) {
+        let item = item.strip_prefix("gres:").unwrap_or(item);
+        let mut parts = item.split(':');
+        if parts.next() != Some("gpu") {
+            continue;
+        }
+        let n = match parts.next_back() {
+            None => 1,
+            Some(c) => c.parse::<u32>().map_err(|_| bad())?,
+        };
+        total = total.checked_add(n).ok_or_else(bad)?;
+    }
+    Ok(total)
+}
+
+/// What slurmctld records about `job`'s GPUs, from `squeue --json` (JSON:
+/// no field a user chose can pass for another): the GPUs the job asked
+/// for per node, and the GPU indexes allocated on its (first) node.
+pub fn gpus_in_squeue_json(json: &str, job: &str) -> Result<(u32, Vec<u32>), GpuError> {
     let slurm = |reason: String| GpuError::Slurm { job: job.into(), reason };
     let v: serde_json::Value = serde_json::from_str(json).map_err(|e| slurm(format!("unreadable answer: {e}")))?;
     let id: u64 = job.parse().map_err(|_| slurm("not a job id".into()))?;
@@ -320,14 +351,16 @@ pub fn indexes_in_squeue_json(json: &str, job: &str) -> Result<Vec<u32>, GpuErro
     let [j] = mine.as_slice() else {
         return Err(slurm("slurmctld does not know the job".into()));
     };
+    let requested = requested_gpus(j["tres_per_node"].as_str().unwrap_or(""))?;
     let details = j["gres_detail"].as_array().ok_or_else(|| slurm("no gres_detail".into()))?;
-    match details.first() {
-        None => Ok(Vec::new()),
-        Some(d) => parse_detail(d.as_str().ok_or_else(|| slurm("gres_detail is not text".into()))?),
-    }
+    let allocated = match details.first() {
+        None => Vec::new(),
+        Some(d) => parse_detail(d.as_str().ok_or_else(|| slurm("gres_detail is not text".into()))?)?,
+    };
+    Ok((requested, allocated))
 }
 
-async fn allocated_indexes(job: &str) -> Result<Vec<u32>, GpuError> {
+async fn slurm_gpus(job: &str) -> Result<(u32, Vec<u32>), GpuError> {
     let slurm = |reason: String| GpuError::Slurm { job: job.into(), reason };
     let out = tokio::time::timeout(
         Duration::from_secs(15),
@@ -350,7 +383,7 @@ async fn allocated_indexes(job: &str) -> Result<Vec<u32>, GpuError> {
                 .collect::<String>()
         )));
     }
-    indexes_in_squeue_json(&String::from_utf8_lossy(&out.stdout), job)
+    gpus_in_squeue_json(&String::from_utf8_lossy(&out.stdout), job)
 }
 
 /// This node's GPU device files from the policy's gres.conf (none when the
@@ -441,8 +474,9 @@ fn cdi_spec() -> Option<PathBuf> {
     None
 }
 
-/// The GPUs of the calling job: what slurmctld allocated to `job` on this
-/// node, which must be exactly what its spec asks for.
+/// The GPUs of the calling job: as many as it asked Slurm for (which must
+/// be what its spec asks for), the first of those Slurm allocated to `job`
+/// on this node.
 pub async fn for_job(
     policy: &Policy,
     docker: &Docker,
@@ -450,27 +484,29 @@ pub async fn for_job(
     node: &str,
     asked: u32,
 ) -> Result<Passthrough, GpuError> {
-    let devices = node_devices(policy, node)?;
-    if devices.is_empty() {
-        if asked > 0 {
-            return Err(GpuError::NoGpus { asked, node: node.into() });
-        }
+    if asked == 0 {
+        // Nothing to pass (whatever an exclusive allocation holds).
         return Ok(Passthrough::none());
     }
-    let idx = allocated_indexes(job).await?;
-    if idx.len() != asked as usize {
-        return Err(GpuError::Mismatch {
+    let devices = node_devices(policy, node)?;
+    if devices.is_empty() {
+        return Err(GpuError::NoGpus { asked, node: node.into() });
+    }
+    let (requested, allocated) = slurm_gpus(job).await?;
+    if requested != asked {
+        return Err(GpuError::Mismatch { job: job.into(), requested, asked });
+    }
+    if allocated.len() < asked as usize {
+        return Err(GpuError::Short {
             job: job.into(),
-            allocated: idx.len(),
+            allocated: allocated.len(),
             asked,
         });
     }
-    if idx.is_empty() {
-        return Ok(Passthrough::none());
-    }
+    let idx = &allocated[..asked as usize];
     let mut chosen = Vec::with_capacity(idx.len());
     let mut ordinals = Vec::with_capacity(idx.len());
-    for i in idx {
+    for &i in idx {
         let d = devices.get(i as usize).ok_or_else(|| GpuError::UnknownIndex {
             job: job.into(),
             index: i,
@@ -541,17 +577,28 @@ mod tests {
     }
 
     #[test]
+    fn requests() {
+        assert_eq!(requested_gpus("").unwrap(), 0);
+        assert_eq!(requested_gpus("gres:gpu:2").unwrap(), 2);
+        assert_eq!(requested_gpus("gres:gpu:a100:1").unwrap(), 1);
+        assert_eq!(requested_gpus("gres:nic:1,gres:gpu:3").unwrap(), 3);
+        assert_eq!(requested_gpus("gres:gpu").unwrap(), 1);
+        assert!(requested_gpus("gres:gpu:x").is_err());
+    }
+
+    #[test]
     fn squeue_json() {
-        let j = r#"{"jobs":[{"job_id":41,"gres_detail":["gpu:2(IDX:0-1)"]},
-                           {"job_id":42,"gres_detail":["gpu:1(IDX:1)"]},
-                           {"job_id":43,"gres_detail":[]}]}"#;
-        assert_eq!(indexes_in_squeue_json(j, "42").unwrap(), [1]);
-        assert_eq!(indexes_in_squeue_json(j, "43").unwrap(), Vec::<u32>::new());
-        assert!(indexes_in_squeue_json(j, "44").is_err());
-        assert!(indexes_in_squeue_json("nope", "42").is_err());
+        // An exclusive node: Slurm allocates all its GPUs whatever was asked.
+        let j = r#"{"jobs":[{"job_id":41,"tres_per_node":"gres:gpu:2","gres_detail":["gpu:2(IDX:0-1)"]},
+                           {"job_id":42,"tres_per_node":"gres:gpu:1","gres_detail":["gpu:2(IDX:0-1)"]},
+                           {"job_id":43,"tres_per_node":"","gres_detail":[]}]}"#;
+        assert_eq!(gpus_in_squeue_json(j, "42").unwrap(), (1, vec![0, 1]));
+        assert_eq!(gpus_in_squeue_json(j, "43").unwrap(), (0, vec![]));
+        assert!(gpus_in_squeue_json(j, "44").is_err());
+        assert!(gpus_in_squeue_json("nope", "42").is_err());
         // A forged name or comment is just a string value: never parsed.
         let forged = r#"{"jobs":[{"job_id":42,"name":"gres_detail gpu:2(IDX:0-1)","gres_detail":[]}]}"#;
-        assert_eq!(indexes_in_squeue_json(forged, "42").unwrap(), Vec::<u32>::new());
+        assert_eq!(gpus_in_squeue_json(forged, "42").unwrap(), (0, vec![]));
     }
 
     #[test]

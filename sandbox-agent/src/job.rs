@@ -340,7 +340,9 @@ async fn engine_phase(
     // the spec asks for (checked against max_gpus with the rest of it).
     let gpus = match gpu::for_job(ctx.policy, &docker, ctx.slurm_job, &ctx.node, spec.resources.gpus).await {
         Ok(g) => g,
-        Err(e @ (GpuError::Mismatch { .. } | GpuError::NoGpus { .. })) => return Answer::Refused(e.to_string()),
+        Err(e @ (GpuError::Mismatch { .. } | GpuError::NoGpus { .. } | GpuError::Short { .. })) => {
+            return Answer::Refused(e.to_string())
+        }
         Err(e) => return Answer::Failed(format!("{e}; ask the cluster's administrators")),
     };
     if !gpus.devices.is_empty() {

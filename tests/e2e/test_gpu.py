@@ -5,9 +5,11 @@ two character devices /dev/delegate-gpu0 and 1 and declares them as the
 node's GRES gpu in gres.conf. The tests raise the site policy's max_gpus to
 1 while they run, then:
 
-- a job asking for 1 of the 2 sees exactly one, the one Slurm allocated
-  (slurmctld's GRES index mapped through gres.conf, read here independently
-  of the agent), with CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = 0;
+- a job asking for 1 of the 2 sees exactly one, the one Slurm chose: the
+  node is exclusive, so Slurm allocates both to the job (GRES=gpu:2(IDX:0-1));
+  the sandbox gets the first of Slurm's allocation (slurmctld's GRES index
+  mapped through gres.conf, read here independently of the agent), with
+  CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES = 0;
 - a job asking for none sees none (and NVIDIA_VISIBLE_DEVICES=void even if
   its spec asks for all);
 - asking for 2 (beyond max_gpus = 1) is refused with the reason, no container;
@@ -101,7 +103,7 @@ def test_one_of_two_gpus_is_exactly_the_allocated_one(alice, max_gpus_1):
     st = alice.wait(job)
     assert st["state"] == "completed", st
     s = seen(alice, job)
-    assert len(idx) == 1, idx
+    assert len(idx) >= 1, idx
     chosen = files[idx[0]]
     assert list(s["devs"]) == [chosen], (s, idx, files)
     assert s["devs"][chosen] == os.stat(chosen).st_rdev, s
