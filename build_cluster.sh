@@ -5,6 +5,11 @@
 #   ./build_cluster.sh --local [up]     everything on this one machine (default)
 #   ./build_cluster.sh --local stop     stop the daemons this script started
 #   ./build_cluster.sh --local status   show daemons, sinfo, images
+#   ./build_cluster.sh --local --gpu-worker [up]
+#                                       the GPU worker profile: this machine's
+#                                       NVIDIA GPUs (/dev/nvidia<N>) as Slurm
+#                                       GRES, passed into the sandboxes
+#                                       (DELEGATE_LOCAL_GPUS=nvidia; README, GPUs)
 #   ./build_cluster.sh accounts add --csv roster.csv [--instructors]
 #                                       the roster: Unix accounts (0700
 #                                       homes) and their Slurm associations
@@ -148,6 +153,7 @@ main() {
         case $1 in
             -h|--help|help) usage; exit 0 ;;
             --local) mode=local ;;
+            --gpu-worker) DELEGATE_LOCAL_GPUS=nvidia ;;
             --stack) mode=stack ;;
             --workers) (($# > 1)) || die "--workers needs a number"; STACK_WORKERS_ARG=$2; shift ;;
             --workers=*) STACK_WORKERS_ARG=${1#--workers=} ;;

@@ -23,6 +23,26 @@
 # MARKER, T0. From build_cluster.sh: REPO and the settings (DELEGATE_*,
 # SLURM_CONF).
 
+# The node's GPUs (Slurm GRES "gpu", gres.conf beside slurm.conf):
+#   standin:N      N stand-in character devices /dev/delegate-gpu0..N-1 (N <= 4),
+#                  made here with mknod as copies of /dev/null, zero, full and
+#                  urandom (devices every container has anyway): Slurm
+#                  allocates them like GPUs and the root agent passes exactly
+#                  the allocated ones into the sandbox. The default, so that
+#                  CI runs tests/e2e/test_gpu.py on machines without GPUs;
+#                  jobs that ask for no GPU are unaffected (the node is
+#                  exclusive, the sandbox gets none).
+#   nvidia         the GPU worker profile: every /dev/nvidia<N> of this machine
+#                  (NVIDIA driver loaded; the NVIDIA container toolkit, where
+#                  installed, also brings the driver's libraries into the
+#                  sandbox). A new policy gets max_gpus = their number.
+#   /dev/x[0-1]    these device files (a Slurm File= expression).
+#   none           no GPUs.
+: "${DELEGATE_LOCAL_GPUS:=standin:2}"
+STANDIN_GPU_PREFIX=/dev/delegate-gpu
+# The minors of major 1 the stand-ins copy: null, zero, full, urandom.
+STANDIN_GPU_MINORS=(3 5 7 9)
+
 # "name pid" per daemon this script started (read by `stop` and `status`,
 # and by tests/e2e/test_faults.py, which restarts daemons and records the
 # new pids in the same format).
@@ -32,6 +52,18 @@ PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
           curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd btrfs-progs
           libpfm4)
+
+# local_pgrep NAME: pids of the processes named NAME in this machine's own
+# pid namespace, oldest first -- not those of containers (a swarm stack's
+# head and workers run slurmctld, slurmd and munged on the same host).
+local_pgrep() {
+    local pid ns
+    ns=$(readlink /proc/self/ns/pid)
+    for pid in $(pgrep -x "$1" || true); do
+        if [[ $(readlink "/proc/$pid/ns/pid" 2>/dev/null) == "$ns" ]]; then echo "$pid"; fi
+    done
+    return 0
+}
 
 # record_started NAME PID: remember a daemon we started so `stop` stops it
 # and nothing else.
@@ -98,6 +130,57 @@ install_generated() {
     return 0
 }
 
+# local_gpu_files: the File= expression of this node's GPUs (empty: none),
+# after making the stand-in devices when DELEGATE_LOCAL_GPUS asks for them.
+local_gpu_files() {
+    local spec=$DELEGATE_LOCAL_GPUS n i dev want have
+    case $spec in
+        "" | none) return 0 ;;
+        standin:*)
+            n=${spec#standin:}
+            [[ $n =~ ^[1-4]$ ]] || die "DELEGATE_LOCAL_GPUS=$spec: standin:N takes N from 1 to 4"
+            for ((i = 0; i < n; i++)); do
+                dev=$STANDIN_GPU_PREFIX$i
+                want="1:${STANDIN_GPU_MINORS[i]}"
+                if [[ -e $dev || -L $dev ]]; then
+                    have=$(stat -c '%F %t:%T' "$dev" 2>/dev/null || true)
+                    # stat prints major:minor in hex.
+                    [[ $have == "character special file 1:$(printf '%x' "${STANDIN_GPU_MINORS[i]}")" ]] && continue
+                    die "$dev exists and is not delegate's stand-in GPU ($want): move it away or set DELEGATE_LOCAL_GPUS"
+                fi
+                mknod -m 0666 "$dev" c 1 "${STANDIN_GPU_MINORS[i]}" || die "cannot make the stand-in GPU $dev (mknod)"
+            done
+            echo "${STANDIN_GPU_PREFIX}[0-$((n - 1))]"
+            ;;
+        nvidia)
+            local devs=()
+            for dev in /dev/nvidia[0-9]*; do
+                [[ -c $dev && ${dev#/dev/nvidia} =~ ^[0-9]+$ ]] && devs+=("${dev#/dev/nvidia}")
+            done
+            ((${#devs[@]})) || die "DELEGATE_LOCAL_GPUS=nvidia: no /dev/nvidia<N> on this machine (is the NVIDIA driver loaded? nvidia-smi)"
+            echo "/dev/nvidia[$(printf '%s\n' "${devs[@]}" | sort -n | paste -sd,)]"
+            ;;
+        /*) echo "$spec" ;;
+        *) die "DELEGATE_LOCAL_GPUS=$spec: expected standin:N, nvidia, a device file expression or none" ;;
+    esac
+}
+
+# local_gpu_count FILES: how many devices a File= expression names.
+local_gpu_count() {
+    local files=$1 inner n=0 r
+    [[ -n $files ]] || { echo 0; return; }
+    if [[ $files =~ \[([0-9,-]+)\] ]]; then
+        inner=${BASH_REMATCH[1]}
+        local IFS=,
+        for r in $inner; do
+            if [[ $r == *-* ]]; then n=$((n + ${r#*-} - ${r%-*} + 1)); else n=$((n + 1)); fi
+        done
+    else
+        n=$(tr ',' '\n' <<<"$files" | grep -c .)
+    fi
+    echo "$n"
+}
+
 # Set to 1 by local_write_slurm_conf when slurm.conf changed, so that
 # local_start_daemons restarts running Slurm daemons.
 SLURM_CONF_CHANGED=0
@@ -105,15 +188,24 @@ SLURM_CONF_CHANGED=0
 # node) and the epilog, both only over files this script wrote; the private
 # state and log directories the Slurm daemons use.
 local_write_slurm_conf() {
-    local node slurmuser tmp
+    local node slurmuser tmp gpu_files gpus gres_types="" node_gres=""
     node=$(hostname -s)
     [[ -n $node ]] || die "hostname -s is empty"
+    gpu_files=$(local_gpu_files) || exit 1
+    gpus=$(local_gpu_count "$gpu_files")
+    if ((gpus > 0)); then
+        gres_types="GresTypes=gpu"
+        node_gres=" Gres=gpu:$gpus"
+    else
+        gres_types="# GresTypes: none (no GPUs: DELEGATE_LOCAL_GPUS=$DELEGATE_LOCAL_GPUS)"
+    fi
     slurmuser=root
     id slurm >/dev/null 2>&1 && slurmuser=slurm
     tmp=$(mktemp)
     sed -e "s|@MARKER@|$MARKER|" \
         -e "s|@NODENAME@|$node|g" \
-        -e "s|@NODEHW@|$(node_hardware)|" \
+        -e "s|@NODEHW@|$(node_hardware)$node_gres|" \
+        -e "s|@GRES_TYPES@|$gres_types|" \
         -e "s|@SLURMUSER@|$slurmuser|" \
         -e "s|@PART_MAXTIME@|$DELEGATE_PART_MAXTIME|g" \
         -e "s|@DBD_PORT@|$DELEGATE_DBD_PORT|" \
@@ -126,9 +218,24 @@ local_write_slurm_conf() {
     fi
     if install_generated "$tmp" "$SLURM_CONF" 0644; then
         SLURM_CONF_CHANGED=1
-        log "slurm: wrote $SLURM_CONF (node $node: $(node_hardware))"
+        log "slurm: wrote $SLURM_CONF (node $node: $(node_hardware)$node_gres)"
     else
         log "slurm: $SLURM_CONF up to date"
+    fi
+    rm -f "$tmp"
+
+    # gres.conf beside slurm.conf: the device file of each GPU, in the
+    # order Slurm numbers them (the root agent maps the job's GPU indexes
+    # through this file; the site policy's gres_conf names it).
+    tmp=$(mktemp)
+    {
+        echo "$MARKER"
+        echo "# The node's GPUs (build_cluster.sh, DELEGATE_LOCAL_GPUS=$DELEGATE_LOCAL_GPUS)."
+        ((gpus > 0)) && echo "NodeName=$node Name=gpu File=$gpu_files"
+    } >"$tmp"
+    if install_generated "$tmp" "$(dirname "$SLURM_CONF")/gres.conf" 0644; then
+        SLURM_CONF_CHANGED=1
+        log "slurm: wrote $(dirname "$SLURM_CONF")/gres.conf (${gpus} GPU(s)${gpu_files:+: $gpu_files})"
     fi
     rm -f "$tmp"
 
@@ -204,7 +311,7 @@ slurmctld_ok() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 # start_munged: start munged (creating its key on first use) unless it runs
 # and answers.
 start_munged() {
-    if pgrep -x munged >/dev/null && munge_ok; then
+    if [[ -n $(local_pgrep munged) ]] && munge_ok; then
         log "munged: already running"; return
     fi
     if [[ ! -s /etc/munge/munge.key ]]; then
@@ -214,7 +321,7 @@ start_munged() {
     fi
     install -d -o munge -g munge -m 0755 /run/munge
     runuser -u munge -- munged || die "munged failed to start (see /var/log/munge/munged.log)"
-    record_started munged "$(pgrep -x -n munged)"
+    record_started munged "$(local_pgrep munged | tail -n1)"
     wait_for 20 munged munge_ok || die "munged does not answer (munge -n | unmunge fails)"
 }
 
@@ -224,7 +331,7 @@ start_slurmctld() {
     if slurmctld_ok; then
         log "slurmctld: already running"; return
     fi
-    pgrep -x --ns $$ --nslist pid slurmctld >/dev/null && die "slurmctld is running but 'scontrol ping' fails; see $DELEGATE_LOG_DIR/slurmctld.log"
+    [[ -n $(local_pgrep slurmctld) ]] && die "slurmctld is running but 'scontrol ping' fails; see $DELEGATE_LOG_DIR/slurmctld.log"
     slurmctld -f "$SLURM_CONF" || die "slurmctld failed to start; see $DELEGATE_LOG_DIR/slurmctld.log"
     wait_for "$DELEGATE_WAIT" slurmctld slurmctld_ok \
         || die "slurmctld not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmctld.log:
@@ -234,7 +341,7 @@ $(tail -n 20 "$DELEGATE_LOG_DIR/slurmctld.log")"
 
 # start_slurmd: start the node daemon unless one runs.
 start_slurmd() {
-    if pgrep -x --ns $$ --nslist pid slurmd >/dev/null; then
+    if [[ -n $(local_pgrep slurmd) ]]; then
         log "slurmd: already running"; return
     fi
     slurmd -f "$SLURM_CONF" || die "slurmd failed to start; see $DELEGATE_LOG_DIR/slurmd.log"
@@ -249,7 +356,7 @@ start_dockerd() {
     if docker_ok; then
         log "dockerd: already running"; return
     fi
-    if pgrep -x dockerd >/dev/null; then
+    if [[ -n $(local_pgrep dockerd) ]]; then
         log "dockerd: running but not answering yet, waiting"
     else
         # No systemd here (containers, CI): start it by hand, in the background.
@@ -314,11 +421,11 @@ $(tail -n 15 "$DELEGATE_LOG_DIR/slurmd.log")"
 local_start_daemons() {
     # A changed slurm.conf (new template, new hardware) needs a restart of
     # the Slurm daemons (node definitions are not reread by reconfigure).
-    if ((SLURM_CONF_CHANGED)) && { pgrep -x --ns $$ --nslist pid slurmctld || pgrep -x --ns $$ --nslist pid slurmd; } >/dev/null; then
+    if ((SLURM_CONF_CHANGED)) && [[ -n $(local_pgrep slurmctld)$(local_pgrep slurmd) ]]; then
         log "slurm: configuration changed, restarting the Slurm daemons"
         local d
         for d in slurmd slurmctld; do
-            local pid; pid=$(pgrep -x --ns $$ --nslist pid "$d" | head -n1 || true)
+            local pid; pid=$(local_pgrep "$d" | head -n1)
             [[ -n $pid ]] && stop_recorded "$d" "$pid"
         done
     fi
@@ -474,7 +581,12 @@ local_install_policy() {
         log "policy: $DELEGATE_POLICY_FILE exists, left as it is"
         return
     fi
-    local mem=$DELEGATE_MAX_MEM tmp
+    local mem=$DELEGATE_MAX_MEM tmp max_gpus=0
+    # Real GPUs (the GPU worker profile, or device files named): jobs may
+    # use them all. Stand-ins are for tests, which set max_gpus themselves.
+    if [[ $DELEGATE_LOCAL_GPUS == nvidia || $DELEGATE_LOCAL_GPUS == /* ]]; then
+        max_gpus=$(local_gpu_count "$(local_gpu_files)")
+    fi
     if [[ -z $mem ]]; then
         mem=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 3 / 4 / 1024 / 1024 ))G
         [[ $mem == 0G ]] && mem=512M
@@ -486,10 +598,11 @@ local_install_policy() {
         -e "s|@MAX_TIME@|$DELEGATE_MAX_TIME|" \
         -e "s|@MAX_PIDS@|$DELEGATE_MAX_PIDS|" \
         -e "s|@TMP_SIZE@|$DELEGATE_TMP_SIZE|" \
+        -e "s|@MAX_GPUS@|$max_gpus|" \
         "$REPO/slurm-conf/policy.toml.in" >"$tmp"
     install -D -o root -g root -m 0644 "$tmp" "$DELEGATE_POLICY_FILE"
     rm -f "$tmp"
-    log "policy: wrote $DELEGATE_POLICY_FILE (max_cpus=$DELEGATE_MAX_CPUS max_mem=$mem max_time=$DELEGATE_MAX_TIME)"
+    log "policy: wrote $DELEGATE_POLICY_FILE (max_cpus=$DELEGATE_MAX_CPUS max_mem=$mem max_time=$DELEGATE_MAX_TIME max_gpus=$max_gpus)"
 }
 
 # --------------------------------------------------------- 7. demo job
@@ -609,7 +722,7 @@ local_stop() {
 local_status() {
     local d pids
     for d in munged dockerd mariadbd slurmdbd slurmctld slurmd sandbox-agent; do
-        pids=$(pgrep -x "$d" | tr '\n' ' ' || true)
+        pids=$(local_pgrep "$d" | tr '\n' ' ')
         printf '%-10s %s\n' "$d" "${pids:-(not running)}"
     done
     echo "started by this script: $( { [[ -s $STARTED_FILE ]] && tr "\n" " " <"$STARTED_FILE"; } || echo none)"

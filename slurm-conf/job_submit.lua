@@ -17,7 +17,12 @@ a one-line reason the user sees ("sbatch: error: delegate: ..."):
     SLURM_GET_USER_ENV and slurmd, as root, runs `su - <user> -c env` on the
     worker: the user's login files, outside any step and any sandbox),
   - --container, heterogeneous jobs, script arguments, more than one node,
-    --uid of another user, an --array that is not the script's own.
+    --uid of another user, an --array that is not the script's own,
+  - a GPU (generic resource) request that is not the script's own
+    "#SBATCH --gres=gpu:N" line (--gres on the command line, --gpus,
+    --gpus-per-task/-socket): the root agent passes the allocation's GPUs
+    into the sandbox and checks their number against the spec and the
+    site policy; the gate keeps the request where delegate put it.
 Job steps never reach this hook: the SPANK plugin
 (slurm-conf/spank/delegate_lockdown.c) refuses them in slurmstepd.
 
@@ -172,9 +177,28 @@ local function parse_exec(body)
    return "single", { w[2] }
 end
 
--- nil when the script is one of delegate's forms, else the reason.
-local function check_script(script, array_inx)
-   if #script > MAX_SCRIPT then return "the script is larger than a delegate script can be" end
+-- The optional GPU line right after "#!/bin/sh" (script.rs: with_gpus):
+-- the number of GPUs (0 without the line) and the script without it.
+local MAX_GPUS_LINE = 64
+local function split_gpus(script)
+   local g = script:match("^#!/bin/sh\n#SBATCH %-%-gres=gpu:([1-9]%d*)\n")
+   if not g then return 0, script end
+   local n = tonumber(g)
+   if #g > 3 or n == nil or n > MAX_GPUS_LINE then return nil, script end
+   return n, "#!/bin/sh\n" .. script:sub(#("#!/bin/sh\n#SBATCH --gres=gpu:" .. g .. "\n") + 1)
+end
+
+local function with_gpus(script, gpus)
+   if gpus == 0 then return script end
+   return "#!/bin/sh\n#SBATCH --gres=gpu:" .. gpus .. "\n" .. script:sub(#"#!/bin/sh\n" + 1)
+end
+
+-- nil when the script is one of delegate's forms, else the reason; second
+-- value: the GPUs its own line asks for.
+local function check_script(whole, array_inx)
+   if #whole > MAX_SCRIPT then return "the script is larger than a delegate script can be" end
+   local gpus, script = split_gpus(whole)
+   if gpus == nil then return "too many GPUs in the script's --gres line" end
    if script:sub(-1) ~= "\n" then return "not a delegate script" end
    local lines = {}
    for l in script:gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
@@ -225,8 +249,24 @@ local function check_script(script, array_inx)
                 .. ", or bytes outside A-Z a-z 0-9 . _ / + @ = , : -): " .. d:sub(1, 200)
       end
    end
-   if expected ~= script then return "not a delegate script" end
-   return nil
+   if with_gpus(expected, gpus) ~= whole then return "not a delegate script" end
+   return nil, gpus
+end
+
+-- nil when the job's generic-resource request is exactly the script's GPU
+-- line (sbatch turns "--gres=gpu:N" into tres_per_node "gres:gpu:N").
+local function check_gres(job_desc, gpus)
+   local function set(v) return v ~= nil and v ~= "" end
+   if set(job_desc.tres_per_job) or set(job_desc.tres_per_socket) or set(job_desc.tres_per_task) then
+      return "GPUs are asked for only with delegate's --gpus (no --gpus, --gpus-per-task or --gpus-per-socket)"
+   end
+   local tpn = job_desc.tres_per_node
+   if gpus == 0 then
+      if set(tpn) then return "--gres is asked for only with delegate's --gpus" end
+      return nil
+   end
+   if tpn == "gres:gpu:" .. gpus or tpn == "gpu:" .. gpus then return nil end
+   return "the job's --gres must be the script's own (gpu:" .. gpus .. ")"
 end
 
 local function refuse_reason(job_desc, submit_uid)
@@ -256,7 +296,9 @@ local function refuse_reason(job_desc, submit_uid)
    if env.SLURM_GET_USER_ENV ~= nil then
       return "--get-user-env and --export other than ALL are not allowed"
    end
-   return check_script(script, job_desc.array_inx)
+   local why, gpus = check_script(script, job_desc.array_inx)
+   if why then return why end
+   return check_gres(job_desc, gpus)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
@@ -287,6 +329,7 @@ end
 _delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reason,
                        batch_script = batch_script, array_script = array_script,
                        shared_script = shared_script, safe_path = safe_path,
+                       with_gpus = with_gpus, check_gres = check_gres,
                        set_account_files = function(g, p)
                           GROUP_FILE, PASSWD_FILE, cache = g, p, { t = -1 }
                        end }

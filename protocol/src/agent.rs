@@ -120,6 +120,10 @@ pub struct ProbeReport {
     pub image_present: bool,
     pub perf_mode: String,
     pub perf_detail: String,
+    /// How allocated GPUs reach the sandbox on this node (`none`,
+    /// `devices`, `nvidia`, `cdi`), and why.
+    pub gpu_mode: String,
+    pub gpu_detail: String,
 }
 
 impl Record for Request {

@@ -9,7 +9,9 @@
 //! max_mem = "4G"
 //! max_time = "1h"
 //! max_pids = 512
-//! max_gpus = 0
+//! max_gpus = 0                # GPUs (Slurm GRES "gpu") one job may ask for
+//! gpu_mode = "auto"           # auto | devices | nvidia | cdi: how allocated GPUs reach the sandbox
+//! gres_conf = "/etc/slurm/gres.conf"  # where the agent reads this node's GPU device files
 //! max_nodes = 1
 //! tmp_size = "256M"
 //! perf_mode = "auto"          # auto | perfmon | seccomp | off
@@ -52,6 +54,23 @@ pub enum PerfMode {
     Off,
 }
 
+/// How the agent hands a job's allocated GPUs to its sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// CDI specs for `nvidia.com/gpu` with an engine that reads them, else
+    /// the NVIDIA container runtime when the engine has one, else devices.
+    Auto,
+    /// The allocated device nodes only (and NVIDIA's control nodes when
+    /// present); the image brings its own user-space driver libraries.
+    Devices,
+    /// Docker's `nvidia` device driver (the NVIDIA container toolkit): the
+    /// allocated GPUs by index, the host's driver libraries mounted in.
+    Nvidia,
+    /// CDI device names `nvidia.com/gpu=<index>` (Docker 25+ with CDI on).
+    Cdi,
+}
+
 /// What happens to a call whose output passes `max_output`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -72,6 +91,11 @@ pub struct Policy {
     pub max_time: String,
     pub max_pids: i64,
     pub max_gpus: u32,
+    /// How allocated GPUs reach the sandbox (the agent detects in `auto`).
+    pub gpu_mode: GpuMode,
+    /// Slurm's gres.conf on this node: its `Name=gpu File=...` lines are
+    /// the device files behind the allocation's GPU indexes.
+    pub gres_conf: PathBuf,
     pub max_nodes: u32,
     pub tmp_size: String,
     pub perf_mode: PerfMode,
@@ -113,6 +137,8 @@ impl Default for Policy {
             max_time: "1h".into(),
             max_pids: 512,
             max_gpus: 0,
+            gpu_mode: GpuMode::Auto,
+            gres_conf: PathBuf::from("/etc/slurm/gres.conf"),
             max_nodes: 1,
             tmp_size: "256M".into(),
             perf_mode: PerfMode::Auto,
@@ -214,7 +240,7 @@ impl Policy {
                 reason: "calls_per_allocation must be at least 1".into(),
             });
         }
-        for p in [&policy.agent_socket, &policy.staging_dir] {
+        for p in [&policy.agent_socket, &policy.staging_dir, &policy.gres_conf] {
             check_clean_absolute(p).map_err(|e| PolicyError::Invalid {
                 path: origin.into(),
                 reason: e.to_string(),
@@ -376,5 +402,23 @@ mod tests {
         let mut s = spec();
         s.uid = 0;
         assert_eq!(p.check(&s, 0, dir), Err(Violation::Root));
+    }
+
+    #[test]
+    fn gpus() {
+        let dir = Path::new("/home/u/.delegate/jobs/x");
+        let p = Policy::parse("max_gpus = 1\ngpu_mode = \"devices\"", "t").unwrap();
+        assert_eq!(p.gpu_mode, GpuMode::Devices);
+        assert_eq!(p.gres_conf, Path::new("/etc/slurm/gres.conf"));
+        let mut s = spec();
+        s.resources.gpus = 1;
+        assert_eq!(p.check(&s, 1000, dir), Ok(()));
+        s.resources.gpus = 2;
+        let e = p.check(&s, 1000, dir).unwrap_err();
+        assert_eq!(e.to_string(), "gpus 2 is more than the site maximum of 1");
+        // The default allows none.
+        assert!(Policy::default().check(&s, 1000, dir).is_err());
+        assert!(Policy::parse("gpu_mode = \"magic\"", "t").is_err());
+        assert!(Policy::parse("gres_conf = \"etc/gres.conf\"", "t").is_err());
     }
 }

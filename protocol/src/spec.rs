@@ -32,7 +32,8 @@ pub struct Resources {
     pub time_limit_secs: u64,
     /// Nodes of the allocation (one container per node). 1 for now.
     pub nodes: u32,
-    /// GPUs per node passed through to the container. 0 for now.
+    /// GPUs per node (Slurm GRES `gpu`), passed through to the container:
+    /// exactly the devices Slurm allocated, checked against `max_gpus`.
     pub gpus: u32,
 }
 

@@ -105,6 +105,7 @@ fn request(
     python_version: &str,
     cloudpickle_version: &str,
     cpus: Option<u32>,
+    gpus: Option<u32>,
     mem: Option<&str>,
     time: Option<&str>,
     image: Option<&str>,
@@ -116,6 +117,9 @@ fn request(
     });
     if let Some(c) = cpus {
         req.cpus = c;
+    }
+    if let Some(g) = gpus {
+        req.gpus = g;
     }
     if let Some(m) = mem {
         req.mem_bytes = parse_size(m).map_err(|e| CoreError::Invalid(format!("mem={m:?}: {e}")))?;
@@ -134,7 +138,7 @@ fn request(
 /// run one after another), one job directory (and one fresh sandbox) per
 /// call. Returns the job ids in order.
 #[pyfunction]
-#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, mem=None, time=None, image=None, env=None))]
+#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, gpus=None, mem=None, time=None, image=None, env=None))]
 #[allow(clippy::too_many_arguments)]
 fn submit_python(
     py: Python<'_>,
@@ -142,6 +146,7 @@ fn submit_python(
     python_version: String,
     cloudpickle_version: String,
     cpus: Option<u32>,
+    gpus: Option<u32>,
     mem: Option<String>,
     time: Option<String>,
     image: Option<String>,
@@ -157,6 +162,7 @@ fn submit_python(
                 &python_version,
                 &cloudpickle_version,
                 cpus,
+                gpus,
                 mem.as_deref(),
                 time.as_deref(),
                 image.as_deref(),

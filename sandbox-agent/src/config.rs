@@ -11,6 +11,7 @@ use bollard::models::{
 };
 use delegate_protocol::{Spec, Task, SANDBOX_JOB_DIR};
 
+use crate::gpu::Passthrough;
 use crate::seccomp;
 
 pub const LABEL_JOB: &str = "delegate.job";
@@ -65,6 +66,8 @@ pub struct Params<'a> {
     pub max_file_bytes: u64,
     /// This node's Slurm name.
     pub node: &'a str,
+    /// The GPUs Slurm allocated to the job (none for most jobs).
+    pub gpus: &'a Passthrough,
 }
 
 /// The command the container runs.
@@ -79,15 +82,18 @@ pub fn command(task: &Task) -> Vec<String> {
 }
 
 /// Environment of the sandbox: ours first, then the spec's (which may
-/// override HOME or PATH but not DELEGATE_JOB_ID).
-pub fn environment(spec: &Spec) -> Vec<String> {
+/// override HOME or PATH but not DELEGATE_JOB_ID, the GPU variables
+/// `gpu_env` sets, or any `NVIDIA_*`: an engine whose default runtime is
+/// NVIDIA's would read `NVIDIA_VISIBLE_DEVICES=all` as a grant of every GPU).
+pub fn environment(spec: &Spec, gpu_env: &[String]) -> Vec<String> {
     let mut env = vec![format!("HOME={SANDBOX_JOB_DIR}"), format!("PATH={SANDBOX_PATH}")];
-    env.extend(
-        spec.env
-            .iter()
-            .filter(|(k, _)| k != "DELEGATE_JOB_ID")
-            .map(|(k, v)| format!("{k}={v}")),
-    );
+    let ours = |k: &str| {
+        k == "DELEGATE_JOB_ID"
+            || k.starts_with("NVIDIA_")
+            || gpu_env.iter().any(|e| e.split_once('=').is_some_and(|(n, _)| n == k))
+    };
+    env.extend(spec.env.iter().filter(|(k, _)| !ours(k)).map(|(k, v)| format!("{k}={v}")));
+    env.extend(gpu_env.iter().cloned());
     env.push(format!("DELEGATE_JOB_ID={}", spec.job_id));
     env
 }
@@ -174,14 +180,14 @@ pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
     host.memory = Some(mem);
     host.memory_swap = Some(mem);
     host.nano_cpus = Some(i64::from(spec.resources.cpus).saturating_mul(1_000_000_000));
-    ContainerCreateBody {
+    let mut body = ContainerCreateBody {
         image: Some(spec.image.clone()),
         cmd: Some(command(&spec.task)),
         // The image's entrypoint (if any, e.g. an init such as tini) is
         // kept: images come from the site's allowlist.
         user: Some(format!("{}:{}", p.uid, p.gid)),
         working_dir: Some(SANDBOX_JOB_DIR.into()),
-        env: Some(environment(spec)),
+        env: Some(environment(spec, &p.gpus.environment())),
         labels: Some({
             let mut l = labels(spec.job_id.as_str(), p.slurm_job, p.uid);
             l.insert(LABEL_NODE.to_string(), p.node.to_string());
@@ -195,7 +201,9 @@ pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
         network_disabled: Some(true),
         host_config: Some(host),
         ..Default::default()
-    }
+    };
+    p.gpus.apply(&mut body);
+    body
 }
 
 #[cfg(test)]
@@ -216,11 +224,20 @@ mod tests {
                 mem_bytes: 512 << 20,
                 ..Resources::default()
             },
-            env: vec![("FOO".into(), "bar".into()), ("DELEGATE_JOB_ID".into(), "evil".into())],
+            env: vec![
+                ("FOO".into(), "bar".into()),
+                ("DELEGATE_JOB_ID".into(), "evil".into()),
+                ("NVIDIA_VISIBLE_DEVICES".into(), "all".into()),
+                ("CUDA_VISIBLE_DEVICES".into(), "5".into()),
+            ],
         }
     }
 
     fn build(perf: Perf) -> ContainerCreateBody {
+        build_with(perf, &Passthrough::none())
+    }
+
+    fn build_with(perf: Perf, gpus: &Passthrough) -> ContainerCreateBody {
         let s = spec();
         let p = Params {
             spec: &s,
@@ -234,6 +251,7 @@ mod tests {
             max_open_files: 1024,
             max_file_bytes: 1 << 30,
             node: "n1",
+            gpus,
         };
         container_config(&p)
     }
@@ -305,6 +323,23 @@ mod tests {
         assert!(env.contains(&"FOO=bar".to_string()));
         assert!(!env.contains(&"DELEGATE_JOB_ID=evil".to_string()));
         assert!(env.last().unwrap().starts_with("DELEGATE_JOB_ID="));
+        // No GPUs: the spec's NVIDIA_* never reaches the engine, and an
+        // NVIDIA default runtime is told to inject none.
+        assert!(!env.contains(&"NVIDIA_VISIBLE_DEVICES=all".to_string()));
+        assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
+        let g = Passthrough {
+            mode: crate::gpu::Mode::Devices,
+            devices: vec!["/dev/delegate-gpu1".into()],
+            ordinals: vec![1],
+            control: vec![],
+        };
+        let c = build_with(Perf::Off, &g);
+        let env = c.env.unwrap();
+        assert!(env.contains(&"CUDA_VISIBLE_DEVICES=0".to_string()), "{env:?}");
+        assert!(!env.contains(&"CUDA_VISIBLE_DEVICES=5".to_string()), "{env:?}");
+        let devs = c.host_config.unwrap().devices.unwrap();
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].path_in_container.as_deref(), Some("/dev/delegate-gpu1"));
         let labels = c.labels.unwrap();
         assert_eq!(labels.get(LABEL_SLURM_JOB).map(String::as_str), Some("42"));
         assert_eq!(labels.get(LABEL_UID).map(String::as_str), Some("2001"));

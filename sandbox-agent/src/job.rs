@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use crate::config::{self, Params, Perf};
 use crate::conn::{self, Incoming};
 use crate::engine::{self, EngineError};
+use crate::gpu::{self, GpuError};
 use crate::ident::{self, Caller};
 use crate::stage::Staged;
 use crate::supervise;
@@ -335,6 +336,23 @@ async fn engine_phase(
     if let Err(e) = engine::sweep(&docker, job, ctx.slurm_job, ctx.uid).await {
         tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
     }
+    // The GPUs slurmctld allocated to this job on this node: exactly what
+    // the spec asks for (checked against max_gpus with the rest of it).
+    let gpus = match gpu::for_job(ctx.policy, &docker, ctx.slurm_job, &ctx.node, spec.resources.gpus).await {
+        Ok(g) => g,
+        Err(e @ (GpuError::Mismatch { .. } | GpuError::NoGpus { .. } | GpuError::Short { .. })) => {
+            return Answer::Refused(e.to_string())
+        }
+        Err(e) => return Answer::Failed(format!("{e}; ask the cluster's administrators")),
+    };
+    if !gpus.devices.is_empty() {
+        tracing::info!(
+            "job {job} (Slurm job {}): GPUs {:?} ({})",
+            ctx.slurm_job,
+            gpus.devices,
+            gpus.mode.as_str()
+        );
+    }
     let source = staged.engine_path();
     let params = |perf| Params {
         spec,
@@ -348,6 +366,7 @@ async fn engine_phase(
         max_open_files: ctx.policy.max_open_files,
         max_file_bytes: ctx.max_job_bytes,
         node: &ctx.node,
+        gpus: &gpus,
     };
     let mut perf = match ctx.policy.perf_mode {
         PerfMode::Auto if !engine::may_accept_perfmon(&docker) => Perf::Seccomp,

@@ -22,6 +22,7 @@
 mod config;
 mod conn;
 mod engine;
+mod gpu;
 mod ident;
 mod job;
 mod output;
@@ -59,7 +60,31 @@ fn init_logging() {
     std::panic::set_hook(Box::new(|info| tracing::error!("panic: {info}")));
 }
 
+/// Closes every descriptor above stderr the agent inherited: a daemon that
+/// outlives its starter must not keep its descriptors (e.g. the lock that a
+/// `flock <file> build_cluster.sh --local up` holds, which would stay held
+/// as long as the agent runs, or a pipe its starter waits to see closed).
+fn close_inherited() {
+    // SAFETY: close_range(2) on descriptors nothing in this process uses yet.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if rc == 0 {
+        return;
+    }
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+                .filter(|&fd| fd > 2)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        let _ = nix::unistd::close(fd);
+    }
+}
+
 fn main() {
+    close_inherited();
     if std::env::args().nth(1).as_deref() == Some("--version") {
         println!("sandbox-agent {}", env!("CARGO_PKG_VERSION"));
         return;

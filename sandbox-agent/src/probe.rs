@@ -85,6 +85,28 @@ pub async fn probe(policy: &Policy) -> Report {
     };
     r.perf_mode = mode;
     r.perf_detail = detail;
+    let node = crate::ident::node_name();
+    match crate::gpu::node_devices(policy, &node) {
+        Ok(devs) if devs.is_empty() => {
+            r.gpu_mode = "none".into();
+            r.gpu_detail = format!("no GPUs for node {node} in {}", policy.gres_conf.display());
+        }
+        Ok(devs) => {
+            let (mode, why) = crate::gpu::detect(policy, &docker).await;
+            r.gpu_mode = mode.as_str().into();
+            r.gpu_detail = format!(
+                "{} GPU(s) in {} ({}); {why}; max_gpus = {}",
+                devs.len(),
+                policy.gres_conf.display(),
+                devs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                policy.max_gpus
+            );
+        }
+        Err(e) => {
+            r.gpu_mode = "unknown".into();
+            r.gpu_detail = e.to_string();
+        }
+    }
     r
 }
 

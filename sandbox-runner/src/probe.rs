@@ -32,6 +32,7 @@ impl Show for Report {
             },
             "image": { "name": self.image, "present": self.image_present },
             "perf_mode": { "mode": self.perf_mode, "detail": self.perf_detail },
+            "gpu_mode": { "mode": self.gpu_mode, "detail": self.gpu_detail },
         })
     }
 
@@ -48,6 +49,9 @@ impl Show for Report {
             if self.image_present { "present" } else { "MISSING" }
         );
         s += &format!("perf mode: {} ({})\n", self.perf_mode, self.perf_detail);
+        if !self.gpu_mode.is_empty() {
+            s += &format!("gpu mode:  {} ({})\n", self.gpu_mode, self.gpu_detail);
+        }
         s
     }
 }

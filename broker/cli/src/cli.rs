@@ -108,6 +108,10 @@ pub struct SubmitArgs {
     /// CPUs for the sandbox.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub cpus: u32,
+    /// GPUs for the sandbox (Slurm GRES gpu): the sandbox gets exactly the
+    /// devices Slurm allocates, within the site policy's max_gpus.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub gpus: u32,
     /// Memory limit (e.g. 512M, 2G).
     #[arg(long, default_value = "1G", value_parser = size_arg)]
     pub mem: u64,

@@ -12,6 +12,8 @@ pub struct SubmitRequest {
     /// `None`: the site policy's default image.
     pub image: Option<String>,
     pub cpus: u32,
+    /// GPUs (Slurm GRES `gpu`); 0: none.
+    pub gpus: u32,
     pub mem_bytes: u64,
     pub time_limit_secs: u64,
     pub env: Vec<(String, String)>,
@@ -29,6 +31,7 @@ impl SubmitRequest {
             task,
             image: None,
             cpus: r.cpus,
+            gpus: r.gpus,
             mem_bytes: r.mem_bytes,
             time_limit_secs: r.time_limit_secs,
             env: Vec::new(),

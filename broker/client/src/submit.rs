@@ -43,8 +43,15 @@ impl Client {
             )));
         }
         let same = |r: &SubmitRequest| {
-            (r.cpus, r.mem_bytes, r.time_limit_secs, &r.image, r.hold)
-                == (first.cpus, first.mem_bytes, first.time_limit_secs, &first.image, first.hold)
+            (r.cpus, r.gpus, r.mem_bytes, r.time_limit_secs, &r.image, r.hold)
+                == (
+                    first.cpus,
+                    first.gpus,
+                    first.mem_bytes,
+                    first.time_limit_secs,
+                    &first.image,
+                    first.hold,
+                )
         };
         if !reqs.iter().all(same) {
             return Err(ClientError::InvalidRequest(
@@ -111,7 +118,7 @@ impl Client {
                 cpus: first.cpus,
                 time_limit_secs: longest
                     .saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
-                script: slurm::shared_script(&self.config.runner, &dir_groups),
+                script: slurm::with_gpus(slurm::shared_script(&self.config.runner, &dir_groups), first.gpus),
                 hold: first.hold,
                 calls: jobs.len(),
             }
@@ -122,7 +129,7 @@ impl Client {
                 output: self.log_path(&ids[0]),
                 cpus: first.cpus,
                 time_limit_secs: first.time_limit_secs,
-                script: slurm::batch_script(&self.config.runner, &dirs[0]),
+                script: slurm::with_gpus(slurm::batch_script(&self.config.runner, &dirs[0]), first.gpus),
                 hold: first.hold,
                 calls: jobs.len(),
             }
@@ -134,7 +141,7 @@ impl Client {
                 output: self.root.join(format!("{}.array.log", ids[0])),
                 cpus: first.cpus,
                 time_limit_secs: first.time_limit_secs,
-                script: slurm::array_script(&self.config.runner, &dirs, &logs),
+                script: slurm::with_gpus(slurm::array_script(&self.config.runner, &dirs, &logs), first.gpus),
                 hold: first.hold,
                 calls: jobs.len(),
             }
@@ -234,6 +241,7 @@ impl Client {
             task: req.task.clone(),
             resources: Resources {
                 cpus: req.cpus,
+                gpus: req.gpus,
                 mem_bytes: req.mem_bytes,
                 time_limit_secs: req.time_limit_secs,
                 ..Resources::default()

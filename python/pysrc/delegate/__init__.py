@@ -90,7 +90,7 @@ __all__ = [
 ]
 __version__ = _core.__version__
 
-_RESOURCE_KEYS = ("cpus", "mem", "time", "image", "env")
+_RESOURCE_KEYS = ("cpus", "gpus", "mem", "time", "image", "env")
 #: The environment variable choosing the backend when none is given:
 #: ``cluster`` (the default) or ``local``.
 BACKEND_ENV = "DELEGATE_BACKEND"
@@ -221,12 +221,12 @@ class RemoteFunction:
         return operator.itemgetter(0), ((self._fn,),)
 
 
-def remote(fn=None, *, cpus=None, mem=None, time=None, image=None, env=None, backend=None):
-    """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, mem="2G",
-    time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
+def remote(fn=None, *, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None):
+    """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, gpus=1,
+    mem="2G", time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
     ``backend="local"`` runs each call in a local subprocess instead (not
     sandboxed); the default is $DELEGATE_BACKEND, else the cluster."""
-    res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env)
+    res = dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env)
     res = {k: v for k, v in res.items() if v is not None}
     if fn is None:
         return lambda f: RemoteFunction(f, backend=backend, **res)
@@ -240,10 +240,10 @@ class Executor(cf.Executor):
     (NOT sandboxed; for trying a notebook without a cluster); the default is
     $DELEGATE_BACKEND, else ``cluster``."""
 
-    def __init__(self, cpus=None, mem=None, time=None, image=None, env=None, backend=None):
+    def __init__(self, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None):
         self._resources = {
             k: v
-            for k, v in dict(cpus=cpus, mem=mem, time=time, image=image, env=env).items()
+            for k, v in dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env).items()
             if v is not None
         }
         _resources(self._resources)

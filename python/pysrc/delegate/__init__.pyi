@@ -90,6 +90,7 @@ def remote(
     fn: Callable[_P, _R],
     *,
     cpus: int | None = None,
+    gpus: int | None = None,
     mem: _Size | None = None,
     time: _Duration | None = None,
     image: str | None = None,
@@ -101,6 +102,7 @@ def remote(
     fn: None = None,
     *,
     cpus: int | None = None,
+    gpus: int | None = None,
     mem: _Size | None = None,
     time: _Duration | None = None,
     image: str | None = None,
@@ -114,6 +116,7 @@ class Executor(cf.Executor):
     def __init__(
         self,
         cpus: int | None = None,
+        gpus: int | None = None,
         mem: _Size | None = None,
         time: _Duration | None = None,
         image: str | None = None,

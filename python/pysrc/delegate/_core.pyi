@@ -77,6 +77,7 @@ def submit_python(
     cloudpickle_version: str,
     *,
     cpus: int | None = None,
+    gpus: int | None = None,
     mem: str | None = None,
     time: str | None = None,
     image: str | None = None,

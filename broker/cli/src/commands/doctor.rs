@@ -171,6 +171,23 @@ pub fn doctor(cli: &Cli) -> CliResult {
                         )),
                     },
                 ));
+                // GPUs: how allocated GPUs reach the sandbox (devices,
+                // nvidia, cdi) or none on this node; only a node whose
+                // gres.conf cannot be read is a failure.
+                let g = &v["gpu_mode"];
+                let mode = g["mode"].as_str().unwrap_or("");
+                let detail = g["detail"].as_str().unwrap_or("");
+                checks.push(check(
+                    "gpus",
+                    match mode {
+                        "unknown" => Err((
+                            format!("the GPUs of this node cannot be told: {detail}"),
+                            "check the site policy's gres_conf and Slurm's gres.conf on the workers".into(),
+                        )),
+                        "" => Ok("not reported by this runner".into()),
+                        other => Ok(format!("{other}: {detail}")),
+                    },
+                ));
             }
             Err(e) => {
                 let why = if o.ok {

@@ -32,6 +32,7 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     let mut req = SubmitRequest::command(a.command.clone());
     req.image = a.image.clone();
     req.cpus = a.cpus;
+    req.gpus = a.gpus;
     req.mem_bytes = a.mem;
     req.time_limit_secs = a.time;
     req.env = env;

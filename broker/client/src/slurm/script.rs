@@ -68,6 +68,20 @@ pub fn shared_script(runner: &Path, groups: &[Vec<PathBuf>]) -> String {
     s
 }
 
+/// The script asking Slurm for `gpus` GPUs (GRES `gpu`) per node: an
+/// `#SBATCH --gres=gpu:N` line right after `#!/bin/sh` (no line for 0). The
+/// site's job_submit.lua accepts exactly this form and checks that the
+/// job's GPU request is the script's own.
+pub fn with_gpus(script: String, gpus: u32) -> String {
+    if gpus == 0 {
+        return script;
+    }
+    match script.strip_prefix("#!/bin/sh\n") {
+        Some(rest) => format!("#!/bin/sh\n#SBATCH --gres=gpu:{gpus}\n{rest}"),
+        None => script,
+    }
+}
+
 /// One batch submission.
 #[derive(Clone, Debug)]
 pub struct BatchRequest {
@@ -150,6 +164,22 @@ mod tests {
         assert_eq!(
             batch_script(Path::new("/usr/local/bin/sandbox-runner"), Path::new("/home/o'k/j")),
             "#!/bin/sh\nexec '/usr/local/bin/sandbox-runner' '/home/o'\\''k/j'\n"
+        );
+    }
+
+    #[test]
+    fn gpu_scripts() {
+        let r = Path::new("/r");
+        let one = batch_script(r, Path::new("/h/a"));
+        assert_eq!(with_gpus(one.clone(), 0), one);
+        assert_eq!(with_gpus(one, 2), "#!/bin/sh\n#SBATCH --gres=gpu:2\nexec '/r' '/h/a'\n");
+        let arr = with_gpus(
+            array_script(r, &["/h/a".into(), "/h/b".into()], &["/h/a.log".into(), "/h/b.log".into()]),
+            1,
+        );
+        assert!(
+            arr.starts_with("#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --array=0-1\n"),
+            "{arr}"
         );
     }
 
