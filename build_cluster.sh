@@ -52,7 +52,7 @@ set -euo pipefail
 # the descriptors of whoever runs it: a `flock <lockfile> build_cluster.sh`
 # lock would stay held for as long as they run. Everything above stderr is
 # closed, but bash's own descriptor of this script (255).
-for _fd in /proc/$$/fd/*; do
+for _fd in "/proc/$$/fd"/*; do
     _fd=${_fd##*/}
     if ((_fd > 2 && _fd != 255)); then eval "exec $_fd>&-"; fi
 done
