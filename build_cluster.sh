@@ -48,6 +48,15 @@
 # Every setting below can be overridden from the environment.
 
 set -euo pipefail
+# The daemons this script starts (slurmdbd, the agent, ...) must not inherit
+# the descriptors of whoever runs it: a `flock <lockfile> build_cluster.sh`
+# lock would stay held for as long as they run. Everything above stderr is
+# closed, but bash's own descriptor of this script (255).
+for _fd in "/proc/$$/fd"/*; do
+    _fd=${_fd##*/}
+    if ((_fd > 2 && _fd != 255)); then eval "exec $_fd>&-"; fi
+done
+unset _fd
 
 # This file is the one entry point: the settings, usage, argument parsing
 # and dispatch. What each mode does is in the parts beside it, sourced

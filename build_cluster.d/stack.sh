@@ -213,6 +213,7 @@ stack_generate() {
         -e "s|^ClusterName=.*|ClusterName=$STACK-stack|" \
         -e "s|^SlurmctldHost=.*|SlurmctldHost=head|" \
         -e "/^NodeName=/d" \
+        -e "/^@GRES_TYPES@\$/d" \
         -e "s|^PartitionName=delegate Nodes=@NODENAME@ |PartitionName=delegate Nodes=$nodes |" \
         -e "s|@SLURMUSER@|slurm|" \
         -e "s|@PART_MAXTIME@|$DELEGATE_STACK_PART_MAXTIME|g" \
@@ -269,6 +270,7 @@ CONF
         -e "s|@MAX_TIME@|$DELEGATE_STACK_MAX_TIME|" \
         -e "s|@MAX_PIDS@|$DELEGATE_STACK_MAX_PIDS|" \
         -e "s|@TMP_SIZE@|$DELEGATE_STACK_TMP_SIZE|" \
+        -e "s|@MAX_GPUS@|0|" \
         -e "s|^job_roots = .*|job_roots = [\"$DELEGATE_STACK_HOME\"]|" \
         "$REPO/slurm-conf/policy.toml.in" >"$STACK_GEN/policy.toml"
     grep -q "^job_roots = \[\"$DELEGATE_STACK_HOME\"\]" "$STACK_GEN/policy.toml" \

@@ -418,6 +418,9 @@ mod tests {
         assert_eq!(e.to_string(), "gpus 2 is more than the site maximum of 1");
         // The default allows none.
         assert!(Policy::default().check(&s, 1000, dir).is_err());
+        assert!(s.validate().is_ok());
+        s.resources.gpus = crate::spec::MAX_GPUS + 1;
+        assert!(s.validate().is_err());
         assert!(Policy::parse("gpu_mode = \"magic\"", "t").is_err());
         assert!(Policy::parse("gres_conf = \"etc/gres.conf\"", "t").is_err());
     }

@@ -8,6 +8,8 @@ use crate::{JobId, ProtocolError, Result};
 /// Upper bound on the number of argv entries and environment variables.
 pub const MAX_ARGS: usize = 4096;
 pub const MAX_ENV: usize = 128;
+/// Upper bound on the GPUs one job may ask for (whatever the policy says).
+pub const MAX_GPUS: u32 = 64;
 /// Upper bound on a single string inside the spec.
 pub const MAX_STRING: usize = 8 * 1024;
 
@@ -108,6 +110,9 @@ impl Spec {
         let r = &self.resources;
         if r.cpus == 0 || r.mem_bytes == 0 || r.time_limit_secs == 0 || r.nodes == 0 {
             return bad("cpus, memory, time limit and nodes must be positive".into());
+        }
+        if r.gpus > MAX_GPUS {
+            return bad(format!("more than {MAX_GPUS} GPUs"));
         }
         Ok(())
     }

@@ -112,6 +112,21 @@ def test_one_of_two_gpus_is_exactly_the_allocated_one(alice, max_gpus_1):
     assert f'GPUs ["{chosen}"] (devices)' in log
 
 
+def test_calls_sharing_an_allocation_each_get_the_gpu(alice, max_gpus_1):
+    # --count 2: one sbatch (the shared-allocation script with the --gres
+    # line), each call in its own sandbox with the same one GPU.
+    r = alice.run("submit", "--gpus", "1", "--count", "2", "--", "python3", "-c", SHOW)
+    assert r.returncode == 0, r.stderr
+    jobs = r.stdout.split()
+    assert len(jobs) == 2, r.stdout
+    for job in jobs:
+        st = alice.wait(job)
+        assert st["state"] == "completed", st
+        s = seen(alice, job)
+        assert list(s["devs"]) == [max_gpus_1[0]], s
+        assert s["env"]["CUDA_VISIBLE_DEVICES"] == "0", s
+
+
 def test_no_gpus_asked_sees_none(alice, max_gpus_1):
     job = alice.submit("python3", "-c", SHOW, opts=("--env", "NVIDIA_VISIBLE_DEVICES=all"))
     st = alice.wait(job)
