@@ -71,7 +71,9 @@ def outcome_words(
     ``failed: <reason>``."""
     reason = " ".join((reason or "").split())
     if state == "cancelled":
-        return "cancelled" + (": " + reason if reason else "")
+        if not reason or reason.lower().startswith("cancel"):
+            return reason or "cancelled"
+        return "cancelled: " + reason
     if exc is None and state == "completed":
         return "done"
     # The remote function's own exception: the job completed, the call did not.
