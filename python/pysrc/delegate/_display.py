@@ -265,7 +265,7 @@ class Progress:
 
 class _Ticker:
     """One daemon thread refreshing the clock of every live line each
-    ``TICK`` seconds while there is one."""
+    ``TICK`` seconds (less often beyond 20 lines) while there is one."""
 
     def __init__(self) -> None:
         self.cv = threading.Condition()
@@ -294,7 +294,8 @@ class _Ticker:
                 except Exception:  # noqa: BLE001 - never kill the ticker
                     with self.cv:
                         self.live.discard(p)
-            time.sleep(TICK)
+            # Many live lines (a loop of single submits): fewer refreshes each.
+            time.sleep(TICK * max(1.0, len(live) / 20))
 
 
 _TICKER = _Ticker()
