@@ -80,7 +80,15 @@ impl Client {
         let mut jobs = Vec::new();
         for id in ids {
             match self.load(&id) {
-                Ok(j) => jobs.push(j),
+                Ok(mut j) => {
+                    // A finished job needs its directory no more: a root of
+                    // thousands of jobs must not hold thousands of
+                    // descriptors (EMFILE would make jobs look unreadable).
+                    if j.outcome.is_some() {
+                        j.fd = None;
+                    }
+                    jobs.push(j)
+                }
                 Err(e) => tracing::warn!(job = %id, error = %e, "skipping an unreadable job directory"),
             }
         }

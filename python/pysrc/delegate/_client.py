@@ -315,7 +315,10 @@ def mark_cancelled(fut) -> bool:
     if not cf.Future.cancel(fut):
         return False
     if getattr(fut, "_words", "") is None:
-        fut._words = outcome_words("cancelled", str(getattr(fut, "_status", {}).get("reason", "")))
+        was = str(getattr(fut, "_status", {}).get("state", ""))
+        fut._words = {"pending": "cancelled before it started", "running": "cancelled while running"}.get(
+            was, "cancelled"
+        )
         fut._changed()
     with fut._condition:  # re-entrant: set_running_or_notify_cancel takes it too
         if fut._state == cf._base.CANCELLED:

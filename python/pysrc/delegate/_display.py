@@ -71,7 +71,9 @@ def outcome_words(
     ``failed: <reason>``."""
     reason = " ".join((reason or "").split())
     if state == "cancelled":
-        return "cancelled" + (": " + reason if reason else "")
+        if not reason or reason.lower().startswith("cancel"):
+            return reason or "cancelled"
+        return "cancelled: " + reason
     if exc is None and state == "completed":
         return "done"
     # The remote function's own exception: the job completed, the call did not.
@@ -263,7 +265,7 @@ class Progress:
 
 class _Ticker:
     """One daemon thread refreshing the clock of every live line each
-    ``TICK`` seconds while there is one."""
+    ``TICK`` seconds (less often beyond 20 lines) while there is one."""
 
     def __init__(self) -> None:
         self.cv = threading.Condition()
@@ -292,7 +294,8 @@ class _Ticker:
                 except Exception:  # noqa: BLE001 - never kill the ticker
                     with self.cv:
                         self.live.discard(p)
-            time.sleep(TICK)
+            # Many live lines (a loop of single submits): fewer refreshes each.
+            time.sleep(TICK * max(1.0, len(live) / 20))
 
 
 _TICKER = _Ticker()

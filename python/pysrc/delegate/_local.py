@@ -111,8 +111,12 @@ class LocalFuture(DelegateFuture):
         self._cancel.set()
         proc = self._proc
         if proc is not None:
-            _kill(proc)
-        return mark_cancelled(self)
+            _kill(proc)  # _wait records the end
+            return mark_cancelled(self)
+        ok = mark_cancelled(self)
+        self._status = dict(self._status, state="cancelled", reason="cancelled before it started")
+        self._status["finished"] = time.time()
+        return ok
 
     def _run(self) -> None:
         slots = RUNNER.slots

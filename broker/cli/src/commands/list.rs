@@ -36,7 +36,7 @@ pub fn list(cli: &Cli) -> CliResult {
         w = what_width
     );
     for j in &jobs {
-        let _ = writeln!(out, "{}", row(j, now, what_width, colour));
+        let _ = writeln!(out, "{}", row(j, now, what_width, colour).trim_end());
     }
     Ok(0)
 }
