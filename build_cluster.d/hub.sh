@@ -228,6 +228,7 @@ stack_roster_add() {
 stack_roster_apply() {
     if [[ -n $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
         log "accounts: $1; redeploying stack $STACK (the nodes restart with the new accounts)"
+        stack_deployed_workers   # as many workers as deployed
         stack_deploy
     else
         stack_secrets

@@ -102,7 +102,9 @@ def stack(tmp_path_factory):
     finally:
         run(SCRIPT, "down")
         for u in (ADA, BOB):
-            run(SCRIPT, "--stack", "accounts", "remove", u)
+            run(SCRIPT, "--stack", "accounts", "remove", u, "--archive")
+            for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
+                f.unlink()
 
 
 def test_roster_is_idempotent(stack):
