@@ -82,15 +82,15 @@ hub_roster_file() { echo "$DELEGATE_STACK_DIR/roster"; }
 # stack_generate as "name uid").
 hub_accounts_lines() {
     local f; f=$(hub_roster_file)
-    [[ -f $f ]] && grep -v '^#' "$f"
-    return 0
+    [[ -f $f ]] || return 0
+    grep -v '^#' "$f" || true   # (an empty roster: no line, no error)
 }
 
 # hub_admin_members: the roster's instructors, one per line.
 hub_admin_members() {
     local f; f=$(hub_roster_file)
-    [[ -f $f ]] && awk '$3 == "instructor" { print $1 }' "$f"
-    return 0
+    [[ -f $f ]] || return 0
+    awk '$3 == "instructor" { print $1 }' "$f"
 }
 
 # hub_all_names: every account of the stack (cluster.conf's and the
