@@ -143,7 +143,8 @@ def test_roster_is_idempotent(stack):
         assert run("docker", "exec", cid, "id", "-u", u).stdout.strip() == str(roster_uid(u))
 
 
-CELL_CALL = """import os, delegate
+CELL_CALL = """import os, shutil, delegate
+print("cli", shutil.which("delegate"))
 @delegate.remote(cpus=1, time="2m")
 def where(x):
     import os
@@ -254,6 +255,7 @@ def test_students_in_the_browser(stack, browser, capsys):
         uid = roster_uid(s.user)
         text = s.run_cell(CELL_CALL, "twice=42", "delegate-call")
         assert f"caller-uid {uid}" in text, text
+        assert "cli /usr/local/bin/delegate" in text, text  # the CLI, for the terminal too
         assert f"remote-uid={uid} twice=42" in text, text
         assert "delegate: " in text and "completed" in text, f"no status line: {text!r}"
         text = s.run_cell(CELL_FAIL, "no free lunch 42", "failing-call")
@@ -323,6 +325,8 @@ def test_remove_archives_the_home(stack, tmp_path):
     roster.write_text("hub-cyd,Cyd\n")
     before = set((STACK_DIR / "archive").glob("hub-cyd-*")) if (STACK_DIR / "archive").exists() else set()
     run("docker", "stack", "rm", STACK)  # the removal below then needs no redeploy
+    # The hub's state outlives the stack (update and down keep it).
+    assert (STACK_DIR / "hub" / "jupyterhub.sqlite").stat().st_size > 0
     try:
         run(SCRIPT, "--stack", "accounts", "add", "--csv", str(roster), check=True)
         (HOME / "hub-cyd").mkdir(mode=0o700, exist_ok=True)
