@@ -90,7 +90,10 @@ def chromium_path() -> str:
     path = shutil.which("chromium")
     if path is None:
         # Debian's chromium (no browser download from the internet).
-        run("apt-get", "install", "-y", "--no-install-recommends", "chromium", timeout=900, check=True)
+        apt = ("apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium")
+        if run(*apt, timeout=900).returncode != 0:
+            run("apt-get", "update", "-q", timeout=600)
+            run(*apt, timeout=900, check=True)
         path = shutil.which("chromium")
     assert path, "chromium not installed"
     return path
