@@ -315,6 +315,8 @@ def test_servers_run_as_their_students_with_limits(stack, browser):
             servers[int(uid)] = pid
     assert set(servers) >= {roster_uid(ADA), roster_uid(BOB)}, ps
     assert 0 not in servers, "a single-user server runs as root"
+    # The idle culler runs as the hub's service.
+    assert re.search(r"jupyterhub_idle_culler --timeout=\d+", ps), ps
     limits = on_user_node("cat", f"/proc/{servers[roster_uid(ADA)]}/limits").stdout
     assert re.search(r"Max address space\s+2147483648\s+2147483648", limits), limits
     assert re.search(r"Max processes\s+256\s+256", limits), limits
