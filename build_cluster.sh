@@ -14,6 +14,8 @@
 #                                       the roster: Unix accounts (0700
 #                                       homes) and their Slurm associations
 #   ./build_cluster.sh accounts list | remove USER [--archive]
+#   ./build_cluster.sh --stack accounts add|list|remove ...
+#                                       the same for the stack (hub logins)
 #   ./build_cluster.sh --help
 #
 #   ./build_cluster.sh deploy [--workers N]   the multi-node cluster as a
@@ -69,6 +71,8 @@ unset _fd
 #                               the student QOS, `accounts` (the roster)
 #   build_cluster.d/stack.sh    deploy|update|status|down of the swarm stack
 #                               (stack_*)
+#   build_cluster.d/hub.sh      JupyterHub on the stack's user node, the
+#                               stack's accounts (`--stack accounts`)
 #   build_cluster.d/check.sh    test: the instructor's check of a deployed
 #                               stack (stack_test and its checks)
 
@@ -114,7 +118,7 @@ DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common quota local accounting stack check; do
+for part in common quota local accounting stack hub check; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -132,6 +136,8 @@ source "$REPO/build_cluster.d/local.sh"
 source "$REPO/build_cluster.d/accounting.sh"
 # shellcheck source=build_cluster.d/stack.sh
 source "$REPO/build_cluster.d/stack.sh"
+# shellcheck source=build_cluster.d/hub.sh
+source "$REPO/build_cluster.d/hub.sh"
 # shellcheck source=build_cluster.d/check.sh
 source "$REPO/build_cluster.d/check.sh"
 
@@ -153,6 +159,11 @@ main() {
     local mode="" action=""
     # `accounts ...` (after an optional --local): its own arguments.
     [[ ${1:-} == --local ]] && [[ ${2:-} == accounts ]] && shift
+    if [[ ${1:-} == --stack && ${2:-} == accounts ]]; then
+        shift 2
+        stack_accounts_main "$@"
+        return
+    fi
     if [[ ${1:-} == accounts ]]; then
         shift
         accounts_main "$@"

@@ -8,8 +8,8 @@
 # Python function through delegate as each account (own uid, a perf
 # counter; the user-side script is stack/check_user.py, run on the user
 # node); neither account can read the other's job directories; exclusive
-# nodes; a map sharing one allocation per worker; JupyterLab answering with
-# the token and refusing without; the root agent answering on every worker,
+# nodes; a map sharing one allocation per worker; JupyterHub serving the
+# stack's certificate and letting a test account log in; the root agent answering on every worker,
 # and no student reaching the Docker socket there. Exits 1 (die) when any check failed.
 # The action is stack_test; each check is a function t_* run by `check`.
 #
@@ -17,7 +17,8 @@
 # run by itself). Needs from common.sh: log, die, need_root, T0; from
 # stack.sh: stack_load_config, stack_deployed_workers, stack_secrets,
 # stack_wait, stack_exec, stack_exec_as, stack_nodes_idle and the variables
-# stack_load_config/stack_secrets set (STACK, JUPYTER_TOKEN, ...); from
+# stack_load_config/stack_secrets set (STACK, STACK_SECRETS, ...); from hub.sh: nothing (t_hub reads
+# STACK_SECRETS/initial-passwords and hub-tls.crt); from
 # build_cluster.sh: REPO.
 
 # Set to 1 by `check` when a check fails; stack_test dies at the end then.
@@ -142,17 +143,35 @@ t_isolation() {
     done
     echo "$a cannot read $DELEGATE_STACK_HOME/$b/.delegate/jobs (user node, worker1)"
 }
-# t_jupyter: JupyterLab on the published port answers /api/status and /lab
-# with the token, and refuses /api/status without it.
-t_jupyter() {
-    local url="http://127.0.0.1:$DELEGATE_JUPYTER_PORT" code
-    code=$(curl -s -o /dev/null -w '%{http_code}' "$url/api/status?token=$JUPYTER_TOKEN")
-    [[ $code == 200 ]] || { echo "GET /api/status with the token: HTTP $code"; return 1; }
-    code=$(curl -s -o /dev/null -w '%{http_code}' "$url/api/status")
-    [[ $code == 403 || $code == 401 ]] || { echo "GET /api/status without a token: HTTP $code (want 401/403)"; return 1; }
-    code=$(curl -s -o /dev/null -w '%{http_code}' "$url/lab?token=$JUPYTER_TOKEN")
-    [[ $code == 200 ]] || { echo "GET /lab with the token: HTTP $code"; return 1; }
-    echo "JupyterLab on :$DELEGATE_JUPYTER_PORT answers with the token (and refuses without)"
+# t_hub USER: JupyterHub on the published port serves the stack's
+# certificate over HTTPS, and its login page lets USER in with their
+# password (initial-passwords) and refuses a wrong one.
+t_hub() {
+    local u=$1 url="https://127.0.0.1:$DELEGATE_JUPYTER_PORT" pw jar page xsrf out served want
+    want=$(openssl x509 -noout -fingerprint -sha256 -in "$STACK_SECRETS/hub-tls.crt" 2>/dev/null)
+    served=$(openssl s_client -connect "127.0.0.1:$DELEGATE_JUPYTER_PORT" </dev/null 2>/dev/null \
+        | openssl x509 -noout -fingerprint -sha256 2>/dev/null)
+    [[ -n $want && $served == "$want" ]] || { echo "the hub serves another certificate than $STACK_SECRETS/hub-tls.crt: '${served:-none}'"; return 1; }
+    pw=$(awk -v u="$u" '$1 == u { print $2; exit }' "$STACK_SECRETS/initial-passwords")
+    [[ -n $pw ]] || { echo "no initial password of $u in $STACK_SECRETS/initial-passwords"; return 1; }
+    jar=$(mktemp)
+    # hub_login PASSWORD: the HTTP code and redirect of the login form's POST.
+    hub_login() {
+        : >"$jar"
+        page=$(curl -ksS --max-time 20 -c "$jar" "$url/hub/login") || return 1
+        xsrf=$(sed -n 's/.*name="_xsrf" value="\([^"]*\)".*/\1/p' <<<"$page" | head -n1)
+        curl -ksS --max-time 30 -b "$jar" -c "$jar" -o /dev/null -w '%{http_code} %{redirect_url}' \
+            --data-urlencode "username=$u" --data-urlencode "password=$1" --data-urlencode "_xsrf=$xsrf" \
+            "$url/hub/login"
+    }
+    out=$(hub_login "$pw")
+    if [[ $out != 302* ]] || ! grep -q 'jupyterhub-session-id\|jupyterhub-hub-login' "$jar"; then
+        rm -f "$jar"; echo "$u's login: HTTP $out (want 302 and a session cookie)"; return 1
+    fi
+    out=$(hub_login "not-$pw")
+    rm -f "$jar"
+    [[ $out != 302* ]] || { echo "a wrong password of $u was accepted: HTTP $out"; return 1; }
+    echo "JupyterHub on https://:$DELEGATE_JUPYTER_PORT/ (the stack's certificate) lets $u in, refuses a wrong password"
 }
 
 # --- the action
@@ -180,7 +199,7 @@ stack_test() {
     check "$t2 cannot read $t1's job directories" t_isolation "$t2" "$t1"
     check "exclusive nodes: $((2 * DELEGATE_STACK_WORKERS)) jobs of 5 s at once" t_python "$t1" excl "$DELEGATE_STACK_WORKERS"
     check "a map shares one exclusive allocation per worker" t_python "$t1" map "$DELEGATE_STACK_WORKERS"
-    check "JupyterLab answers with the token" t_jupyter
+    check "JupyterHub: $t1 logs in over HTTPS" t_hub "$t1"
     if ((STACK_TEST_FAILED)); then
         die "test: some checks failed (see above; ./build_cluster.sh status, docker service logs ${STACK}_<service>)"
     fi

@@ -169,7 +169,8 @@ stack_staging_down() {
 
 # --- secrets
 # stack_secrets: the munge key (generated once) and the Jupyter token (from
-# the settings, else generated once) under STACK_SECRETS; sets JUPYTER_TOKEN.
+# the settings, else generated once; a swarm secret, unused since the hub)
+# under STACK_SECRETS; the hub's secrets (hub.sh).
 stack_secrets() {
     install -d -m 0700 "$STACK_SECRETS"
     if [[ ! -s $STACK_SECRETS/munge.key ]]; then
@@ -189,7 +190,8 @@ stack_secrets() {
     if [[ ! -f $STACK_SECRETS/jupyter-token || $(cat "$STACK_SECRETS/jupyter-token") != "$token" ]]; then
         (umask 077; printf '%s' "$token" >"$STACK_SECRETS/jupyter-token")
     fi
-    JUPYTER_TOKEN=$token
+    # The hub's certificate and the accounts' password hashes (hub.sh).
+    hub_secrets
 }
 
 # --- generated files
@@ -286,6 +288,10 @@ CONF
         [[ " $STACK_ACCOUNTS " == *" $m:"* ]] || die "admin '$m' (DELEGATE_STACK_ADMINS) is not an account of cluster.conf"
         members+=${members:+,}$m
     done
+    # The roster's instructors (hub.sh) are admins too.
+    for m in $(hub_admin_members); do
+        [[ ,$members, == *",$m,"* ]] || members+=${members:+,}$m
+    done
     lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" 0 >"$STACK_GEN/job_submit.lua"
     lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" >"$STACK_GEN/plugstack.conf"
     echo "$agroup $agid $members" >"$STACK_GEN/admins"
@@ -297,6 +303,11 @@ CONF
         [[ $a =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] || die "bad account '$a' in cluster.conf (want name:uid)"
         echo "${a%%:*} ${a##*:}" >>"$STACK_GEN/accounts"
     done
+    # The roster's accounts (hub.sh): "name uid role full name" lines.
+    hub_accounts_lines >>"$STACK_GEN/accounts"
+    [[ -z $(awk '{ print $1 }' "$STACK_GEN/accounts" | sort | uniq -d) \
+        && -z $(awk '{ print $2 }' "$STACK_GEN/accounts" | sort | uniq -d) ]] \
+        || die "two accounts share a name or a uid (cluster.conf and the roster $(hub_roster_file))"
 
     # The stack file: the worker block repeated, placeholders filled.
     local cfgv keyv hc="" wc="" uc=""
@@ -321,6 +332,10 @@ CONF
             -e "s|@JUPYTER_USER@|$JUPYTER_USER|g" \
             -e "s|@JUPYTER_PORT@|$DELEGATE_JUPYTER_PORT|g" \
             -e "s|@STACK@|$STACK|g" -e "s|@CFGV@|$cfgv|g" -e "s|@KEYV@|$keyv|g" \
+            -e "s|@HUBV@|$(hub_secrets_version)|g" -e "s|@HUB_STATE@|$DELEGATE_STACK_DIR/hub|g" \
+            -e "s|@HUB_MEM@|$DELEGATE_HUB_MEM_LIMIT|g" -e "s|@HUB_NPROC@|$DELEGATE_HUB_NPROC_LIMIT|g" \
+            -e "s|@HUB_IDLE@|$DELEGATE_HUB_IDLE_TIMEOUT|g" -e "s|@USER_CPUS@|$DELEGATE_USER_NODE_CPUS|g" \
+            -e "s|@USER_MEM@|$DELEGATE_USER_NODE_MEM|g" \
             -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \
         >"$tmp"
     grep -q '@[A-Z_]*@' "$tmp" && { rm -f "$tmp"; die "stack file has unfilled placeholders"; }
@@ -406,8 +421,9 @@ $(tail -n 20 "$DELEGATE_LOG_DIR/build-cluster-image.log")"; }
         mkdir -p "$ctx/docker" "$ctx/wheels"
         cp "$REPO/docker/user.Dockerfile" "$ctx/docker/"
         stack_wheels "$ctx/wheels"
+        hub_context "$ctx"
         log "image $DELEGATE_USER_IMAGE: building (log $DELEGATE_LOG_DIR/build-user-image.log)"
-        docker build --build-arg "CLUSTER_IMAGE=$DELEGATE_CLUSTER_IMAGE" \
+        docker build --build-arg "CLUSTER_IMAGE=$DELEGATE_CLUSTER_IMAGE" --build-arg "HUB_PIP_PINS=$HUB_PIP_PINS" \
             --label "org.delegate.source=$src" -t "$DELEGATE_USER_IMAGE" -f "$ctx/docker/user.Dockerfile" "$ctx" \
             >"$DELEGATE_LOG_DIR/build-user-image.log" 2>&1 \
             || { rm -rf "$ctx"; die "docker build of $DELEGATE_USER_IMAGE failed; tail:
@@ -444,9 +460,11 @@ stack_wheels() {
     [[ -n $pin ]] || die "no cloudpickle pin in python/pyproject.toml"
     # Cached across runs: pip only downloads what the cache lacks.
     install -d -m 0755 "$cache"
-    log "wheels: pip download jupyterlab $pin (cache $cache)"
-    "$venv/bin/pip" download -q --only-binary=:all: -d "$cache" jupyterlab "$pin" \
-        || die "pip download of jupyterlab/$pin failed"
+    local -a hub
+    mapfile -t hub < <(hub_versions pip)
+    log "wheels: pip download jupyterlab $pin ${hub[*]} (cache $cache)"
+    "$venv/bin/pip" download -q --only-binary=:all: -d "$cache" jupyterlab "$pin" "${hub[@]}" \
+        || die "pip download of jupyterlab/$pin/${hub[*]} failed"
     # CFiddle: the same pins as the sandbox image (user.Dockerfile installs them).
     "$venv/bin/pip" download -q --no-deps --only-binary=:all: -d "$cache" -r "$REPO/python/requirements-cfiddle.txt" \
         || die "pip download of python/requirements-cfiddle.txt failed"
@@ -493,10 +511,9 @@ $(docker service logs --tail 15 "${STACK}_head" 2>&1)"
         sleep 2
     done
     log "stack: all $DELEGATE_STACK_WORKERS workers idle"
-    # JupyterLab takes a few seconds more to listen.
-    wait_for "$DELEGATE_STACK_WAIT" "stack: JupyterLab" \
-        stack_exec user curl -fsS -o /dev/null "http://127.0.0.1:8888/api/status?token=$JUPYTER_TOKEN" \
-        || die "JupyterLab does not answer in the user node after ${DELEGATE_STACK_WAIT}s:
+    # JupyterHub takes a few seconds more to listen.
+    wait_for "$DELEGATE_STACK_WAIT" "stack: JupyterHub" hub_answers \
+        || die "JupyterHub does not answer in the user node after ${DELEGATE_STACK_WAIT}s:
 $(docker service logs --tail 20 "${STACK}_user" 2>&1)"
 }
 
@@ -532,7 +549,7 @@ stack_deploy() {
         done
     fi
     stack_wait
-    log "deploy: done in $((SECONDS - T0)) s. JupyterLab: http://$(hostname -f 2>/dev/null || hostname):$DELEGATE_JUPYTER_PORT/lab?token=$JUPYTER_TOKEN"
+    log "deploy: done in $((SECONDS - T0)) s. JupyterHub (each student's own JupyterLab): $(hub_url)"
 }
 
 # stack_update: `update`, a deploy that rebuilds every image and restarts
@@ -569,11 +586,10 @@ stack_status() {
     stack_exec head squeue 2>&1 || true
     echo
     stack_agents_status
-    local token
-    token=$(cat "$STACK_SECRETS/jupyter-token" 2>/dev/null || echo '?')
     echo
-    echo "JupyterLab (as $JUPYTER_USER): http://$(hostname -f 2>/dev/null || hostname):$DELEGATE_JUPYTER_PORT/lab?token=$token"
-    echo "shared home: $DELEGATE_STACK_HOME   accounts: $STACK_ACCOUNTS"
+    echo "JupyterHub (each student's own JupyterLab): $(hub_url)"
+    echo "  log in with a course account; initial passwords: $STACK_SECRETS/initial-passwords (root only)"
+    echo "shared home: $DELEGATE_STACK_HOME   accounts: $STACK_ACCOUNTS $(hub_accounts_lines | awk '{ printf "%s:%s ", $1, $2 }')"
 }
 
 # stack_agents_status: one line per worker: its root agent's pid, whether

@@ -5,13 +5,14 @@
 #   /etc/delegate-stack/slurm.conf, gres.conf, policy.toml, accounts   (swarm configs)
 #   /run/secrets/munge.key, /run/secrets/jupyter-token                 (swarm secrets)
 #   DELEGATE_STACK_HOME   the shared home (same absolute path everywhere)
-#   DELEGATE_JUPYTER_USER the account JupyterLab runs as (user node)
+#   /run/secrets/hub-passwords, hub-tls.{crt,key}  (user node) the accounts'
+#                         password hashes, the hub's certificate
 #   DELEGATE_STAGING_HOST_DIR  (worker) the host directory bound at
 #                         /run/delegate/jobs, as the host's engine sees it
 #   /run/delegate-engine/docker.sock  (worker) the host's Docker socket
 # It installs them, creates the accounts, starts munged (and on a worker
 # the root agent sandbox-agent), then runs the role's daemon in the
-# foreground (slurmctld, slurmd or JupyterLab) so the container lives
+# foreground (slurmctld, slurmd or JupyterHub) so the container lives
 # exactly as long as the daemon.
 set -euo pipefail
 role=${1:-worker}
@@ -32,13 +33,14 @@ install -o root -g root -m 0644 "$CFG/policy.toml" /etc/delegate/policy.toml
 install -o root -g root -m 0644 "$CFG/job_submit.lua" /etc/slurm/job_submit.lua
 install -o root -g root -m 0644 "$CFG/plugstack.conf" /etc/slurm/delegate-plugstack.conf
 
-# --- accounts: "name uid" per line; same uid/gid on every node
-while read -r name uid; do
+# --- accounts: "name uid [role [full name]]" per line (role and name: the
+# roster's accounts); same uid/gid on every node
+while read -r name uid _role gecos; do
     [[ -z $name || $name == \#* ]] && continue
     getent group "$name" >/dev/null || groupadd --gid "$uid" "$name"
     if ! id "$name" >/dev/null 2>&1; then
         useradd --uid "$uid" --gid "$uid" --home-dir "$HOME_ROOT/$name" --no-create-home \
-            --shell /bin/bash "$name"
+            --shell /bin/bash --comment "${gecos:-}" "$name"
     fi
     # Homes are created by the user node (the workers only use them).
     if [[ $role == user && ! -d $HOME_ROOT/$name ]]; then
@@ -131,17 +133,24 @@ worker)
     exec slurmd -D
     ;;
 user)
-    u=${DELEGATE_JUPYTER_USER:?DELEGATE_JUPYTER_USER not set}
-    home=$(getent passwd "$u" | cut -d: -f6)
-    [[ -n $home ]] || die "no account $u for JupyterLab"
-    token=$(cat /run/secrets/jupyter-token)
-    log "starting JupyterLab as $u on :8888"
-    cd "$home"
-    # The token is passed in the environment (JUPYTER_TOKEN), not on the
-    # command line, so other accounts cannot read it from ps.
-    exec runuser -u "$u" -- env -i PATH="$PATH" HOME="$home" USER="$u" LOGNAME="$u" LANG=C.UTF-8 \
-        SHELL=/bin/bash JUPYTER_TOKEN="$token" \
-        jupyter lab --ip=0.0.0.0 --port=8888 --no-browser --ServerApp.root_dir="$home"
+    # JupyterHub (/etc/jupyterhub/jupyterhub_config.py): the accounts'
+    # passwords for PAM ("name:hash" lines, the root-only secret), the
+    # certificate, then the hub as root (it starts each student's server as
+    # the student).
+    if [[ -s /run/secrets/hub-passwords ]]; then
+        chpasswd -e </run/secrets/hub-passwords || die "cannot set the accounts' passwords"
+    fi
+    install -d -m 0700 /etc/jupyterhub/tls
+    install -m 0644 /run/secrets/hub-tls.crt /etc/jupyterhub/tls/hub.crt
+    install -m 0600 /run/secrets/hub-tls.key /etc/jupyterhub/tls/hub.key
+    chown root:root /var/lib/jupyterhub
+    chmod 0700 /var/lib/jupyterhub
+    cd /var/lib/jupyterhub
+    log "starting JupyterHub on :8888 (https)"
+    exec env -i PATH="$PATH" HOME=/root LANG=C.UTF-8 \
+        DELEGATE_HUB_MEM_LIMIT="${DELEGATE_HUB_MEM_LIMIT:-}" DELEGATE_HUB_NPROC_LIMIT="${DELEGATE_HUB_NPROC_LIMIT:-}" \
+        DELEGATE_HUB_IDLE_TIMEOUT="${DELEGATE_HUB_IDLE_TIMEOUT:-}" \
+        jupyterhub -f /etc/jupyterhub/jupyterhub_config.py
     ;;
 *) die "unknown role '$role' (head|worker|user)" ;;
 esac

@@ -1,0 +1,343 @@
+# shellcheck shell=bash
+# build_cluster.d/hub.sh -- JupyterHub on the stack's user node, and the
+# stack's accounts from the instructor's roster.
+#
+# The user node runs JupyterHub (stack/jupyterhub_config.py): students log
+# in over HTTPS with their course account (PAM), each gets their own
+# JupyterLab as their own uid. This file holds what build_cluster.sh does
+# for it on the host:
+#   hub_context CTX          the user image's build context: the pinned
+#                            JupyterHub wheels (with stack_wheels), the
+#                            npm-installed configurable-http-proxy, the
+#                            hub's config
+#   hub_secrets              the certificate (cluster.conf's, or a
+#                            self-signed one made once), every account's
+#                            password hash (an initial password made once
+#                            per account, written to a root-only file)
+#   hub_accounts_lines       the roster's lines of the `accounts` config
+#   hub_admin_members        the roster's instructors (admin group members)
+#   hub_url, hub_answers     the hub's URL; whether it answers in the node
+#   stack_accounts_main ARGS `build_cluster.sh --stack accounts add --csv
+#                            FILE [--instructors] | list | remove USER
+#                            [--archive]`
+# Files (host, under DELEGATE_STACK_DIR):
+#   roster                      "name uid role full name,,,email" per roster
+#                               account (0600); cluster.conf's accounts are
+#                               not in it
+#   secrets/hub-passwords       "name:sha512-crypt" (chpasswd -e), the
+#                               user node's swarm secret hub_passwords
+#   secrets/initial-passwords   "name password", root only (0600): the
+#                               instructor hands them out
+#   secrets/hub.crt, hub.key    the self-signed certificate (when
+#                               cluster.conf names none)
+#   hub/                        the hub's state (sqlite, cookie secret),
+#                               bound into the user node; kept by update/down
+#
+# Sourced by build_cluster.sh after stack.sh (never run by itself). Needs
+# from common.sh: log, warn, die, need_root; from accounting.sh:
+# roster_rows, roster_check; from stack.sh: stack_load_config, stack_deploy,
+# stack_exec and what stack_load_config sets (STACK, STACK_SECRETS,
+# STACK_ACCOUNTS, ...); from build_cluster.sh: REPO.
+
+# hub_versions KIND: the pinned packages of stack/hub-versions of KIND (pip
+# or npm), one per line.
+hub_versions() {
+    awk -v k="$1" '$1 == k { print $2 }' "$REPO/stack/hub-versions"
+}
+
+# hub_context CTX: what the user image's build needs beside the wheels:
+# CTX/chp (configurable-http-proxy with its node_modules, `npm install`ed on
+# the host once per version into DELEGATE_CACHE_DIR) and
+# CTX/stack/jupyterhub_config.py. Sets HUB_PIP_PINS (the build argument).
+hub_context() {
+    local ctx=$1 chp cache
+    chp=$(hub_versions npm)
+    [[ $chp =~ ^configurable-http-proxy@[0-9]+\.[0-9]+\.[0-9]+$ ]] \
+        || die "stack/hub-versions: want one pinned 'npm configurable-http-proxy@X.Y.Z', not '$chp'"
+    cache=$DELEGATE_CACHE_DIR/chp-${chp#*@}
+    if [[ ! -x $cache/node_modules/.bin/configurable-http-proxy ]]; then
+        if ! command -v npm >/dev/null; then
+            log "hub: installing npm (Debian) to fetch $chp"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm >/dev/null \
+                || die "npm not found and apt-get install npm failed: install npm to fetch $chp"
+        fi
+        log "hub: npm install $chp (cache $cache)"
+        rm -rf "$cache.tmp"
+        install -d -m 0755 "$cache.tmp"
+        (cd "$cache.tmp" && npm install --no-audit --no-fund --omit=dev --loglevel=error "$chp" \
+            >"$DELEGATE_LOG_DIR/npm-chp.log" 2>&1) \
+            || die "npm install $chp failed; see $DELEGATE_LOG_DIR/npm-chp.log"
+        rm -rf "$cache"
+        mv "$cache.tmp" "$cache"
+    fi
+    cp -a "$cache" "$ctx/chp"
+    mkdir -p "$ctx/stack"
+    cp "$REPO/stack/jupyterhub_config.py" "$ctx/stack/"
+    HUB_PIP_PINS=$(hub_versions pip | paste -sd ' ' -)
+    [[ -n $HUB_PIP_PINS ]] || die "stack/hub-versions names no pip package"
+}
+
+# --- the roster's state
+# hub_roster_file: the roster's state file.
+hub_roster_file() { echo "$DELEGATE_STACK_DIR/roster"; }
+
+# hub_accounts_lines: the roster's lines of the accounts config ("name uid
+# role full name,,,email"; cluster.conf's accounts are written by
+# stack_generate as "name uid").
+hub_accounts_lines() {
+    local f; f=$(hub_roster_file)
+    [[ -f $f ]] || return 0
+    grep -v '^#' "$f" || true   # (an empty roster: no line, no error)
+}
+
+# hub_admin_members: the roster's instructors, one per line.
+hub_admin_members() {
+    local f; f=$(hub_roster_file)
+    [[ -f $f ]] || return 0
+    awk '$3 == "instructor" { print $1 }' "$f"
+}
+
+# hub_all_names: every account of the stack (cluster.conf's and the
+# roster's), one name per line.
+hub_all_names() {
+    local a
+    for a in $STACK_ACCOUNTS; do echo "${a%%:*}"; done
+    hub_accounts_lines | awk '{ print $1 }'
+}
+
+# --- secrets
+# hub_new_password: a fresh password of 14 characters (no look-alikes).
+hub_new_password() {
+    local p
+    p=$(head -c 96 /dev/urandom | base64 -w0 | tr -dc 'a-km-zA-HJ-NP-Z2-9')
+    echo "${p:0:14}"
+}
+
+# hub_secrets: the hub's certificate and key (DELEGATE_HUB_TLS_CERT/_KEY, or
+# self-signed once) in STACK_SECRETS/hub-tls.{crt,key}; the password hash of
+# every account in hub-passwords (a new account gets an initial password,
+# appended to the root-only initial-passwords; a removed one's lines go).
+# Idempotent: the same accounts give the same files.
+hub_secrets() {
+    local crt=$STACK_SECRETS/hub-tls.crt key=$STACK_SECRETS/hub-tls.key host
+    if [[ -n ${DELEGATE_HUB_TLS_CERT:-} ]]; then
+        [[ -r $DELEGATE_HUB_TLS_CERT && -r ${DELEGATE_HUB_TLS_KEY:-} ]] \
+            || die "DELEGATE_HUB_TLS_CERT/DELEGATE_HUB_TLS_KEY must both name readable files"
+        openssl x509 -noout -in "$DELEGATE_HUB_TLS_CERT" 2>/dev/null || die "$DELEGATE_HUB_TLS_CERT is not a PEM certificate"
+        cmp -s "$DELEGATE_HUB_TLS_CERT" "$crt" || install -m 0600 "$DELEGATE_HUB_TLS_CERT" "$crt"
+        cmp -s "$DELEGATE_HUB_TLS_KEY" "$key" || install -m 0600 "$DELEGATE_HUB_TLS_KEY" "$key"
+    elif [[ ! -s $crt || ! -s $key || -f $STACK_SECRETS/hub-tls.from-conf ]]; then
+        host=$(hostname -f 2>/dev/null || hostname)
+        log "hub: generating a self-signed certificate for $host ($crt, 10 years)"
+        (umask 077; openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=$host" \
+            -addext "subjectAltName=DNS:$host,DNS:localhost,IP:127.0.0.1" \
+            -keyout "$key.tmp" -out "$crt.tmp" 2>/dev/null) || die "openssl cannot make the hub's certificate"
+        mv "$key.tmp" "$key"; mv "$crt.tmp" "$crt"
+        rm -f "$STACK_SECRETS/hub-tls.from-conf"
+    fi
+    [[ -n ${DELEGATE_HUB_TLS_CERT:-} ]] && date >"$STACK_SECRETS/hub-tls.from-conf"
+
+    local pw=$STACK_SECRETS/hub-passwords init=$STACK_SECRETS/initial-passwords tmp name p hash n=0
+    (umask 077; touch "$pw" "$init")
+    tmp=$(mktemp)
+    for name in $(hub_all_names); do
+        hash=$(awk -F: -v n="$name" '$1 == n { print $2; exit }' "$pw")
+        if [[ -z $hash ]]; then
+            p=$(hub_new_password)
+            [[ ${#p} -eq 14 ]] || die "cannot make a password for $name"
+            hash=$(printf '%s\n' "$p" | openssl passwd -6 -stdin) || die "openssl cannot hash a password"
+            printf '%s %s\n' "$name" "$p" >>"$init"
+            n=$((n + 1))
+        fi
+        printf '%s:%s\n' "$name" "$hash" >>"$tmp"
+    done
+    if ! cmp -s "$tmp" "$pw"; then
+        install -m 0600 "$tmp" "$pw"
+    fi
+    rm -f "$tmp"
+    # initial-passwords keeps the accounts that still exist.
+    awk 'NR == FNR { keep[$1] = 1; next } keep[$1]' <(hub_all_names) "$init" >"$init.tmp"
+    cmp -s "$init.tmp" "$init" || cat "$init.tmp" >"$init"
+    rm -f "$init.tmp"
+    chmod 0600 "$init"
+    ((n)) && log "hub: initial passwords of $n new account(s) written to $init (root only)"
+    install -d -m 0700 "$DELEGATE_STACK_DIR/hub"
+    return 0
+}
+
+# hub_secrets_version: a hash of the hub's secrets (their swarm names).
+hub_secrets_version() {
+    cat "$STACK_SECRETS"/{hub-passwords,hub-tls.crt,hub-tls.key} | sha256sum | cut -c1-10
+}
+
+# --- the hub in the running stack
+# hub_url: the hub's address for students.
+hub_url() { echo "https://$(hostname -f 2>/dev/null || hostname):$DELEGATE_JUPYTER_PORT/"; }
+
+# hub_answers: the hub answers its API (version) through the proxy, in the
+# user node.
+hub_answers() {
+    stack_exec user curl -kfsS --max-time 10 -o /dev/null https://127.0.0.1:8888/hub/api/
+}
+
+# --- `build_cluster.sh --stack accounts ...`
+# stack_roster_add FILE INSTRUCTORS: each roster line becomes an account of
+# the stack (state file `roster`: a free uid from
+# DELEGATE_STACK_ROSTER_FIRST_UID, same on every node), then the stack is
+# redeployed when it runs (every node creates the accounts, the user node
+# their 0700 homes, the hub their passwords). Existing accounts are left as
+# they are: the same roster again changes nothing.
+stack_roster_add() {
+    local file=$1 all_instr=$2 rows line u name email role f tmp added=0 n=0
+    [[ -r $file ]] || die "cannot read the roster $file"
+    rows=$(roster_rows "$file") || exit 1
+    f=$(hub_roster_file)
+    install -d -m 0755 "$DELEGATE_STACK_DIR"
+    (umask 077; touch "$f")
+    tmp=$(mktemp)
+    cp "$f" "$tmp"
+    while IFS='|' read -r line u name email role; do
+        [[ -n $u ]] || continue
+        roster_check "$line" "$u" "$name" "$email"
+        [[ "$name$email" =~ ^[[:print:]]*$ ]] || die "roster line $line: unprintable characters"
+        role=${role,,}
+        [[ $all_instr == 1 || $role == instructor ]] && role=instructor || role=student
+        n=$((n + 1))
+        if [[ " $STACK_ACCOUNTS " == *" $u:"* ]] || awk -v u="$u" '$1 == u { f = 1 } END { exit !f }' "$tmp"; then
+            continue
+        fi
+        local uid=$DELEGATE_STACK_ROSTER_FIRST_UID
+        while [[ " $STACK_ACCOUNTS " == *":$uid "* ]] || [[ $uid == "${DELEGATE_STACK_ADMIN_GROUP##*:}" ]] \
+            || awk -v i="$uid" '$2 == i { f = 1 } END { exit !f }' "$tmp"; do
+            uid=$((uid + 1))
+        done
+        name=${name//,/ }; email=${email//,/ }
+        printf '%s %s %s %s\n' "$u" "$uid" "$role" "${name:-$u}${email:+,,,$email}" >>"$tmp"
+        log "accounts: $u (uid $uid, $role) added to the stack's roster"
+        added=$((added + 1))
+    done <<<"$rows"
+    if ((added == 0)); then
+        rm -f "$tmp"
+        log "accounts: $n roster entries, all already accounts of the stack: nothing changed"
+        return 0
+    fi
+    install -m 0600 "$tmp" "$f"
+    rm -f "$tmp"
+    stack_roster_apply "$added account(s) added"
+}
+
+# stack_roster_apply WHAT: the new accounts reach the nodes: a redeploy
+# when the stack runs (the accounts config and the password secret change:
+# swarm rolls the services onto them), else at the next deploy.
+stack_roster_apply() {
+    if [[ -n $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
+        log "accounts: $1; redeploying stack $STACK (the nodes restart with the new accounts)"
+        stack_deployed_workers   # as many workers as deployed
+        local svc before=()
+        for svc in head user $(seq -f 'worker%g' 1 "$DELEGATE_STACK_WORKERS"); do
+            before+=("$svc=$(stack_cid "$svc")")
+        done
+        stack_deploy
+        # Swarm rolls the services onto the new configs after `deploy`
+        # returned (which may have seen the old containers ready): wait
+        # until each node is a new container, then until all is ready.
+        wait_for "$DELEGATE_STACK_WAIT" "accounts: every node restarted with the new accounts" \
+            hub_nodes_replaced "${before[@]}" \
+            || die "the stack's nodes did not restart with the new accounts: $(docker stack ps "$STACK" 2>&1 | head -n 20)"
+        stack_wait
+    else
+        stack_secrets
+        log "accounts: $1; stack $STACK is not deployed: \`deploy\` creates them"
+    fi
+    log "accounts: initial passwords in $STACK_SECRETS/initial-passwords (root only); hub: $(hub_url)"
+}
+
+# hub_nodes_replaced SERVICE=CID...: each service runs a container other
+# than CID.
+hub_nodes_replaced() {
+    local p cur
+    for p in "$@"; do
+        cur=$(stack_cid "${p%%=*}")
+        [[ -n $cur && $cur != "${p#*=}" ]] || return 1
+    done
+}
+
+# stack_roster_list: every account of the stack: name, uid, role, source,
+# full name.
+stack_roster_list() {
+    local a u uid role admins
+    admins=" ${DELEGATE_STACK_ADMINS} "
+    printf '%-20s %-7s %-10s %-12s %s\n' USER UID ROLE FROM NAME
+    for a in $STACK_ACCOUNTS; do
+        u=${a%%:*}; uid=${a##*:}; role=student
+        [[ $admins == *" $u "* ]] && role=instructor
+        printf '%-20s %-7s %-10s %-12s %s\n' "$u" "$uid" "$role" cluster.conf -
+    done
+    hub_accounts_lines | while read -r u uid role name; do
+        printf '%-20s %-7s %-10s %-12s %s\n' "$u" "$uid" "$role" roster "${name%%,*}"
+    done
+}
+
+# stack_roster_remove USER ARCHIVE: USER leaves the roster and the nodes
+# (a redeploy when the stack runs); the home is kept, or with ARCHIVE=1
+# packed into DELEGATE_STACK_DIR/archive/USER-DATE.tar.gz and removed.
+stack_roster_remove() {
+    local u=$1 archive=$2 f home
+    [[ $u =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "'$u' is not a user name"
+    [[ " $STACK_ACCOUNTS " == *" $u:"* ]] && die "$u is an account of cluster.conf: remove it there (DELEGATE_STACK_USERS) and run update"
+    f=$(hub_roster_file)
+    awk -v u="$u" '$1 == u { f = 1 } END { exit !f }' "$f" 2>/dev/null || die "$u is not an account of the stack's roster"
+    awk -v u="$u" '$1 != u' "$f" >"$f.tmp" && install -m 0600 "$f.tmp" "$f" && rm -f "$f.tmp"
+    log "accounts: $u removed from the stack's roster"
+    home=$DELEGATE_STACK_HOME/$u
+    if [[ $archive == 1 && -d $home ]]; then
+        install -d -m 0700 "$DELEGATE_STACK_DIR/archive"
+        local out
+        out=$DELEGATE_STACK_DIR/archive/$u-$(date +%Y%m%d%H%M%S).tar.gz
+        tar -C "$DELEGATE_STACK_HOME" -czf "$out" "$u" || die "cannot archive $home"
+        chmod 0600 "$out"
+        rm -rf --one-file-system "$home"
+        log "accounts: home of $u archived in $out and removed"
+    elif [[ -d $home ]]; then
+        log "accounts: home $home kept"
+    fi
+    stack_roster_apply "$u removed"
+}
+
+# stack_accounts_main ARGS: `build_cluster.sh --stack accounts add --csv
+# FILE [--instructors] | list | remove USER [--archive]`.
+stack_accounts_main() {
+    local sub=${1:-list}; shift || true
+    stack_load_config
+    case $sub in
+        add)
+            local file="" instr=0
+            while (($#)); do
+                case $1 in
+                    --csv) (($# > 1)) || die "--csv needs a file"; file=$2; shift ;;
+                    --csv=*) file=${1#--csv=} ;;
+                    --instructors) instr=1 ;;
+                    *) die "accounts add: unknown argument '$1'" ;;
+                esac
+                shift
+            done
+            [[ -n $file ]] || die "accounts add needs --csv roster.csv"
+            need_root accounts
+            stack_roster_add "$file" "$instr" ;;
+        list) stack_roster_list ;;
+        remove)
+            local u="" archive=0
+            while (($#)); do
+                case $1 in
+                    --archive) archive=1 ;;
+                    -*) die "accounts remove: unknown option '$1'" ;;
+                    *) u=$1 ;;
+                esac
+                shift
+            done
+            [[ -n $u ]] || die "accounts remove needs a user name"
+            need_root accounts
+            stack_roster_remove "$u" "$archive" ;;
+        *) die "accounts: unknown action '$sub' (add --csv FILE [--instructors] | list | remove USER [--archive])" ;;
+    esac
+}

@@ -1,0 +1,168 @@
+"""JupyterHub on the stack's user node (docs/security.md, "The hub").
+
+Installed in the user image as /etc/jupyterhub/jupyterhub_config.py and run
+by docker/cluster-entrypoint.sh (role `user`) as root:
+
+- the proxy (configurable-http-proxy) serves HTTPS on :8888 with the
+  certificate the entrypoint installs in /etc/jupyterhub/tls/;
+- students log in with their course account (PAM against the node's
+  /etc/passwd and /etc/shadow, which the entrypoint fills from the
+  `accounts` config and the `hub_passwords` secret); only the accounts of
+  that config may log in, members of the admin group are hub admins;
+- each student's JupyterLab runs as their own uid, in their home on the
+  shared filesystem, from /opt/delegate/venv (the delegate package; the
+  `delegate` CLI is /usr/local/bin/delegate), with per-process resource
+  limits set before the switch to the student's uid (LimitedSpawner);
+- idle servers are stopped by jupyterhub-idle-culler;
+- the hub's state (sqlite, the cookie secret) is in /var/lib/jupyterhub, a
+  bind mount of $DELEGATE_STACK_DIR/hub on the host, kept by `update`.
+
+Settings come from the environment the stack file gives the service
+(DELEGATE_HUB_*); a missing or malformed value falls back to its default.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from pathlib import Path
+
+from jupyterhub.spawner import LocalProcessSpawner
+
+c = get_config()  # noqa: F821  (injected by JupyterHub when it loads this file)
+
+CFG = Path("/etc/delegate-stack")
+STATE = Path("/var/lib/jupyterhub")
+TLS = Path("/etc/jupyterhub/tls")
+MAX_ACCOUNTS_BYTES = 4 << 20
+
+
+def env_int(name: str, default: int, low: int, high: int) -> int:
+    """An integer setting from the environment, within [low, high]."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        return default
+    return value if low <= value <= high else default
+
+
+def env_bytes(name: str, default: str) -> int:
+    """A size setting such as 2G, 512M (bytes); the default when malformed."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    for raw in (os.environ.get(name, "").strip().upper(), default):
+        if raw[-1:] in units and raw[:-1].isdigit():
+            return int(raw[:-1]) * units[raw[-1]]
+        if raw.isdigit():
+            return int(raw)
+    raise ValueError(f"bad default size {default!r}")
+
+
+def course_accounts() -> tuple[set[str], set[str]]:
+    """Names of the accounts config ("name uid [role [full name]]" lines)
+    and those among them whose role is instructor."""
+    names: set[str] = set()
+    instructors: set[str] = set()
+    path = CFG / "accounts"
+    if path.stat().st_size > MAX_ACCOUNTS_BYTES:
+        raise SystemExit(f"{path} is larger than {MAX_ACCOUNTS_BYTES} bytes")
+    for line in path.read_text(encoding="utf-8").splitlines():
+        fields = line.split()
+        if len(fields) < 2 or fields[0].startswith("#"):
+            continue
+        names.add(fields[0])
+        if len(fields) > 2 and fields[2] == "instructor":
+            instructors.add(fields[0])
+    return names, instructors
+
+
+def admin_group() -> str | None:
+    """The admin group's name (first field of the `admins` config)."""
+    try:
+        fields = (CFG / "admins").read_text(encoding="utf-8").split()
+    except OSError:
+        return None
+    return fields[0] if fields else None
+
+
+MEM_LIMIT = env_bytes("DELEGATE_HUB_MEM_LIMIT", "2G")
+NPROC_LIMIT = env_int("DELEGATE_HUB_NPROC_LIMIT", 256, 16, 1 << 20)
+NOFILE_LIMIT = env_int("DELEGATE_HUB_NOFILE_LIMIT", 4096, 256, 1 << 20)
+NICE = env_int("DELEGATE_HUB_NICE", 5, 0, 19)
+IDLE_TIMEOUT = env_int("DELEGATE_HUB_IDLE_TIMEOUT", 3600, 60, 7 * 86400)
+
+
+class LimitedSpawner(LocalProcessSpawner):
+    """LocalProcessSpawner whose servers start with resource limits (no
+    systemd, no writable cgroup in a swarm container): set as root, then
+    the switch to the student's uid. They hold per process (address space,
+    open files) and per uid (processes); CPU is shared by niceness, and the
+    whole user node is bounded by the service's limits in the stack file."""
+
+    def make_preexec_fn(self, name):
+        switch_user = super().make_preexec_fn(name)
+
+        def preexec() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
+            resource.setrlimit(resource.RLIMIT_NPROC, (NPROC_LIMIT, NPROC_LIMIT))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE_LIMIT, NOFILE_LIMIT))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            os.nice(NICE)
+            switch_user()
+
+        return preexec
+
+
+accounts, instructors = course_accounts()
+group = admin_group()
+
+c.JupyterHub.bind_url = "https://:8888/"
+c.JupyterHub.ssl_cert = str(TLS / "hub.crt")
+c.JupyterHub.ssl_key = str(TLS / "hub.key")
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = 8081
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = "/run/jupyterhub.pid"
+c.ConfigurableHTTPProxy.command = ["/usr/local/bin/configurable-http-proxy"]
+c.ConfigurableHTTPProxy.pid_file = "/run/jupyterhub-proxy.pid"
+# The servers live in this container: they stop with the hub.
+c.JupyterHub.cleanup_servers = True
+
+c.JupyterHub.authenticator_class = "pam"
+c.PAMAuthenticator.allowed_users = accounts
+c.PAMAuthenticator.admin_users = instructors
+if group:
+    c.PAMAuthenticator.admin_groups = {group}
+# Only the hub's own login: no PAM session (no pam_systemd, no utmp here).
+c.PAMAuthenticator.open_sessions = False
+# Admins manage users and servers; they do not get into students' servers.
+c.JupyterHub.admin_access = False
+
+c.JupyterHub.spawner_class = LimitedSpawner
+c.Spawner.default_url = "/lab"
+c.Spawner.cmd = ["/opt/delegate/venv/bin/jupyterhub-singleuser"]
+c.Spawner.environment = {"SHELL": "/bin/bash", "LANG": "C.UTF-8"}
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 90
+
+c.JupyterHub.services = [
+    {
+        "name": "idle-culler",
+        "command": [
+            sys.executable,
+            "-m",
+            "jupyterhub_idle_culler",
+            f"--timeout={IDLE_TIMEOUT}",
+            "--cull-every=60",
+        ],
+    }
+]
+c.JupyterHub.load_roles = [
+    {
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    }
+]

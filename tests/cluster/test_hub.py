@@ -1,0 +1,349 @@
+"""JupyterHub on the stack's user node, as students and instructors meet it.
+
+`build_cluster.sh --stack accounts add --csv` gives two students of a roster
+their accounts; `deploy` brings the stack up; then, in a real browser
+(Debian's chromium, headless, driven by Playwright), each student logs in on
+the hub's HTTPS login page, gets their own JupyterLab, opens a new notebook
+and runs a cell with a `@delegate.remote` call and one with a failing call;
+the test reads the value, the remote traceback and the status line from the
+page, checks that the call ran as that student's uid, and that the second
+student can neither open the first one's server nor read their files.
+Screenshots of every step go to the directory the test prints
+($DELEGATE_ARTIFACTS, default /var/lib/delegate/artifacts, then hub/).
+Also: the same roster again changes nothing (no restart, same uids and
+passwords), each server runs as its student's uid with the hub's limits,
+and `accounts remove --archive` packs a home.
+
+Run by tests/run.sh (stage 6) as root, before test_stack.py; the stack is
+removed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = str(REPO / "build_cluster.sh")
+STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
+STACK_DIR = Path(os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack"))
+HOME = Path(os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home")))
+PORT = int(os.environ.get("DELEGATE_JUPYTER_PORT", "8888"))
+URL = f"https://127.0.0.1:{PORT}"
+WORKERS = os.environ.get("DELEGATE_TEST_HUB_WORKERS", "2")
+ARTIFACTS = Path(os.environ.get("DELEGATE_ARTIFACTS", "/var/lib/delegate/artifacts")) / "hub"
+ADA, BOB, IVY = "hub-ada", "hub-bob", "hub-ivy"
+ROSTER = (
+    "username,full name,email,role\n"
+    'hub-ada,"Lovelace, Ada",ada@example.org\n'
+    "hub-bob,Bob Hub,\n"
+    "hub-ivy,Ivy Instructor,ivy@example.org,instructor\n"
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
+
+
+def run(*args, timeout=1800, check=False):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    print("$", " ".join(args), f"-> {r.returncode}", r.stdout[-4000:], r.stderr[-3000:], sep="\n")
+    if check:
+        assert r.returncode == 0, f"{args} failed: {r.stderr[-2000:]}"
+    return r
+
+
+def user_cid() -> str:
+    out = run(
+        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_user",
+        "--filter", "status=running",
+    ).stdout.split()  # fmt: skip
+    assert out, "the user node has no running container"
+    return out[0]
+
+
+def on_user_node(*cmd, timeout=120):
+    return run("docker", "exec", user_cid(), *cmd, timeout=timeout)
+
+
+def initial_password(user: str) -> str:
+    for line in (STACK_DIR / "secrets" / "initial-passwords").read_text().splitlines():
+        name, _, pw = line.partition(" ")
+        if name == user:
+            return pw
+    raise AssertionError(f"no initial password of {user}")
+
+
+def roster_uid(user: str) -> int:
+    for line in (STACK_DIR / "roster").read_text().splitlines():
+        f = line.split()
+        if f and f[0] == user:
+            return int(f[1])
+    raise AssertionError(f"{user} is not in the roster")
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        # Debian's chromium (no browser download from the internet).
+        apt = ("apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium")
+        if run(*apt, timeout=900).returncode != 0:
+            run("apt-get", "update", "-q", timeout=600)
+            run(*apt, timeout=900, check=True)
+        path = shutil.which("chromium")
+    assert path, "chromium not installed"
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    roster = tmp_path_factory.mktemp("roster") / "roster.csv"
+    roster.write_text(ROSTER)
+    try:
+        run(SCRIPT, "--stack", "accounts", "add", "--csv", str(roster), check=True)
+        run(SCRIPT, "deploy", "--workers", WORKERS, check=True)
+        yield roster
+    finally:
+        run(SCRIPT, "down")
+        for u in (ADA, BOB, IVY):
+            run(SCRIPT, "--stack", "accounts", "remove", u, "--archive")
+            for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
+                f.unlink()
+
+
+def test_roster_is_idempotent(stack):
+    listing = run(SCRIPT, "--stack", "accounts", "list", check=True).stdout
+    for u in (ADA, BOB):
+        assert re.search(rf"^{u}\s+{roster_uid(u)}\s+student\s+roster\s", listing, re.M), listing
+    assert re.search(rf"^{IVY}\s+{roster_uid(IVY)}\s+instructor\s+roster\s", listing, re.M), listing
+    assert "Lovelace" in listing
+    # The instructor is in the admin group on every node.
+    assert "delegate-admin" in on_user_node("id", "-nG", IVY).stdout
+    before = {
+        "cid": user_cid(),
+        "roster": (STACK_DIR / "roster").read_bytes(),
+        "passwords": (STACK_DIR / "secrets" / "initial-passwords").read_bytes(),
+    }
+    r = run(SCRIPT, "--stack", "accounts", "add", "--csv", str(stack), check=True)
+    assert "nothing changed" in r.stderr + r.stdout
+    assert user_cid() == before["cid"], "the user node was restarted"
+    assert (STACK_DIR / "roster").read_bytes() == before["roster"]
+    assert (STACK_DIR / "secrets" / "initial-passwords").read_bytes() == before["passwords"]
+    mode = os.stat(STACK_DIR / "secrets" / "initial-passwords")
+    assert mode.st_uid == 0 and mode.st_mode & 0o077 == 0
+    for u in (ADA, BOB):
+        st = os.stat(HOME / u)
+        assert (st.st_uid, st.st_mode & 0o777) == (roster_uid(u), 0o700)
+        # The same uid on the user node and on a worker.
+        assert on_user_node("id", "-u", u).stdout.strip() == str(roster_uid(u))
+        cid = run(
+            "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_worker1"
+        ).stdout.split()[0]
+        assert run("docker", "exec", cid, "id", "-u", u).stdout.strip() == str(roster_uid(u))
+
+
+CELL_CALL = """import os, shutil, delegate
+print("cli", shutil.which("delegate"))
+@delegate.remote(cpus=1, time="2m")
+def where(x):
+    import os
+    return f"remote-uid={os.getuid()} twice={2 * x}"
+print("caller-uid", os.getuid())
+where(21)"""
+
+CELL_FAIL = """@delegate.remote(cpus=1, time="2m")
+def boom():
+    raise ValueError("no free lunch " + str(6 * 7))
+boom()"""
+
+
+class Student:
+    """One student's browser context and notebook page."""
+
+    def __init__(self, browser, user: str):
+        self.user = user
+        self.ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+        self.page = self.ctx.new_page()
+        self.page.set_default_timeout(120_000)
+        self.step = 0
+
+    def shot(self, what: str) -> None:
+        self.step += 1
+        path = ARTIFACTS / f"{self.user}-{self.step:02d}-{what}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+
+    def login(self, lab: bool = True) -> None:
+        p = self.page
+        p.goto(f"{URL}/hub/login")
+        self.shot("login-page")
+        p.fill("#username_input", self.user)
+        p.fill("#password_input", initial_password(self.user))
+        p.click("#login_submit")
+        if not lab:
+            p.wait_for_url(re.compile(r"/(hub|user)/"))
+            return
+        # The hub starts the server, then JupyterLab loads.
+        p.wait_for_url(re.compile(rf"/user/{self.user}/lab"), timeout=180_000)
+        p.wait_for_selector(".jp-LauncherCard", timeout=180_000)
+        self.shot("lab")
+
+    def new_notebook(self) -> None:
+        p = self.page
+        p.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
+        p.wait_for_selector(".jp-Notebook .jp-Cell .cm-content")
+        # The kernel is up (the status bar says so once it has connected).
+        p.wait_for_selector(".jp-StatusBar-TextItem:has-text('| Idle')", timeout=120_000)
+        self.shot("notebook")
+
+    def run_cell(self, code: str, until: str, what: str, timeout=240_000) -> str:
+        """Types CODE into the last cell, runs it, waits until its output
+        holds UNTIL; returns the output's text."""
+        p = self.page
+        cells = p.locator(".jp-Notebook .jp-Cell")
+        n = cells.count()
+        cell = cells.nth(n - 1)
+        cell.locator(".cm-content").click()
+        p.keyboard.insert_text(code)
+        p.keyboard.press("Shift+Enter")
+        out = cell.locator(".jp-OutputArea")
+        prompt = cell.locator(".jp-InputArea-prompt")
+        start = time.monotonic()
+        deadline = start + timeout / 1000
+        text = ""
+        rerun = False
+        while time.monotonic() < deadline:
+            text = out.inner_text() if out.count() else ""
+            if until in text:
+                break
+            # A run sent while the kernel's connection was still settling
+            # is dropped by JupyterLab (the prompt stays "[ ]:"): as a
+            # person would, run the cell again, once.
+            if not rerun and time.monotonic() - start > 15 and prompt.inner_text().strip() == "[ ]:":
+                rerun = True
+                self.shot(what + "-not-run")
+                cell.locator(".cm-content").click()
+                p.keyboard.press("Control+Enter")
+            time.sleep(1)
+        self.shot(what)
+        assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
+        return text
+
+
+@pytest.fixture(scope="module")
+def browser(stack):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    print(f"\nscreenshots of the browser test: {ARTIFACTS}")
+    exe = chromium_path()
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def test_students_in_the_browser(stack, browser, capsys):
+    with capsys.disabled():
+        print(f"\nscreenshots of the browser test: {ARTIFACTS}")
+    ada, bob = Student(browser, ADA), Student(browser, BOB)
+    for s in (ada, bob):
+        s.login()
+        s.new_notebook()
+        uid = roster_uid(s.user)
+        text = s.run_cell(CELL_CALL, "twice=42", "delegate-call")
+        assert f"caller-uid {uid}" in text, text
+        assert "cli /usr/local/bin/delegate" in text, text  # the CLI, for the terminal too
+        assert f"remote-uid={uid} twice=42" in text, text
+        assert "delegate: " in text and "completed" in text, f"no status line: {text!r}"
+        text = s.run_cell(CELL_FAIL, "no free lunch 42", "failing-call")
+        assert "ValueError" in text, text
+        # The remote traceback, with the notebook's own failing line.
+        assert 'raise ValueError("no free lunch "' in text, text
+    # Ada leaves a file in her home; Bob cannot read it, nor list her home.
+    ada.run_cell(
+        'open(os.path.expanduser("~/ada-secret.txt"), "w").write("s3cret"); print("written")',
+        "written",
+        "write-secret",
+    )
+    text = bob.run_cell(
+        "try:\n"
+        f'    print(open("{HOME}/{ADA}/ada-secret.txt").read())\n'
+        "except OSError as e:\n"
+        '    print("refused", type(e).__name__)\n'
+        "try:\n"
+        f'    print(os.listdir("{HOME}/{ADA}"))\n'
+        "except OSError as e:\n"
+        '    print("refused", type(e).__name__)',
+        "refused",
+        "read-other-home",
+    )
+    assert text.count("refused PermissionError") == 2 and "s3cret" not in text, text
+    # Bob opens Ada's server: the hub does not let him in.
+    resp = bob.page.goto(f"{URL}/user/{ADA}/lab")
+    bob.page.wait_for_load_state("load")
+    bob.shot("other-server")
+    body = bob.page.inner_text("body")
+    assert bob.page.locator(".jp-LabShell").count() == 0, "Bob got a JupyterLab at Ada's URL"
+    assert resp is not None and (resp.status == 403 or "403" in body), (resp and resp.status, body[:500])
+    # Nor the hub's admin page; the roster's instructor gets it.
+    resp = bob.page.goto(f"{URL}/hub/admin")
+    bob.shot("admin-page-refused")
+    assert resp is not None and resp.status == 403, resp and resp.status
+    ivy = Student(browser, IVY)
+    ivy.login(lab=False)
+    resp = ivy.page.goto(f"{URL}/hub/admin")
+    ivy.page.wait_for_selector(f"text={ADA}")
+    ivy.shot("admin-page")
+    assert resp is not None and resp.status == 200, resp and resp.status
+    for s in (ada, bob, ivy):
+        s.ctx.close()
+
+
+def test_servers_run_as_their_students_with_limits(stack, browser):
+    # (after the browser test: both servers run)
+    ps = on_user_node("ps", "-eo", "pid=,uid=,args=").stdout
+    servers = {}
+    for line in ps.splitlines():
+        pid, uid, args = line.split(None, 2)
+        if "jupyterhub-singleuser" in args and "python" in args.split()[0]:
+            servers[int(uid)] = pid
+    assert set(servers) >= {roster_uid(ADA), roster_uid(BOB)}, ps
+    assert 0 not in servers, "a single-user server runs as root"
+    # The idle culler runs as the hub's service.
+    assert re.search(r"jupyterhub_idle_culler --timeout=\d+", ps), ps
+    limits = on_user_node("cat", f"/proc/{servers[roster_uid(ADA)]}/limits").stdout
+    assert re.search(r"Max address space\s+2147483648\s+2147483648", limits), limits
+    assert re.search(r"Max processes\s+256\s+256", limits), limits
+
+
+def test_remove_archives_the_home(stack, tmp_path):
+    # Not deployed any more? Then only the state changes: quick. The stack
+    # still runs here, so remove after `down` (in the fixture) for the
+    # others; this one checks --archive on a third student added alone.
+    roster = tmp_path / "one.csv"
+    roster.write_text("hub-cyd,Cyd\n")
+    before = set((STACK_DIR / "archive").glob("hub-cyd-*")) if (STACK_DIR / "archive").exists() else set()
+    run("docker", "stack", "rm", STACK)  # the removal below then needs no redeploy
+    # The hub's state outlives the stack (update and down keep it).
+    assert (STACK_DIR / "hub" / "jupyterhub.sqlite").stat().st_size > 0
+    try:
+        run(SCRIPT, "--stack", "accounts", "add", "--csv", str(roster), check=True)
+        (HOME / "hub-cyd").mkdir(mode=0o700, exist_ok=True)
+        (HOME / "hub-cyd" / "work.txt").write_text("cyd's work")
+        run(SCRIPT, "--stack", "accounts", "remove", "hub-cyd", "--archive", check=True)
+        assert not (HOME / "hub-cyd").exists()
+        after = set((STACK_DIR / "archive").glob("hub-cyd-*.tar.gz")) - before
+        assert len(after) == 1
+        listing = run("tar", "-tzf", str(next(iter(after))), check=True).stdout
+        assert "hub-cyd/work.txt" in listing
+        assert "hub-cyd" not in run(SCRIPT, "--stack", "accounts", "list").stdout
+        assert "hub-cyd " not in (STACK_DIR / "secrets" / "initial-passwords").read_text()
+    finally:
+        for f in (STACK_DIR / "archive").glob("hub-cyd-*"):
+            f.unlink()
