@@ -59,6 +59,19 @@ if [[ -n ${agroup:-} ]]; then
     for m in ${amembers//,/ }; do usermod -aG "$agroup" "$m"; done
 fi
 
+# --- privacy (docs/security.md, "Privacy"): on the nodes students use, each
+# user sees only their own processes: /proc remounted hidepid=invisible, the
+# admin group (gid) and root still see all. Needs CAP_SYS_ADMIN (the workers
+# have it for the agent; the user node only for this, then drops it).
+hide_processes() {
+    if mount -o "remount,hidepid=invisible,gid=${agid:-0}" /proc 2>/dev/null; then
+        log "/proc: hidepid=invisible (gid ${agid:-0} sees all)"
+    else
+        log "WARNING: cannot remount /proc hidepid=invisible (no CAP_SYS_ADMIN): users see each other's processes"
+    fi
+}
+[[ $role == worker || $role == user ]] && hide_processes
+
 # --- munge: the one key of the cluster
 install -d -o munge -g munge -m 0700 /etc/munge
 install -o munge -g munge -m 0400 /run/secrets/munge.key /etc/munge/munge.key
@@ -147,7 +160,10 @@ user)
     chmod 0700 /var/lib/jupyterhub
     cd /var/lib/jupyterhub
     log "starting JupyterHub on :8888 (https)"
-    exec env -i PATH="$PATH" HOME=/root LANG=C.UTF-8 \
+    # CAP_SYS_ADMIN (for the /proc remount above) leaves the bounding set:
+    # nothing the hub starts, not even a setuid binary, can get it back.
+    exec setpriv --bounding-set -sys_admin --inh-caps -sys_admin \
+        env -i PATH="$PATH" HOME=/root LANG=C.UTF-8 \
         DELEGATE_HUB_MEM_LIMIT="${DELEGATE_HUB_MEM_LIMIT:-}" DELEGATE_HUB_NPROC_LIMIT="${DELEGATE_HUB_NPROC_LIMIT:-}" \
         DELEGATE_HUB_IDLE_TIMEOUT="${DELEGATE_HUB_IDLE_TIMEOUT:-}" \
         jupyterhub -f /etc/jupyterhub/jupyterhub_config.py
