@@ -54,6 +54,8 @@ set -euo pipefail
 #                               the student QOS, `accounts` (the roster)
 #   build_cluster.d/stack.sh    deploy|update|status|down of the swarm stack
 #                               (stack_*)
+#   build_cluster.d/stack_accounting.sh  the stack's database, slurmdbd,
+#                               slurmctld's state volume, the course account
 #   build_cluster.d/check.sh    test: the instructor's check of a deployed
 #                               stack (stack_test and its checks)
 
@@ -99,7 +101,7 @@ DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common local accounting stack check; do
+for part in common local accounting stack stack_accounting check; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -115,6 +117,8 @@ source "$REPO/build_cluster.d/local.sh"
 source "$REPO/build_cluster.d/accounting.sh"
 # shellcheck source=build_cluster.d/stack.sh
 source "$REPO/build_cluster.d/stack.sh"
+# shellcheck source=build_cluster.d/stack_accounting.sh
+source "$REPO/build_cluster.d/stack_accounting.sh"
 # shellcheck source=build_cluster.d/check.sh
 source "$REPO/build_cluster.d/check.sh"
 
