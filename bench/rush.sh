@@ -55,9 +55,9 @@ export DELEGATE_STACK_HOME=${DELEGATE_STACK_HOME:-$DELEGATE_STACK_DIR/home}
 export DELEGATE_STACK_STAGING=${DELEGATE_STACK_STAGING:-/run/$DELEGATE_STACK_NAME}
 export DELEGATE_JUPYTER_PORT=${DELEGATE_JUPYTER_PORT:-18899}
 export DELEGATE_STACK_FIRST_JOB_ID=${DELEGATE_STACK_FIRST_JOB_ID:-60000000}
-# Light workers: one CPU, 512 MB each (the calls are sleeps and echos).
+# Light workers: one CPU each (the calls are sleeps and echos; memory as
+# cluster.conf's default, 1 GB: a call's default limit).
 export DELEGATE_STACK_WORKER_CPUS=${DELEGATE_STACK_WORKER_CPUS:-1}
-export DELEGATE_STACK_WORKER_MEM_MB=${DELEGATE_STACK_WORKER_MEM_MB:-512}
 # The accounts: r001..rN (uids 5001..) and the flooder rflood (uid 5999).
 users=""
 list=""
