@@ -49,6 +49,7 @@ set -euo pipefail
 # below, each with a header saying what it holds and what it needs:
 #   build_cluster.d/common.sh   logging, die, wait_for, need_root, docker_ok,
 #                               MARKER, the environment (PATH)
+#   build_cluster.d/quota.sh    per-student disk limits on the shared home
 #   build_cluster.d/local.sh    --local up|stop|status (local_*)
 #   build_cluster.d/accounting.sh  MariaDB + slurmdbd, the course account,
 #                               the student QOS, `accounts` (the roster)
@@ -101,7 +102,7 @@ DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common local accounting stack stack_accounting check; do
+for part in common quota local accounting stack stack_accounting check; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -111,6 +112,8 @@ done
 unset part
 # shellcheck source=build_cluster.d/common.sh
 source "$REPO/build_cluster.d/common.sh"
+# shellcheck source=build_cluster.d/quota.sh
+source "$REPO/build_cluster.d/quota.sh"
 # shellcheck source=build_cluster.d/local.sh
 source "$REPO/build_cluster.d/local.sh"
 # shellcheck source=build_cluster.d/accounting.sh

@@ -74,11 +74,11 @@ start_mariadb() {
     touch "$DELEGATE_LOG_DIR/mariadb.log"; chown mysql "$DELEGATE_LOG_DIR/mariadb.log"
     # InnoDB settings slurmdbd's documentation asks for (large buffer pool,
     # long lock wait for the rollup of a big job table).
-    nohup mariadbd --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
+    detached mariadbd --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
         --socket="$DB_SOCKET" --pid-file="$DB_PIDFILE" --port="$DELEGATE_DB_PORT" \
         --bind-address=127.0.0.1 --log-error="$DELEGATE_LOG_DIR/mariadb.log" \
         --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
-        >/dev/null 2>&1 </dev/null &
+        >/dev/null 2>&1 </dev/null
     record_started mariadbd $!
     wait_for "$DELEGATE_WAIT" mariadb db_ok \
         || die "mariadb not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/mariadb.log:
@@ -306,25 +306,30 @@ roster_check() {
 }
 
 # ensure_unix_account USER NAME EMAIL: the account with a group of its own
-# (same id), a 0700 home; an existing account is left as it is.
+# (same id), a 0700 home under DELEGATE_ROSTER_HOME_BASE; an existing
+# account is left as it is. Sets ACCOUNT_CREATED=1 when it made one.
+ACCOUNT_CREATED=0
 ensure_unix_account() {
     local u=$1 name=${2//,/ } email=${3//,/ } id  # (commas separate GECOS fields)
+    ACCOUNT_CREATED=0
     if id "$u" >/dev/null 2>&1; then
         return 0
     fi
+    install -d -m 0755 "$DELEGATE_ROSTER_HOME_BASE"
     id=$DELEGATE_ROSTER_FIRST_UID
     while getent passwd "$id" >/dev/null || getent group "$id" >/dev/null; do
         id=$((id + 1))
     done
     if getent group "$u" >/dev/null; then
-        useradd --create-home --uid "$id" --gid "$u" --shell /bin/bash --comment "$name${email:+,,,$email}" "$u" \
+        useradd --create-home --base-dir "$DELEGATE_ROSTER_HOME_BASE" --uid "$id" --gid "$u" --shell /bin/bash --comment "$name${email:+,,,$email}" "$u" \
             || die "cannot create the account $u"
     else
         groupadd --gid "$id" "$u" || die "cannot create the group $u"
-        useradd --create-home --uid "$id" --gid "$id" --shell /bin/bash --comment "$name${email:+,,,$email}" "$u" \
+        useradd --create-home --base-dir "$DELEGATE_ROSTER_HOME_BASE" --uid "$id" --gid "$id" --shell /bin/bash --comment "$name${email:+,,,$email}" "$u" \
             || die "cannot create the account $u"
     fi
     chmod 0700 "$(getent passwd "$u" | cut -d: -f6)"
+    ACCOUNT_CREATED=1
     log "accounts: created $u (uid $id)"
 }
 
@@ -339,6 +344,7 @@ accounts_add() {
         roster_check "$line" "$u" "$name" "$email"
         role=${role,,}
         ensure_unix_account "$u" "$name" "$email"
+        home_quota_apply "$u" "$ACCOUNT_CREATED"
         local admin=0
         [[ $all_instr == 1 || $role == instructor ]] && admin=1
         add_association "$u" "$admin" || die "cannot add the Slurm association of $u"
@@ -356,13 +362,13 @@ accounts_add() {
 accounts_list() {
     local u coord
     coord=$(sacctmgr -n -P show account "$DELEGATE_COURSE_ACCOUNT" withcoord format=coordinators 2>/dev/null | tr ',' ' ')
-    printf '%-20s %-7s %-10s %s\n' USER UID ROLE NAME
+    printf '%-20s %-7s %-10s %-16s %s\n' USER UID ROLE DISK NAME
     sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null | sort -u \
         | while read -r u; do
             [[ -n $u ]] || continue
             local role=student
             [[ " $coord " == *" $u "* ]] && role=instructor
-            printf '%-20s %-7s %-10s %s\n' "$u" "$(id -u "$u" 2>/dev/null || echo -)" "$role" \
+            printf '%-20s %-7s %-10s %-16s %s\n' "$u" "$(id -u "$u" 2>/dev/null || echo -)" "$role" "$(home_quota_show "$u")" \
                 "$(getent passwd "$u" | cut -d: -f5 | cut -d, -f1)"
         done
 }
@@ -381,6 +387,7 @@ accounts_remove() {
             install -d -m 0700 "$DELEGATE_STATE_DIR/archive"
             tar -C "$(dirname "$home")" -czf "$DELEGATE_STATE_DIR/archive/$u-$(date +%Y%m%d%H%M%S).tar.gz" "$(basename "$home")" \
                 || die "cannot archive $home"
+            home_remove_subvolume "$home"
             userdel -r "$u" 2>/dev/null || userdel "$u"
             log "accounts: removed $u (home archived in $DELEGATE_STATE_DIR/archive/)"
         else

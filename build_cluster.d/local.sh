@@ -30,7 +30,7 @@ STARTED_FILE=$DELEGATE_STATE_DIR/started
 # The Debian packages `up` installs when missing.
 PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
-          curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd)
+          curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd btrfs-progs)
 
 # record_started NAME PID: remember a daemon we started so `stop` stops it
 # and nothing else.
@@ -252,7 +252,7 @@ start_dockerd() {
         log "dockerd: running but not answering yet, waiting"
     else
         # No systemd here (containers, CI): start it by hand, in the background.
-        nohup dockerd >>"$DELEGATE_LOG_DIR/dockerd.log" 2>&1 </dev/null &
+        detached dockerd >>"$DELEGATE_LOG_DIR/dockerd.log" 2>&1 </dev/null
         record_started dockerd $!
     fi
     wait_for "$DELEGATE_WAIT" dockerd docker_ok \
@@ -369,7 +369,7 @@ local_start_agent() {
     fi
     rm -f "$DELEGATE_AGENT_SOCKET"
     DELEGATE_AGENT_LOG=$DELEGATE_LOG_DIR/agent.log SLURM_CONF=$SLURM_CONF \
-        nohup setsid "$DELEGATE_PREFIX/sandbox-agent" </dev/null >>"$DELEGATE_LOG_DIR/agent.log" 2>&1 &
+        detached "$DELEGATE_PREFIX/sandbox-agent" </dev/null >>"$DELEGATE_LOG_DIR/agent.log" 2>&1
     record_started sandbox-agent $!
     wait_for 20 sandbox-agent agent_ok \
         || die "sandbox-agent did not open $DELEGATE_AGENT_SOCKET; tail $DELEGATE_LOG_DIR/agent.log:

@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, renameat, AtFlags, OFlag};
-use nix::sys::stat::{fstat, Mode, SFlag};
+use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
 
 use crate::{ProtocolError, Result};
 
@@ -110,11 +110,10 @@ pub fn exists_at(dir: impl AsFd, name: &str) -> bool {
     nix::sys::stat::fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
 }
 
-/// Opens `name` in `dir` read-only without following a symlink and checks
-/// it is a regular file; `Ok(None)` when it does not exist. The descriptor
-/// is blocking (`O_NONBLOCK` only guards the open against a FIFO).
-pub fn open_regular_at(dir: impl AsFd, dir_path: &Path, name: &str) -> Result<Option<std::fs::File>> {
-    let path = dir_path.join(name).display().to_string();
+/// Opens `name` in `dir` read-only without following a symlink (`O_NONBLOCK`
+/// guards the open against a FIFO) and checks it is a regular file;
+/// `Ok(None)` when it does not exist. Returns the descriptor and its stat.
+fn open_regular_raw(dir: impl AsFd, path: &str, name: &str) -> Result<Option<(OwnedFd, FileStat)>> {
     let fd = match openat(
         dir.as_fd(),
         name,
@@ -123,13 +122,27 @@ pub fn open_regular_at(dir: impl AsFd, dir_path: &Path, name: &str) -> Result<Op
     ) {
         Ok(fd) => fd,
         Err(Errno::ENOENT) => return Ok(None),
-        Err(Errno::ELOOP) => return Err(ProtocolError::Symlink { path }),
+        Err(Errno::ELOOP) => return Err(ProtocolError::Symlink { path: path.into() }),
         Err(e) => return Err(ProtocolError::io(path, e)),
     };
-    let st = fstat(&fd).map_err(|e| ProtocolError::io(&path, e))?;
+    let st = fstat(&fd).map_err(|e| ProtocolError::io(path, e))?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return Err(ProtocolError::NotKind { path, expected: "regular file" });
+        return Err(ProtocolError::NotKind {
+            path: path.into(),
+            expected: "regular file",
+        });
     }
+    Ok(Some((fd, st)))
+}
+
+/// Opens `name` in `dir` read-only without following a symlink and checks
+/// it is a regular file; `Ok(None)` when it does not exist. The descriptor
+/// is blocking (`O_NONBLOCK` only guards the open against a FIFO).
+pub fn open_regular_at(dir: impl AsFd, dir_path: &Path, name: &str) -> Result<Option<std::fs::File>> {
+    let path = dir_path.join(name).display().to_string();
+    let Some((fd, _)) = open_regular_raw(dir, &path, name)? else {
+        return Ok(None);
+    };
     // Blocking reads from here on (O_NONBLOCK only guarded the open).
     let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()));
     Ok(Some(std::fs::File::from(fd)))
@@ -167,20 +180,7 @@ pub fn check_owner(fd: impl AsFd, path: &str, uid: u32, dir: bool) -> Result<u64
 /// reads it. Reads at most `limit + 1` bytes, whatever fstat said.
 pub fn read_bounded_at(dir: impl AsFd, dir_path: &Path, name: &str, limit: u64, uid: Option<u32>) -> Result<Vec<u8>> {
     let path = dir_path.join(name).display().to_string();
-    let fd = match openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(Errno::ELOOP) => return Err(ProtocolError::Symlink { path }),
-        Err(e) => return Err(ProtocolError::io(&path, e)),
-    };
-    let st = fstat(&fd).map_err(|e| ProtocolError::io(&path, e))?;
-    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return Err(ProtocolError::NotKind { path, expected: "regular file" });
-    }
+    let (fd, st) = open_regular_raw(dir, &path, name)?.ok_or_else(|| ProtocolError::io(&path, Errno::ENOENT))?;
     if let Some(uid) = uid {
         if st.st_uid != uid {
             return Err(ProtocolError::WrongOwner { path, found: st.st_uid, expected: uid });

@@ -153,9 +153,10 @@ def containers_with_label(job: str) -> list[str]:
     return r.stdout.split()
 
 
-def containers_created_since(job: str, since: float) -> list[str]:
-    """Container create events for a job's label since `since` (epoch secs):
-    proves that no container was ever created, not just that none is left."""
+def container_creates_since(since: float, label: str) -> list[str]:
+    """Container create events for containers with `label` (`key` or
+    `key=value`) since `since` (epoch secs): proves that no container was
+    ever created, not just that none is left."""
     r = sh(
         "docker",
         "events",
@@ -168,8 +169,26 @@ def containers_created_since(job: str, since: float) -> list[str]:
         "--filter",
         "event=create",
         "--filter",
-        f"label=delegate.job={job}",
+        f"label={label}",
         "--format",
         "{{.ID}}",
     )
     return r.stdout.split()
+
+
+def containers_created_since(job: str, since: float) -> list[str]:
+    """Container create events for a job's label since `since`."""
+    return container_creates_since(since, f"delegate.job={job}")
+
+
+def record_started(name: str, pid: int) -> None:
+    """As build_cluster.sh's record_started: one "name pid" line per daemon
+    we started, so `--local stop` finds a daemon a test restarted."""
+    f = Path(os.environ.get("DELEGATE_STATE_DIR", "/var/lib/delegate")) / "started"
+    if not f.exists():
+        return
+    lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith(name + " ")]
+    lines.append(f"{name} {pid}")
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(f)

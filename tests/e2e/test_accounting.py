@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DELEGATE, User, sh
+from conftest import DELEGATE, User, record_started, sh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import testlib
@@ -132,11 +132,11 @@ def raw_usage(name: str) -> float:
     return 0.0
 
 
-def test_fair_share_puts_a_heavy_users_job_after_a_fresh_students():
+def heavy_and_fresh() -> tuple[User, User]:
+    """Two students: `heavy` has used the node more than `fresh` ever did
+    (usage is folded in every minute, PriorityCalcPeriod=1)."""
     heavy = User(testlib.ensure_user("delegate-heavy").pw_name)
     fresh = User(testlib.ensure_user("delegate-fresh").pw_name)
-    # The heavy user uses the node more than the fresh one ever did (usage
-    # is folded in every minute, PriorityCalcPeriod=1).
     if raw_usage(heavy.name) <= 2 * raw_usage(fresh.name) + 1:
         r = heavy.run("submit", "--wait", "--", "sleep", "15", timeout=300)
         assert r.returncode == 0, r.stderr
@@ -144,6 +144,11 @@ def test_fair_share_puts_a_heavy_users_job_after_a_fresh_students():
         while raw_usage(heavy.name) <= 2 * raw_usage(fresh.name) + 1:
             assert time.monotonic() < deadline, "the heavy user's usage never reached sshare"
             time.sleep(5)
+    return heavy, fresh
+
+
+def test_fair_share_puts_a_heavy_users_job_after_a_fresh_students():
+    heavy, fresh = heavy_and_fresh()
     # Hold the node with an admin's job, queue the heavy user's job first,
     # then the fresh student's.
     blocker = sh(
@@ -183,6 +188,36 @@ def test_fair_share_puts_a_heavy_users_job_after_a_fresh_students():
     assert starts[fs] <= starts[hs], starts
 
 
+def test_a_flood_does_not_keep_a_fresh_students_call_waiting():
+    """One student queues 300 calls; another's single call, submitted while
+    the flood runs, starts within two of the flooder's allocations (the one
+    running when it came, and at most one more), not after the flood."""
+    heavy, fresh = heavy_and_fresh()
+    r = heavy.run("submit", "--count", "300", "--time", "1m", "--", "sleep", "1", timeout=300)
+    assert r.returncode == 0, r.stderr
+    flood = r.stdout.split()
+    assert len(flood) == 300, r.stdout[-500:]
+    try:
+        deadline = time.monotonic() + 120
+        while "RUNNING" not in sh("squeue", "-h", "-u", heavy.name, "-o", "%T").stdout:
+            assert time.monotonic() < deadline, "the flood never started"
+            time.sleep(0.5)
+        fj = fresh.submit("true")
+        st = fresh.wait(fj, timeout=300)
+        assert st["state"] == "completed", st
+        fs = slurm_id(fresh, fj)
+        ((_, f_submit, f_start),) = sacct("-a", "-X", "-o", "JobID,Submit,Start", "-j", fs)
+        allocs = sacct("-a", "-X", "-u", heavy.name, "-S", f_submit, "-o", "JobID,Start,State")
+        before = [a for a in allocs if f_submit <= a[1] < f_start]
+        assert len(before) <= 2, (
+            f"the fresh call (submitted {f_submit}, started {f_start}) waited for {before}"
+        )
+        pending = sh("squeue", "-h", "-u", heavy.name, "-t", "PD", "-o", "%i").stdout.split()
+        assert pending, "the flood was over before the fresh call started: nothing was shown"
+    finally:
+        heavy.run("cancel", *flood, timeout=300)
+
+
 def test_admin_usage_for_admins_only(alice):
     r = alice.run("submit", "--wait", "--count", "3", "--", "true", timeout=300)
     assert r.returncode == 0, r.stderr
@@ -219,18 +254,6 @@ def _stop(pid: int, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def _record_started(name: str, pid: int) -> None:
-    """As build_cluster.sh's record_started (so `--local stop` finds it)."""
-    f = Path("/var/lib/delegate/started")
-    if not f.exists():
-        return
-    lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith(name + " ")]
-    lines.append(f"{name} {pid}")
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.rename(f)
-
-
 def test_slurmdbd_and_mariadb_restart_mid_run(alice, bob):
     """The database and slurmdbd stop while a job runs: the running job
     finishes, a new one is accepted and scheduled (slurmctld keeps the
@@ -256,7 +279,7 @@ def test_slurmdbd_and_mariadb_restart_mid_run(alice, bob):
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        _record_started("mariadbd", db.pid)
+        record_started("mariadbd", db.pid)
         deadline = time.monotonic() + 60
         started = False
         while subprocess.run(["sacctmgr", "-n", "show", "cluster"], capture_output=True).returncode != 0:
@@ -265,7 +288,7 @@ def test_slurmdbd_and_mariadb_restart_mid_run(alice, bob):
                 subprocess.run(["slurmdbd"], check=True, timeout=60)
                 started = True
                 time.sleep(2)
-                _record_started("slurmdbd", _pid_of("slurmdbd", "/run/delegate/slurmdbd.pid"))
+                record_started("slurmdbd", _pid_of("slurmdbd", "/run/delegate/slurmdbd.pid"))
             assert time.monotonic() < deadline, "slurmdbd did not come back"
             time.sleep(1)
     ids = {slurm_id(alice, running): alice.name, slurm_id(bob, queued): bob.name}

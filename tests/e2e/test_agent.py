@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RUNNER, containers_created_since, sh
+from conftest import RUNNER, container_creates_since, containers_created_since, sh
 
 AGENT_SOCKET = "/run/delegate/agent.sock"
 AGENT_LOG = Path("/var/log/delegate/agent.log")
@@ -128,23 +128,7 @@ print("fds-no-run", talk(frame(b"Q", b"\\x02"), (fd, fd, fd)))
     assert "probe b'DLGTA'" in r.stdout, r.stdout
     assert "garbage b''" in r.stdout and "huge b''" in r.stdout, r.stdout
     # No container was created by any of it, and the agent still answers.
-    ev = sh(
-        "docker",
-        "events",
-        "--since",
-        f"{t0:.0f}",
-        "--until",
-        f"{time.time() + 1:.0f}",
-        "--filter",
-        "type=container",
-        "--filter",
-        "event=create",
-        "--filter",
-        "label=delegate.job",
-        "--format",
-        "{{.ID}}",
-    )
-    assert ev.stdout.split() == []
+    assert container_creates_since(t0, "delegate.job") == []
     assert "docker:    ok" in sh(RUNNER, "probe").stdout
 
 

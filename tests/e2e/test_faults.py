@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DELEGATE, RUNNER, containers_created_since, containers_with_label, sh
+from conftest import DELEGATE, RUNNER, containers_created_since, containers_with_label, record_started, sh
 
 import testlib
 
-STATE_DIR = Path(os.environ.get("DELEGATE_STATE_DIR", "/var/lib/delegate"))
 SLURM_CONF = "/etc/slurm/slurm.conf"
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "lost"}
 
@@ -38,18 +37,6 @@ def slurm_id(user, job):
 def pids_of(pattern):
     r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return [int(p) for p in r.stdout.split()]
-
-
-def record_started(name, pid):
-    """As build_cluster.sh's record_started: one "name pid" line per daemon."""
-    f = STATE_DIR / "started"
-    if not f.exists():
-        return
-    lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith(name + " ")]
-    lines.append(f"{name} {pid}")
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.rename(f)
 
 
 def node_state():

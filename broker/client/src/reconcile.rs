@@ -17,6 +17,24 @@ use crate::slurm;
 use crate::state::{decide, Facts, SlurmView, Verdict};
 use crate::{Client, JobStatus, Result};
 
+/// Why a verdict cannot be written into the job directory, in the words a
+/// student acts on, for the errors that mean "the disk, not delegate"; `None`
+/// for any other error (which is then reported as it is).
+fn unrecordable_hint(errno: i32) -> Option<&'static str> {
+    match errno {
+        libc::EDQUOT => Some(
+            "your disk quota is used up, so the job's output and outcome could not be written to its directory: \
+             free space (files your jobs wrote, old job directories under the delegate root) and run it again",
+        ),
+        libc::ENOSPC => Some(
+            "the filesystem of the job directory is full, so the job's output and outcome could not be written: \
+             free space or ask the course staff, then run it again",
+        ),
+        libc::EROFS => Some("the job directory is on a read-only filesystem, so this verdict could not be recorded"),
+        _ => None,
+    }
+}
+
 impl Client {
     /// Writes an outcome unless one exists (link of a complete temporary file,
     /// so two writers never clobber each other, also on NFS). Returns the
@@ -48,11 +66,13 @@ impl Client {
             // A full (or read-only) delegate root: the verdict still stands,
             // it just cannot be recorded; say so instead of failing the
             // status of the job (the next reader derives it again).
-            let full = matches!(&e, ProtocolError::Io { source, .. }
-                if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS)));
-            if !full {
+            let errno = match &e {
+                ProtocolError::Io { source, .. } => source.raw_os_error(),
+                _ => None,
+            };
+            let Some(hint) = errno.and_then(unrecordable_hint) else {
                 return Err(e.into());
-            }
+            };
             let _ = nix::unistd::unlinkat(fd, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
             let why = match &e {
                 ProtocolError::Io { source, .. } => source.to_string(),
@@ -60,9 +80,7 @@ impl Client {
             };
             tracing::warn!(dir = %dir.display(), "cannot record the client outcome: {why}");
             let mut outcome = outcome;
-            outcome
-                .reason
-                .push_str(&format!("; this verdict could not be recorded in the job directory: {why}"));
+            outcome.reason = format!("{hint} ({why}); {}", outcome.reason);
             return Ok(outcome);
         }
         let linked = nix::unistd::linkat(fd, tmp.as_str(), fd, protocol::OUTCOME, AtFlags::empty());
@@ -198,5 +216,20 @@ impl Client {
     pub fn spec(&self, id: &JobId) -> Result<Spec> {
         let fd = self.open_job_dir(id)?;
         Ok(read_record_at(&fd, &self.job_dir(id), None)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unrecordable_hint;
+
+    #[test]
+    fn a_full_disk_is_explained_and_other_errors_are_not() {
+        let quota = unrecordable_hint(libc::EDQUOT).unwrap_or_default();
+        assert!(quota.contains("quota") && quota.contains("free space"), "{quota}");
+        assert!(unrecordable_hint(libc::ENOSPC).unwrap_or_default().contains("full"));
+        assert!(unrecordable_hint(libc::EROFS).is_some());
+        assert_eq!(unrecordable_hint(libc::EACCES), None);
+        assert_eq!(unrecordable_hint(libc::EIO), None);
     }
 }

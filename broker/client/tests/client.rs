@@ -52,6 +52,20 @@ fn fake_slurm(dir: &Path, sbatch_body: &str, squeue_body: &str) -> Slurm {
     }
 }
 
+/// A directory for the fake Slurm tools.
+fn bin_dir(tmp: &Path) -> std::path::PathBuf {
+    let bin = tmp.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    bin
+}
+
+/// The simplest call: `true` in the image `img`.
+fn true_req() -> SubmitRequest {
+    let mut req = SubmitRequest::command(vec!["true".into()]);
+    req.image = Some("img".into());
+    req
+}
+
 fn client(tmp: &Path, slurm: Slurm) -> Client {
     Client::new(Config {
         root: tmp.join("home/.delegate/jobs"),
@@ -100,8 +114,7 @@ fn submit_many_is_one_sbatch_of_an_array() {
 #[test]
 fn shared_submission_and_cancel() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
+    let bin = bin_dir(tmp.path());
     let mut slurm = fake_slurm(
         &bin,
         &format!("echo \"$@\" > {d}/args; cat > {d}/script; echo 77", d = bin.display()),
@@ -200,8 +213,7 @@ fn root_is_created_private() {
 #[test]
 fn submit_then_lost_then_stable() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
+    let bin = bin_dir(tmp.path());
     // sbatch records its arguments and stdin; squeue lists nothing.
     let slurm = fake_slurm(
         &bin,
@@ -238,8 +250,7 @@ fn submit_then_lost_then_stable() {
 #[test]
 fn refused_and_sbatch_failure() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
+    let bin = bin_dir(tmp.path());
     let c = client(
         tmp.path(),
         fake_slurm(
@@ -248,8 +259,7 @@ fn refused_and_sbatch_failure() {
             "",
         ),
     );
-    let mut req = SubmitRequest::command(vec!["true".into()]);
-    req.image = Some("img".into());
+    let req = true_req();
     match c.submit(&req) {
         Err(ClientError::SubmitFailed { id, reason }) => {
             assert_eq!(
@@ -301,16 +311,14 @@ fn refused_and_sbatch_failure() {
 #[test]
 fn cancel_marks_and_scancels_once() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
+    let bin = bin_dir(tmp.path());
     let mut slurm = fake_slurm(&bin, "echo $$", "exit 0");
     // scancel records its arguments (all ids in one call).
     let log = bin.join("scancel.log");
     std::fs::write(&slurm.scancel, format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display())).unwrap();
     slurm.squeue = bin.join("squeue");
     let c = client(tmp.path(), slurm);
-    let mut req = SubmitRequest::command(vec!["true".into()]);
-    req.image = Some("img".into());
+    let req = true_req();
     let a = c.submit(&req).unwrap();
     let b = c.submit(&req).unwrap();
     let st = c.cancel(&[a.id.clone(), b.id.clone()]).unwrap();
@@ -329,11 +337,9 @@ fn cancel_marks_and_scancels_once() {
 #[test]
 fn wait_wakes_on_outcome_and_times_out() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
+    let bin = bin_dir(tmp.path());
     let c = client(tmp.path(), fake_slurm(&bin, "echo 9", "echo '9|RUNNING|None'"));
-    let mut req = SubmitRequest::command(vec!["true".into()]);
-    req.image = Some("img".into());
+    let req = true_req();
     let h = c.submit(&req).unwrap();
     let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_millis(300))).unwrap();
     assert_eq!(s[0].state, State::Running, "{:?}", s);
@@ -355,8 +361,7 @@ fn wait_wakes_on_outcome_and_times_out() {
 #[test]
 fn consecutive_waits_share_one_squeue_per_interval() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
+    let bin = bin_dir(tmp.path());
     let log = tmp.path().join("squeue-calls");
     let c = client(
         tmp.path(),
@@ -366,8 +371,7 @@ fn consecutive_waits_share_one_squeue_per_interval() {
             &format!("echo x >> {}; echo '9|PENDING|Resources'", log.display()),
         ),
     );
-    let mut req = SubmitRequest::command(vec!["true".into()]);
-    req.image = Some("img".into());
+    let req = true_req();
     let h = c.submit(&req).unwrap();
     // Short rounds, as the Python waiter makes them: the first asks
     // Slurm, the next ones within the interval read only the files.
@@ -385,11 +389,9 @@ fn consecutive_waits_share_one_squeue_per_interval() {
 #[test]
 fn wait_any_returns_when_one_job_is_over() {
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("bin");
-    std::fs::create_dir(&bin).unwrap();
+    let bin = bin_dir(tmp.path());
     let c = client(tmp.path(), fake_slurm(&bin, "echo 9", "echo '9|RUNNING|None'"));
-    let mut req = SubmitRequest::command(vec!["true".into()]);
-    req.image = Some("img".into());
+    let req = true_req();
     let a = c.submit(&req).unwrap();
     let b = c.submit(&req).unwrap();
     let dir = b.dir.clone();
