@@ -73,6 +73,8 @@ unset _fd
 #                               (stack_*)
 #   build_cluster.d/hub.sh      JupyterHub on the stack's user node, the
 #                               stack's accounts (`--stack accounts`)
+#   build_cluster.d/stack_accounting.sh  the stack's database, slurmdbd,
+#                               slurmctld's state volume, the course account
 #   build_cluster.d/check.sh    test: the instructor's check of a deployed
 #                               stack (stack_test and its checks)
 
@@ -118,7 +120,7 @@ DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common quota local accounting stack hub check; do
+for part in common quota local accounting stack stack_accounting hub check; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -136,6 +138,8 @@ source "$REPO/build_cluster.d/local.sh"
 source "$REPO/build_cluster.d/accounting.sh"
 # shellcheck source=build_cluster.d/stack.sh
 source "$REPO/build_cluster.d/stack.sh"
+# shellcheck source=build_cluster.d/stack_accounting.sh
+source "$REPO/build_cluster.d/stack_accounting.sh"
 # shellcheck source=build_cluster.d/hub.sh
 source "$REPO/build_cluster.d/hub.sh"
 # shellcheck source=build_cluster.d/check.sh

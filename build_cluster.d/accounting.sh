@@ -32,6 +32,11 @@ DB_PIDFILE=$DB_RUN_DIR/mariadb.pid
 # The database password of slurmdbd, generated once, readable by root only.
 DB_PASSFILE=$DELEGATE_STATE_DIR/slurmdbd.pass
 DBD_CONF=$(dirname "$SLURM_CONF")/slurmdbd.conf
+# The sacctmgr command the course setup runs (accounting_cluster,
+# accounting_course, add_association, sacctmgr_q): this machine's; the
+# stack sets it to a `docker exec` in its slurmdbd's container
+# (stack_accounting.sh), so both modes share these functions.
+SACCTMGR=(sacctmgr)
 
 # db_sql SQL: run SQL as the database's root over its socket (root of this
 # machine authenticates by unix_socket; no password exists).
@@ -39,7 +44,7 @@ db_sql() {
     mariadb --no-defaults --protocol=socket --socket="$DB_SOCKET" -u root -N -B -e "$1"
 }
 db_ok() { mariadb-admin --no-defaults --socket="$DB_SOCKET" -u root ping >/dev/null 2>&1; }
-slurmdbd_ok() { timeout 10 sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; }
+slurmdbd_ok() { timeout 10 "${SACCTMGR[@]}" -n -P show cluster format=cluster >/dev/null 2>&1; }
 # slurmdbd_pid: the pid of OUR slurmdbd (its pid file, when that process is
 # a slurmdbd), else nothing: another slurmdbd on this machine is not ours.
 slurmdbd_pid() {
@@ -88,29 +93,29 @@ db_password() {
     cat "$DB_PASSFILE"
 }
 
-# write_slurmdbd_conf SLURMUSER: slurmdbd.conf beside slurm.conf (0600,
-# owned by SlurmUser, as slurmdbd demands); returns 0 when it changed.
-write_slurmdbd_conf() {
-    local slurmuser=$1 tmp rc=1
-    tmp=$(mktemp)
-    cat >"$tmp" <<CONF
+# slurmdbd_conf SLURMUSER DBDADDR DBDHOST STORAGEHOST PASSWORD LOG_DIR RUN_DIR
+# WHERE: slurmdbd.conf on stdout, for both modes (--local: 127.0.0.1 and
+# this machine's database; the stack: its "dbd" and "db" services). WHERE
+# is a comment line saying which deployment it is for. DBDADDR empty:
+# listen on every address.
+slurmdbd_conf() {
+    local slurmuser=$1 addr=$2 dbdhost=$3 shost=$4 pass=$5 logdir=$6 rundir=$7 where=$8
+    cat <<CONF
 $MARKER
-# slurmdbd for delegate's single-machine cluster (build_cluster.d/accounting.sh).
-# The accounting database: MariaDB on 127.0.0.1:$DELEGATE_DB_PORT, datadir
-# $DELEGATE_DB_DIR (started by build_cluster.sh, not by systemd).
+# slurmdbd (build_cluster.d/accounting.sh) $where
 AuthType=auth/munge
-DbdAddr=127.0.0.1
-DbdHost=localhost
+${addr:+DbdAddr=$addr}
+DbdHost=$dbdhost
 DbdPort=$DELEGATE_DBD_PORT
 SlurmUser=$slurmuser
-LogFile=$DELEGATE_LOG_DIR/slurmdbd.log
-PidFile=$DELEGATE_RUN_DIR/slurmdbd.pid
+LogFile=$logdir/slurmdbd.log
+PidFile=$rundir/slurmdbd.pid
 DebugLevel=info
 StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
+StorageHost=$shost
 StoragePort=$DELEGATE_DB_PORT
 StorageUser=slurm
-StoragePass=$(db_password)
+StoragePass=$pass
 StorageLoc=$DELEGATE_DB_NAME
 # As slurm.conf: a user sees only their own jobs, usage, user and account
 # records in sacct/sreport/sshare; root, SlurmUser and the course's
@@ -120,6 +125,17 @@ PrivateData=jobs,usage,users,accounts
 PurgeJobAfter=12months
 PurgeStepAfter=12months
 CONF
+}
+
+# write_slurmdbd_conf SLURMUSER: slurmdbd.conf beside slurm.conf (0600,
+# owned by SlurmUser, as slurmdbd demands); returns 0 when it changed.
+write_slurmdbd_conf() {
+    local slurmuser=$1 tmp rc=1
+    tmp=$(mktemp)
+    slurmdbd_conf "$slurmuser" 127.0.0.1 localhost 127.0.0.1 "$(db_password)" \
+        "$DELEGATE_LOG_DIR" "$DELEGATE_RUN_DIR" \
+        "for the single-machine cluster: MariaDB on 127.0.0.1:$DELEGATE_DB_PORT, datadir $DELEGATE_DB_DIR (started by build_cluster.sh)" \
+        >"$tmp"
     install_generated "$tmp" "$DBD_CONF" 0600 && rc=0
     chown "$slurmuser" "$DBD_CONF"
     rm -f "$tmp"
@@ -163,7 +179,7 @@ $(tail -n 20 "$DELEGATE_LOG_DIR/slurmdbd.log")"
 # "Nothing modified" are not failures (idempotent runs).
 sacctmgr_q() {
     local out rc=0
-    out=$(timeout 60 sacctmgr -i "$@" 2>&1) || rc=$?
+    out=$(timeout 60 "${SACCTMGR[@]}" -i "$@" 2>&1) || rc=$?
     if ((rc != 0)) && ! grep -qiE 'nothing (new added|modified)|already exists' <<<"$out"; then
         warn "sacctmgr $*: $out"
         return 1
@@ -180,7 +196,7 @@ cluster_name() { sed -n 's/^ClusterName=//p' "$SLURM_CONF" | head -n1; }
 accounting_cluster() {
     local c; c=$(cluster_name)
     [[ -n $c ]] || die "no ClusterName in $SLURM_CONF"
-    if [[ -z $(sacctmgr -n -P show cluster "$c" format=cluster 2>/dev/null) ]]; then
+    if [[ -z $("${SACCTMGR[@]}" -n -P show cluster "$c" format=cluster 2>/dev/null) ]]; then
         sacctmgr_q add cluster "$c" || die "cannot register the cluster $c in slurmdbd"
         log "accounting: cluster $c registered"
     fi
@@ -199,12 +215,12 @@ accounting_course() {
     local c; c=$(cluster_name)
     local -a limits
     mapfile -t limits < <(qos_limits)
-    if [[ -z $(sacctmgr -n -P show qos "$DELEGATE_STUDENT_QOS" format=name 2>/dev/null) ]]; then
+    if [[ -z $("${SACCTMGR[@]}" -n -P show qos "$DELEGATE_STUDENT_QOS" format=name 2>/dev/null) ]]; then
         sacctmgr_q add qos "$DELEGATE_STUDENT_QOS" || die "cannot add the QOS $DELEGATE_STUDENT_QOS"
     fi
     sacctmgr_q modify qos "$DELEGATE_STUDENT_QOS" set "${limits[@]}" \
         || die "cannot set the limits of the QOS $DELEGATE_STUDENT_QOS"
-    if [[ -z $(sacctmgr -n -P show account "$DELEGATE_COURSE_ACCOUNT" format=account 2>/dev/null) ]]; then
+    if [[ -z $("${SACCTMGR[@]}" -n -P show account "$DELEGATE_COURSE_ACCOUNT" format=account 2>/dev/null) ]]; then
         sacctmgr_q add account "$DELEGATE_COURSE_ACCOUNT" cluster="$c" \
             description="delegate course" organization=delegate \
             || die "cannot add the account $DELEGATE_COURSE_ACCOUNT"
@@ -220,7 +236,7 @@ accounting_course() {
     # (Read whole first: under pipefail, grep -q ending the pipe early would
     # fail the test with sacctmgr's SIGPIPE once the course is large.)
     local course_users
-    course_users=$(sacctmgr -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null || true)
+    course_users=$("${SACCTMGR[@]}" -n -P show assoc where account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null || true)
     if [[ -n ${course_users//[[:space:]]/} ]]; then
         sacctmgr_q modify user where account="$DELEGATE_COURSE_ACCOUNT" set \
             grptresrunmins="cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS" \
@@ -234,7 +250,7 @@ accounting_course() {
 # operator (sees and manages every job and record). Idempotent.
 add_association() {
     local u=$1 admin=${2:-0}
-    if [[ -z $(sacctmgr -n -P show assoc where user="$u" account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null) ]]; then
+    if [[ -z $("${SACCTMGR[@]}" -n -P show assoc where user="$u" account="$DELEGATE_COURSE_ACCOUNT" format=user 2>/dev/null) ]]; then
         sacctmgr_q add user "$u" account="$DELEGATE_COURSE_ACCOUNT" defaultaccount="$DELEGATE_COURSE_ACCOUNT" \
             grptresrunmins="cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS" || return 1
     fi

@@ -289,6 +289,12 @@ stack_roster_remove() {
     awk -v u="$u" '$1 == u { f = 1 } END { exit !f }' "$f" 2>/dev/null || die "$u is not an account of the stack's roster"
     awk -v u="$u" '$1 != u' "$f" >"$f.tmp" && install -m 0600 "$f.tmp" "$f" && rm -f "$f.tmp"
     log "accounts: $u removed from the stack's roster"
+    # Its Slurm association too (the stack's accounting), when the head runs.
+    if [[ -n $(stack_cid head 2>/dev/null) ]]; then
+        stack_sacctmgr_via_head
+        sacctmgr_q delete user name="$u" account="$DELEGATE_COURSE_ACCOUNT" \
+            || warn "accounts: cannot remove the Slurm association of $u (jobs still running?)"
+    fi
     home=$DELEGATE_STACK_HOME/$u
     if [[ $archive == 1 && -d $home ]]; then
         install -d -m 0700 "$DELEGATE_STACK_DIR/archive"

@@ -219,9 +219,8 @@ stack_generate() {
         -e "s|^PartitionName=delegate Nodes=@NODENAME@ |PartitionName=delegate Nodes=$nodes |" \
         -e "s|@SLURMUSER@|slurm|" \
         -e "s|@PART_MAXTIME@|$DELEGATE_STACK_PART_MAXTIME|g" \
-        -e "s|^AccountingStorageType=.*|AccountingStorageType=accounting_storage/none|" \
-        -e "/^AccountingStorage\(Host\|Port\|Enforce\)=/d" \
-        -e "s|^PriorityType=.*|PriorityType=priority/basic|" \
+        -e "s|^AccountingStorageHost=.*|AccountingStorageHost=dbd|" \
+        -e "s|@DBD_PORT@|$DELEGATE_DBD_PORT|" \
         -e "s|@STATE_DIR@|/var/lib/delegate|g" \
         -e "s|@LOG_DIR@|/var/log/delegate|g" \
         -e "s|@RUN_DIR@|/run/delegate|g" \
@@ -231,8 +230,8 @@ stack_generate() {
 
 # --- The stack (build_cluster.sh deploy, from cluster.conf) --------------
 # This file is slurm-conf/slurm.conf.in adapted to the multi-node stack
-# (no slurmdbd in the stack yet: accounting_storage/none, priority/basic;
-# issue 12's stack part is left):
+# (accounting, fair share and the QOS as above: slurmdbd is the "dbd"
+# service, its MariaDB the "db" service, build_cluster.d/stack_accounting.sh):
 # the controller is the "head" node, the nodes are worker1..worker$n (their
 # hostnames on the stack's network), the comments above about 127.0.0.1
 # apply to the single-machine mode only.
@@ -318,6 +317,7 @@ CONF
         wc='"node.labels.delegate.role == worker"'
         uc='"node.labels.delegate.role == user"'
     fi
+    stack_accounting_generate
     tmp=$(mktemp)
     awk -v n="$n" '
         /# WORKER-BEGIN/ { inblk = 1; next }
@@ -337,6 +337,7 @@ CONF
             -e "s|@HUB_IDLE@|$DELEGATE_HUB_IDLE_TIMEOUT|g" -e "s|@USER_CPUS@|$DELEGATE_USER_NODE_CPUS|g" \
             -e "s|@USER_MEM@|$DELEGATE_USER_NODE_MEM|g" \
             -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \
+            "${STACK_ACCT_SED[@]}" \
         >"$tmp"
     grep -q '@[A-Z_]*@' "$tmp" && { rm -f "$tmp"; die "stack file has unfilled placeholders"; }
     mv "$tmp" "$STACK_FILE"
@@ -476,8 +477,8 @@ stack_wheels() {
 # stack_services_running: head, user and every worker have a running
 # container.
 stack_services_running() {
-    local svc want=$((DELEGATE_STACK_WORKERS + 2)) up=0
-    for svc in head user $(seq -f 'worker%g' 1 "$DELEGATE_STACK_WORKERS"); do
+    local svc want=$((DELEGATE_STACK_WORKERS + 4)) up=0
+    for svc in head dbd db user $(seq -f 'worker%g' 1 "$DELEGATE_STACK_WORKERS"); do
         [[ -n $(stack_cid "$svc") ]] && up=$((up + 1))
     done
     ((up == want))
@@ -491,7 +492,7 @@ stack_nodes_idle() {
 # stack_wait: wait (up to DELEGATE_STACK_WAIT each) for every service, every
 # worker idle (resuming drained ones once) and JupyterLab answering.
 stack_wait() {
-    wait_for "$DELEGATE_STACK_WAIT" "stack: all $((DELEGATE_STACK_WORKERS + 2)) services" stack_services_running \
+    wait_for "$DELEGATE_STACK_WAIT" "stack: all $((DELEGATE_STACK_WORKERS + 4)) services" stack_services_running \
         || die "not every service runs after ${DELEGATE_STACK_WAIT}s:
 $(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)"
     local deadline=$((SECONDS + DELEGATE_STACK_WAIT)) resumed=0
@@ -535,6 +536,7 @@ stack_deploy() {
     stack_build_images "${STACK_FORCE_BUILD:-0}"
     stack_swarm
     stack_secrets
+    stack_accounting_prepare "${STACK_FORCE_BUILD:-0}"
     stack_generate
     stack_staging_up
     log "stack: docker stack deploy $STACK ($DELEGATE_STACK_WORKERS workers)"
@@ -549,6 +551,7 @@ stack_deploy() {
         done
     fi
     stack_wait
+    stack_accounting_setup
     log "deploy: done in $((SECONDS - T0)) s. JupyterHub (each student's own JupyterLab): $(hub_url)"
 }
 
@@ -586,6 +589,8 @@ stack_status() {
     stack_exec head squeue 2>&1 || true
     echo
     stack_agents_status
+    echo
+    stack_accounting_status
     echo
     echo "JupyterHub (each student's own JupyterLab): $(hub_url)"
     echo "  log in with a course account; initial passwords: $STACK_SECRETS/initial-passwords (root only)"
@@ -651,6 +656,7 @@ stack_down() {
         fi
     done
     stack_staging_down
+    stack_accounting_down
     if [[ -f $STACK_SWARM_MARK ]]; then
         if [[ -z $(docker service ls -q 2>/dev/null) ]]; then
             log "down: leaving the swarm this script initialized"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Entrypoint of the stack's nodes: cluster-entrypoint head|worker|user
+# Entrypoint of the stack's nodes: cluster-entrypoint head|dbd|worker|user
 #
 # Inputs (from the stack file, stack/delegate-stack.yml.in):
 #   /etc/delegate-stack/slurm.conf, gres.conf, policy.toml, accounts   (swarm configs)
@@ -10,6 +10,10 @@
 #   DELEGATE_STAGING_HOST_DIR  (worker) the host directory bound at
 #                         /run/delegate/jobs, as the host's engine sees it
 #   /run/delegate-engine/docker.sock  (worker) the host's Docker socket
+#   /run/secrets/slurmdbd.conf  (dbd) slurmdbd's configuration with the
+#                         database password (swarm secret)
+#   /var/lib/delegate/slurm/ctld  (head) slurmctld's StateSaveLocation, a
+#                         named volume: a restarted head keeps its queue
 # It installs them, creates the accounts, starts munged (and on a worker
 # the root agent sandbox-agent), then runs the role's daemon in the
 # foreground (slurmctld, slurmd or JupyterHub) so the container lives
@@ -84,13 +88,59 @@ munge -n | unmunge >/dev/null || die "munged does not answer"
 slurmuser=$(sed -n 's/^SlurmUser=//p' /etc/slurm/slurm.conf)
 install -d -m 0755 /var/lib/delegate/slurm /var/lib/delegate/slurm/d
 install -d -m 0700 -o "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
+# (on the head a named volume: what an older image's slurm uid left is
+# handed to this one's)
+chown -R "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
 touch /var/log/delegate/slurmctld.log /var/log/delegate/epilog.log
 chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
 
+# dbd_answers: slurmdbd answers sacctmgr (bounded: a dead one must not hang us).
+dbd_answers() { timeout 10 sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; }
+
 case $role in
 head)
-    log "starting slurmctld"
+    # slurmctld needs slurmdbd (the "dbd" service) on its first start: with
+    # AccountingStorageEnforce and no saved state it cannot start without
+    # the associations. With state on the volume (a restart) it starts from
+    # its saved associations and spools the accounting records until
+    # slurmdbd answers again, so a dead database does not keep it down.
+    cluster=$(sed -n 's/^ClusterName=//p' /etc/slurm/slurm.conf)
+    wait_s=${DELEGATE_DBD_WAIT:-180}
+    [[ -e /var/lib/delegate/slurm/ctld/assoc_mgr_state ]] && wait_s=20
+    deadline=$((SECONDS + wait_s))
+    until dbd_answers; do
+        ((SECONDS < deadline)) || break
+        sleep 2
+    done
+    if dbd_answers; then
+        # The cluster in the database before slurmctld's first connection.
+        if [[ -z $(timeout 10 sacctmgr -n -P show cluster "$cluster" format=cluster 2>/dev/null) ]]; then
+            timeout 30 sacctmgr -i add cluster "$cluster" >/dev/null || die "cannot register cluster $cluster in slurmdbd"
+            log "accounting: cluster $cluster registered"
+        fi
+    else
+        log "WARNING: slurmdbd does not answer after ${wait_s}s; starting slurmctld without it"
+    fi
+    log "starting slurmctld (state in /var/lib/delegate/slurm/ctld)"
     exec slurmctld -D -i
+    ;;
+dbd)
+    # slurmdbd.conf holds the database password: SlurmUser's, 0600.
+    install -o "${slurmuser:-root}" -g root -m 0600 /run/secrets/slurmdbd.conf /etc/slurm/slurmdbd.conf
+    install -d -o "${slurmuser:-root}" -m 0755 /run/slurmdbd
+    touch /var/log/delegate/slurmdbd.log
+    chown "${slurmuser:-root}" /var/log/delegate/slurmdbd.log
+    dbhost=$(sed -n 's/^StorageHost=//p' /etc/slurm/slurmdbd.conf)
+    dbport=$(sed -n 's/^StoragePort=//p' /etc/slurm/slurmdbd.conf)
+    # The database may still be starting (or be down): wait for its port
+    # (slurmdbd gives up at once when it cannot connect on start).
+    for _ in $(seq 90); do
+        timeout 3 bash -c "exec 3<>/dev/tcp/$dbhost/$dbport" 2>/dev/null && break
+        sleep 2
+    done
+    log "starting slurmdbd (database $dbhost:$dbport)"
+    tail -F /var/log/delegate/slurmdbd.log 2>/dev/null &
+    exec slurmdbd -D
     ;;
 worker)
     # The host's Docker socket is mounted in /run/delegate-engine, a
@@ -168,5 +218,5 @@ user)
         DELEGATE_HUB_IDLE_TIMEOUT="${DELEGATE_HUB_IDLE_TIMEOUT:-}" \
         jupyterhub -f /etc/jupyterhub/jupyterhub_config.py
     ;;
-*) die "unknown role '$role' (head|worker|user)" ;;
+*) die "unknown role '$role' (head|dbd|worker|user)" ;;
 esac

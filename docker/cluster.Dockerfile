@@ -1,4 +1,4 @@
-# The image of the stack's head and worker nodes (docker/cluster.Dockerfile),
+# The image of the stack's head, slurmdbd and worker nodes (docker/cluster.Dockerfile),
 # and the base of the user node's image (docker/user.Dockerfile).
 # Built by `build_cluster.sh deploy|update` with a context of docker/,
 # slurm-conf/epilog.sh, slurm-conf/spank/ and bin/ (the workspace's release binaries and the
@@ -21,12 +21,13 @@ FROM ${BASE_IMAGE}
 
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
 
-# Slurm (controller, node daemon, client commands) and munge from Debian.
+# Slurm (controller, node daemon, accounting daemon, client commands) and
+# munge from Debian.
 # The packages' postinst scripts try to start services: harmless here (no
 # init in the build), the entrypoint starts the daemons itself.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-        slurmctld slurmd slurm-client munge ca-certificates procps curl \
+        slurmctld slurmd slurmdbd slurm-client munge ca-certificates procps curl \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && slurmd -V
@@ -65,4 +66,4 @@ RUN chmod 0755 /etc/slurm/delegate-epilog.sh /usr/local/sbin/cluster-entrypoint 
 ENTRYPOINT ["/usr/local/sbin/cluster-entrypoint"]
 CMD ["worker"]
 LABEL org.opencontainers.image.title="delegate-cluster" \
-      org.opencontainers.image.description="delegate head/worker node: munge, Slurm, sandbox-runner, sandbox-agent"
+      org.opencontainers.image.description="delegate head/dbd/worker node: munge, Slurm, sandbox-runner, sandbox-agent"

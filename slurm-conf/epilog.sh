@@ -65,11 +65,24 @@ remove_own() {
 # name (label delegate.node, set by sandbox-agent): a container of this
 # node whose job slurmctld no longer knows, or labelled "none" (an old
 # runner's), is removed too. Reads "<container id> <slurm job id> [<node>]".
+# Another cluster on this engine may have a node of the same name (two
+# stacks' worker1): its sandboxes' /job comes from its own staging
+# directory, not from this node's (policy staging_host_dir, else
+# staging_dir); those are left alone.
 sweep_orphans() {
     node=${SLURMD_NODENAME:-}
     [ -n "$node" ] || return 0
+    policy=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
+    stage=$(sed -n 's/^staging_host_dir *= *"\(.*\)".*/\1/p' "$policy" 2>/dev/null | head -n1)
+    [ -n "$stage" ] || stage=$(sed -n 's/^staging_dir *= *"\(.*\)".*/\1/p' "$policy" 2>/dev/null | head -n1)
     while read -r id sj cnode; do
         if [ "$cnode" = "$node" ]; then
+            src=$(timeout 10 docker inspect -f '{{range .Mounts}}{{if eq .Destination "/job"}}{{.Source}}{{end}}{{end}}' "$id" 2>/dev/null)
+            case "$src" in
+                '') ;;
+                "$stage"/*) ;;
+                *) continue ;;
+            esac
             case "$sj" in ''|*[!0-9]*) gone=1 ;; *) gone=0 ;; esac
             if [ "$gone" = 1 ] || ! timeout 10 scontrol -o show job "$sj" >/dev/null 2>&1; then
                 if timeout 60 docker rm -f "$id" >>"$LOG" 2>&1; then

@@ -1,0 +1,363 @@
+"""The deadline rush on the stack (issue 12), driven by bench/rush.sh.
+
+    rush.py student KIND TOKEN OUT   on the user node, as one student: submit
+                                     the KIND of work, wait, write what each
+                                     call did (JSON) to OUT
+    rush.py phase NAME OUTDIR        on the host, as root: one phase (the
+                                     students at once, with or without the
+                                     flooder) through `docker exec` into the
+                                     user node; sdiag before and after
+    rush.py report OUTDIR            figures of both phases, ratios of the
+                                     rush against the quiet baseline, a plot
+                                     when matplotlib is there
+
+Kinds of students (assigned in turn): `single` (one Python call of 1-3 s),
+`map` (a map of 10 Python calls of 1 s, one submission), `cli` (a CLI job
+of 1-3 s), and `flood` (one student: RUSH_FLOOD calls of `true` in
+submissions of 100, as fast as the CLI takes them). Every call returns or
+prints a token of its own, so "completed exactly once" is checked against
+the outputs, not only the states. Benchmarks print figures; nothing here
+asserts on time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+KINDS = ("single", "map", "cli")
+
+
+# --------------------------------------------------------------- student side
+def _sleep_and_tag(token: str, secs: float) -> str:
+    import time as t
+
+    t.sleep(secs)
+    return token
+
+
+def _status(ids: list[str]) -> list[dict]:
+    r = subprocess.run(["delegate", "--json", "status", *ids], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"delegate status failed: {r.stderr.strip()[-500:]}")
+    return json.loads(r.stdout)
+
+
+def _cli_wait(ids: list[str]) -> None:
+    # `delegate wait` exits with the job's code; a failure shows in the states.
+    for i in range(0, len(ids), 200):
+        subprocess.run(["delegate", "wait", *ids[i : i + 200]], capture_output=True, timeout=7200)
+
+
+def _cli_outputs(ids: list[str]) -> dict[str, str]:
+    out = {}
+    for j in ids:
+        r = subprocess.run(["delegate", "logs", j], capture_output=True, text=True, timeout=120)
+        out[j] = r.stdout
+    return out
+
+
+def student(kind: str, token: str, out: str) -> None:
+    import random
+
+    rnd = random.Random(token)
+    t0 = time.time()
+    calls: list[dict] = []  # id, expected token, got
+    if kind in ("single", "map"):
+        import delegate
+
+        fn = delegate.remote(_sleep_and_tag, time="10m")
+        if kind == "single":
+            toks = [f"{token}-0"]
+            futs = [fn.submit(toks[0], rnd.uniform(1, 3))]
+        else:
+            toks = [f"{token}-{i}" for i in range(10)]
+            # What Executor.map and RemoteFunction.map do (one sbatch, the
+            # calls sharing allocations), keeping the futures' job ids.
+            futs = delegate._submit_many(_sleep_and_tag, [((tk, 1.0), {}) for tk in toks], {"time": "10m"})
+        for tk, f in zip(toks, futs, strict=True):
+            try:
+                got = f.result()
+            except Exception as e:  # noqa: BLE001 - reported, not raised
+                got = f"error: {type(e).__name__}: {e}"
+            calls.append({"id": f.job_id, "want": tk, "got": str(got)})
+    elif kind in ("cli", "flood"):
+        n, per = (1, 1) if kind == "cli" else (int(os.environ.get("RUSH_FLOOD", "1000")), 100)
+        ids: list[str] = []
+        want: list[str] = []
+        for start in range(0, n, per):
+            cnt = min(per, n - start)
+            if kind == "cli":
+                cmd = ["sh", "-c", f"sleep {rnd.uniform(1, 3):.2f}; echo {token}-0"]
+            else:
+                cmd = ["sh", "-c", f"echo {token}-$(({start} + $DELEGATE_INDEX))"]
+            args = ["delegate", "submit", "--time", "10m"]
+            if cnt > 1:
+                args += ["--count", str(cnt)]
+            r = subprocess.run([*args, "--", *cmd], capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                raise SystemExit(f"submit failed: {r.stderr.strip()[-500:]}")
+            got = r.stdout.split()
+            ids += got
+            want += [f"{token}-{start + i}" for i in range(len(got))]
+        _cli_wait(ids)
+        outs = _cli_outputs(ids)
+        calls = [{"id": j, "want": w, "got": outs[j].strip()} for j, w in zip(ids, want, strict=True)]
+    else:
+        raise SystemExit(f"unknown kind {kind}")
+    st = {s["id"]: s for s in _status([c["id"] for c in calls])}
+    for c in calls:
+        s = st.get(c["id"], {})
+        c.update(
+            state=s.get("state"),
+            slurm_id=s.get("slurm_id"),
+            submitted_ms=s.get("submitted_ms"),
+            started_ms=s.get("started_ms"),
+            finished_ms=s.get("finished_ms"),
+        )
+    Path(out).write_text(
+        json.dumps({"kind": kind, "token": token, "t0": t0, "t1": time.time(), "calls": calls})
+    )
+
+
+# ------------------------------------------------------------------ host side
+STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate-rush")
+HOME = os.environ.get("DELEGATE_STACK_HOME", "/srv/delegate-rush/home")
+
+
+def _cid(service: str) -> str:
+    r = subprocess.run(
+        ["docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{service}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    ids = r.stdout.split()
+    if not ids:
+        raise SystemExit(f"service {STACK}_{service} has no running container")
+    return ids[0]
+
+
+def _sdiag() -> tuple[float, int]:
+    """(time, total RPCs slurmctld served so far, all message types)."""
+    r = subprocess.run(["docker", "exec", _cid("head"), "sdiag"], capture_output=True, text=True, check=True)
+    total, in_types = 0, False
+    for line in r.stdout.splitlines():
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            in_types = True
+            continue
+        if line.startswith("Remote Procedure Call statistics by user"):
+            break
+        if in_types and "count:" in line:
+            total += int(line.split("count:")[1].split()[0])
+    return time.time(), total
+
+
+def phase(name: str, outdir: str) -> None:
+    users = os.environ["RUSH_STUDENTS_LIST"].split()
+    flooder = os.environ.get("RUSH_FLOODER", "") if name == "rush" else ""
+    script = os.environ["RUSH_SCRIPT"]  # this file, readable on the user node
+    user_cid = _cid("user")
+    res_dir = Path(HOME) / ".rush" / name
+    res_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(res_dir, 0o1777)
+    os.chmod(res_dir.parent, 0o755)
+
+    def one(u: str, kind: str) -> tuple[str, int, str]:
+        out = res_dir / f"{u}.json"
+        out.unlink(missing_ok=True)
+        cmd = [
+            "docker", "exec", "-u", u, "-w", f"{HOME}/{u}", "-e", f"HOME={HOME}/{u}", "-e", f"USER={u}",
+            "-e", f"RUSH_FLOOD={os.environ.get('RUSH_FLOOD', '1000')}", user_cid,
+            "/opt/delegate/venv/bin/python", script, "student", kind, f"{name}-{u}", str(out),
+        ]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+        return u, r.returncode, r.stderr[-800:]
+
+    rpc0 = _sdiag()
+    t0 = time.time()
+    jobs = [(u, KINDS[i % len(KINDS)]) for i, u in enumerate(users)]
+    with ThreadPoolExecutor(max_workers=len(jobs) + 1) as pool:
+        futs = []
+        if flooder:
+            futs.append(pool.submit(one, flooder, "flood"))
+            time.sleep(float(os.environ.get("RUSH_FLOOD_HEAD_START", "5")))
+        futs += [pool.submit(one, u, k) for u, k in jobs]
+        samples = []
+        while not all(f.done() for f in futs):
+            time.sleep(10)
+            samples.append(_sdiag())
+        problems = [f.result() for f in futs if f.result()[1] != 0]
+    t1 = time.time()
+    rpc1 = _sdiag()
+    results = []
+    for u in ([flooder] if flooder else []) + users:
+        p = res_dir / f"{u}.json"
+        if p.exists():
+            results.append(json.loads(p.read_text()))
+    meta = {
+        "phase": name,
+        "t0": t0,
+        "t1": t1,
+        "rpc": [rpc0, *samples, rpc1],
+        "problems": problems,
+        "students": len(users),
+        "flooder": flooder,
+        "workers": int(os.environ.get("RUSH_WORKERS", "6")),
+    }
+    Path(outdir, f"phase-{name}.json").write_text(json.dumps({"meta": meta, "students": results}))
+    for u, rc, err in problems:
+        print(f"rush: {u} exited {rc}: {err}", file=sys.stderr)
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(data: dict) -> dict:
+    meta = data["meta"]
+    calls_all = [(s["kind"], s["token"], c) for s in data["students"] for c in s["calls"]]
+    ok = [c for _, _, c in calls_all if c["state"] == "completed" and c["got"].strip() == c["want"]]
+    wrong = [(t, c) for _, t, c in calls_all if c not in ok]
+    others = [(k, c) for k, _, c in calls_all if k != "flood"]
+    waits = [(c["started_ms"] - c["submitted_ms"]) / 1000 for _, c in others if c["started_ms"]]
+    per_student = {}
+    for s in data["students"]:
+        if s["kind"] == "flood":
+            continue
+        w = [(c["started_ms"] - c["submitted_ms"]) / 1000 for c in s["calls"] if c["started_ms"]]
+        if w:
+            per_student[s["token"]] = max(w)
+    # Node-time of the work itself: each call's sandbox run (started ->
+    # finished), all calls of the phase, flooder included.
+    work = sum(
+        (c["finished_ms"] - c["started_ms"]) / 1000
+        for _, _, c in calls_all
+        if c["started_ms"] and c["finished_ms"]
+    )
+    first = min((c["submitted_ms"] for _, _, c in calls_all if c["submitted_ms"]), default=0) / 1000
+    last = max((c["finished_ms"] for _, _, c in calls_all if c["finished_ms"]), default=0) / 1000
+    drain = last - first
+    ideal = work / meta["workers"]
+    rpc = meta["rpc"]
+    rate = (rpc[-1][1] - rpc[0][1]) / max(rpc[-1][0] - rpc[0][0], 1e-9)
+    peak = max(
+        ((b[1] - a[1]) / max(b[0] - a[0], 1e-9) for a, b in zip(rpc, rpc[1:], strict=False)),
+        default=rate,
+    )
+    slurm_jobs = {c["slurm_id"] for _, _, c in calls_all if c.get("slurm_id")}
+    return {
+        "phase": meta["phase"],
+        "students": meta["students"],
+        "flooder": bool(meta["flooder"]),
+        "calls": len(calls_all),
+        "calls_ok": len(ok),
+        "calls_not_ok": [(t, c["id"], c["state"], c["got"][:80]) for t, c in wrong][:20],
+        "student_calls": len(others),
+        "allocations": len(slurm_jobs),
+        "wait_p50": _pct(waits, 0.5),
+        "wait_p95": _pct(waits, 0.95),
+        "wait_max": max(waits, default=float("nan")),
+        "per_student_max_p50": _pct(list(per_student.values()), 0.5),
+        "per_student_max_p95": _pct(list(per_student.values()), 0.95),
+        "per_student_max_max": max(per_student.values(), default=float("nan")),
+        "work_s": work,
+        "drain_s": drain,
+        "ideal_s": ideal,
+        "drain_ratio": drain / ideal if ideal else float("nan"),
+        "rpc_rate": rate,
+        "rpc_rate_peak_10s": peak,
+        "waits": waits,
+        "problems": meta["problems"],
+    }
+
+
+def report(outdir: str) -> None:
+    out = Path(outdir)
+    phases = {}
+    for name in ("quiet", "rush"):
+        p = out / f"phase-{name}.json"
+        if p.exists():
+            phases[name] = summarize(json.loads(p.read_text()))
+    print("\n=== the deadline rush (bench/rush.sh) ===")
+    for name, s in phases.items():
+        flood = " + 1 flooder" if s["flooder"] else ""
+        print(
+            f"\n[{name}] {s['students']} students{flood}: {s['calls']} calls in {s['allocations']} allocations"
+        )
+        print(
+            f"  completed exactly once: {s['calls_ok']}/{s['calls']}"
+            + ("" if not s["calls_not_ok"] else f"  NOT OK: {s['calls_not_ok']}")
+        )
+        print(
+            f"  students' calls, wait submit->start: p50 {s['wait_p50']:.1f} s, p95 {s['wait_p95']:.1f} s, "
+            f"max {s['wait_max']:.1f} s"
+        )
+        print(
+            f"  per student (their longest wait): p50 {s['per_student_max_p50']:.1f} s, "
+            f"p95 {s['per_student_max_p95']:.1f} s, max {s['per_student_max_max']:.1f} s"
+        )
+        print(
+            f"  drain {s['drain_s']:.0f} s vs work/workers {s['ideal_s']:.0f} s "
+            f"(sum of calls' run time {s['work_s']:.0f} s): ratio {s['drain_ratio']:.2f}"
+        )
+        print(
+            f"  slurmctld RPCs (sdiag): {s['rpc_rate']:.1f}/s over the phase, "
+            f"busiest 10 s {s['rpc_rate_peak_10s']:.1f}/s"
+        )
+        for u, rc, err in s["problems"]:
+            print(f"  problem: {u} exited {rc}: {err[-300:]}")
+    if "quiet" in phases and "rush" in phases:
+        q, r = phases["quiet"], phases["rush"]
+        print("\n  the flooder's delay on the others (rush / quiet, same students, same run):")
+        for k in ("wait_p50", "wait_p95", "wait_max"):
+            print(f"    {k}: {r[k]:.1f} s / {q[k]:.1f} s = x{r[k] / q[k] if q[k] else float('nan'):.2f}")
+    slim = {k: {kk: vv for kk, vv in v.items() if kk != "waits"} for k, v in phases.items()}
+    (out / "rush.json").write_text(json.dumps(slim, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("\n(no matplotlib: no plot)")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, s in phases.items():
+        w = sorted(s["waits"])
+        if w:
+            ax.plot(w, [(i + 1) / len(w) for i in range(len(w))], label=f"{name} ({len(w)} calls)")
+    ax.set_xlabel("students' calls: wait from submit to start (s)")
+    ax.set_ylabel("fraction of calls")
+    ax.set_title("Deadline rush: students' waits, quiet vs with a flooder")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "rush.png", dpi=110)
+    print(f"\nplot: {out / 'rush.png'}")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) >= 4 and argv[0] == "student":
+        student(argv[1], argv[2], argv[3])
+    elif len(argv) == 3 and argv[0] == "phase":
+        phase(argv[1], argv[2])
+    elif len(argv) == 2 and argv[0] == "report":
+        report(argv[1])
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
