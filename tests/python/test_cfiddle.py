@@ -92,7 +92,8 @@ def table(r):
     return dict(cols=list(df.columns), dtypes=[str(t) for t in df.dtypes], keys=df[key].values.tolist(),
                 ret=[x.return_value for x in r], tc=df["PERF_COUNT_SW_TASK_CLOCK"].tolist(),
                 pf=df["PERF_COUNT_SW_PAGE_FAULTS"].tolist(), et=df["ET"].tolist(),
-                same_exes=[any(x.invocation.executable is e for e in exes) for x in r])
+                libs=[x.invocation.executable.lib for x in r],
+                exe_types=[type(x.invocation.executable).__name__ for x in r])
 out(local=table(local), remote=table(remote), split=table(split), one=one, two=two,
     libs=sorted(os.path.basename(e.lib) for e in exes),
     csv=[open(f).readline() for f in ("local.csv", "remote.csv")],
@@ -108,9 +109,13 @@ shutil.rmtree(os.getcwd(), ignore_errors=True)
         assert other["dtypes"] == local["dtypes"]
         assert other["keys"] == local["keys"], "the same rows in the same order"
         assert other["ret"] == local["ret"], "the functions' return values"
-        assert all(other["same_exes"]), "results point at the caller's own executables"
+        assert other["libs"] == local["libs"], (
+            "results name the caller's executables, not the sandbox's copies"
+        )
+        assert other["exe_types"] == local["exe_types"]
     assert res["csv"][0] == res["csv"][1], "as_csv() writes the same header"
     assert res["types"] == ["InvocationResultsList", "InvocationResultsList", "InvocationResult"]
+    assert set(local["libs"]) == set(res["exe_libs"])
     # Plausible values: a task clock in ns, more for 200x the iterations;
     # page faults counted (a non-negative integer); elapsed time positive.
     for t in (local, remote, split):

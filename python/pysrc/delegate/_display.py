@@ -82,6 +82,8 @@ def outcome_words(
     if exc is not None and state == "completed" and not isinstance(exc, RemoteError):
         return "raised " + type(exc).__name__
     if refused:
+        if reason.lower().startswith("refused"):
+            reason = reason[len("refused") :].lstrip(" :")
         return "refused: " + (reason or "by the site policy")
     if state == "timed-out":
         return "timed out: " + (reason or "the time limit was reached")

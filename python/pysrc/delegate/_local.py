@@ -174,12 +174,6 @@ class LocalFuture(DelegateFuture):
             st.update(state="failed", reason="the executor was killed by signal %d" % -rc)
         else:
             st.update(state="failed", reason="the executor exited with code %d without a result" % rc)
-        if (
-            "out of memory" not in st["reason"]
-            and rc == -signal.SIGKILL
-            and not (timed_out or self._cancel.is_set())
-        ):
-            st["reason"] += " (out of memory?)"
         try:
             self._finish(st)
         except Exception as e:  # noqa: BLE001 - never leave a future pending
