@@ -95,7 +95,7 @@ def table(r):
                 libs=[x.invocation.executable.lib for x in r],
                 exe_types=[type(x.invocation.executable).__name__ for x in r])
 out(local=table(local), remote=table(remote), split=table(split), one=one, two=two,
-    libs=sorted(os.path.basename(e.lib) for e in exes),
+    libs=sorted(os.path.basename(e.lib) for e in exes), exe_libs=[e.lib for e in exes],
     csv=[open(f).readline() for f in ("local.csv", "remote.csv")],
     types=[type(local).__name__, type(remote).__name__, type(remote[0]).__name__])
 shutil.rmtree(os.getcwd(), ignore_errors=True)
