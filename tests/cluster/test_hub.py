@@ -260,7 +260,7 @@ def test_students_in_the_browser(stack, browser, capsys):
         assert f"caller-uid {uid}" in text, text
         assert "cli /usr/local/bin/delegate" in text, text  # the CLI, for the terminal too
         assert f"remote-uid={uid} twice=42" in text, text
-        assert "delegate: " in text and "completed" in text, f"no status line: {text!r}"
+        assert "delegate: " in text and " done" in text, f"no status line: {text!r}"
         text = s.run_cell(CELL_FAIL, "no free lunch 42", "failing-call")
         assert "ValueError" in text, text
         # The remote traceback, with the notebook's own failing line.
