@@ -61,10 +61,6 @@ if [[ -n ${agroup:-} ]]; then
     getent group "$agroup" >/dev/null || groupadd --gid "$agid" "$agroup"
     [[ $(getent group "$agroup" | cut -d: -f3) == "$agid" ]] || die "group $agroup exists with another gid than $agid"
     for m in ${amembers//,/ }; do usermod -aG "$agroup" "$m"; done
-    # root too: /proc is mounted hidepid with this gid (below), and root's
-    # `docker exec` shells (the instructor's check, tests) get their groups
-    # from here.
-    usermod -aG "$agroup" root
 fi
 
 # --- privacy (docs/security.md, "Privacy"): on the nodes students use, each
@@ -78,7 +74,7 @@ hide_processes() {
         log "WARNING: cannot remount /proc hidepid=invisible (no CAP_SYS_ADMIN): users see each other's processes"
     fi
 }
-[[ $role == worker || $role == user ]] && hide_processes
+[[ $role == worker ]] && hide_processes
 
 # --- munge: the one key of the cluster
 install -d -o munge -g munge -m 0700 /etc/munge
