@@ -398,8 +398,14 @@ accounts_remove() {
 }
 
 # accounts_main ARGS: `build_cluster.sh accounts add --csv FILE
-# [--instructors] | list | remove USER [--archive]`.
-accounts_main() {
+# [--instructors] | list | remove USER [--archive]` on this machine.
+accounts_main() { accounts_dispatch accounts_add accounts_list accounts_remove "$@"; }
+
+# accounts_dispatch ADD LIST REMOVE ARGS: parses the `accounts` arguments
+# and calls ADD FILE INSTRUCTORS, LIST or REMOVE USER ARCHIVE (the local
+# roster's functions here, the stack's in hub.sh).
+accounts_dispatch() {
+    local f_add=$1 f_list=$2 f_remove=$3; shift 3
     local sub=${1:-list}; shift || true
     case $sub in
         add)
@@ -415,8 +421,8 @@ accounts_main() {
             done
             [[ -n $file ]] || die "accounts add needs --csv roster.csv"
             need_root accounts
-            accounts_add "$file" "$instr" ;;
-        list) accounts_list ;;
+            "$f_add" "$file" "$instr" ;;
+        list) "$f_list" ;;
         remove)
             local u="" archive=0
             while (($#)); do
@@ -429,7 +435,7 @@ accounts_main() {
             done
             [[ -n $u ]] || die "accounts remove needs a user name"
             need_root accounts
-            accounts_remove "$u" "$archive" ;;
+            "$f_remove" "$u" "$archive" ;;
         *) die "accounts: unknown action '$sub' (add --csv FILE [--instructors] | list | remove USER [--archive])" ;;
     esac
 }

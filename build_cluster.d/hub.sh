@@ -313,37 +313,6 @@ stack_roster_remove() {
 # stack_accounts_main ARGS: `build_cluster.sh --stack accounts add --csv
 # FILE [--instructors] | list | remove USER [--archive]`.
 stack_accounts_main() {
-    local sub=${1:-list}; shift || true
     stack_load_config
-    case $sub in
-        add)
-            local file="" instr=0
-            while (($#)); do
-                case $1 in
-                    --csv) (($# > 1)) || die "--csv needs a file"; file=$2; shift ;;
-                    --csv=*) file=${1#--csv=} ;;
-                    --instructors) instr=1 ;;
-                    *) die "accounts add: unknown argument '$1'" ;;
-                esac
-                shift
-            done
-            [[ -n $file ]] || die "accounts add needs --csv roster.csv"
-            need_root accounts
-            stack_roster_add "$file" "$instr" ;;
-        list) stack_roster_list ;;
-        remove)
-            local u="" archive=0
-            while (($#)); do
-                case $1 in
-                    --archive) archive=1 ;;
-                    -*) die "accounts remove: unknown option '$1'" ;;
-                    *) u=$1 ;;
-                esac
-                shift
-            done
-            [[ -n $u ]] || die "accounts remove needs a user name"
-            need_root accounts
-            stack_roster_remove "$u" "$archive" ;;
-        *) die "accounts: unknown action '$sub' (add --csv FILE [--instructors] | list | remove USER [--archive])" ;;
-    esac
+    accounts_dispatch stack_roster_add stack_roster_list stack_roster_remove "$@"
 }
