@@ -120,7 +120,7 @@ DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common quota local accounting stack stack_accounting hub check; do
+for part in common packages quota local accounting stack stack_accounting hub check; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -130,6 +130,8 @@ done
 unset part
 # shellcheck source=build_cluster.d/common.sh
 source "$REPO/build_cluster.d/common.sh"
+# shellcheck source=build_cluster.d/packages.sh
+source "$REPO/build_cluster.d/packages.sh"
 # shellcheck source=build_cluster.d/quota.sh
 source "$REPO/build_cluster.d/quota.sh"
 # shellcheck source=build_cluster.d/local.sh

@@ -78,11 +78,8 @@ record_started() {
 # local_install_packages: apt-get install the PACKAGES that are missing
 # (refreshing the index only when it is older than a day).
 local_install_packages() {
-    local missing=() p
-    for p in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed' \
-            || missing+=("$p")
-    done
+    local missing=()
+    mapfile -t missing < <(missing_packages "${PACKAGES[@]}")
     if ((${#missing[@]} == 0)); then
         log "packages: all installed"
         return

@@ -35,6 +35,8 @@ export PATH="$HOME/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 export DEBIAN_FRONTEND=noninteractive
 # shellcheck source=venv.sh
 source "$REPO/tests/venv.sh"
+# shellcheck source=../build_cluster.d/packages.sh
+source "$REPO/build_cluster.d/packages.sh"
 
 # The checks that failed, by name.
 FAILED=()
@@ -57,11 +59,8 @@ run_check() {
 # ensure_packages PACKAGE...: apt-get install the Debian packages that are
 # missing (as root; else say what to install and return 1).
 ensure_packages() {
-    local missing=() p
-    for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed' \
-            || missing+=("$p")
-    done
+    local missing=()
+    mapfile -t missing < <(missing_packages "$@")
     ((${#missing[@]} == 0)) && return 0
     if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
         echo "lint needs these Debian packages: ${missing[*]} (apt-get install ${missing[*]}, as root)" >&2

@@ -160,6 +160,92 @@ def ensure_users(users: Iterable[str] = USERS) -> None:
         prefer = ensure_user(name, prefer).pw_uid + 1
 
 
+# A QOS of the tests only: one job per student at a time, given to one test
+# account only, so a limit is met without touching the course's QOS.
+TIGHT_QOS = "delegate-test-tight"
+
+
+def _sacctmgr(*args: str, check: bool = True) -> None:
+    r = subprocess.run(["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=120)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"sacctmgr {' '.join(args)} failed: {(r.stdout + r.stderr).strip()}")
+
+
+@contextlib.contextmanager
+def tight_qos(name: str):
+    """The test account `name` (created when missing) with TIGHT_QOS as its
+    only QOS for the duration; afterwards its jobs are cancelled, it gets the
+    course's QOS back and TIGHT_QOS leaves the course account's list and the
+    database, so later suites see the cluster as the deployment made it."""
+    _sacctmgr("add", "qos", TIGHT_QOS, check=False)
+    _sacctmgr("modify", "qos", TIGHT_QOS, "set", "MaxSubmitJobsPerUser=1")
+    _sacctmgr("modify", "account", COURSE_ACCOUNT, "set", f"qos+={TIGHT_QOS}", check=False)
+    ensure_user(name)
+    ensure_association(name, qos=TIGHT_QOS)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        cancel_jobs(name)
+        where = ["modify", "user", "where", f"user={name}", f"account={COURSE_ACCOUNT}", "set"]
+        _sacctmgr(*where, "qos=", "defaultqos=-1", check=False)
+        _sacctmgr("modify", "account", COURSE_ACCOUNT, "set", f"qos-={TIGHT_QOS}", check=False)
+        _sacctmgr("delete", "qos", TIGHT_QOS, check=False)
+
+
+def cancel_jobs(*names: str) -> None:
+    """Cancels every Slurm job of the given test accounts (held ones too), so
+    a suite leaves no pending job behind for the next one to wait on."""
+    for name in names:
+        if name.startswith(PREFIX):
+            subprocess.run(["scancel", "-u", name], capture_output=True, timeout=60, check=False)
+
+
+def cluster_problem(checks: Iterable[tuple[list[str], str]], files: Iterable[str]) -> str | None:
+    """Why the local cluster cannot run jobs, or None: each command of
+    `checks` (argv, daemon) must succeed without a node DOWN, each path of
+    `files` must exist. Run as root (the suites create users, inspect Docker)."""
+    if os.geteuid() != 0:
+        return "the tests create users and inspect Docker: run them as root (tests/run.sh)"
+    for cmd, what in checks:
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{what} does not answer: {e}"
+        if r.returncode != 0 or (what == "slurmctld" and "DOWN" in r.stdout):
+            return f"{what} does not answer ({' '.join(cmd)}: {r.stdout.strip()} {r.stderr.strip()})"
+    for f in files:
+        if not Path(f).exists():
+            return f"{f} is missing: run ./build_cluster.sh --local"
+    return None
+
+
+DAEMON_CHECKS = (
+    (["scontrol", "ping"], "slurmctld"),
+    (["docker", "info"], "dockerd"),
+    (["sinfo", "-h"], "slurm"),
+)
+
+
+def local_cluster(repo: Path, problem, more=lambda: None) -> Iterable[None]:
+    """The body of the suites' session fixture: brings the local cluster up
+    once when `problem()` names a fault (build_cluster.sh is idempotent),
+    fails the session when it or `more()` (what a rebuild does not fix)
+    names one, makes the test students, and at the end cancels whatever
+    jobs of theirs the suite left (held ones)."""
+    import pytest
+
+    why = problem()
+    if why and os.geteuid() == 0:
+        subprocess.run([str(repo / "build_cluster.sh"), "--local"], timeout=1800)
+        why = problem()
+    why = why or more()
+    if why:
+        pytest.fail(f"LOCAL CLUSTER UNAVAILABLE: {why}", pytrace=False)
+    ensure_users(USERS)
+    yield
+    cancel_jobs(*USERS)
+
+
 @contextlib.contextmanager
 def tiny_root(home: Path, uid: int, gid: int, size: str = "256k"):
     """A tiny tmpfs owned by the user below their home (below /home, as the

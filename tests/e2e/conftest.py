@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from testlib import USERS, ensure_users
+import testlib
 
 REPO = Path(__file__).resolve().parents[2]
 DELEGATE = shutil.which("delegate") or "/usr/local/bin/delegate"
@@ -32,35 +32,12 @@ def sh(*args, check=True, timeout=120, **kw):
 
 def _daemon_problem() -> str | None:
     """Why the cluster cannot run jobs, or None when it can."""
-    if os.geteuid() != 0:
-        return "the end-to-end tests create users and inspect Docker: run them as root (tests/run.sh)"
-    for cmd, what in (
-        (["scontrol", "ping"], "slurmctld"),
-        (["docker", "info"], "dockerd"),
-        (["sinfo", "-h"], "slurm"),
-    ):
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"{what} does not answer: {e}"
-        if r.returncode != 0 or ("DOWN" in r.stdout and what == "slurmctld"):
-            return f"{what} does not answer ({' '.join(cmd)}: {r.stdout.strip()} {r.stderr.strip()})"
-    if not Path(DELEGATE).exists() or not Path(RUNNER).exists():
-        return "delegate and sandbox-runner are not installed: run ./build_cluster.sh --local"
-    return None
+    return testlib.cluster_problem(testlib.DAEMON_CHECKS, (DELEGATE, RUNNER))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def cluster():
-    problem = _daemon_problem()
-    if problem:
-        # Try once to bring the local cluster up; the script is idempotent.
-        subprocess.run([str(REPO / "build_cluster.sh"), "--local"], timeout=1800)
-        problem = _daemon_problem()
-    if problem:
-        pytest.fail(f"LOCAL CLUSTER UNAVAILABLE: {problem}", pytrace=False)
-    ensure_users(USERS)
-    yield
+    yield from testlib.local_cluster(REPO, _daemon_problem)
 
 
 class User:
@@ -72,11 +49,14 @@ class User:
         self.uid, self.gid, self.home = pw.pw_uid, pw.pw_gid, Path(pw.pw_dir)
         self.root = self.home / ".delegate" / "jobs"
 
-    def run(self, *args, check=False, timeout=180, text=True, input=None):
+    def run(self, *args, check=False, timeout=180, text=True, input=None, env_extra=None):
+        """The CLI as the student; `env_extra` adds client settings
+        (DELEGATE_ROOT, DELEGATE_CALLS_PER_ALLOCATION, ...)."""
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
+            **(env_extra or {}),
         }
         return subprocess.run(
             ["/usr/sbin/runuser", "-u", self.name, "--", DELEGATE, *args],

@@ -20,10 +20,6 @@ from conftest import DELEGATE, User, record_started, sh
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import testlib
 
-# A QOS of the tests only: one job per student at a time, given to one test
-# account only, so the limit is met without touching the course's QOS.
-TIGHT_QOS = "delegate-test-tight"
-
 
 def _accounting_on() -> bool:
     return testlib.accounting_enforced()
@@ -82,14 +78,8 @@ def test_sacct_shows_each_students_jobs(alice, bob):
 @pytest.fixture
 def limited():
     """delegate-carol, whose only QOS allows one job at a time."""
-    sh("sacctmgr", "-i", "add", "qos", TIGHT_QOS, check=False)
-    sh("sacctmgr", "-i", "modify", "qos", TIGHT_QOS, "set", "MaxSubmitJobsPerUser=1")
-    sh("sacctmgr", "-i", "modify", "account", testlib.COURSE_ACCOUNT, "set", f"qos+={TIGHT_QOS}", check=False)
-    testlib.ensure_user("delegate-carol")
-    testlib.ensure_association("delegate-carol", qos=TIGHT_QOS)
-    u = User("delegate-carol")
-    yield u
-    sh("scancel", "-u", u.name, check=False)
+    with testlib.tight_qos("delegate-carol"):
+        yield User("delegate-carol")
 
 
 def test_a_limit_refuses_in_one_sentence_and_leaves_nothing(limited):

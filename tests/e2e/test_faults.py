@@ -264,20 +264,7 @@ def tiny_root(alice):
 
 
 def run_with_root(user, root, *args, timeout=120):
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(user.home),
-        "LANG": "C.UTF-8",
-        "DELEGATE_ROOT": str(root),
-    }
-    return subprocess.run(
-        ["/usr/sbin/runuser", "-u", user.name, "--", DELEGATE, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd="/",
-    )
+    return user.run(*args, timeout=timeout, env_extra={"DELEGATE_ROOT": str(root)})
 
 
 @pytest.mark.parametrize("when", ["before-start", "during-run"])

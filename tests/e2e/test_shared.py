@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 import uuid
 
 import pytest
-from conftest import DELEGATE, containers_created_since, containers_with_label, sh
+from conftest import containers_created_since, containers_with_label, sh
 
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "lost"}
 WAITING_REASON = "waiting for its turn in its shared allocation"
@@ -58,16 +57,7 @@ def submit_count(user, n, *cmd, opts=(), env=None):
 
 def run_env(user, env, *args, timeout=180):
     """Like User.run, with extra environment variables for the client."""
-    base = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(user.home), "LANG": "C.UTF-8"}
-    base.update(env or {})
-    return subprocess.run(
-        ["/usr/sbin/runuser", "-u", user.name, "--", DELEGATE, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=base,
-        cwd="/",
-    )
+    return user.run(*args, timeout=timeout, env_extra=env)
 
 
 def statuses(user, jobs):

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from testlib import USERS, ensure_users
+import testlib
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -32,17 +32,11 @@ RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 
 
 def _problem() -> str | None:
-    if os.geteuid() != 0:
-        return "run the tests as root (tests/run.sh); jobs are submitted as delegate-alice"
-    for cmd in (["scontrol", "ping"], ["docker", "info"]):
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"{cmd[0]} does not answer: {e}"
-        if r.returncode != 0 or "DOWN" in r.stdout:
-            return f"{' '.join(cmd)} failed: {r.stdout.strip()} {r.stderr.strip()}"
-    if not Path("/usr/local/bin/sandbox-runner").exists():
-        return "sandbox-runner is not installed: run ./build_cluster.sh --local"
+    checks = testlib.DAEMON_CHECKS[:2]
+    return testlib.cluster_problem(checks, ("/usr/local/bin/sandbox-runner",))
+
+
+def _package_problem() -> str | None:
     r = subprocess.run([PYTHON, "-c", "import delegate"], capture_output=True, text=True)
     if r.returncode != 0:
         return f"the delegate package is not installed in {PYTHON}: {r.stderr.strip()}"
@@ -51,14 +45,7 @@ def _problem() -> str | None:
 
 @pytest.fixture(scope="session", autouse=True)
 def cluster():
-    problem = _problem()
-    if problem and os.geteuid() == 0 and "not installed in" not in problem:
-        subprocess.run([str(REPO / "build_cluster.sh"), "--local"], timeout=1800)
-        problem = _problem()
-    if problem:
-        pytest.fail(f"LOCAL CLUSTER UNAVAILABLE: {problem}", pytrace=False)
-    ensure_users(USERS)
-    yield
+    yield from testlib.local_cluster(REPO, _problem, _package_problem)
 
 
 class Student:

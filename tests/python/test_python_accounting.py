@@ -5,7 +5,6 @@ left behind. Needs accounting (slurmdbd) in the local cluster."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,27 +14,17 @@ from conftest import Student
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import testlib
 
-TIGHT_QOS = "delegate-test-tight"
 USER = "delegate-carol"
 
 pytestmark = pytest.mark.skipif(not testlib.accounting_enforced(), reason="Slurm keeps no accounting here")
 
 
-def sh(*args, check=True):
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=120, check=check)
-
-
 @pytest.fixture
 def carol():
-    sh("sacctmgr", "-i", "add", "qos", TIGHT_QOS, check=False)
-    sh("sacctmgr", "-i", "modify", "qos", TIGHT_QOS, "set", "MaxSubmitJobsPerUser=1")
-    sh("sacctmgr", "-i", "modify", "account", testlib.COURSE_ACCOUNT, "set", f"qos+={TIGHT_QOS}", check=False)
-    testlib.ensure_user(USER)
-    testlib.ensure_association(USER, qos=TIGHT_QOS)
-    s = Student(USER)
-    yield s
-    sh("scancel", "-u", USER, check=False)
-    s.cleanup()
+    with testlib.tight_qos(USER):
+        s = Student(USER)
+        yield s
+        s.cleanup()
 
 
 def test_a_limit_is_one_sentence_in_python(carol):
