@@ -46,12 +46,21 @@ pub enum Cmd {
     #[command(after_long_help = EXIT_HELP)]
     Submit(SubmitArgs),
     /// Show the state of jobs (all jobs when no id is given).
-    Status { ids: Vec<String> },
+    Status {
+        #[arg(conflicts_with = "file")]
+        ids: Vec<String>,
+        /// The calls of the last submission of this jobs file.
+        #[arg(short = 'f', long = "file", value_name = "JOBS.yml")]
+        file: Option<PathBuf>,
+    },
     /// Wait until jobs are over; exits with the job's exit code.
     #[command(after_long_help = EXIT_HELP)]
     Wait {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
         ids: Vec<String>,
+        /// Wait for every call of the last submission of this jobs file.
+        #[arg(short = 'f', long = "file", value_name = "JOBS.yml")]
+        file: Option<PathBuf>,
         /// Give up after this long (e.g. 30s, 5m).
         #[arg(long, value_parser = duration_arg)]
         timeout: Option<u64>,
@@ -136,8 +145,18 @@ pub struct SubmitArgs {
     /// allocations, each in its own fresh sandbox; prints one id per line.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
+    /// Submit every job of a jobs file (YAML; see the README), checked
+    /// whole first: each problem is printed with its line and nothing is
+    /// submitted. Prints each job's name and its calls' ids.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "JOBS.yml",
+        conflicts_with_all = ["command", "count", "cpus", "gpus", "mem", "time", "image", "env"]
+    )]
+    pub file: Option<PathBuf>,
     /// The command and its arguments (run without a shell).
-    #[arg(required = true, last = true, value_name = "CMD")]
+    #[arg(required_unless_present = "file", last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 

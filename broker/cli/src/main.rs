@@ -58,9 +58,9 @@ fn init_logging(verbose: u8) {
 fn run(cli: Cli) -> CliResult {
     match &cli.command {
         Cmd::Submit(a) => submit::submit(&cli, a),
-        Cmd::Status { ids } => status::status(&cli, ids),
+        Cmd::Status { ids, file } => status::status(&cli, ids, file.as_deref()),
         Cmd::List => list::list(&cli),
-        Cmd::Wait { ids, timeout } => wait::wait(&cli, ids, *timeout),
+        Cmd::Wait { ids, file, timeout } => wait::wait(&cli, ids, file.as_deref(), *timeout),
         Cmd::Logs { id, follow, stderr } => {
             let c = commands::client(&cli.root)?;
             let id = commands::parse_id(id)?;

@@ -3,6 +3,7 @@
 
 use std::io::{self, Write};
 
+use delegate_client::jobsfile::Record;
 use delegate_client::{Client, JobStatus, Stream};
 use delegate_protocol::units::format_duration;
 use delegate_protocol::{now_ms, JobId};
@@ -39,6 +40,51 @@ pub fn print_statuses(st: &[JobStatus], json: bool) -> Result<(), Fail> {
             "{:<24}  {:<8}  {:<9}  {:>4}  {:>8}  {}",
             s.id,
             s.slurm_id.as_deref().unwrap_or("-"),
+            s.state.as_str(),
+            s.exit_code.map_or("-".to_owned(), |c| c.to_string()),
+            s.elapsed_secs.map_or("-".to_owned(), secs),
+            s.reason
+        );
+    }
+    Ok(())
+}
+
+/// `status -f`: the statuses of a jobs file's calls (in the record's
+/// order), each with its job's name.
+pub fn print_named_statuses(rec: &Record, st: &[JobStatus], json: bool) -> Result<(), Fail> {
+    let names: Vec<&str> = rec
+        .jobs
+        .iter()
+        .flat_map(|(n, ids)| ids.iter().map(move |_| n.as_str()))
+        .collect();
+    if json {
+        let rows = names
+            .iter()
+            .zip(st)
+            .map(|(n, s)| {
+                let mut v = serde_json::to_value(s)?;
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("job_name".into(), (*n).into());
+                }
+                Ok(v)
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()
+            .map_err(|e| Fail::new(format!("cannot print JSON: {e}"), 1))?;
+        return print_json(&rows);
+    }
+    let width = names.iter().map(|n| n.len()).max().unwrap_or(3).max(3);
+    let mut out = io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<24}  {:<9}  {:>4}  {:>8}  REASON",
+        "JOB", "ID", "STATE", "EXIT", "ELAPSED"
+    );
+    for (n, s) in names.iter().zip(st) {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<24}  {:<9}  {:>4}  {:>8}  {}",
+            n,
+            s.id,
             s.state.as_str(),
             s.exit_code.map_or("-".to_owned(), |c| c.to_string()),
             s.elapsed_secs.map_or("-".to_owned(), secs),

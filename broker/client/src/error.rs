@@ -28,6 +28,9 @@ pub enum ClientError {
     Refused(Refusal),
     #[error("job {id} could not be submitted: {reason}")]
     SubmitFailed { id: JobId, reason: String },
+    /// A jobs file's problems, each with its line; nothing was submitted.
+    #[error("{0}")]
+    JobsFile(#[from] crate::jobsfile::JobsFileError),
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -16,6 +16,7 @@
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod jobsfile;
 pub mod plan;
 pub mod request;
 pub mod slurm;
@@ -35,6 +36,7 @@ pub use cancel::CANCEL_WAIT;
 pub use client::Client;
 pub use config::{default_root, home_dir, Config, CALLS_PER_ALLOCATION_ENV, DEFAULT_RUNNER, ROOT_ENV, RUNNER_ENV};
 pub use error::{ClientError, Result};
+pub use jobsfile::{JobsFile, JobsFileError};
 pub use list::{JobSummary, MAX_WHAT_CHARS};
 pub use load::LOG_TAIL_BYTES;
 pub use plan::{plan_allocations, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};

@@ -1,14 +1,23 @@
 //! `delegate status` and `delegate result`: what is known
 //! about jobs.
 
+use std::path::Path;
+
 use super::{client, parse_id, parse_ids};
 use crate::cli::Cli;
 use crate::fail::{CliResult, Fail};
-use crate::output::{print_json, print_result, print_statuses};
+use crate::output::{print_json, print_named_statuses, print_result, print_statuses};
 
-/// `delegate status [IDS]`: the given jobs, or all of them.
-pub fn status(cli: &Cli, ids: &[String]) -> CliResult {
+/// `delegate status [IDS]`: the given jobs, or all of them; `-f FILE`: the
+/// calls of a jobs file's last submission, with the jobs' names.
+pub fn status(cli: &Cli, ids: &[String], file: Option<&Path>) -> CliResult {
     let c = client(&cli.root)?;
+    if let Some(f) = file {
+        let rec = c.jobs_file_record(f)?;
+        let st = c.status(&rec.ids())?;
+        print_named_statuses(&rec, &st, cli.json)?;
+        return Ok(0);
+    }
     let st = if ids.is_empty() {
         c.list()?
     } else {

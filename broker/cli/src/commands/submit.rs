@@ -4,7 +4,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use delegate_client::{JobStatus, Stream, SubmitRequest};
+use std::path::Path;
+
+use delegate_client::{Client, ClientError, JobHandle, JobStatus, JobsFile, Stream, SubmitRequest};
 use delegate_protocol::JobId;
 
 use super::client;
@@ -14,6 +16,9 @@ use crate::fail::{CliResult, Fail};
 use crate::output::{copy_output, print_json};
 
 pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
+    if let Some(f) = &a.file {
+        return submit_file(cli, a, f);
+    }
     let mut env = Vec::new();
     for e in &a.env {
         match e.split_once('=') {
@@ -51,7 +56,6 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     };
     let c = client(&cli.root)?;
     let hs = c.submit_many(&reqs)?;
-    let ids: Vec<JobId> = hs.iter().map(|h| h.id.clone()).collect();
     if !a.wait {
         if cli.json {
             match hs.as_slice() {
@@ -65,6 +69,41 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
         }
         return Ok(0);
     }
+    wait_and_print(cli, &c, &hs)
+}
+
+/// `delegate submit -f JOBS.yml [--hold] [--wait]`: every job of the file,
+/// checked whole before anything is submitted.
+fn submit_file(cli: &Cli, a: &SubmitArgs, path: &Path) -> CliResult {
+    let mut file = JobsFile::load(path).map_err(ClientError::from)?;
+    for r in file.entries.iter_mut().flat_map(|e| e.requests.iter_mut()) {
+        r.hold = a.hold;
+    }
+    let c = client(&cli.root)?;
+    let submitted = c.submit_jobs_file(&file)?;
+    if !a.wait {
+        if cli.json {
+            let rows: Vec<serde_json::Value> = submitted
+                .iter()
+                .map(|(n, hs)| serde_json::json!({"job_name": n, "calls": hs}))
+                .collect();
+            print_json(&rows)?;
+        } else {
+            for (n, hs) in &submitted {
+                let ids: Vec<String> = hs.iter().map(|h| h.id.to_string()).collect();
+                println!("{n}  {}", ids.join(" "));
+            }
+        }
+        return Ok(0);
+    }
+    let hs: Vec<JobHandle> = submitted.into_iter().flat_map(|(_, hs)| hs).collect();
+    wait_and_print(cli, &c, &hs)
+}
+
+/// `--wait`: waits for the calls, prints their output (or JSON statuses)
+/// and returns the exit code; Ctrl-C cancels them.
+fn wait_and_print(cli: &Cli, c: &Client, hs: &[JobHandle]) -> CliResult {
+    let ids: Vec<JobId> = hs.iter().map(|h| h.id.clone()).collect();
     tracing::info!(jobs = hs.len(), slurm_id = %hs[0].slurm_id, "waiting");
     // Ctrl-C (or SIGTERM) while waiting cancels the jobs, as srun does.
     install_interrupt_handler();
@@ -94,8 +133,8 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
         }
     } else {
         for id in &ids {
-            copy_output(&c, id, Stream::Stdout)?;
-            copy_output(&c, id, Stream::Stderr)?;
+            copy_output(c, id, Stream::Stdout)?;
+            copy_output(c, id, Stream::Stderr)?;
         }
     }
     finish_wait(&st, None)

@@ -1,5 +1,6 @@
 //! `delegate wait`: wait until jobs are over; exit with the job's exit code.
 
+use std::path::Path;
 use std::time::Duration;
 
 use delegate_client::{exit_status_for, JobStatus};
@@ -11,10 +12,14 @@ use crate::cli::Cli;
 use crate::fail::{CliResult, Fail};
 use crate::output::print_json;
 
-/// `delegate wait IDS [--timeout T]`.
-pub fn wait(cli: &Cli, ids: &[String], timeout: Option<u64>) -> CliResult {
+/// `delegate wait IDS [--timeout T]`, or `-f FILE`: every call of a jobs
+/// file's last submission.
+pub fn wait(cli: &Cli, ids: &[String], file: Option<&Path>, timeout: Option<u64>) -> CliResult {
     let c = client(&cli.root)?;
-    let ids = parse_ids(ids)?;
+    let ids = match file {
+        Some(f) => c.jobs_file_record(f)?.ids(),
+        None => parse_ids(ids)?,
+    };
     let st = c.wait(&ids, timeout.map(Duration::from_secs))?;
     if cli.json {
         print_json(&st)?;
