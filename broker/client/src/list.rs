@@ -138,6 +138,12 @@ fn python_function(head: &[u8]) -> Option<String> {
 /// A command line as a shell would show it (arguments with spaces or quotes
 /// single-quoted), bounded.
 fn describe_argv(argv: &[String]) -> String {
+    // A jobs file's Python job: `module:function` rather than its bootstrap.
+    if let [py, c, boot, module, function, ..] = argv {
+        if py == "python3" && c == "-c" && boot == crate::jobsfile::PYTHON_BOOTSTRAP {
+            return format!("{}:{}()", clean(module), clean(function));
+        }
+    }
     let mut out = String::new();
     for (i, a) in argv.iter().enumerate() {
         if i > 0 {
@@ -190,6 +196,9 @@ mod tests {
     #[test]
     fn argv_is_quoted_and_bounded() {
         let argv: Vec<String> = ["echo", "hi there", "it's"].iter().map(|s| s.to_string()).collect();
+        let boot = crate::jobsfile::PYTHON_BOOTSTRAP.to_owned();
+        let py = ["python3", "-c", &boot, "train", "main", "[1]", "{}"].map(String::from);
+        assert_eq!(describe_argv(&py), "train:main()");
         assert_eq!(describe_argv(&argv), r"echo 'hi there' 'it'\''s'");
         let long = vec!["x".repeat(500)];
         let d = describe_argv(&long);
