@@ -96,7 +96,17 @@ def slurm_gpu_indexes(user, job) -> list[int]:
 
 def test_one_of_two_gpus_is_exactly_the_allocated_one(alice, max_gpus_1):
     files = max_gpus_1
-    job = alice.submit("python3", "-c", SHOW + "; import time; time.sleep(3)", opts=("--gpus", "1"))
+    # The student's own environment names the other GPU, and all of them:
+    # the agent decides from Slurm, never from the job's variables.
+    forged = (
+        "--env",
+        "CUDA_VISIBLE_DEVICES=1",
+        "--env",
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "--env",
+        "SLURM_JOB_GPUS=0,1",
+    )
+    job = alice.submit("python3", "-c", SHOW + "; import time; time.sleep(3)", opts=("--gpus", "1", *forged))
     alice.wait_started(job, timeout=120)
     # Ask slurmctld while the job runs (a finished job's GRES detail is gone).
     idx = slurm_gpu_indexes(alice, job)
