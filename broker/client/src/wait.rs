@@ -12,16 +12,45 @@ use delegate_protocol::{JobId, State};
 
 use crate::{Client, JobStatus, Result};
 
-/// How often `wait` asks Slurm about the jobs still waited for.
+/// How often `wait` first asks Slurm about the jobs still waited for.
 pub const SLURM_INTERVAL: Duration = Duration::from_secs(2);
+/// The longest interval between two Slurm queries of a wait: while Slurm's
+/// answers bring nothing new about the open jobs, the interval doubles from
+/// [`SLURM_INTERVAL`] up to this. Results still come at once (inotify or
+/// polling of the job directories; the runner writes them); only what Slurm
+/// alone can tell (a job gone without an outcome: `lost`; a pending
+/// reason) is learned later. 60 waiting students then ask slurmctld about 2
+/// times a second together, not 30.
+pub const SLURM_INTERVAL_MAX: Duration = Duration::from_secs(30);
 
-/// When Slurm was last asked by a wait, per delegate root, for the whole
-/// process: consecutive waits (the Python waiter's rounds, each with a
-/// client of its own) share the one-query-per-interval budget instead of
-/// each asking at its start.
-fn last_slurm_map() -> MutexGuard<'static, HashMap<PathBuf, Instant>> {
-    static LAST: OnceLock<Mutex<HashMap<PathBuf, Instant>>> = OnceLock::new();
-    LAST.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+/// One delegate root's Slurm polling in this process.
+#[derive(Clone, Debug)]
+struct Pace {
+    /// None: not asked yet.
+    last: Option<Instant>,
+    interval: Duration,
+    /// What Slurm's last answer said of each open job: (state, reason).
+    seen: HashMap<JobId, (State, String)>,
+}
+
+/// The pace of Slurm queries per delegate root, for the whole process:
+/// consecutive waits (the Python waiter's rounds, each with a client of its
+/// own) share one query per interval instead of each asking at its start,
+/// and share the backoff.
+fn pace_map() -> MutexGuard<'static, HashMap<PathBuf, Pace>> {
+    static PACE: OnceLock<Mutex<HashMap<PathBuf, Pace>>> = OnceLock::new();
+    PACE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The next interval after a Slurm answer: back to the start when the
+/// answer changed anything about an open job (or named a new one), else
+/// doubled up to [`SLURM_INTERVAL_MAX`].
+fn next_interval(previous: Duration, changed: bool) -> Duration {
+    if changed {
+        SLURM_INTERVAL
+    } else {
+        (previous * 2).clamp(SLURM_INTERVAL, SLURM_INTERVAL_MAX)
+    }
 }
 
 impl Client {
@@ -29,8 +58,10 @@ impl Client {
     /// statuses (some may still be pending or running after a timeout).
     ///
     /// Wakes on inotify events in the job directories, else polls with a
-    /// backoff from 50 ms to 1 s (NFS gives no events), and asks Slurm once
-    /// every [`SLURM_INTERVAL`] about all jobs still waited for.
+    /// backoff from 50 ms to 1 s (NFS gives no events), and asks Slurm
+    /// about all jobs still waited for once every [`SLURM_INTERVAL`] at
+    /// first, less often (up to [`SLURM_INTERVAL_MAX`]) while its answers
+    /// bring nothing new.
     pub fn wait(&self, ids: &[JobId], timeout: Option<Duration>) -> Result<Vec<JobStatus>> {
         self.wait_with(ids, timeout, || false)
     }
@@ -60,19 +91,43 @@ impl Client {
     }
 
     /// Claims this interval's Slurm query: true (and the interval restarts)
-    /// when no wait of this process asked about jobs of this root in the
-    /// last [`SLURM_INTERVAL`], or when `force`.
+    /// when no wait of this process asked about jobs of this root within
+    /// the current interval, or when `force`.
     fn slurm_due(&self, force: bool) -> bool {
-        let mut map = last_slurm_map();
-        let due = force || map.get(&self.root).is_none_or(|t| t.elapsed() >= SLURM_INTERVAL);
+        let mut map = pace_map();
+        let pace = map.entry(self.root.clone()).or_insert_with(|| Pace {
+            last: None,
+            interval: SLURM_INTERVAL,
+            seen: HashMap::new(),
+        });
+        let due = force || pace.last.is_none_or(|t| t.elapsed() >= pace.interval);
         if due {
-            map.insert(self.root.clone(), Instant::now());
+            pace.last = Some(Instant::now());
         }
         due
     }
 
-    fn last_slurm(&self) -> Option<Instant> {
-        last_slurm_map().get(&self.root).copied()
+    /// After a Slurm answer: the statuses of the jobs that are still open
+    /// set the next interval ([`next_interval`]).
+    fn slurm_answered(&self, open: &[&JobStatus]) {
+        let mut map = pace_map();
+        let Some(pace) = map.get_mut(&self.root) else { return };
+        let mut changed = false;
+        let mut seen = HashMap::with_capacity(open.len());
+        for s in open {
+            let now = (s.state, s.reason.clone());
+            changed |= pace.seen.get(&s.id) != Some(&now);
+            seen.insert(s.id.clone(), now);
+        }
+        pace.interval = next_interval(pace.interval, changed);
+        pace.seen = seen;
+    }
+
+    /// When the next Slurm query of this root is due.
+    fn next_slurm(&self) -> Option<Instant> {
+        let map = pace_map();
+        let pace = map.get(&self.root)?;
+        pace.last.map(|t| t + pace.interval)
     }
 
     /// The wait loop; `fresh`: ask Slurm in the first round whatever the
@@ -131,6 +186,14 @@ impl Client {
                 }
                 jobs[i] = f;
             }
+            if ask {
+                let still_open: Vec<&JobStatus> = open
+                    .iter()
+                    .filter_map(|&i| statuses[i].as_ref())
+                    .filter(|s| !s.is_terminal())
+                    .collect();
+                self.slurm_answered(&still_open);
+            }
             let done = statuses.iter().all(|s| s.as_ref().is_some_and(JobStatus::is_terminal));
             let one_over = any && open.iter().any(|&i| statuses[i].as_ref().is_some_and(JobStatus::is_terminal));
             let now = Instant::now();
@@ -138,8 +201,8 @@ impl Client {
                 return Ok(statuses.into_iter().flatten().collect());
             }
             let mut sleep = backoff;
-            if let Some(t) = self.last_slurm() {
-                sleep = sleep.min((t + SLURM_INTERVAL).saturating_duration_since(now));
+            if let Some(t) = self.next_slurm() {
+                sleep = sleep.min(t.saturating_duration_since(now));
             }
             if let Some(d) = deadline {
                 sleep = sleep.min(d.saturating_duration_since(now));
@@ -171,4 +234,30 @@ fn wait_readable(fd: &impl AsFd, timeout: Duration) -> bool {
     let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
     let t = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
     matches!(poll(&mut fds, t), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interval_doubles_while_nothing_changes_and_restarts_on_news() {
+        let mut i = SLURM_INTERVAL;
+        let mut seen = vec![i];
+        for _ in 0..6 {
+            i = next_interval(i, false);
+            seen.push(i);
+        }
+        let secs: Vec<u64> = seen.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, vec![2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(next_interval(SLURM_INTERVAL_MAX, true), SLURM_INTERVAL);
+    }
+
+    #[test]
+    fn sixty_waiting_clients_stay_within_the_slurm_budget() {
+        // Each squeue is two slurmctld RPCs with --local (the job query and
+        // the partition query squeue always makes).
+        let per_client = 2.0 / SLURM_INTERVAL_MAX.as_secs_f64();
+        assert!(60.0 * per_client <= 5.0, "{}", 60.0 * per_client);
+    }
 }

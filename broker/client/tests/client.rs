@@ -409,3 +409,34 @@ fn wait_any_returns_when_one_job_is_over() {
     assert!(!s[0].is_terminal(), "{s:?}");
     assert_eq!(s[1].state, State::Completed);
 }
+
+/// Waits `secs` on one pending job whose squeue answer is `answer` (a shell
+/// snippet); returns how many times squeue ran.
+fn squeue_calls_during_wait(secs: u64, answer: &str) -> usize {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = bin_dir(tmp.path());
+    let log = tmp.path().join("squeue-calls");
+    let body = format!("echo x >> {log}; n=$(wc -l < {log}); {answer}", log = log.display());
+    let c = client(tmp.path(), fake_slurm(&bin, "echo 9", &body));
+    let h = c.submit(&true_req()).unwrap();
+    let s = c.wait(std::slice::from_ref(&h.id), Some(Duration::from_secs(secs))).unwrap();
+    assert_eq!(s[0].state, State::Pending, "{s:?}");
+    std::fs::read_to_string(&log).unwrap().lines().count()
+}
+
+#[test]
+fn a_wait_asks_slurm_less_often_while_nothing_changes() {
+    // The same answer every time: asked at 0, 2 and 6 s (then 14 s).
+    let quiet = squeue_calls_during_wait(9, "echo '9|PENDING|Priority'");
+    assert_eq!(quiet, 3, "squeue calls in 9 s of an unchanging pending job");
+}
+
+#[test]
+fn a_wait_keeps_asking_every_interval_while_slurm_has_news() {
+    // The pending reason changes at every answer: asked every 2 s.
+    let busy = squeue_calls_during_wait(
+        9,
+        "if [ $((n % 2)) = 0 ]; then r=Priority; else r=Resources; fi; echo \"9|PENDING|$r\"",
+    );
+    assert_eq!(busy, 5, "squeue calls in 9 s of a job whose reason keeps changing");
+}

@@ -152,6 +152,9 @@ impl Slurm {
     /// All jobs of `uid` that Slurm still knows, in one query.
     pub fn query_user(&self, uid: u32) -> Result<HashMap<String, SlurmJob>, SlurmError> {
         let args = vec![
+            // --local: no REQUEST_FED_INFO round trip (delegate's clusters
+            // are not federated); squeue still asks for the partitions.
+            "--local".to_owned(),
             "--noheader".to_owned(),
             "--states=all".to_owned(),
             // One line per job-array element (`123_4`), also while pending
@@ -206,6 +209,7 @@ impl Slurm {
     /// element), running first, then in the order Slurm will start them.
     pub fn queue_all(&self) -> Result<Vec<usage::QueuedJob>, SlurmError> {
         let args = vec![
+            "--local".to_owned(),
             "--all".to_owned(),
             "--array".to_owned(),
             "--noheader".to_owned(),
