@@ -316,3 +316,71 @@ stack_accounts_main() {
     stack_load_config
     accounts_dispatch stack_roster_add stack_roster_list stack_roster_remove "$@"
 }
+
+# --- per-student limits on the user node (docs/security.md, "The hub")
+# The user node's container has no writable cgroup of its own, so the host
+# makes one subtree for the hub's students and binds it in; the spawner
+# (stack/jupyterhub_config.py) puts each student's server and everything it
+# starts in <subtree>/<student>, with a memory limit for their sum and a CPU
+# cap, so one notebook cannot starve the others. The subtree itself gets the
+# user node's totals (DELEGATE_USER_NODE_MEM/CPUS): the servers leave the
+# container's own cgroup, not its bounds.
+#   cgroup v1 (this project's test VM): memory/<name> and cpu/<name>;
+#   cgroup v2: one <name> under /sys/fs/cgroup, memory and cpu delegated.
+# Sets HUB_CG_MEM and HUB_CG_CPU, the bind sources of the user service's
+# /run/delegate-cgroup/{memory,cpu} (the same directory twice on v2). When
+# the host allows no cgroup, both are an empty directory and the servers
+# keep only their rlimits (warned).
+hub_cgroup_name() { echo "delegate-hub-$STACK"; }
+
+hub_cgroups() {
+    local name mem cpus fallback
+    name=$(hub_cgroup_name)
+    mem=$(quota_bytes "$DELEGATE_USER_NODE_MEM" DELEGATE_USER_NODE_MEM) || exit 1
+    cpus=$DELEGATE_USER_NODE_CPUS
+    [[ $cpus =~ ^[0-9]+([.][0-9]+)?$ ]] || die "DELEGATE_USER_NODE_CPUS: not a number: $cpus"
+    local quota
+    quota=$(awk -v c="$cpus" 'BEGIN { printf "%d", c * 100000 }')
+    fallback=$DELEGATE_STACK_DIR/hub-no-cgroup
+    if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+        HUB_CG_MEM=/sys/fs/cgroup/$name
+        if mkdir -p "$HUB_CG_MEM" 2>/dev/null \
+            && echo "+memory +cpu" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null \
+            && echo "$mem" >"$HUB_CG_MEM/memory.max" \
+            && echo "$quota 100000" >"$HUB_CG_MEM/cpu.max" \
+            && echo "+memory +cpu" >"$HUB_CG_MEM/cgroup.subtree_control"; then
+            HUB_CG_CPU=$HUB_CG_MEM
+            log "hub: per-student cgroups under $HUB_CG_MEM (cgroup v2; node total $DELEGATE_USER_NODE_MEM, $cpus CPUs)"
+            return
+        fi
+    elif [[ -d /sys/fs/cgroup/memory && -d /sys/fs/cgroup/cpu ]]; then
+        HUB_CG_MEM=/sys/fs/cgroup/memory/$name
+        HUB_CG_CPU=/sys/fs/cgroup/cpu/$name
+        # The limits of the subtree hold for the students' groups below it
+        # only with memory.use_hierarchy (the default on current kernels).
+        if mkdir -p "$HUB_CG_MEM" "$HUB_CG_CPU" 2>/dev/null \
+            && [[ $(cat "$HUB_CG_MEM/memory.use_hierarchy" 2>/dev/null) == 1 ]] \
+            && echo "$mem" >"$HUB_CG_MEM/memory.limit_in_bytes" \
+            && echo 100000 >"$HUB_CG_CPU/cpu.cfs_period_us" \
+            && echo "$quota" >"$HUB_CG_CPU/cpu.cfs_quota_us"; then
+            log "hub: per-student cgroups under $HUB_CG_MEM and $HUB_CG_CPU (node total $DELEGATE_USER_NODE_MEM, $cpus CPUs)"
+            return
+        fi
+    fi
+    warn "hub: cannot make a cgroup subtree for the students' servers: each keeps its rlimits, but one student's processes together are not bounded"
+    mkdir -p "$fallback"
+    HUB_CG_MEM=$fallback
+    HUB_CG_CPU=$fallback
+}
+
+# hub_cgroups_down: removes the subtree (students' groups first; a group
+# that still holds a process stays, and says so).
+hub_cgroups_down() {
+    local name d
+    name=$(hub_cgroup_name)
+    for d in /sys/fs/cgroup/memory/"$name" /sys/fs/cgroup/cpu/"$name" /sys/fs/cgroup/"$name"; do
+        [[ -d $d ]] || continue
+        find "$d" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+        rmdir "$d" 2>/dev/null || warn "down: cgroup $d still holds processes"
+    done
+}

@@ -24,11 +24,12 @@
 : "${DELEGATE_HOME_QUOTA:=5G}"
 : "${DELEGATE_ROSTER_HOME_BASE:=/home}"
 
-# quota_bytes SIZE: SIZE (digits with an optional K, M, G or T suffix,
-# powers of 1024) in bytes; dies on anything else.
+# quota_bytes SIZE [SETTING]: SIZE (digits with an optional K, M, G or T
+# suffix, powers of 1024) in bytes; dies on anything else, naming SETTING
+# (default DELEGATE_HOME_QUOTA).
 quota_bytes() {
     local s=${1^^} n unit
-    [[ $s =~ ^([0-9]+)([KMGT]?)I?B?$ ]] || die "DELEGATE_HOME_QUOTA: '$1' is not a size (e.g. 5G, 500M)"
+    [[ $s =~ ^([0-9]+)([KMGT]?)I?B?$ ]] || die "${2:-DELEGATE_HOME_QUOTA}: '$1' is not a size (e.g. 5G, 500M)"
     n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
     case $unit in
         K) n=$((n << 10)) ;;

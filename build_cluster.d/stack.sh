@@ -318,6 +318,7 @@ CONF
         uc='"node.labels.delegate.role == user"'
     fi
     stack_accounting_generate
+    hub_cgroups
     tmp=$(mktemp)
     awk -v n="$n" '
         /# WORKER-BEGIN/ { inblk = 1; next }
@@ -336,6 +337,8 @@ CONF
             -e "s|@HUB_MEM@|$DELEGATE_HUB_MEM_LIMIT|g" -e "s|@HUB_NPROC@|$DELEGATE_HUB_NPROC_LIMIT|g" \
             -e "s|@HUB_IDLE@|$DELEGATE_HUB_IDLE_TIMEOUT|g" -e "s|@USER_CPUS@|$DELEGATE_USER_NODE_CPUS|g" \
             -e "s|@USER_MEM@|$DELEGATE_USER_NODE_MEM|g" \
+            -e "s|@HUB_CG_MEM@|$HUB_CG_MEM|g" -e "s|@HUB_CG_CPU@|$HUB_CG_CPU|g" \
+            -e "s|@HUB_STUDENT_MEM@|$DELEGATE_HUB_STUDENT_MEM|g" -e "s|@HUB_STUDENT_CPUS@|$DELEGATE_HUB_STUDENT_CPUS|g" \
             -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \
             "${STACK_ACCT_SED[@]}" \
         >"$tmp"
@@ -657,6 +660,7 @@ stack_down() {
     done
     stack_staging_down
     stack_accounting_down
+    hub_cgroups_down
     if [[ -f $STACK_SWARM_MARK ]]; then
         if [[ -z $(docker service ls -q 2>/dev/null) ]]; then
             log "down: leaving the swarm this script initialized"

@@ -65,8 +65,10 @@ fi
 
 # --- privacy (docs/security.md, "Privacy"): on the nodes students use, each
 # user sees only their own processes: /proc remounted hidepid=invisible, the
-# admin group (gid) and root still see all. Needs CAP_SYS_ADMIN (the workers
-# have it for the agent; the user node only for this, then drops it).
+# admin group (gid) sees all, and so does root with CAP_SYS_PTRACE (the
+# daemons here; an operator's `docker exec --privileged`). Needs
+# CAP_SYS_ADMIN (the workers have it for the agent; the user node only for
+# this, then drops it).
 hide_processes() {
     if mount -o "remount,hidepid=invisible,gid=${agid:-0}" /proc 2>/dev/null; then
         log "/proc: hidepid=invisible (gid ${agid:-0} sees all)"
@@ -74,7 +76,7 @@ hide_processes() {
         log "WARNING: cannot remount /proc hidepid=invisible (no CAP_SYS_ADMIN): users see each other's processes"
     fi
 }
-[[ $role == worker ]] && hide_processes
+[[ $role == worker || $role == user ]] && hide_processes
 
 # --- munge: the one key of the cluster
 install -d -o munge -g munge -m 0700 /etc/munge
@@ -216,6 +218,7 @@ user)
         env -i PATH="$PATH" HOME=/root LANG=C.UTF-8 \
         DELEGATE_HUB_MEM_LIMIT="${DELEGATE_HUB_MEM_LIMIT:-}" DELEGATE_HUB_NPROC_LIMIT="${DELEGATE_HUB_NPROC_LIMIT:-}" \
         DELEGATE_HUB_IDLE_TIMEOUT="${DELEGATE_HUB_IDLE_TIMEOUT:-}" \
+        DELEGATE_HUB_STUDENT_MEM="${DELEGATE_HUB_STUDENT_MEM:-}" DELEGATE_HUB_STUDENT_CPUS="${DELEGATE_HUB_STUDENT_CPUS:-}" \
         jupyterhub -f /etc/jupyterhub/jupyterhub_config.py
     ;;
 *) die "unknown role '$role' (head|dbd|worker|user)" ;;

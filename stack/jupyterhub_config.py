@@ -48,6 +48,15 @@ def env_int(name: str, default: int, low: int, high: int) -> int:
     return value if low <= value <= high else default
 
 
+def env_float(name: str, default: float, low: float, high: float) -> float:
+    """A number setting from the environment, within [low, high]."""
+    try:
+        value = float(os.environ.get(name, "").strip())
+    except ValueError:
+        return default
+    return value if low <= value <= high else default
+
+
 def env_bytes(name: str, default: str) -> int:
     """A size setting such as 2G, 512M (bytes); the default when malformed."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -93,17 +102,64 @@ NICE = env_int("DELEGATE_HUB_NICE", 5, 0, 19)
 IDLE_TIMEOUT = env_int("DELEGATE_HUB_IDLE_TIMEOUT", 3600, 60, 7 * 86400)
 
 
+STUDENT_MEM = env_bytes("DELEGATE_HUB_STUDENT_MEM", "2G")
+STUDENT_CPUS = env_float("DELEGATE_HUB_STUDENT_CPUS", 1.0, 0.01, 1024.0)
+# The host's cgroup subtree for the students (build_cluster.d/hub.sh,
+# hub_cgroups): memory and cpu on cgroup v1, the same v2 directory twice.
+CGROUP = Path("/run/delegate-cgroup")
+CFS_PERIOD_US = 100_000
+
+
+def student_cgroups(user: str) -> list[Path]:
+    """The cgroups of `user`'s server, made when missing, with the
+    student's limits; [] when the host gave no cgroup subtree. Run as root
+    (in the child, before it becomes the student)."""
+    mem, cpu = CGROUP / "memory", CGROUP / "cpu"
+    quota = max(1000, int(STUDENT_CPUS * CFS_PERIOD_US))
+    if (mem / "cgroup.controllers").exists():  # cgroup v2: one group
+        d = mem / user
+        d.mkdir(mode=0o755, exist_ok=True)
+        (d / "memory.max").write_text(str(STUDENT_MEM))
+        if (d / "memory.swap.max").exists():
+            (d / "memory.swap.max").write_text("0")
+        (d / "cpu.max").write_text(f"{quota} {CFS_PERIOD_US}")
+        return [d]
+    if not (mem / "cgroup.procs").exists() or not (cpu / "cgroup.procs").exists():
+        return []
+    m, c = mem / user, cpu / user
+    m.mkdir(mode=0o755, exist_ok=True)
+    c.mkdir(mode=0o755, exist_ok=True)
+    (m / "memory.limit_in_bytes").write_text(str(STUDENT_MEM))
+    if (m / "memory.memsw.limit_in_bytes").exists():
+        # Memory and swap together: no way around the limit through swap.
+        (m / "memory.memsw.limit_in_bytes").write_text(str(STUDENT_MEM))
+    (c / "cpu.shares").write_text("1024")  # every student the same share
+    (c / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+    (c / "cpu.cfs_quota_us").write_text(str(quota))
+    return [m, c]
+
+
 class LimitedSpawner(LocalProcessSpawner):
-    """LocalProcessSpawner whose servers start with resource limits (no
-    systemd, no writable cgroup in a swarm container): set as root, then
-    the switch to the student's uid. They hold per process (address space,
-    open files) and per uid (processes); CPU is shared by niceness, and the
-    whole user node is bounded by the service's limits in the stack file."""
+    """LocalProcessSpawner whose servers start with limits, set as root
+    before the switch to the student's uid: the student's own cgroup
+    (student_cgroups: the memory of their server and everything it starts
+    together, and a CPU cap with an equal share under contention), and
+    rlimits per process (address space, open files, no core dumps) and per
+    uid (processes). The student cannot leave the group: its cgroup.procs
+    files belong to root. The whole user node is bounded by the subtree's
+    and the service's limits."""
 
     def make_preexec_fn(self, name):
         switch_user = super().make_preexec_fn(name)
 
         def preexec() -> None:
+            try:
+                groups = student_cgroups(name)
+            except OSError as e:
+                # A student without their limits must not start.
+                raise RuntimeError(f"cannot set up the cgroup of {name}: {e}") from e
+            for g in groups:
+                (g / "cgroup.procs").write_text(str(os.getpid()))
             resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
             resource.setrlimit(resource.RLIMIT_NPROC, (NPROC_LIMIT, NPROC_LIMIT))
             resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE_LIMIT, NOFILE_LIMIT))

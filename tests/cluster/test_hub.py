@@ -49,8 +49,13 @@ ROSTER = (
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
 
 
-def run(*args, timeout=1800, check=False):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+# The hub test's per-student memory (DELEGATE_HUB_STUDENT_MEM): enough for a
+# JupyterLab, a kernel and delegate calls; small enough to fill quickly.
+STUDENT_MEM = 768 << 20
+
+
+def run(*args, timeout=1800, check=False, env=None):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     print("$", " ".join(args), f"-> {r.returncode}", r.stdout[-4000:], r.stderr[-3000:], sep="\n")
     if check:
         assert r.returncode == 0, f"{args} failed: {r.stderr[-2000:]}"
@@ -66,8 +71,12 @@ def user_cid() -> str:
     return out[0]
 
 
-def on_user_node(*cmd, timeout=120):
-    return run("docker", "exec", user_cid(), *cmd, timeout=timeout)
+def on_user_node(*cmd, timeout=120, user=None):
+    """CMD on the user node: as `user`, or as root with every capability
+    (`--privileged`: root's CAP_SYS_PTRACE sees through hidepid, as the
+    operator's shell does)."""
+    opts = ["-u", user] if user else ["--privileged"]
+    return run("docker", "exec", *opts, user_cid(), *cmd, timeout=timeout)
 
 
 def initial_password(user: str) -> str:
@@ -105,7 +114,8 @@ def stack(tmp_path_factory):
     roster.write_text(ROSTER)
     try:
         run(SCRIPT, "--stack", "accounts", "add", "--csv", str(roster), check=True)
-        run(SCRIPT, "deploy", "--workers", WORKERS, check=True)
+        env = {**os.environ, "DELEGATE_HUB_STUDENT_MEM": str(STUDENT_MEM)}
+        run(SCRIPT, "deploy", "--workers", WORKERS, check=True, env=env)
         yield roster
     finally:
         run(SCRIPT, "down")
@@ -307,19 +317,110 @@ def test_students_in_the_browser(stack, browser, capsys):
 
 def test_servers_run_as_their_students_with_limits(stack, browser):
     # (after the browser test: both servers run)
-    ps = on_user_node("ps", "-eo", "pid=,uid=,args=").stdout
-    servers = {}
-    for line in ps.splitlines():
-        pid, uid, args = line.split(None, 2)
-        if "jupyterhub-singleuser" in args and "python" in args.split()[0]:
-            servers[int(uid)] = pid
-    assert set(servers) >= {roster_uid(ADA), roster_uid(BOB)}, ps
+    servers = server_pids()
+    assert set(servers) >= {roster_uid(ADA), roster_uid(BOB)}, servers
     assert 0 not in servers, "a single-user server runs as root"
     # The idle culler runs as the hub's service.
+    ps = on_user_node("ps", "-eo", "pid=,uid=,args=").stdout
     assert re.search(r"jupyterhub_idle_culler --timeout=\d+", ps), ps
     limits = on_user_node("cat", f"/proc/{servers[roster_uid(ADA)]}/limits").stdout
     assert re.search(r"Max address space\s+2147483648\s+2147483648", limits), limits
     assert re.search(r"Max processes\s+256\s+256", limits), limits
+
+
+def server_pids() -> dict[int, str]:
+    """uid -> pid of each running single-user server."""
+    servers = {}
+    for line in on_user_node("ps", "-eo", "pid=,uid=,args=").stdout.splitlines():
+        pid, uid, args = line.split(None, 2)
+        if "jupyterhub-singleuser" in args and "python" in args.split()[0]:
+            servers[int(uid)] = pid
+    return servers
+
+
+def test_each_student_has_a_cgroup_with_the_limits(stack, browser):
+    """(after the browser test) Each server, and all it starts, is in its
+    student's own cgroup: their processes together cannot take more than
+    their memory; past it the kernel kills one of theirs and the other
+    student's server runs on. The student cannot leave the group."""
+    servers = server_pids()
+    ada_pid, bob_pid = servers[roster_uid(ADA)], servers[roster_uid(BOB)]
+    cg = on_user_node("cat", f"/proc/{ada_pid}/cgroup").stdout
+    assert re.search(rf"^\d+:memory:/delegate-hub-{STACK}/{ADA}$", cg, re.M), cg
+    assert re.search(rf"^\d+:cpu(,cpuacct)?:/delegate-hub-{STACK}/{ADA}$", cg, re.M), cg
+    mem = "/run/delegate-cgroup/memory"
+    limit = on_user_node("cat", f"{mem}/{ADA}/memory.limit_in_bytes").stdout.strip()
+    assert int(limit) == STUDENT_MEM, limit
+    quota = on_user_node("cat", f"/run/delegate-cgroup/cpu/{ADA}/cpu.cfs_quota_us").stdout.strip()
+    assert int(quota) == 100_000, quota  # DELEGATE_HUB_STUDENT_CPUS=1
+    # Two processes of Ada's, each well under the limit, together over it.
+    hog = (
+        f"echo $$ > {mem}/{ADA}/cgroup.procs && echo $$ > /run/delegate-cgroup/cpu/{ADA}/cgroup.procs && "
+        f"exec runuser -u {ADA} -- python3 -c "
+        "'import subprocess, sys, time\n"
+        "n = int(sys.argv[1])\n"
+        'cmd = [sys.executable, "-c", f"b = b\\"x\\" * {n}; import time; time.sleep(20)"]\n'
+        "ps = [subprocess.Popen(cmd) for _ in range(2)]\n"
+        "print([p.wait() for p in ps])' "
+        f"{STUDENT_MEM * 6 // 10}"
+    )
+    r = on_user_node("sh", "-c", hog, timeout=120)
+    assert "-9" in r.stdout, f"no process of the hog was killed: {r.stdout} {r.stderr}"
+    failcnt = on_user_node("cat", f"{mem}/{ADA}/memory.failcnt").stdout.strip()
+    assert int(failcnt) > 0, failcnt
+    # Bob's server did not notice; Ada's own server is still there too.
+    assert on_user_node("kill", "-0", bob_pid).returncode == 0
+    assert on_user_node("kill", "-0", ada_pid).returncode == 0
+    # Ada cannot move a process of hers out of her group.
+    r = on_user_node("sh", "-c", f"echo $$ > {mem}/cgroup.procs", user=ADA)
+    assert r.returncode != 0 and "ermission denied" in r.stderr, r.stderr
+
+
+def test_students_see_only_their_own_processes(stack, browser):
+    """/proc hidepid=invisible on the user node: Bob sees his processes
+    only, not Ada's server nor root's hub; root (with CAP_SYS_PTRACE) sees
+    all. The hub and its children hold no CAP_SYS_ADMIN to undo it."""
+    owners = "for p in /proc/[0-9]*; do stat -c %U $p; done 2>/dev/null | sort -u"
+    mine = on_user_node("sh", "-c", owners, user=BOB)
+    assert mine.stdout.split() == [BOB], mine.stdout
+    everyone = on_user_node("sh", "-c", owners).stdout.split()
+    assert {ADA, BOB, "root"} <= set(everyone), everyone
+    hub = on_user_node("sh", "-c", "grep CapBnd /proc/$(pgrep -o -f bin/jupyterhub)/status")
+    assert int(hub.stdout.split()[-1], 16) & (1 << 21) == 0, hub.stdout  # CAP_SYS_ADMIN = 21
+
+
+def test_a_student_cannot_use_anothers_server_port(stack, browser):
+    """Bob, in a shell on the user node, connects straight to Ada's
+    JupyterLab on 127.0.0.1 (bypassing the proxy): without Ada's token or
+    cookie her server sends him to the hub's login, never her files."""
+    ada_pid = server_pids()[roster_uid(ADA)]
+    env = on_user_node("cat", f"/proc/{ada_pid}/environ").stdout.split("\0")
+    url = next(e.split("=", 1)[1] for e in env if e.startswith("JUPYTERHUB_SERVICE_URL="))
+    m = re.match(r"http://(127\.0\.0\.1|localhost|[0-9.]+):(\d+)(/.*)", url)
+    assert m, url
+    port, prefix = m.group(2), m.group(3).rstrip("/")
+    probe = (
+        "import http.client, sys\n"
+        "for path in sys.argv[2:]:\n"
+        "    c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=20)\n"
+        "    c.request('GET', path)\n"
+        "    r = c.getresponse()\n"
+        "    print(path, r.status, r.getheader('Location'), r.read(2000))\n"
+    )
+    paths = [
+        f"{prefix}/api/contents",
+        f"{prefix}/api/kernels",
+        f"{prefix}/files/ada-secret.txt",
+        f"{prefix}/lab",
+    ]
+    r = on_user_node("python3", "-c", probe, port, *paths, user=BOB)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(paths), r.stdout
+    for line in lines:
+        status = int(line.split()[1])
+        assert status in (302, 401, 403), line
+        assert "s3cret" not in line and "ada-secret" not in line.split(" ", 3)[-1], line
 
 
 def test_remove_archives_the_home(stack, tmp_path):
