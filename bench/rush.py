@@ -143,10 +143,11 @@ def _cid(service: str) -> str:
     return ids[0]
 
 
-def _sdiag() -> tuple[float, int]:
-    """(time, total RPCs slurmctld served so far, all message types)."""
+def _sdiag() -> tuple[float, int, dict[str, int]]:
+    """(time, total RPCs slurmctld served so far, the count per message type)."""
     r = subprocess.run(["docker", "exec", _cid("head"), "sdiag"], capture_output=True, text=True, check=True)
-    total, in_types = 0, False
+    types: dict[str, int] = {}
+    in_types = False
     for line in r.stdout.splitlines():
         if line.startswith("Remote Procedure Call statistics by message type"):
             in_types = True
@@ -154,8 +155,23 @@ def _sdiag() -> tuple[float, int]:
         if line.startswith("Remote Procedure Call statistics by user"):
             break
         if in_types and "count:" in line:
-            total += int(line.split("count:")[1].split()[0])
-    return time.time(), total
+            types[line.split()[0]] = int(line.split("count:")[1].split()[0])
+    return time.time(), sum(types.values()), types
+
+
+# The RPCs of clients following their jobs: squeue (one REQUEST_JOB_USER_INFO,
+# one REQUEST_PARTITION_INFO, and REQUEST_FED_INFO unless --local) and
+# scontrol show job. Submissions (sbatch, the plan's sinfo) and the nodes'
+# own messages (launch, epilog, completion) are the rest.
+STATUS_TYPES = ("REQUEST_JOB_USER_INFO", "REQUEST_FED_INFO", "REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE")
+
+
+def status_rpcs(first: dict[str, int], last: dict[str, int]) -> int:
+    """The RPCs of following jobs between two sdiag samples (squeue's
+    partition query counted once per squeue)."""
+    d = {k: last.get(k, 0) - first.get(k, 0) for k in set(first) | set(last)}
+    squeues = d.get("REQUEST_JOB_USER_INFO", 0)
+    return sum(d.get(k, 0) for k in STATUS_TYPES) + min(squeues, d.get("REQUEST_PARTITION_INFO", 0))
 
 
 def phase(name: str, outdir: str) -> None:
@@ -251,7 +267,23 @@ def summarize(data: dict) -> dict:
     drain = last - first
     ideal = work / meta["workers"]
     rpc = meta["rpc"]
-    rate = (rpc[-1][1] - rpc[0][1]) / max(rpc[-1][0] - rpc[0][0], 1e-9)
+    span = max(rpc[-1][0] - rpc[0][0], 1e-9)
+    rate = (rpc[-1][1] - rpc[0][1]) / span
+    typed = len(rpc[0]) > 2
+    status_rate = status_rpcs(rpc[0][2], rpc[-1][2]) / span if typed else float("nan")
+    status_peak = (
+        max(
+            (status_rpcs(a[2], b[2]) / max(b[0] - a[0], 1e-9) for a, b in zip(rpc, rpc[1:], strict=False)),
+            default=status_rate,
+        )
+        if typed
+        else float("nan")
+    )
+    by_type = (
+        sorted(((k, v - rpc[0][2].get(k, 0)) for k, v in rpc[-1][2].items()), key=lambda kv: -kv[1])[:6]
+        if typed
+        else []
+    )
     peak = max(
         ((b[1] - a[1]) / max(b[0] - a[0], 1e-9) for a, b in zip(rpc, rpc[1:], strict=False)),
         default=rate,
@@ -278,6 +310,9 @@ def summarize(data: dict) -> dict:
         "drain_ratio": drain / ideal if ideal else float("nan"),
         "rpc_rate": rate,
         "rpc_rate_peak_10s": peak,
+        "status_rpc_rate": status_rate,
+        "status_rpc_rate_peak_10s": status_peak,
+        "rpc_by_type": by_type,
         "waits": waits,
         "problems": meta["problems"],
     }
@@ -316,6 +351,11 @@ def report(outdir: str) -> None:
             f"  slurmctld RPCs (sdiag): {s['rpc_rate']:.1f}/s over the phase, "
             f"busiest 10 s {s['rpc_rate_peak_10s']:.1f}/s"
         )
+        print(
+            f"  of which following jobs (squeue, scontrol show job): {s['status_rpc_rate']:.1f}/s, "
+            f"busiest 10 s {s['status_rpc_rate_peak_10s']:.1f}/s (goal <= 5/s)"
+        )
+        print("  by type: " + ", ".join(f"{k} {v}" for k, v in s["rpc_by_type"]))
         for u, rc, err in s["problems"]:
             print(f"  problem: {u} exited {rc}: {err[-300:]}")
     if "quiet" in phases and "rush" in phases:
