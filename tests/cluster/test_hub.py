@@ -72,10 +72,9 @@ def user_cid() -> str:
 
 
 def on_user_node(*cmd, timeout=120, user=None):
-    """CMD on the user node: as `user`, or as root with every capability
-    (`--privileged`: root's CAP_SYS_PTRACE sees through hidepid, as the
-    operator's shell does)."""
-    opts = ["-u", user] if user else ["--privileged"]
+    """CMD on the user node: as `user`, or as root (whose CAP_SYS_PTRACE
+    sees every process through hidepid, as an operator's shell does)."""
+    opts = ["-u", user] if user else []
     return run("docker", "exec", *opts, user_cid(), *cmd, timeout=timeout)
 
 
