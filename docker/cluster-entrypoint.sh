@@ -66,7 +66,7 @@ fi
 # --- privacy (docs/security.md, "Privacy"): on the nodes students use, each
 # user sees only their own processes: /proc remounted hidepid=invisible, the
 # admin group (gid) sees all, and so does root with CAP_SYS_PTRACE (the
-# daemons here; an operator's `docker exec --privileged`). Needs
+# workers and the user node give it to root's processes). Needs
 # CAP_SYS_ADMIN (the workers have it for the agent; the user node only for
 # this, then drops it).
 hide_processes() {
