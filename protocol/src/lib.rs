@@ -63,15 +63,16 @@ pub mod units;
 pub use clock::now_ms;
 pub use error::{ProtocolError, Result};
 pub use fsio::{
-    atomic_write_at, check_clean_absolute, check_owner, exists_at, list_entries, open_dir_nofollow, open_regular_at,
-    read_bounded_at,
+    atomic_write_at, atomic_write_at_deferred, check_clean_absolute, check_owner, exists_at, list_entries,
+    open_dir_nofollow, open_regular_at, read_bounded_at, sync_filesystem,
 };
 pub use job_id::JobId;
 pub use layout::*;
 pub use line::{error_line, one_line, parse_refused_line, refused_line, state_line, REFUSED_PREFIX};
 pub use outcome::{Outcome, Started, State, Writer};
 pub use record::{
-    decode, encode, read_record_at, write_record_at, Record, MAGIC, MAX_RECORD_BYTES, MAX_SPEC_BYTES, PROTOCOL_VERSION,
+    decode, encode, read_record_at, write_record_at, write_record_at_deferred, Record, MAGIC, MAX_RECORD_BYTES,
+    MAX_SPEC_BYTES, PROTOCOL_VERSION,
 };
 pub use slurm_id::{format_slurm_id, parse_shared_calls, parse_slurm_id, shared_calls_name};
 pub use spec::{Resources, Spec, Task, MAX_ARGS, MAX_ENV, MAX_STRING};

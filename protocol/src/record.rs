@@ -117,6 +117,13 @@ pub fn write_record_at<R: Record>(dir: impl AsFd, dir_path: &Path, r: &R) -> Res
     atomic_write_at(dir, dir_path, R::NAME, &bytes, 0o644)
 }
 
+/// [`write_record_at`] made durable only by a later
+/// [`crate::sync_filesystem`] (see [`crate::atomic_write_at_deferred`]).
+pub fn write_record_at_deferred<R: Record>(dir: impl AsFd, dir_path: &Path, r: &R) -> Result<()> {
+    let bytes = encode(r)?;
+    crate::atomic_write_at_deferred(dir, dir_path, R::NAME, &bytes, 0o644)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,8 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use delegate_protocol::{
-    self as protocol, atomic_write_at, encode, now_ms, policy::Policy, write_record_at, JobId, ProtocolError,
-    Resources, Spec, State, MAX_PAYLOAD_BYTES,
+    self as protocol, atomic_write_at_deferred, encode, now_ms, policy::Policy, sync_filesystem,
+    write_record_at_deferred, JobId, ProtocolError, Resources, Spec, State, MAX_PAYLOAD_BYTES,
 };
 use nix::errno::Errno;
 use nix::sys::stat::Mode;
@@ -82,6 +82,13 @@ impl Client {
                     return Err(e);
                 }
             }
+        }
+        // The job directories were written without a sync each; one sync
+        // of the filesystem makes them all durable before Slurm may start
+        // a runner on them.
+        if let Err(e) = sync_filesystem(&self.root_fd, &self.root) {
+            self.withdraw_all(&jobs);
+            return Err(e.into());
         }
         let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
         let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
@@ -190,7 +197,7 @@ impl Client {
             for (k, g) in groups.iter().enumerate() {
                 let sid = sid_of(k);
                 let text: String = g.iter().map(|&i| format!("{}\n", ids[i])).collect();
-                if let Err(e) = atomic_write_at(
+                if let Err(e) = atomic_write_at_deferred(
                     &self.root_fd,
                     &self.root,
                     &protocol::shared_calls_name(&sid),
@@ -205,7 +212,7 @@ impl Client {
             let (element, shared) = placement[i];
             let sid = sid_of(element);
             let text = protocol::format_slurm_id(&sid, shared);
-            if let Err(e) = atomic_write_at(fd, dir, protocol::SLURM_ID, text.as_bytes(), 0o644) {
+            if let Err(e) = atomic_write_at_deferred(fd, dir, protocol::SLURM_ID, text.as_bytes(), 0o644) {
                 // Without the id nobody can follow the job: withdraw it.
                 let _ = self.config.slurm.cancel(std::slice::from_ref(&slurm_id));
                 let reason = format!("its Slurm id could not be recorded ({e}); Slurm job {slurm_id} was cancelled");
@@ -217,6 +224,11 @@ impl Client {
                 slurm_id: sid,
                 dir: dir.clone(),
             });
+        }
+        // The recorded ids, durable together (a failure leaves them written,
+        // only not yet on disk: the jobs are followed all the same).
+        if let Err(e) = sync_filesystem(&self.root_fd, &self.root) {
+            tracing::warn!(error = %e, "cannot sync the recorded Slurm ids to disk");
         }
         tracing::info!(jobs = handles.len(), allocations = elements, slurm_id = %slurm_id, "submitted");
         Ok(handles)
@@ -277,9 +289,10 @@ impl Client {
             }
         };
         let dir = self.job_dir(&spec.job_id);
-        write_record_at(&fd, &dir, &spec)?;
+        // Made durable by the one sync of the submission (submit_many).
+        write_record_at_deferred(&fd, &dir, &spec)?;
         if let Some(p) = payload {
-            atomic_write_at(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
+            atomic_write_at_deferred(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
         }
         Ok((spec.job_id, dir, fd))
     }
