@@ -323,12 +323,13 @@ mod tests {
     fn deferred_writes_are_atomic_and_synced_together() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open_dir_nofollow(tmp.path()).unwrap();
-        crate::write_record_at_deferred(&dir, tmp.path(), &spec()).unwrap();
+        let s = spec();
+        crate::write_record_at_deferred(&dir, tmp.path(), &s).unwrap();
         atomic_write_at_deferred(&dir, tmp.path(), "payload", b"abc", 0o600).unwrap();
         atomic_write_at_deferred(&dir, tmp.path(), "payload", b"abcd", 0o600).unwrap();
         sync_filesystem(&dir, tmp.path()).unwrap();
         let back: Spec = read_record_at(&dir, tmp.path(), None).unwrap();
-        assert_eq!(back, spec());
+        assert_eq!(back, s);
         assert_eq!(read_bounded_at(&dir, tmp.path(), "payload", 10, None).unwrap(), b"abcd");
         let mut names = list_entries(&dir, tmp.path(), 10).unwrap();
         names.sort();
