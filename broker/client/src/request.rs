@@ -44,7 +44,27 @@ impl SubmitRequest {
     pub fn command(argv: Vec<String>) -> SubmitRequest {
         SubmitRequest::new(Task::Command { argv })
     }
+
+    /// `n` calls of this request for one submission: call `i` gets
+    /// `DELEGATE_INDEX=i` (replacing any of its own); one call is the
+    /// request itself, unchanged.
+    pub fn copies(&self, n: u32) -> Vec<SubmitRequest> {
+        if n == 1 {
+            return vec![self.clone()];
+        }
+        (0..n)
+            .map(|i| {
+                let mut r = self.clone();
+                r.env.retain(|(k, _)| k != INDEX_ENV);
+                r.env.push((INDEX_ENV.into(), i.to_string()));
+                r
+            })
+            .collect()
+    }
 }
+
+/// The variable that numbers the calls of a `--count`/`count:` submission.
+pub const INDEX_ENV: &str = "DELEGATE_INDEX";
 
 /// A submitted job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

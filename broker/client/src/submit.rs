@@ -235,7 +235,7 @@ impl Client {
     }
 
     /// The spec of a request, checked for bounds before anything is written.
-    fn spec_for(&self, req: &SubmitRequest, image: &str) -> Result<Spec> {
+    pub(crate) fn spec_for(&self, req: &SubmitRequest, image: &str) -> Result<Spec> {
         if let Some(p) = &req.payload {
             if p.len() as u64 > MAX_PAYLOAD_BYTES {
                 return Err(ClientError::InvalidRequest(format!(

@@ -42,18 +42,7 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     req.time_limit_secs = a.time;
     req.env = env;
     req.hold = a.hold;
-    let reqs: Vec<SubmitRequest> = if a.count == 1 {
-        vec![req]
-    } else {
-        (0..a.count)
-            .map(|i| {
-                let mut r = req.clone();
-                r.env.retain(|(k, _)| k != "DELEGATE_INDEX");
-                r.env.push(("DELEGATE_INDEX".into(), i.to_string()));
-                r
-            })
-            .collect()
-    };
+    let reqs = req.copies(a.count);
     let c = client(&cli.root)?;
     let hs = c.submit_many(&reqs)?;
     if !a.wait {

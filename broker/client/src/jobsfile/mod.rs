@@ -17,7 +17,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use delegate_protocol::policy::Policy;
-use delegate_protocol::{now_ms, JobId, Resources, Spec};
+use delegate_protocol::JobId;
 
 pub use record::Record;
 pub use schema::{Entry, MAX_CALLS, PYTHON_BOOTSTRAP};
@@ -114,26 +114,11 @@ impl Client {
         let mut errors = Vec::new();
         for e in &file.entries {
             let Some(req) = e.requests.first() else { continue };
-            let spec = Spec {
-                job_id: JobId::new(),
-                uid: self.uid,
-                gid: self.gid,
-                created_ms: now_ms(),
-                image: req.image.clone().unwrap_or_else(|| policy.default_image.clone()),
-                task: req.task.clone(),
-                resources: Resources {
-                    cpus: req.cpus,
-                    gpus: req.gpus,
-                    mem_bytes: req.mem_bytes,
-                    time_limit_secs: req.time_limit_secs,
-                    ..Resources::default()
-                },
-                env: req.env.clone(),
-            };
-            let problem = spec
-                .validate()
+            let image = req.image.clone().unwrap_or_else(|| policy.default_image.clone());
+            let problem = self
+                .spec_for(req, &image)
                 .map_err(|e| e.to_string())
-                .and_then(|()| policy.check(&spec, self.uid, &probe_dir).map_err(|v| v.to_string()));
+                .and_then(|spec| policy.check(&spec, self.uid, &probe_dir).map_err(|v| v.to_string()));
             if let Err(message) = problem {
                 errors.push(LineError {
                     line: e.line,

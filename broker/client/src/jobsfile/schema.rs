@@ -122,18 +122,7 @@ pub fn entries(root: &Node, base: &Path) -> Result<Vec<Entry>, Vec<LineError>> {
         let Some(req) = f.request(item, &mut errs) else {
             continue;
         };
-        let requests = if f.count == 1 {
-            vec![req]
-        } else {
-            (0..f.count)
-                .map(|c| {
-                    let mut r = req.clone();
-                    r.env.retain(|(k, _)| k != "DELEGATE_INDEX");
-                    r.env.push(("DELEGATE_INDEX".into(), c.to_string()));
-                    r
-                })
-                .collect()
-        };
+        let requests = req.copies(f.count);
         out.push(Entry { name, line: item.line, requests });
     }
     if calls > u64::from(MAX_CALLS) {
