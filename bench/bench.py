@@ -341,6 +341,16 @@ def bare_loop(k):
     return json.loads(printed.strip().splitlines()[-1])
 
 
+def rss_mib() -> float:
+    """This process's resident memory (MiB)."""
+    with open("/proc/self/status") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def trivial(x):
     return x
 
@@ -424,14 +434,26 @@ def user_phase(out: str):
 
         # One array of n calls that each sleep 60 s: the first runs, the
         # others stay pending (exclusive node), and all n futures wait.
+        # The caller side at scale: pickling, n job directories, one
+        # sbatch; and what n waiting futures cost in memory (issue 18).
+        rss0 = rss_mib()
+        t_submit = time.perf_counter()
         futs = _submit_many(time.sleep, [((60,), {})] * n, {"time": "2m"})
+        submit_s = time.perf_counter() - t_submit
         time.sleep(1.0)
         q0, t0 = _core.squeue_count(), time.monotonic()
         time.sleep(window)
         q, dt = _core.squeue_count() - q0, time.monotonic() - t0
+        rss1 = rss_mib()
         _cancel_futures(futs)  # one scancel
         created.extend(fu.job_id for fu in futs)
-        res["squeue_while_waiting"][str(n)] = {"squeue": q, "seconds": dt, "per_2s": 2 * q / dt}
+        res["squeue_while_waiting"][str(n)] = {
+            "squeue": q,
+            "seconds": dt,
+            "per_2s": 2 * q / dt,
+            "submit_seconds": submit_s,
+            "futures_rss_mib": rss1 - rss0,
+        }
         time.sleep(2)
 
     # 4. measurement fidelity: the same loop, same Python, alternately on
@@ -574,6 +596,11 @@ def report(out: str, root_json: str, user_json: str):
             " squeue while %5s futures wait: %d in %.1f s = %.2f per 2 s (goal: constant in N)"
             % (n, q["squeue"], q["seconds"], q["per_2s"])
         )
+        if "submit_seconds" in q:
+            print(
+                "   submitting those %s calls (pickling, job directories, one sbatch): %.2f s (goal for 1000: <= 1 s);"
+                " the waiting futures: %+.1f MiB" % (n, q["submit_seconds"], q["futures_rss_mib"])
+            )
     for m in ("delegate_map20", "delegate_map20_per_call", "delegate_map200", "delegate_map200_per_call"):
         if m in u:
             print(" %s: %d sbatch, %d squeue" % (m, u[m]["sbatch"], u[m]["squeue"]))
