@@ -159,11 +159,12 @@ def _sdiag() -> tuple[float, int, dict[str, int]]:
     return time.time(), sum(types.values()), types
 
 
-# The RPCs of clients following their jobs: squeue (one REQUEST_JOB_USER_INFO,
-# one REQUEST_PARTITION_INFO, and REQUEST_FED_INFO unless --local) and
-# scontrol show job. Submissions (sbatch, the plan's sinfo) and the nodes'
-# own messages (launch, epilog, completion) are the rest.
-STATUS_TYPES = ("REQUEST_JOB_USER_INFO", "REQUEST_FED_INFO", "REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE")
+# The RPCs of clients following their jobs: the client's `squeue --local
+# --user` (one REQUEST_JOB_USER_INFO and one REQUEST_PARTITION_INFO each).
+# Not theirs: the workers' agents check each call's job with `squeue -j`
+# (REQUEST_JOB_INFO_SINGLE, with REQUEST_FED_INFO), submissions (sbatch, the
+# plan's sinfo) and the nodes' own messages (launch, epilog, completion).
+STATUS_TYPES = ("REQUEST_JOB_USER_INFO",)
 
 
 def status_rpcs(first: dict[str, int], last: dict[str, int]) -> int:
