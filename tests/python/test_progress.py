@@ -18,6 +18,10 @@ import delegate
 def divide(x):
     return x / 0
 
+# Job ids name the second of their submission; a job of the previous test
+# made in the same second would sort among these three (see the notes):
+# start in a fresh second.
+time.sleep(1.05 - time.time() % 1)
 ex = delegate.Executor(time="1m")
 raised = ex.submit(divide, 1)
 refused = delegate.Executor(image="evil/miner:latest", time="1m").submit(len, "abc")
