@@ -184,32 +184,45 @@ pub async fn kill(docker: &Docker, id: &str) -> Result<(), BollardError> {
     }
 }
 
-/// Removes containers left from an earlier attempt of this job (or of this
-/// Slurm job), but only ever containers of `uid` (the Slurm job id is the
-/// one the agent verified; the uid filter stays as a second guard).
-pub async fn sweep(docker: &Docker, job: &str, slurm_job: &str, uid: u32) -> Result<usize, BollardError> {
-    let mut selectors = vec![format!("{LABEL_JOB}={job}")];
-    if slurm_job != "none" {
-        selectors.push(format!("{LABEL_SLURM_JOB}={slurm_job}"));
-    }
+/// What a sweep looks for: containers left from an earlier attempt of one
+/// delegate job, or from an earlier run of one Slurm job (a requeue keeps
+/// the id).
+#[derive(Clone, Copy, Debug)]
+pub enum Leftovers<'a> {
+    Job(&'a str),
+    SlurmJob(&'a str),
+}
+
+/// Removes the containers of `what`, but only ever containers of `uid` (the
+/// ids are the ones the agent verified; the uid filter stays as a second
+/// guard). One engine round trip when there is nothing to remove.
+pub async fn sweep(docker: &Docker, what: Leftovers<'_>, uid: u32) -> Result<usize, BollardError> {
+    let sel = match what {
+        Leftovers::Job(job) => format!("{LABEL_JOB}={job}"),
+        Leftovers::SlurmJob(j) => format!("{LABEL_SLURM_JOB}={j}"),
+    };
+    // Several label filters are ANDed by the engine.
+    let filters = HashMap::from([("label".to_string(), vec![sel, format!("{LABEL_UID}={uid}")])]);
+    let opts = ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
     let mut removed = 0;
-    for sel in selectors {
-        // Several label filters are ANDed by the engine.
-        let filters = HashMap::from([("label".to_string(), vec![sel, format!("{LABEL_UID}={uid}")])]);
-        let opts = ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        };
-        for c in docker.list_containers(Some(opts)).await? {
-            if let Some(id) = c.id {
-                tracing::warn!("removing container {id} left from an earlier attempt ({job})");
-                remove(docker, &id).await?;
-                removed += 1;
-            }
+    for c in docker.list_containers(Some(opts)).await? {
+        if let Some(id) = c.id {
+            tracing::warn!("removing container {id} left from an earlier attempt ({what:?})");
+            remove(docker, &id).await?;
+            removed += 1;
         }
     }
     Ok(removed)
+}
+
+/// True when a create failed because the name is taken (a container of an
+/// earlier attempt of the same job).
+pub fn is_name_conflict(e: &BollardError) -> bool {
+    matches!(e, BollardError::DockerResponseServerError { status_code: 409, .. })
 }
 
 /// What `perf_mode = auto` resolves to, decided by asking the engine to

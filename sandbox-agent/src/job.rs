@@ -71,6 +71,7 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     let stream = Arc::new(stream);
     let mut rx = conn::spawn_reader(stream.clone());
     let mut caller: Option<Caller> = None;
+    let mut engine: Option<EngineConn> = None;
     while let Some(Incoming { request, fds }) = rx.recv().await {
         let answer = match request {
             Request::Probe => {
@@ -105,7 +106,7 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                     let _ = conn::send(&stream, &Answer::Refused("the batch task has ended".into())).await;
                     return;
                 }
-                run(&shared, c, req, fds, &stream, &mut rx).await
+                run(&shared, c, &mut engine, req, fds, &stream, &mut rx).await
             }
         };
         if let Err(e) = conn::send(&stream, &answer).await {
@@ -180,10 +181,44 @@ fn check_fd(fd: &OwnedFd, what: &str, uid: u32, dir: bool) -> Result<(), String>
     Ok(())
 }
 
+/// The engine as one connection (one allocation) uses it: connected and
+/// its API version negotiated once, this Slurm job's leftovers swept once
+/// (a requeued job keeps its id), not once per call.
+pub(crate) struct EngineConn {
+    docker: Docker,
+    socket: PathBuf,
+}
+
+impl EngineConn {
+    /// The cached connection when it is for `socket`, else a new one (and
+    /// the sweep of `slurm_job`'s leftovers of `uid`).
+    async fn get(
+        slot: &mut Option<EngineConn>,
+        socket: &std::path::Path,
+        slurm_job: &str,
+        uid: u32,
+    ) -> Result<Docker, EngineError> {
+        if let Some(e) = slot.as_ref().filter(|e| e.socket == socket) {
+            return Ok(e.docker.clone());
+        }
+        let docker = engine::connect(socket).await?;
+        if let Err(e) = engine::sweep(&docker, engine::Leftovers::SlurmJob(slurm_job), uid).await {
+            tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+        }
+        *slot = Some(EngineConn {
+            docker: docker.clone(),
+            socket: socket.to_path_buf(),
+        });
+        Ok(docker)
+    }
+}
+
 /// Runs one call; returns the answer that ends it.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     shared: &Shared,
     caller: &Caller,
+    engine: &mut Option<EngineConn>,
     req: RunRequest,
     fds: Vec<OwnedFd>,
     stream: &UnixStream,
@@ -281,7 +316,7 @@ async fn run(
         caller,
         node: shared.node.clone(),
     };
-    let answer = AssertUnwindSafe(engine_phase(&ctx, &staged, &dir, out, err, stream, rx))
+    let answer = AssertUnwindSafe(engine_phase(&ctx, engine, &staged, &dir, out, err, stream, rx))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| {
@@ -314,8 +349,10 @@ pub(crate) fn file(fd: OwnedFd) -> tokio::fs::File {
     tokio::fs::File::from_std(std::fs::File::from(fd))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn engine_phase(
     ctx: &Ctx<'_>,
+    engine_conn: &mut Option<EngineConn>,
     staged: &Staged,
     dir: &OwnedFd,
     out: OwnedFd,
@@ -328,14 +365,11 @@ async fn engine_phase(
     if let Err(e) = check_clean_absolute(socket) {
         return Answer::Failed(format!("the site policy's docker_socket is invalid: {e}"));
     }
-    let docker = match engine::connect(socket).await {
+    let docker = match EngineConn::get(engine_conn, socket, ctx.slurm_job, ctx.uid).await {
         Ok(d) => d,
         Err(e) => return Answer::Failed(e.to_string()),
     };
     let job = spec.job_id.as_str();
-    if let Err(e) = engine::sweep(&docker, job, ctx.slurm_job, ctx.uid).await {
-        tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
-    }
     // The GPUs slurmctld allocated to this job on this node: exactly what
     // the spec asks for (checked against max_gpus with the rest of it).
     let gpus = match gpu::for_job(ctx.policy, &docker, ctx.slurm_job, &ctx.node, spec.resources.gpus).await {
@@ -377,6 +411,14 @@ async fn engine_phase(
     let name = format!("delegate-{job}");
     let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
     let mut created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+    // The name is taken: a container of an earlier attempt of this job
+    // (swept here, not looked for before every create).
+    if created.as_ref().is_err_and(engine::is_name_conflict) {
+        if let Err(e) = engine::sweep(&docker, engine::Leftovers::Job(job), ctx.uid).await {
+            tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+        }
+        created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+    }
     if let Err(e) = &created {
         if perf == Perf::Perfmon && engine::is_unknown_capability(e) {
             if ctx.policy.perf_mode == PerfMode::Perfmon {
@@ -392,7 +434,13 @@ async fn engine_phase(
     }
     let id = match created {
         Ok(id) => id,
-        Err(e) => return Answer::Failed(classify(&e, "create the sandbox").to_string()),
+        Err(e) => {
+            if engine::unreachable(&e) {
+                // Connect (and negotiate) afresh for the next call.
+                *engine_conn = None;
+            }
+            return Answer::Failed(classify(&e, "create the sandbox").to_string());
+        }
     };
     let mut guard = ContainerGuard {
         docker: docker.clone(),
@@ -427,6 +475,9 @@ async fn engine_phase(
             started_ms: None,
         }
     };
+    if ended.engine_gone.is_some() {
+        *engine_conn = None;
+    }
     match engine::remove_patiently(&docker, &id, REMOVE_PATIENCE).await {
         Ok(()) => tracing::info!("removed container {id}"),
         Err(e) => {
