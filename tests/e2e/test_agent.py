@@ -282,3 +282,38 @@ def test_core_dumps_off_and_sane_nofile(alice):
     assert "raised" not in out
     assert not [n for n in out if n.startswith("core")], out
     assert st["state"] == "completed", st
+
+
+def test_leftover_of_an_earlier_attempt_is_swept(alice, bob):
+    """A container of an earlier attempt of the same job (an agent killed
+    mid-call, a resubmitted directory) holds the job's container name. The
+    agent does not list containers before every create; it sweeps on the
+    name conflict: the call runs, the leftover is gone, and a container of
+    another student with a clashing name is never touched."""
+    job, _, _ = held(alice)
+    image = "delegate-sandbox:latest"
+    sid = slurm_id(alice, job)
+    left = sh(
+        "docker", "create", "--name", f"delegate-{job}",
+        "--label", f"delegate.job={job}", "--label", f"delegate.uid={alice.uid}",
+        "--label", "delegate.slurm-job=1", image, "true",
+    ).stdout.strip()  # fmt: skip
+    # Another student's container with this student's next name: not theirs to remove.
+    job2, _, _ = held(alice)
+    other = sh(
+        "docker", "create", "--name", f"delegate-{job2}",
+        "--label", f"delegate.job={job2}", "--label", f"delegate.uid={bob.uid}", image, "true",
+    ).stdout.strip()  # fmt: skip
+    try:
+        assert left and other
+        alice.as_user("scontrol", "release", sid)
+        st = alice.wait(job, timeout=120)
+        assert st["state"] == "completed", st
+        assert sh("docker", "ps", "-aq", "--no-trunc", "--filter", f"id={left}").stdout.split() == []
+        alice.as_user("scontrol", "release", slurm_id(alice, job2))
+        st2 = alice.wait(job2, timeout=120)
+        assert st2["state"] == "failed", st2
+        assert "Conflict" in st2["reason"] or "already in use" in st2["reason"], st2
+        assert sh("docker", "ps", "-aq", "--no-trunc", "--filter", f"id={other}").stdout.split() == [other]
+    finally:
+        sh("docker", "rm", "-f", left, other, check=False)
