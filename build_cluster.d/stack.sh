@@ -270,6 +270,7 @@ CONF
         -e "s|@MAX_MEM@|$DELEGATE_STACK_MAX_MEM|" \
         -e "s|@MAX_TIME@|$DELEGATE_STACK_MAX_TIME|" \
         -e "s|@MAX_PIDS@|$DELEGATE_STACK_MAX_PIDS|" \
+        -e "s|@PIN_CPUS@|false|" \
         -e "s|@TMP_SIZE@|$DELEGATE_STACK_TMP_SIZE|" \
         -e "s|@MAX_GPUS@|0|" \
         -e "s|^job_roots = .*|job_roots = [\"$DELEGATE_STACK_HOME\"]|" \

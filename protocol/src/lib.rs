@@ -48,6 +48,7 @@
 
 pub mod agent;
 pub mod clock;
+pub mod cpus;
 pub mod error;
 pub mod fsio;
 pub mod job_id;

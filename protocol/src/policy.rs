@@ -99,6 +99,11 @@ pub struct Policy {
     pub max_nodes: u32,
     pub tmp_size: String,
     pub perf_mode: PerfMode,
+    /// On an exclusive node: the sandbox on cores of its own (a cpuset of
+    /// the highest cores of the allocation) instead of a CFS quota, and
+    /// the runner and the agent on the other cores while it runs. Off where
+    /// "nodes" share a machine's cores (the stack's workers).
+    pub pin_cpus: bool,
     pub job_roots: Vec<PathBuf>,
     pub docker_socket: PathBuf,
     pub allow_root: bool,
@@ -142,6 +147,7 @@ impl Default for Policy {
             max_nodes: 1,
             tmp_size: "256M".into(),
             perf_mode: PerfMode::Auto,
+            pin_cpus: true,
             job_roots: vec![PathBuf::from("/home")],
             docker_socket: PathBuf::from("/var/run/docker.sock"),
             allow_root: false,

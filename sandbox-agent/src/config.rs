@@ -68,6 +68,9 @@ pub struct Params<'a> {
     pub node: &'a str,
     /// The GPUs Slurm allocated to the job (none for most jobs).
     pub gpus: &'a Passthrough,
+    /// The sandbox's own cores (`"1"`, `"2,3"`), replacing the CPU quota;
+    /// `None`: a quota of the spec's cpus.
+    pub cpuset: Option<&'a str>,
 }
 
 /// The command the container runs.
@@ -179,7 +182,10 @@ pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
     host.ulimits = Some(ulimits);
     host.memory = Some(mem);
     host.memory_swap = Some(mem);
-    host.nano_cpus = Some(i64::from(spec.resources.cpus).saturating_mul(1_000_000_000));
+    match p.cpuset {
+        Some(cpus) => host.cpuset_cpus = Some(cpus.to_string()),
+        None => host.nano_cpus = Some(i64::from(spec.resources.cpus).saturating_mul(1_000_000_000)),
+    }
     let mut body = ContainerCreateBody {
         image: Some(spec.image.clone()),
         cmd: Some(command(&spec.task)),
@@ -252,8 +258,33 @@ mod tests {
             max_file_bytes: 1 << 30,
             node: "n1",
             gpus,
+            cpuset: None,
         };
         container_config(&p)
+    }
+
+    #[test]
+    fn cores_of_its_own_replace_the_quota() {
+        let s = spec();
+        let none = Passthrough::none();
+        let p = Params {
+            spec: &s,
+            job_dir: Path::new("/home/u/.delegate/jobs/x"),
+            uid: 2001,
+            gid: 2001,
+            slurm_job: "42",
+            tmp_bytes: 256 << 20,
+            max_pids: 512,
+            perf: Perf::Seccomp,
+            max_open_files: 1024,
+            max_file_bytes: 1 << 30,
+            node: "n1",
+            gpus: &none,
+            cpuset: Some("2,3"),
+        };
+        let h = container_config(&p).host_config.unwrap();
+        assert_eq!(h.cpuset_cpus.as_deref(), Some("2,3"));
+        assert_eq!(h.nano_cpus, None);
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct Caller {
     /// The Slurm job id slurmctld confirmed.
     pub job: String,
     pub pidfd: OwnedFd,
+    /// The CPUs of the batch step (its slurmstepd's affinity, from the
+    /// allocation); empty when it cannot be read (no placement then).
+    pub cpus: Vec<usize>,
     starttime: u64,
 }
 
@@ -192,6 +195,12 @@ pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Res
         Ok((p, s)) if p == ppid && s == starttime => {}
         _ => return Err(not_task("it changed during the checks".into())),
     }
+    // The batch step's CPUs: its slurmstepd's affinity (root's, which the
+    // task cannot change; the runner moves itself off the sandbox's cores).
+    let cpus = crate::pin::allowed(ppid).unwrap_or_else(|e| {
+        tracing::warn!("{e}; the sandbox gets a CPU quota, not cores of its own");
+        Vec::new()
+    });
     Ok(Caller {
         pid,
         uid,
@@ -199,6 +208,7 @@ pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Res
         groups,
         job,
         pidfd,
+        cpus,
         starttime,
     })
 }

@@ -281,6 +281,7 @@ async fn run(
         caller.gid
     };
     let slurm_job = caller.job.clone();
+    let alone;
     {
         let Ok(mut r) = shared.running.lock() else {
             return Answer::Failed("internal error in sandbox-agent: poisoned lock".into());
@@ -288,6 +289,7 @@ async fn run(
         if !r.insert(slurm_job.clone()) {
             return Answer::Refused(format!("Slurm job {slurm_job} already has a sandbox running"));
         }
+        alone = r.len() == 1;
     }
     let _slot = Slot { shared, job: slurm_job.clone() };
     if let Some(p) = test_pause() {
@@ -315,6 +317,7 @@ async fn run(
         max_job_bytes: limits.max_job_bytes,
         caller,
         node: shared.node.clone(),
+        alone,
     };
     let answer = AssertUnwindSafe(engine_phase(&ctx, engine, &staged, &dir, out, err, stream, rx))
         .catch_unwind()
@@ -343,6 +346,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) max_job_bytes: u64,
     pub(crate) caller: &'a Caller,
     pub(crate) node: String,
+    /// The only sandbox on this node right now (the agent may then keep
+    /// itself off its cores).
+    pub(crate) alone: bool,
 }
 
 pub(crate) fn file(fd: OwnedFd) -> tokio::fs::File {
@@ -388,6 +394,13 @@ async fn engine_phase(
         );
     }
     let source = staged.engine_path();
+    // Cores of its own on an exclusive node (delegate_protocol::cpus).
+    let placement = if ctx.policy.pin_cpus {
+        delegate_protocol::cpus::place(&ctx.caller.cpus, spec.resources.cpus)
+    } else {
+        None
+    };
+    let cpuset = placement.as_ref().map(|p| delegate_protocol::cpus::cpuset_list(&p.sandbox));
     let params = |perf| Params {
         spec,
         job_dir: &source,
@@ -401,6 +414,7 @@ async fn engine_phase(
         max_file_bytes: ctx.max_job_bytes,
         node: &ctx.node,
         gpus: &gpus,
+        cpuset: cpuset.as_deref(),
     };
     let mut perf = match ctx.policy.perf_mode {
         PerfMode::Auto if !engine::may_accept_perfmon(&docker) => Perf::Seccomp,
@@ -462,6 +476,11 @@ async fn engine_phase(
     )
     .await
     .is_ok();
+    // While the call runs, the agent keeps to the other cores.
+    let off_cores = placement
+        .as_ref()
+        .filter(|_| ctx.alone && created_ok)
+        .and_then(|p| crate::pin::OffCores::new(&p.others));
     let mut ended = if created_ok {
         supervise::supervise(ctx, &docker, &id, perf, dir, out, err, stream, rx).await
     } else {
@@ -475,6 +494,7 @@ async fn engine_phase(
             started_ms: None,
         }
     };
+    drop(off_cores);
     if ended.engine_gone.is_some() {
         *engine_conn = None;
     }

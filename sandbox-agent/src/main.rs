@@ -26,6 +26,7 @@ mod gpu;
 mod ident;
 mod job;
 mod output;
+mod pin;
 mod probe;
 mod seccomp;
 mod stage;

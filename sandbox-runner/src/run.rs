@@ -307,6 +307,27 @@ enum Event {
     Marker,
 }
 
+/// Moves this process to the cores the sandbox does not get (once: every
+/// call of an allocation asks for the same cores).
+fn keep_off_sandbox_cores(want: u32) {
+    use delegate_protocol::cpus;
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let placed = cpus::allowed(0).map(|a| cpus::place(&a, want));
+        match placed {
+            Ok(Some(p)) if !p.others.is_empty() => {
+                if let Err(e) = cpus::set_all_threads(&p.others) {
+                    tracing::warn!("cannot keep off the sandbox's cores: {e}");
+                } else {
+                    tracing::debug!("on cores {:?}, the sandbox on {:?}", p.others, p.sandbox);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("{e}"),
+        }
+    });
+}
+
 /// The agent part: the agent creates, starts, watches and removes the
 /// container; the runner records the start and the outcome, as the user.
 /// Always returns an outcome; the container never outlives the call (the
@@ -336,6 +357,11 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
     // Last look before the container exists.
     if let Some(o) = ctx.must_not_start() {
         return o;
+    }
+    // On an exclusive node the sandbox gets the allocation's highest cores
+    // (the agent applies the same rule): this process keeps to the others.
+    if ctx.policy.pin_cpus {
+        keep_off_sandbox_cores(spec.resources.cpus);
     }
     let req = Request::Run(RunRequest {
         spec: spec.clone(),
