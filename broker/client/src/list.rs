@@ -63,11 +63,25 @@ impl Client {
     /// with what it runs. One Slurm query for all of them.
     pub fn list_summaries(&self, limit: Option<usize>) -> Result<Vec<JobSummary>> {
         let mut ids = self.job_ids()?;
-        if let Some(n) = limit {
-            ids = ids.split_off(ids.len().saturating_sub(n));
-        }
-        Ok(self
-            .list_ids(ids)?
+        let mut jobs = match limit {
+            Some(n) => {
+                // Ids order jobs by their second only: the jobs of the
+                // boundary second are all read, ordered by submission time,
+                // before the last n are kept.
+                let mut from = ids.len().saturating_sub(n);
+                if let Some(edge) = ids.get(from).map(|id| second_of(id).to_owned()) {
+                    while from > 0 && second_of(&ids[from - 1]) == edge {
+                        from -= 1;
+                    }
+                }
+                let mut jobs = self.list_ids(ids.split_off(from))?;
+                jobs = jobs.split_off(jobs.len().saturating_sub(n));
+                jobs
+            }
+            None => self.list_ids(ids)?,
+        };
+        jobs.shrink_to_fit();
+        Ok(jobs
             .into_iter()
             .map(|status| {
                 let what = self.what(&status.id);
@@ -92,7 +106,9 @@ impl Client {
                 Err(e) => tracing::warn!(job = %id, error = %e, "skipping an unreadable job directory"),
             }
         }
-        self.reconcile(&mut jobs, true)
+        let mut jobs = self.reconcile(&mut jobs, true)?;
+        order_by_submission(&mut jobs);
+        Ok(jobs)
     }
 
     /// What a job runs, in one short line: its command, or the name of
@@ -179,6 +195,24 @@ fn clean(s: &str) -> String {
     out
 }
 
+/// The second a job id was made in (its part before the random suffix).
+fn second_of(id: &JobId) -> &str {
+    let s = id.as_str();
+    s.split_once('-').map_or(s, |(t, _)| t)
+}
+
+/// Oldest first: by the id's second, then by the spec's creation time in
+/// milliseconds (ids of one second differ only by their random part).
+fn order_by_submission(jobs: &mut [JobStatus]) {
+    jobs.sort_by(|a, b| {
+        (second_of(&a.id), a.submitted_ms.unwrap_or(0), a.id.as_str()).cmp(&(
+            second_of(&b.id),
+            b.submitted_ms.unwrap_or(0),
+            b.id.as_str(),
+        ))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +225,34 @@ mod tests {
         assert_eq!(python_function(b"DLGTPY1\n{\"function\": \"f\"}"), None, "no end of header");
         assert_eq!(python_function(b"garbage\n{}\n"), None);
         assert_eq!(python_function(b"DLGTPY1\n[1]\n"), None);
+    }
+
+    #[test]
+    fn jobs_of_one_second_in_submission_order() {
+        let job = |id: &str, ms: u64| JobStatus {
+            id: JobId::parse(id).unwrap(),
+            slurm_id: None,
+            state: delegate_protocol::outcome::State::Completed,
+            reason: String::new(),
+            exit_code: None,
+            refused: false,
+            oom_killed: false,
+            host: None,
+            submitted_ms: Some(ms),
+            started_ms: None,
+            finished_ms: None,
+            elapsed_secs: None,
+        };
+        let mut jobs = vec![
+            job("20261124T054846-ffffffff", 1_000),
+            job("20261124T054847-00000001", 2_900),
+            job("20261124T054847-aaaaaaaa", 2_100),
+            job("20261124T054847-0000000b", 2_500),
+        ];
+        order_by_submission(&mut jobs);
+        let order: Vec<u64> = jobs.iter().filter_map(|j| j.submitted_ms).collect();
+        assert_eq!(order, vec![1_000, 2_100, 2_500, 2_900]);
+        assert_eq!(second_of(&jobs[1].id), "20261124T054847");
     }
 
     #[test]
