@@ -175,6 +175,16 @@ def status_rpcs(first: dict[str, int], last: dict[str, int]) -> int:
     return sum(d.get(k, 0) for k in STATUS_TYPES) + min(squeues, d.get("REQUEST_PARTITION_INFO", 0))
 
 
+def _cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of this machine so far (/proc/stat): the
+    stack's workers, head and sandboxes all share its cores."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v) - idle) / hz, sum(v) / hz
+
+
 def phase(name: str, outdir: str) -> None:
     users = os.environ["RUSH_STUDENTS_LIST"].split()
     flooder = os.environ.get("RUSH_FLOODER", "") if name == "rush" else ""
@@ -197,6 +207,7 @@ def phase(name: str, outdir: str) -> None:
         return u, r.returncode, r.stderr[-800:]
 
     rpc0 = _sdiag()
+    cpu0 = _cpu()
     t0 = time.time()
     jobs = [(u, KINDS[i % len(KINDS)]) for i, u in enumerate(users)]
     with ThreadPoolExecutor(max_workers=len(jobs) + 1) as pool:
@@ -211,6 +222,7 @@ def phase(name: str, outdir: str) -> None:
             samples.append(_sdiag())
         problems = [f.result() for f in futs if f.result()[1] != 0]
     t1 = time.time()
+    cpu1 = _cpu()
     rpc1 = _sdiag()
     results = []
     for u in ([flooder] if flooder else []) + users:
@@ -222,6 +234,8 @@ def phase(name: str, outdir: str) -> None:
         "t0": t0,
         "t1": t1,
         "rpc": [rpc0, *samples, rpc1],
+        "cpu": [cpu0, cpu1],
+        "cpus": os.cpu_count(),
         "problems": problems,
         "students": len(users),
         "flooder": flooder,
@@ -290,6 +304,12 @@ def summarize(data: dict) -> dict:
         default=rate,
     )
     slurm_jobs = {c["slurm_id"] for _, _, c in calls_all if c.get("slurm_id")}
+    # How busy the machine's cores were: when they are saturated the drain
+    # is bounded by this machine (busy CPU seconds / cores), whatever the
+    # scheduling.
+    cpu = meta.get("cpu")
+    busy_s = cpu[1][0] - cpu[0][0] if cpu else float("nan")
+    cpu_total_s = cpu[1][1] - cpu[0][1] if cpu else float("nan")
     return {
         "phase": meta["phase"],
         "students": meta["students"],
@@ -309,6 +329,10 @@ def summarize(data: dict) -> dict:
         "drain_s": drain,
         "ideal_s": ideal,
         "drain_ratio": drain / ideal if ideal else float("nan"),
+        "cpus": meta.get("cpus"),
+        "cpu_busy_s": busy_s,
+        "cpu_busy_frac": busy_s / cpu_total_s if cpu else float("nan"),
+        "cpu_floor_s": busy_s / meta["cpus"] if cpu else float("nan"),
         "rpc_rate": rate,
         "rpc_rate_peak_10s": peak,
         "status_rpc_rate": status_rate,
@@ -348,6 +372,12 @@ def report(outdir: str) -> None:
             f"  drain {s['drain_s']:.0f} s vs work/workers {s['ideal_s']:.0f} s "
             f"(sum of calls' run time {s['work_s']:.0f} s): ratio {s['drain_ratio']:.2f}"
         )
+        if s.get("cpus"):
+            print(
+                f"  this machine's {s['cpus']} cores were {s['cpu_busy_frac'] * 100:.0f} % busy over the phase: "
+                f"{s['cpu_busy_s']:.0f} CPU-seconds, i.e. at least {s['cpu_floor_s']:.0f} s of drain on these "
+                f"cores whatever the scheduling"
+            )
         print(
             f"  slurmctld RPCs (sdiag): {s['rpc_rate']:.1f}/s over the phase, "
             f"busiest 10 s {s['rpc_rate_peak_10s']:.1f}/s"

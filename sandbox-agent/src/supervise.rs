@@ -35,8 +35,7 @@ const DISK_POLL: Duration = Duration::from_secs(1);
 
 /// Why supervision ended.
 enum End {
-    /// With the exit code the engine's wait reported, when it did.
-    Exited(Option<i64>),
+    Exited,
     TimedOut,
     Killed,
     WaitFailed(String),
@@ -132,8 +131,7 @@ pub(crate) async fn supervise(
     } else {
         tokio::select! {
             w = wait.next() => match w {
-                Some(Ok(r)) => End::Exited(Some(r.status_code)),
-                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => End::Exited(Some(code)),
+                Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => End::Exited,
                 Some(Err(e)) => End::WaitFailed(classify(&e, "wait for the sandbox")),
                 None => End::WaitFailed("the Docker engine ended the wait without a result".into()),
             },
@@ -193,7 +191,7 @@ pub(crate) async fn supervise(
             )),
         }
     };
-    let killing = !matches!(end, End::Exited(_));
+    let killing = !matches!(end, End::Exited);
     if killing {
         tracing::warn!("killing container {id}");
         if let Err(e) = engine::kill(docker, id).await {
@@ -222,42 +220,29 @@ pub(crate) async fn supervise(
     } else {
         Duration::from_secs(30)
     };
-    // A clean exit needs no inspection (one engine round trip less per
-    // call): the wait's code is the exit code, and an exit 0 is not an
-    // out-of-memory kill. Anything else is inspected (OOMKilled, the
-    // code of a killed container).
-    let clean_exit = matches!(end, End::Exited(Some(0)));
-    let state = if clean_exit {
-        Some(bollard::models::ContainerState {
-            exit_code: Some(0),
-            oom_killed: Some(false),
-            ..Default::default()
-        })
-    } else {
-        match tokio::time::timeout(
-            inspect_timeout,
-            docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>),
-        )
-        .await
-        {
-            Ok(Ok(info)) => info.state,
-            Ok(Err(e)) => {
-                tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
-                if engine::unreachable(&e) {
-                    ended.engine_gone = Some(classify(&e, "inspect the sandbox"));
-                }
-                None
+    let state = match tokio::time::timeout(
+        inspect_timeout,
+        docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>),
+    )
+    .await
+    {
+        Ok(Ok(info)) => info.state,
+        Ok(Err(e)) => {
+            tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
+            if engine::unreachable(&e) {
+                ended.engine_gone = Some(classify(&e, "inspect the sandbox"));
             }
-            Err(_) => {
-                tracing::error!("inspecting container {id} timed out");
-                None
-            }
+            None
+        }
+        Err(_) => {
+            tracing::error!("inspecting container {id} timed out");
+            None
         }
     };
     ended.exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
     ended.oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
     ended.how = match end {
-        End::Exited(_) => EndedHow::Exited,
+        End::Exited => EndedHow::Exited,
         End::TimedOut => EndedHow::TimedOut,
         End::Killed => EndedHow::Killed,
         End::WaitFailed(r) => EndedHow::WaitFailed(r),
