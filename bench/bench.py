@@ -11,6 +11,8 @@ Started by bench/run.sh (read that first); three phases:
                                   run.sh): delegate and submitit
                                   (single call, maps), Slurm queries while
                                   N futures wait, the CPU loop in the sandbox
+  bench.py fidelity OUT.json     as that account: only the CPU loop rounds
+                                  (bare node and sandbox alternately), printed
   bench.py report OUT.json A B    merges, prints the table of ratios, writes
                                   the JSON and a PNG of the latency distributions
 
@@ -375,6 +377,61 @@ def cleanup(ids):
                 pass
 
 
+def fidelity_rounds(delegate, created: list) -> dict:
+    """The same loop, same Python, alternately on the bare node and in the
+    sandbox, FIDELITY_ROUNDS times, each on a quiet machine (this VM's speed
+    drifts between phases ~1.7x apart that last seconds to minutes;
+    alternating exposes both sides to them, and the minimum is the timing
+    least disturbed by them)."""
+    wait_idle()
+    log("CPU loop: bare node and sandbox alternately, %d rounds" % FIDELITY_ROUNDS)
+    ns = {}
+    exec(LOOP_SRC, ns)
+    remote_loop = delegate.remote(time="5m")(ns["loop"])
+    bare, sandbox, quiet, rounds = [], [], [], []
+    for _ in range(FIDELITY_ROUNDS):
+        quiet.append(wait_quiet())
+        b = bare_loop(ROUND_K)
+        quiet.append(wait_quiet())
+        fu = remote_loop.submit(LOOP_N, ROUND_K)
+        sb = fu.result()
+        created.append(fu.job_id)
+        bare += b
+        sandbox += sb
+        rounds.append({"bare_median": statistics.median(b), "sandbox_median": statistics.median(sb)})
+        log(
+            "  round %d: bare median %.4f s, sandbox median %.4f s (sandbox/bare %.3f)"
+            % (len(rounds), rounds[-1]["bare_median"], rounds[-1]["sandbox_median"],
+               rounds[-1]["sandbox_median"] / rounds[-1]["bare_median"])
+        )  # fmt: skip
+    return {
+        "loop_bare": stats(bare),
+        "loop_sandbox": stats(sandbox),
+        "loop_rounds": rounds,
+        "loop_idle_before": quiet,
+    }
+
+
+def fidelity_phase(out: str):
+    """Only the fidelity rounds (bench/run.sh --fidelity), printed."""
+    import delegate
+
+    created = []
+    res = fidelity_rounds(delegate, created)
+    b, sb = res["loop_bare"], res["loop_sandbox"]
+
+    def iqr(x):
+        return 100 * (x["q3"] - x["q1"]) / x["median"]
+
+    log(
+        "CPU loop (%d iterations): sandbox/bare medians %.3f, minimums %.3f; spread (IQR) bare %.1f%%, sandbox %.1f%%"
+        % (LOOP_N, sb["median"] / b["median"], sb["min"] / b["min"], iqr(b), iqr(sb))
+    )
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    cleanup(created)
+
+
 def user_phase(out: str):
     import delegate
     from delegate import _core
@@ -456,31 +513,8 @@ def user_phase(out: str):
         }
         time.sleep(2)
 
-    # 4. measurement fidelity: the same loop, same Python, alternately on
-    # the bare node and in the sandbox, FIDELITY_ROUNDS times, each on a quiet
-    # machine (this VM's speed drifts between phases ~1.7x apart that last
-    # seconds to minutes; alternating exposes both sides to them, and the
-    # minimum is the timing least disturbed by them).
-    wait_idle()
-    log("CPU loop: bare node and sandbox alternately, %d rounds" % FIDELITY_ROUNDS)
-    ns = {}
-    exec(LOOP_SRC, ns)
-    remote_loop = delegate.remote(time="5m")(ns["loop"])
-    bare, sandbox, quiet, rounds = [], [], [], []
-    for _ in range(FIDELITY_ROUNDS):
-        quiet.append(wait_quiet())
-        b = bare_loop(ROUND_K)
-        quiet.append(wait_quiet())
-        fu = remote_loop.submit(LOOP_N, ROUND_K)
-        sb = fu.result()
-        created.append(fu.job_id)
-        bare += b
-        sandbox += sb
-        rounds.append({"bare_median": statistics.median(b), "sandbox_median": statistics.median(sb)})
-    res["loop_bare"] = stats(bare)
-    res["loop_sandbox"] = stats(sandbox)
-    res["loop_rounds"] = rounds
-    res["loop_idle_before"] = quiet
+    # 4. measurement fidelity (fidelity_rounds).
+    res.update(fidelity_rounds(delegate, created))
 
     # 5. submitit (its own venv: this one), same cluster, exclusive.
     try:
@@ -703,6 +737,8 @@ if __name__ == "__main__":
         root_phase(sys.argv[2])
     elif cmd == "user":
         user_phase(sys.argv[2])
+    elif cmd == "fidelity":
+        fidelity_phase(sys.argv[2])
     elif cmd == "report":
         report(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

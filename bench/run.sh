@@ -4,11 +4,14 @@
 # container run, submit -> gone, on an idle node) and against submitit.
 #
 #   bench/run.sh [--quick] [--skip-200] [--no-build] [--out DIR]
+#   bench/run.sh --fidelity [--no-build]
 #
 #   --quick     smoke mode: 3 repetitions, no map of 200, short windows (~2 min)
 #   --skip-200  everything but the map of 200 calls
 #   --no-build  reuse the delegate wheel already in the bench venv
 #   --out DIR   where results.json and latency.png go (default bench/results)
+#   --fidelity  only the CPU loop, bare node against sandbox, round by round
+#               (~3 min; prints the ratios, writes nothing under bench/)
 #
 # Environment: BENCH_REPS (10, cheap figures), BENCH_SLURM_REPS (6, figures
 # that wait for an idle node first), BENCH_IDLE_WAIT (300 s; a sample whose
@@ -36,12 +39,14 @@ ADMIN_GROUP=${DELEGATE_ADMIN_GROUP:-delegate-admin}
 SUBMITIT_VERSION=${SUBMITIT_VERSION:-1.5.4}
 OUT=$REPO/bench/results
 BUILD=1
+FIDELITY=0
 export BENCH_QUICK=0 BENCH_SKIP_200=0
 export PATH="$HOME/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
 while (($#)); do
     case $1 in
         --quick) BENCH_QUICK=1 ;;
         --skip-200) BENCH_SKIP_200=1 ;;
+        --fidelity) FIDELITY=1 ;;
         --no-build) BUILD=0 ;;
         --out) OUT=$(realpath -m "$2"); shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
@@ -106,6 +111,11 @@ chmod 0777 "$work"
 trap 'rm -rf "$work"' EXIT
 cp bench/bench.py "$work/bench.py"
 chmod 0644 "$work/bench.py"
+if ((FIDELITY)); then
+    (cd "$work" && runuser -u "$BENCH_USER" -- env BENCH_USER="$BENCH_USER" \
+        BENCH_IDLE_WAIT="${BENCH_IDLE_WAIT:-300}" "$VENV/bin/python" "$work/bench.py" fidelity "$work/fidelity.json")
+    exit 0
+fi
 "$VENV/bin/python" "$work/bench.py" root "$work/root.json"
 (cd "$work" && runuser -u "$BENCH_USER" -- env BENCH_QUICK="$BENCH_QUICK" BENCH_SKIP_200="$BENCH_SKIP_200" \
     BENCH_USER="$BENCH_USER" BENCH_KEEP_JOBS="${BENCH_KEEP_JOBS:-0}" BENCH_IDLE_WAIT="${BENCH_IDLE_WAIT:-300}" \
