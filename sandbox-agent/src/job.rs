@@ -23,6 +23,7 @@ use crate::conn::{self, Incoming};
 use crate::engine::{self, EngineError};
 use crate::gpu::{self, GpuError};
 use crate::ident::{self, Caller};
+use crate::rank;
 use crate::stage::Staged;
 use crate::supervise;
 
@@ -86,6 +87,34 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                 Answer::Probe(report)
             }
             Request::Kill => continue,
+            Request::RunRank(rr) => {
+                // One rank per connection: identified as a step's task, its
+                // place from slurmctld (crate::rank).
+                if caller.is_some() {
+                    return;
+                }
+                let (c, place) =
+                    match ident::identify_as(pid, uid, &shared.stepds, &shared.node, ident::StepKind::Rank).await {
+                        Ok((c, Some(place))) => (c, place),
+                        Ok((_, None)) => return,
+                        Err(why) => {
+                            tracing::warn!("refused rank pid {pid} uid {uid}: {why}");
+                            let _ = conn::send(&stream, &Answer::Refused(why)).await;
+                            return;
+                        }
+                    };
+                tracing::info!("pid {pid} uid {uid}: rank {} of {} of Slurm job {}", place.rank, place.world, c.job);
+                let answer = if rr.rank != place.rank || rr.run.spec.resources.nodes != place.world {
+                    Answer::Refused(format!(
+                        "this node is rank {} of {} of Slurm job {}, the request says rank {} of {}",
+                        place.rank, place.world, c.job, rr.rank, rr.run.spec.resources.nodes
+                    ))
+                } else {
+                    run(&shared, &c, rr.run, fds, &stream, &mut rx, Some(place)).await
+                };
+                let _ = conn::send(&stream, &answer).await;
+                return;
+            }
             Request::Run(req) => {
                 if caller.is_none() {
                     match ident::identify(pid, uid, &shared.stepds, &shared.node).await {
@@ -105,7 +134,7 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                     let _ = conn::send(&stream, &Answer::Refused("the batch task has ended".into())).await;
                     return;
                 }
-                run(&shared, c, req, fds, &stream, &mut rx).await
+                run(&shared, c, req, fds, &stream, &mut rx, None).await
             }
         };
         if let Err(e) = conn::send(&stream, &answer).await {
@@ -188,6 +217,7 @@ async fn run(
     fds: Vec<OwnedFd>,
     stream: &UnixStream,
     rx: &mut mpsc::Receiver<Incoming>,
+    place: Option<ident::RankPlace>,
 ) -> Answer {
     let mut fds = fds.into_iter();
     let (Some(dir), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
@@ -280,6 +310,7 @@ async fn run(
         max_job_bytes: limits.max_job_bytes,
         caller,
         node: shared.node.clone(),
+        place,
     };
     let answer = AssertUnwindSafe(engine_phase(&ctx, &staged, &dir, out, err, stream, rx))
         .catch_unwind()
@@ -308,6 +339,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) max_job_bytes: u64,
     pub(crate) caller: &'a Caller,
     pub(crate) node: String,
+    /// A rank of a multi-node job (crate::rank), or `None`.
+    pub(crate) place: Option<ident::RankPlace>,
 }
 
 pub(crate) fn file(fd: OwnedFd) -> tokio::fs::File {
@@ -333,8 +366,19 @@ async fn engine_phase(
         Err(e) => return Answer::Failed(e.to_string()),
     };
     let job = spec.job_id.as_str();
-    if let Err(e) = engine::sweep(&docker, job, ctx.slurm_job, ctx.uid).await {
-        tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+    // A rank's engine may hold the other ranks' sandboxes (one engine for
+    // several workers): no sweep by job there (the epilog sweeps).
+    let network = match ctx.place {
+        Some(place) => match rank::ensure_network(&docker, ctx.caller, place).await {
+            Ok(n) => Some((n, place)),
+            Err(e) => return Answer::Failed(e),
+        },
+        None => None,
+    };
+    if network.is_none() {
+        if let Err(e) = engine::sweep(&docker, job, ctx.slurm_job, ctx.uid).await {
+            tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+        }
     }
     // The GPUs slurmctld allocated to this job on this node: exactly what
     // the spec asks for (checked against max_gpus with the rest of it).
@@ -374,9 +418,19 @@ async fn engine_phase(
         PerfMode::Seccomp => Perf::Seccomp,
         PerfMode::Off => Perf::Off,
     };
-    let name = format!("delegate-{job}");
+    let name = match &network {
+        Some((_, place)) => rank::container_name(job, place.rank),
+        None => format!("delegate-{job}"),
+    };
+    let body = |perf| {
+        let mut b = config::container_config(&params(perf));
+        if let Some((net, place)) = &network {
+            rank::apply(&mut b, net, *place);
+        }
+        b
+    };
     let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
-    let mut created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+    let mut created = engine::create(&docker, Some(&name), body(perf)).await;
     if let Err(e) = &created {
         if perf == Perf::Perfmon && engine::is_unknown_capability(e) {
             if ctx.policy.perf_mode == PerfMode::Perfmon {
@@ -387,12 +441,17 @@ async fn engine_phase(
                 engine::short_reason(e)
             );
             perf = Perf::Seccomp;
-            created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+            created = engine::create(&docker, Some(&name), body(perf)).await;
         }
     }
     let id = match created {
         Ok(id) => id,
-        Err(e) => return Answer::Failed(classify(&e, "create the sandbox").to_string()),
+        Err(e) => {
+            if let Some((net, _)) = &network {
+                rank::release_network(&docker, net).await;
+            }
+            return Answer::Failed(classify(&e, "create the sandbox").to_string());
+        }
     };
     let mut guard = ContainerGuard {
         docker: docker.clone(),
@@ -436,5 +495,8 @@ async fn engine_phase(
         }
     }
     guard.armed = false;
+    if let Some((net, _)) = &network {
+        rank::release_network(&docker, net).await;
+    }
     Answer::Ended(ended)
 }

@@ -27,6 +27,7 @@ mod ident;
 mod job;
 mod output;
 mod probe;
+mod rank;
 mod seccomp;
 mod stage;
 mod supervise;

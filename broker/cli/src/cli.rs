@@ -121,6 +121,12 @@ pub struct SubmitArgs {
     /// devices Slurm allocates, within the site policy's max_gpus.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
     pub gpus: u32,
+    /// Nodes: more than 1 runs one sandbox (rank) per node, started
+    /// together, with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+    /// MASTER_PORT and a network private to the job; within the site
+    /// policy's max_nodes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub nodes: u32,
     /// Memory limit (e.g. 512M, 2G).
     #[arg(long, default_value = "1G", value_parser = size_arg)]
     pub mem: u64,
@@ -152,7 +158,7 @@ pub struct SubmitArgs {
         short = 'f',
         long = "file",
         value_name = "JOBS.yml",
-        conflicts_with_all = ["command", "count", "cpus", "gpus", "mem", "time", "image", "env"]
+        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "mem", "time", "image", "env"]
     )]
     pub file: Option<PathBuf>,
     /// The command and its arguments (run without a shell).
