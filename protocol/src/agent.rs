@@ -270,7 +270,10 @@ mod tests {
 
     #[test]
     fn rank_env_replaces_the_specs_own() {
-        let env = vec![("RANK".to_string(), "7".to_string()), ("FOO".to_string(), "x".to_string())];
+        let env = vec![
+            ("RANK".to_string(), "7".to_string()),
+            ("FOO".to_string(), "x".to_string()),
+        ];
         let e = rank_env(&env, 1, 2);
         let get = |k: &str| e.iter().filter(|(n, _)| n == k).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
         assert_eq!(get("RANK"), ["1"]);

@@ -288,15 +288,22 @@ pub async fn identify_as(
         StepKind::Batch => {
             let job =
                 job_of_title(&cmdline).ok_or_else(|| not_task(format!("its parent {ppid} is not a batch step")))?;
-            let out = slurm_command(&["squeue", "-h", "-t", "all", "-j", &job, "-o", SQUEUE_FORMAT], &format!("job {job}")).await?;
+            let out = slurm_command(
+                &["squeue", "-h", "-t", "all", "-j", &job, "-o", SQUEUE_FORMAT],
+                &format!("job {job}"),
+            )
+            .await?;
             check_squeue(&out, &job, uid, node)?;
             (job, None)
         }
         StepKind::Rank => {
             let job = job_of_step_title(&cmdline)
                 .ok_or_else(|| not_task(format!("its parent {ppid} is not a numbered job step")))?;
-            let out =
-                slurm_command(&["squeue", "-h", "-t", "all", "-j", &job, "-o", SQUEUE_RANK_FORMAT], &format!("job {job}")).await?;
+            let out = slurm_command(
+                &["squeue", "-h", "-t", "all", "-j", &job, "-o", SQUEUE_RANK_FORMAT],
+                &format!("job {job}"),
+            )
+            .await?;
             let nodes = check_squeue_rank(&out, &job, uid)?;
             let names = slurm_command(&["scontrol", "show", "hostnames", &nodes], &format!("job {job}")).await?;
             (job, Some(place_in(&names, node)?))

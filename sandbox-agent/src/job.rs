@@ -103,7 +103,12 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                             return;
                         }
                     };
-                tracing::info!("pid {pid} uid {uid}: rank {} of {} of Slurm job {}", place.rank, place.world, c.job);
+                tracing::info!(
+                    "pid {pid} uid {uid}: rank {} of {} of Slurm job {}",
+                    place.rank,
+                    place.world,
+                    c.job
+                );
                 let answer = if rr.rank != place.rank || rr.run.spec.resources.nodes != place.world {
                     Answer::Refused(format!(
                         "this node is rank {} of {} of Slurm job {}, the request says rank {} of {}",

@@ -142,10 +142,7 @@ pub fn apply(body: &mut ContainerCreateBody, network: &str, place: RankPlace) {
     body.networking_config = Some(NetworkingConfig {
         endpoints_config: Some(HashMap::from([(
             network.to_string(),
-            EndpointSettings {
-                aliases,
-                ..Default::default()
-            },
+            EndpointSettings { aliases, ..Default::default() },
         )])),
     });
     let env: Vec<(String, String)> = body
@@ -177,7 +174,10 @@ mod tests {
         assert_eq!(r.internal, Some(true));
         assert_eq!(r.attachable, Some(false));
         assert_eq!(
-            r.options.unwrap().get("com.docker.network.bridge.inhibit_ipv4").map(String::as_str),
+            r.options
+                .unwrap()
+                .get("com.docker.network.bridge.inhibit_ipv4")
+                .map(String::as_str),
             Some("true")
         );
         assert_eq!(r.labels.unwrap().get(LABEL_SLURM_JOB).map(String::as_str), Some("42"));

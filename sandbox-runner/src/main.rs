@@ -286,7 +286,10 @@ mod tests {
 
     #[test]
     fn rank_subcommands() {
-        assert!(matches!(parse(&["ranks", "/j/a"]).unwrap().command, Some(Command::Ranks { .. })));
+        assert!(matches!(
+            parse(&["ranks", "/j/a"]).unwrap().command,
+            Some(Command::Ranks { .. })
+        ));
         assert!(matches!(parse(&["rank", "/j/a"]).unwrap().command, Some(Command::Rank { .. })));
         assert!(parse(&["rank"]).is_err());
         assert!(parse(&["rank", "/j/a", "/j/b"]).is_err());

@@ -30,17 +30,21 @@ use crate::validate::{self, Refusal};
 const SRUN_PATHS: &[&str] = &["/usr/bin/srun", "/usr/local/bin/srun"];
 
 fn srun_path() -> Option<PathBuf> {
-    SRUN_PATHS.iter().map(PathBuf::from).find(|p| {
-        std::fs::metadata(p)
-            .map(|m| m.uid() == 0 && m.is_file())
-            .unwrap_or(false)
-    })
+    SRUN_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| std::fs::metadata(p).map(|m| m.uid() == 0 && m.is_file()).unwrap_or(false))
 }
 
 /// `SLURM_NODEID` of this task (set by slurmstepd); only a hint for the
 /// file names: the agent refuses a rank that is not this node's.
 fn node_id() -> Option<u32> {
-    std::env::var("SLURM_NODEID").ok()?.trim().parse().ok().filter(|&n| n < delegate_protocol::MAX_RANKS)
+    std::env::var("SLURM_NODEID")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&n| n < delegate_protocol::MAX_RANKS)
 }
 
 /// `sandbox-runner rank <dir>`: one rank. Exit 0 when the rank completed.
@@ -106,7 +110,10 @@ pub fn combine(ranks: &[Option<Outcome>], host: &str, srun_note: Option<&str>) -
     let first = ranks
         .iter()
         .enumerate()
-        .find(|(_, r)| r.as_ref().is_some_and(|r| !matches!(r.state, State::Completed | State::Cancelled)))
+        .find(|(_, r)| {
+            r.as_ref()
+                .is_some_and(|r| !matches!(r.state, State::Completed | State::Cancelled))
+        })
         .or_else(|| {
             ranks
                 .iter()
@@ -258,7 +265,11 @@ mod tests {
     #[test]
     fn the_failing_rank_is_the_reason() {
         let r = vec![
-            ended(State::Cancelled, None, "cancelled (SIGTERM from Slurm: scancel or Slurm time limit)"),
+            ended(
+                State::Cancelled,
+                None,
+                "cancelled (SIGTERM from Slurm: scancel or Slurm time limit)",
+            ),
             ended(State::Failed, Some(3), "exited with code 3"),
         ];
         let o = combine(&r, "h", Some("srun ended with exit status: 1"));

@@ -352,10 +352,11 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
         return o;
     }
     let (out_name, err_name) = (rank_name(STDOUT, ctx.rank), rank_name(STDERR, ctx.rank));
-    let (stdout, stderr) = match as_user_group(|| (create_output(ctx.dir, &out_name), create_output(ctx.dir, &err_name))) {
-        (Ok(o), Ok(e)) => (o, e),
-        (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
-    };
+    let (stdout, stderr) =
+        match as_user_group(|| (create_output(ctx.dir, &out_name), create_output(ctx.dir, &err_name))) {
+            (Ok(o), Ok(e)) => (o, e),
+            (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
+        };
     if agent.is_none() {
         match Agent::connect(&ctx.policy.agent_socket).await {
             Ok(a) => *agent = Some(a),

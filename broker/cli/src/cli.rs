@@ -74,6 +74,9 @@ pub enum Cmd {
         /// Print stderr instead of stdout.
         #[arg(long, conflicts_with = "follow")]
         stderr: bool,
+        /// A multi-node job's rank K (its own stdout or stderr).
+        #[arg(long, value_name = "K", conflicts_with = "follow")]
+        rank: Option<u32>,
     },
     /// Show how a job ended: state, exit code, reason, host and timings.
     Result { id: String },

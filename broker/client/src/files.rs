@@ -15,6 +15,17 @@ impl Client {
         Ok(open_regular_at(&fd, &self.job_dir(id), stream.file_name())?)
     }
 
+    /// Opens rank `rank`'s stdout or stderr of a multi-node job
+    /// (`stdout.<rank>`); `None` while it does not exist.
+    pub fn open_rank_output(&self, id: &JobId, stream: Stream, rank: u32) -> Result<Option<File>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(open_regular_at(
+            &fd,
+            &self.job_dir(id),
+            &protocol::rank_file(stream.file_name(), rank),
+        )?)
+    }
+
     /// Reads at most `limit` bytes of a job's stdout or stderr; `None` while
     /// it does not exist.
     pub fn read_output(&self, id: &JobId, stream: Stream, limit: u64) -> Result<Option<Vec<u8>>> {
