@@ -52,6 +52,19 @@ impl Client {
         ))?)
     }
 
+    /// Rank `rank`'s `result.<rank>` of a multi-node Python call, bounded
+    /// like [`Client::read_result`]; `None` when that rank wrote none.
+    pub fn read_rank_result(&self, id: &JobId, rank: u32) -> Result<Option<Vec<u8>>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_bounded_at(
+            &fd,
+            &self.job_dir(id),
+            &protocol::rank_file(protocol::RESULT, rank),
+            MAX_RESULT_BYTES,
+            None,
+        ))?)
+    }
+
     /// True when the job's outcome file exists.
     pub fn has_outcome(&self, id: &JobId) -> Result<bool> {
         let fd = self.open_job_dir(id)?;
