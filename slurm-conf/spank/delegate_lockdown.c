@@ -33,6 +33,7 @@
  * Root and admins keep full Slurm. Students cannot reach this code: it runs
  * inside slurmstepd, root-owned and not dumpable.
  */
+#define _GNU_SOURCE
 #include <grp.h>
 #include <pwd.h>
 #include <stdint.h>
@@ -40,6 +41,10 @@
 #include <string.h>
 #include <sys/types.h>
 #include <unistd.h>
+
+#include <fcntl.h>
+#include <linux/landlock.h>
+#include <sys/syscall.h>
 
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
@@ -123,6 +128,51 @@ static int is_admin(spank_t sp)
 	return uid_is_admin(uid);
 }
 
+static int scrub_env(spank_t sp);
+
+/*
+ * The rank step's slurmstepd may execute nothing but the runner (and the
+ * ELF interpreter it needs): a Landlock ruleset (EXECUTE handled, allowed
+ * on those files only) on this slurmstepd, inherited by everything it
+ * forks. srun's --task-prolog/--task-epilog name a program slurmstepd runs
+ * as the user in this step (no SPANK item shows them): with this ruleset
+ * their exec fails, whatever they name. Fails closed: no Landlock, no step.
+ */
+static int restrict_exec(void)
+{
+	static const char *loaders[] = {
+		"/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1",
+		"/lib/ld-linux-armhf.so.3", NULL
+	};
+	struct landlock_ruleset_attr attr = { .handled_access_fs = LANDLOCK_ACCESS_FS_EXECUTE };
+	int rs, added = 0;
+
+	rs = syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0);
+	if (rs < 0) {
+		slurm_error("delegate_lockdown: Landlock is not available (%m); rank steps are refused");
+		return -1;
+	}
+	for (int i = -1; i < 0 || loaders[i]; i++) {
+		const char *p = i < 0 ? runner : loaders[i];
+		struct landlock_path_beneath_attr pb = { .allowed_access = LANDLOCK_ACCESS_FS_EXECUTE };
+		int fd = open(p, O_PATH | O_CLOEXEC);
+
+		if (fd < 0)
+			continue;
+		pb.parent_fd = fd;
+		if (syscall(SYS_landlock_add_rule, rs, LANDLOCK_RULE_PATH_BENEATH, &pb, 0) == 0 && i < 0)
+			added = 1;
+		close(fd);
+	}
+	if (!added || syscall(SYS_landlock_restrict_self, rs, 0) != 0) {
+		slurm_error("delegate_lockdown: cannot restrict the rank step's executables (%m)");
+		close(rs);
+		return -1;
+	}
+	close(rs);
+	return 0;
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	uint32_t jobid = 0, stepid = 0;
@@ -139,8 +189,14 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	spank_get_item(sp, S_JOB_ID, &jobid);
 	if (stepid == SLURM_BATCH_SCRIPT || stepid == SLURM_EXTERN_CONT)
 		return ESPANK_SUCCESS;
-	if (is_rank_step(sp))
+	if (is_rank_step(sp)) {
+		/* The environment is the user's srun's: scrubbed before any
+		 * task prolog could see it (LD_PRELOAD into the runner), and
+		 * nothing but the runner may be executed. */
+		if (scrub_env(sp) < 0 || restrict_exec() < 0)
+			return -1;
 		return ESPANK_SUCCESS;
+	}
 	slurm_error("delegate_lockdown: job steps are disabled for users on this cluster "
 		    "(job %u step %u refused); only delegate's batch step runs",
 		    jobid, stepid);
@@ -160,20 +216,12 @@ static int allowed_name(const char *e)
 	return 0;
 }
 
-int slurm_spank_task_init(spank_t sp, int ac, char **av)
+/* Reduces the step's environment to the allowlist and a fixed PATH. */
+static int scrub_env(spank_t sp)
 {
 	char **env = NULL, **names;
-	uint32_t stepid = 0;
 	int n = 0, k = 0;
 
-	if (spank_context() != S_CTX_REMOTE)
-		return ESPANK_SUCCESS;
-	parse_args(ac, av);
-	if (is_admin(sp))
-		return ESPANK_SUCCESS;
-	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS ||
-	    (stepid != SLURM_BATCH_SCRIPT && !is_rank_step(sp)))
-		return -1;	/* not reached: slurm_spank_init refused it */
 	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env)
 		return -1;
 	while (env[n])
@@ -202,5 +250,20 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	free(names);
 	if (spank_setenv(sp, "PATH", "/usr/bin:/bin", 1) != ESPANK_SUCCESS)
 		return -1;
-	return ESPANK_SUCCESS;
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	uint32_t stepid = 0;
+
+	if (spank_context() != S_CTX_REMOTE)
+		return ESPANK_SUCCESS;
+	parse_args(ac, av);
+	if (is_admin(sp))
+		return ESPANK_SUCCESS;
+	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS ||
+	    (stepid != SLURM_BATCH_SCRIPT && !is_rank_step(sp)))
+		return -1;	/* not reached: slurm_spank_init refused it */
+	return scrub_env(sp) < 0 ? -1 : ESPANK_SUCCESS;
 }

@@ -255,6 +255,21 @@ def test_other_steps_in_a_rank_job_are_refused(stack):
             assert "uid=" not in r.stdout
             assert "launch failed" in r.stderr or "Plugin initialization failed" in r.stderr, r.stderr
         assert not (Path(HOME) / STUDENT / "rank-step-marker").exists()
+        # The admitted form with a task prolog or epilog of the student's
+        # (a program slurmstepd would run as them, outside any sandbox):
+        # the rank step's slurmstepd executes nothing but the runner.
+        script = Path(HOME) / STUDENT / "rank-prolog.sh"
+        marker = Path(HOME) / STUDENT / "rank-prolog-marker"
+        on_node("user", "sh", "-c", f"printf '#!/bin/sh\\ntouch {marker}\\n' >{script}; chmod 755 {script}")
+        assert script.read_text().startswith("#!/bin/sh\n")
+        for opt in ("--task-prolog", "--task-epilog"):
+            for prog in (str(script), "/bin/sh"):
+                on_node(
+                    "user", "srun", f"--jobid={sid}", "--overlap", "-N1", f"{opt}={prog}",
+                    "--export=ALL,BASH_ENV=" + str(script), RUNNER, "rank", str(d),
+                )  # fmt: skip
+        time.sleep(2)
+        assert not marker.exists(), "a task prolog/epilog ran in the rank step"
         # The exact rank form by hand: admitted by the plugin, but the
         # agent serves one sandbox per job and node: nothing more.
         # (its own rank's files exist already, or the agent refuses: either
