@@ -58,15 +58,22 @@ def stack():
 
 
 def on_node(node, *cmd, user=STUDENT, timeout=300):
-    cid = run(
-        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{node}"
-    ).stdout.split()
-    assert cid, f"{node} has no running container"
     opts = []
     if user:
         home = f"{HOME}/{user}"
         opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
-    return run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
+    for _ in range(5):
+        cid = run(
+            "docker", "ps", "-q", "--filter", "status=running",
+            "--filter", f"label=com.docker.swarm.service.name={STACK}_{node}",
+        ).stdout.split()  # fmt: skip
+        assert cid, f"{node} has no running container"
+        r = run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
+        # (a container of the service's previous task, going away)
+        if r.returncode == 0 or "not found" not in r.stderr or "task" not in r.stderr:
+            return r
+        time.sleep(3)
+    return r
 
 
 def submit(*argv, nodes=2):
