@@ -297,3 +297,28 @@ def test_more_nodes_than_the_stack_has_are_refused(stack):
     r = on_node("user", "delegate", "submit", "--nodes", "3", "--wait", "--", "true")
     assert r.returncode != 0
     assert "node" in (r.stdout + r.stderr).lower(), r.stderr
+
+
+PY_RANKS = r"""
+import os, delegate
+
+def where(x):
+    import os
+    if os.environ["RANK"] == "1" and x == "boom":
+        raise ValueError("rank 1 says no")
+    return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), x)
+
+f = delegate.remote(nodes=2, time="3m")(where)
+print("VALUES", f("hi"))
+try:
+    f("boom")
+except ValueError as e:
+    print("RAISED", e)
+"""
+
+
+def test_python_remote_nodes_returns_the_ranks_values(stack):
+    r = on_node("user", "python3", "-c", PY_RANKS, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "VALUES [(0, 2, 'hi'), (1, 2, 'hi')]" in r.stdout, r.stdout
+    assert "RAISED rank 1 says no" in r.stdout, r.stdout
