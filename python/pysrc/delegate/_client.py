@@ -187,7 +187,7 @@ class DelegateFuture(cf.Future):
     def running(self) -> bool:
         return self.state == "running" and not self.done()
 
-    def _read(self, name: Literal["stdout", "stderr", "result"], limit: int) -> bytes | None:
+    def _read(self, name: str, limit: int) -> bytes | None:
         """One of the job's files (None when absent); raises DelegateError."""
         return _core.read_file(self.job_id, name, limit)
 
@@ -303,7 +303,7 @@ class DelegateFuture(cf.Future):
         out = []
         for k in range(256):
             try:
-                data = _core.read_file(self.job_id, "result.%d" % k, _core.MAX_RESULT_BYTES)
+                data = self._read("result.%d" % k, _core.MAX_RESULT_BYTES)
             except DelegateError:
                 data = None
             if data is None:
