@@ -108,10 +108,11 @@ lockdown_lua() {
     printf '%s\n' "$out"
 }
 
-# lockdown_plugstack PLUGIN ADMIN_GID: the SPANK stack file, on stdout.
+# lockdown_plugstack PLUGIN ADMIN_GID RUNNER: the SPANK stack file, on stdout.
 lockdown_plugstack() {
     [[ $2 =~ ^[0-9]+$ ]] || die "bad admin gid '$2'"
-    sed -e "s|@MARKER@|$MARKER|" -e "s|@SPANK_PLUGIN@|$1|" -e "s|@ADMIN_GID@|$2|" \
+    [[ $3 =~ ^/[A-Za-z0-9._/+@=,:-]+$ ]] || die "the runner path $3 has bytes the SPANK plugin refuses"
+    sed -e "s|@MARKER@|$MARKER|" -e "s|@SPANK_PLUGIN@|$1|" -e "s|@ADMIN_GID@|$2|" -e "s|@RUNNER@|$3|" \
         "$REPO/slurm-conf/plugstack.conf.in"
 }
 

@@ -280,7 +280,7 @@ local_install_lockdown() {
         install -D -o root -g root -m 0755 "$tmp/delegate_lockdown.so" "$DELEGATE_SPANK_PLUGIN"
         log "lockdown: installed $DELEGATE_SPANK_PLUGIN"
     fi
-    lockdown_plugstack "$DELEGATE_SPANK_PLUGIN" "$gid" >"$tmp/plugstack.conf"
+    lockdown_plugstack "$DELEGATE_SPANK_PLUGIN" "$gid" "$DELEGATE_PREFIX/sandbox-runner" >"$tmp/plugstack.conf"
     if install_generated "$tmp/plugstack.conf" "$(dirname "$SLURM_CONF")/delegate-plugstack.conf" 0644; then
         log "lockdown: installed $(dirname "$SLURM_CONF")/delegate-plugstack.conf (admin gid $gid)"
     fi

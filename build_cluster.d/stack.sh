@@ -273,6 +273,7 @@ CONF
         -e "s|@PIN_CPUS@|false|" \
         -e "s|@TMP_SIZE@|$DELEGATE_STACK_TMP_SIZE|" \
         -e "s|@MAX_GPUS@|0|" \
+        -e "s|^max_nodes = .*|max_nodes = $DELEGATE_STACK_WORKERS|" \
         -e "s|^job_roots = .*|job_roots = [\"$DELEGATE_STACK_HOME\"]|" \
         "$REPO/slurm-conf/policy.toml.in" >"$STACK_GEN/policy.toml"
     grep -q "^job_roots = \[\"$DELEGATE_STACK_HOME\"\]" "$STACK_GEN/policy.toml" \
@@ -293,7 +294,7 @@ CONF
         [[ ,$members, == *",$m,"* ]] || members+=${members:+,}$m
     done
     lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" 0 >"$STACK_GEN/job_submit.lua"
-    lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" >"$STACK_GEN/plugstack.conf"
+    lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" /usr/local/bin/sandbox-runner >"$STACK_GEN/plugstack.conf"
     echo "$agroup $agid $members" >"$STACK_GEN/admins"
 
     # Accounts: "name uid" lines.

@@ -33,6 +33,7 @@ main() {
         return 0
     }
     remove_own "$(printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" '$2 == j { print $1 }')"
+    remove_networks
     printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" 'NF >= 2 && $2 != j' | sweep_orphans
     return 0
 }
@@ -69,6 +70,25 @@ remove_own() {
 # stacks' worker1): its sandboxes' /job comes from its own staging
 # directory, not from this node's (policy staging_host_dir, else
 # staging_dir); those are left alone.
+# The job-private networks of multi-node jobs (sandbox-agent/src/rank.rs):
+# this job's, and any whose Slurm job has ended or is unknown. The engine
+# refuses to remove a network that still has a container on it.
+remove_networks() {
+    nets=$(timeout 20 docker network ls --filter label=delegate.network=rank \
+        --format '{{.ID}} {{.Label "delegate.slurm-job"}}' 2>>"$LOG") || return 0
+    printf '%s\n' "$nets" | while read -r nid sj; do
+        [ -n "$nid" ] || continue
+        case "$sj" in ''|*[!0-9]*) sj="" ;; esac
+        if [ "$sj" != "$SLURM_JOB_ID" ] && [ -n "$sj" ]; then
+            st=$(timeout 10 squeue -h -j "$sj" -o %T 2>/dev/null | head -n1)
+            case "$st" in RUNNING|PENDING|CONFIGURING|COMPLETING|SUSPENDED) continue ;; esac
+        fi
+        if timeout 30 docker network rm "$nid" >>"$LOG" 2>&1; then
+            log "removed network $nid of Slurm job ${sj:-?}"
+        fi
+    done
+}
+
 sweep_orphans() {
     node=${SLURMD_NODENAME:-}
     [ -n "$node" ] || return 0

@@ -16,14 +16,17 @@ a one-line reason the user sees ("sbatch: error: delegate: ..."):
   - --get-user-env, --export=NONE, --export=<list> (sbatch then sets
     SLURM_GET_USER_ENV and slurmd, as root, runs `su - <user> -c env` on the
     worker: the user's login files, outside any step and any sandbox),
-  - --container, heterogeneous jobs, script arguments, more than one node,
+  - --container, heterogeneous jobs, script arguments, more than one node
+    (except the multi-node form below, and then exactly its own node count),
     --uid of another user, an --array that is not the script's own,
   - a GPU (generic resource) request that is not the script's own
     "#SBATCH --gres=gpu:N" line (--gres on the command line, --gpus,
     --gpus-per-task/-socket): the root agent passes the allocation's GPUs
     into the sandbox and checks their number against the spec and the
     site policy; the gate keeps the request where delegate put it.
-Job steps never reach this hook: the SPANK plugin
+The multi-node form ("#SBATCH --nodes=N" and `exec <runner> ranks <dir>`)
+runs `srun ... <runner> rank <dir>` from the runner; the SPANK plugin admits
+exactly that step argv. Job steps never reach this hook: the SPANK plugin
 (slurm-conf/spank/delegate_lockdown.c) refuses them in slurmstepd.
 
 FAIL CLOSED. In 22.05 a Lua runtime error in slurm_job_submit, or a return
@@ -119,6 +122,12 @@ local function shared_line(runner, dirs)
    return table.concat(t, " ")
 end
 
+-- script.rs: ranks_script (a multi-node rank job, nodes > 1)
+local function ranks_script(runner, dir, nodes)
+   return "#!/bin/sh\n#SBATCH --nodes=" .. nodes .. "\nexec " .. q(runner) .. " ranks " .. q(dir) .. "\n"
+end
+local MAX_NODES = 256
+
 local function shared_script(runner, groups)
    if #groups == 1 then return "#!/bin/sh\n" .. shared_line(runner, groups[1]) .. "\n" end
    local t = { "#!/bin/sh\n#SBATCH --array=0-" .. (#groups - 1) .. "\n",
@@ -193,10 +202,32 @@ local function with_gpus(script, gpus)
    return "#!/bin/sh\n#SBATCH --gres=gpu:" .. gpus .. "\n" .. script:sub(#"#!/bin/sh\n" + 1)
 end
 
+-- The multi-node form: nil when `whole` is not one, else (reason) or
+-- (false, nodes).
+local function check_ranks(whole, array_inx)
+   local n, body = whole:match("^#!/bin/sh\n#SBATCH %-%-nodes=([1-9]%d?%d?)\nexec ([^\n]*)\n$")
+   if not n then return nil end
+   local nodes = tonumber(n)
+   if nodes < 2 or nodes > MAX_NODES then return "a multi-node job has 2 to " .. MAX_NODES .. " nodes" end
+   if array_inx ~= nil and array_inx ~= "" then return "--array is not allowed with this script" end
+   local w = quoted_words((body:gsub(" ranks ", " 'ranks' ", 1)))
+   if not w or #w ~= 3 or w[1] ~= RUNNER or w[2] ~= "ranks" then return "not a delegate script" end
+   if not job_dir_ok(w[3]) then
+      return "job directory not allowed (not a job id below " .. table.concat(JOB_ROOTS, ", ")
+             .. ", or bytes outside A-Z a-z 0-9 . _ / + @ = , : -): " .. w[3]:sub(1, 200)
+   end
+   if ranks_script(RUNNER, w[3], nodes) ~= whole then return "not a delegate script" end
+   return false, nodes
+end
+
 -- nil when the script is one of delegate's forms, else the reason; second
--- value: the GPUs its own line asks for.
+-- value: the GPUs its own line asks for; third: the nodes (1 but for the
+-- multi-node form).
 local function check_script(whole, array_inx)
    if #whole > MAX_SCRIPT then return "the script is larger than a delegate script can be" end
+   local rwhy, rnodes = check_ranks(whole, array_inx)
+   if rwhy then return rwhy end
+   if rwhy == false then return nil, 0, rnodes end
    local gpus, script = split_gpus(whole)
    if gpus == nil then return "too many GPUs in the script's --gres line" end
    if script:sub(-1) ~= "\n" then return "not a delegate script" end
@@ -250,7 +281,7 @@ local function check_script(whole, array_inx)
       end
    end
    if with_gpus(expected, gpus) ~= whole then return "not a delegate script" end
-   return nil, gpus
+   return nil, gpus, 1
 end
 
 -- nil when the job's generic-resource request is exactly the script's GPU
@@ -283,12 +314,6 @@ local function refuse_reason(job_desc, submit_uid)
    end
    if job_desc.container ~= nil and job_desc.container ~= "" then return "--container is not allowed" end
    if job_desc.argc ~= nil and job_desc.argc > 1 then return "script arguments are not allowed" end
-   if job_desc.min_nodes ~= nil and job_desc.min_nodes ~= NO_VAL and job_desc.min_nodes > 1 then
-      return "delegate jobs use one node"
-   end
-   if job_desc.max_nodes ~= nil and job_desc.max_nodes ~= NO_VAL and job_desc.max_nodes > 1 then
-      return "delegate jobs use one node"
-   end
    local env = job_desc.environment
    if env == nil then return "a batch job without its environment" end
    -- Set by sbatch for --get-user-env, --export=NONE and any --export but
@@ -296,8 +321,19 @@ local function refuse_reason(job_desc, submit_uid)
    if env.SLURM_GET_USER_ENV ~= nil then
       return "--get-user-env and --export other than ALL are not allowed"
    end
-   local why, gpus = check_script(script, job_desc.array_inx)
+   local why, gpus, nodes = check_script(script, job_desc.array_inx)
    if why then return why end
+   -- The node count is the script's own: 1, or the multi-node form's N
+   -- (sbatch sets min_nodes from the script's "#SBATCH --nodes=N").
+   local function over(v)
+      if v == nil or v == NO_VAL then return false end
+      if nodes == 1 then return v > 1 end
+      return v ~= nodes
+   end
+   if over(job_desc.min_nodes) or over(job_desc.max_nodes) then
+      if nodes == 1 then return "delegate jobs use one node" end
+      return "the job's node count must be the script's own (" .. nodes .. ")"
+   end
    return check_gres(job_desc, gpus)
 end
 
@@ -330,6 +366,7 @@ _delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reaso
                        batch_script = batch_script, array_script = array_script,
                        shared_script = shared_script, safe_path = safe_path,
                        with_gpus = with_gpus, check_gres = check_gres,
+                       ranks_script = ranks_script,
                        set_account_files = function(g, p)
                           GROUP_FILE, PASSWD_FILE, cache = g, p, { t = -1 }
                        end }

@@ -37,6 +37,54 @@ pub enum Request {
     Run(RunRequest),
     /// Stop the running job's container now (a signal, the cancel marker).
     Kill,
+    /// Run one rank of a multi-node job (carries the same descriptors as
+    /// [`Request::Run`]). Served only to the task of a non-batch step of
+    /// the caller's running job; the agent derives the rank from
+    /// slurmctld's node list, never from this message.
+    RunRank(RankRequest),
+}
+
+/// One rank of a multi-node job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankRequest {
+    pub run: RunRequest,
+    /// The rank the runner believes it has (`SLURM_NODEID`), for its
+    /// output file names: the agent refuses a request whose rank is not
+    /// this node's index in the job's node list.
+    pub rank: u32,
+}
+
+/// The rank environment of a sandbox of a multi-node job: the
+/// torch.distributed / Horovod conventions.
+pub const MASTER_ALIAS: &str = "rank0";
+/// The port `MASTER_PORT` names (torch.distributed's customary one).
+pub const MASTER_PORT: u16 = 29500;
+
+/// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, and
+/// `DELEGATE_RANK`/`DELEGATE_WORLD_SIZE`, replacing any of the spec's own.
+pub fn rank_env(env: &[(String, String)], rank: u32, world: u32) -> Vec<(String, String)> {
+    const SET: [&str; 7] = [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "DELEGATE_RANK",
+        "DELEGATE_WORLD_SIZE",
+    ];
+    let mut out: Vec<(String, String)> = env.iter().filter(|(k, _)| !SET.contains(&k.as_str())).cloned().collect();
+    for (k, v) in [
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_RANK", "0".to_string()),
+        ("MASTER_ADDR", MASTER_ALIAS.to_string()),
+        ("MASTER_PORT", MASTER_PORT.to_string()),
+        ("DELEGATE_RANK", rank.to_string()),
+        ("DELEGATE_WORLD_SIZE", world.to_string()),
+    ] {
+        out.push((k.to_string(), v));
+    }
+    out
 }
 
 /// One call to run.
@@ -196,6 +244,14 @@ mod tests {
                 gid: 5,
             }),
             Request::Kill,
+            Request::RunRank(RankRequest {
+                run: RunRequest {
+                    spec: sample_spec(),
+                    job_dir: "/home/a/y".into(),
+                    gid: 5,
+                },
+                rank: 1,
+            }),
         ];
         let mut bytes = Vec::new();
         for r in &reqs {
@@ -210,6 +266,22 @@ mod tests {
             }
         }
         assert_eq!(got, reqs);
+    }
+
+    #[test]
+    fn rank_env_replaces_the_specs_own() {
+        let env = vec![
+            ("RANK".to_string(), "7".to_string()),
+            ("FOO".to_string(), "x".to_string()),
+        ];
+        let e = rank_env(&env, 1, 2);
+        let get = |k: &str| e.iter().filter(|(n, _)| n == k).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
+        assert_eq!(get("RANK"), ["1"]);
+        assert_eq!(get("WORLD_SIZE"), ["2"]);
+        assert_eq!(get("LOCAL_RANK"), ["0"]);
+        assert_eq!(get("MASTER_ADDR"), [MASTER_ALIAS]);
+        assert_eq!(get("MASTER_PORT"), ["29500"]);
+        assert_eq!(get("FOO"), ["x"]);
     }
 
     #[test]

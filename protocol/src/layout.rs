@@ -20,5 +20,15 @@ pub const RESULT: &str = "result";
 /// Files the client writes before the runner starts; anything else present
 /// when the runner starts is refused.
 pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL];
+/// Upper bound on the nodes (ranks) of one job, whatever the policy says.
+pub const MAX_RANKS: u32 = 256;
+
+/// The name of rank `rank`'s copy of a per-run file (`stdout`, `stderr`,
+/// `started`, `outcome`) in a multi-node job: `<name>.<rank>`. The job's
+/// own `outcome` (and `started`, written by rank 0) keep their names.
+pub fn rank_file(name: &str, rank: u32) -> String {
+    format!("{name}.{rank}")
+}
+
 /// Where the job directory appears inside the sandbox.
 pub const SANDBOX_JOB_DIR: &str = "/job";

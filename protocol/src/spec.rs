@@ -32,7 +32,8 @@ pub struct Resources {
     pub cpus: u32,
     pub mem_bytes: u64,
     pub time_limit_secs: u64,
-    /// Nodes of the allocation (one container per node). 1 for now.
+    /// Nodes of the allocation: one sandbox (rank) per node, at most
+    /// [`crate::MAX_RANKS`], checked against the policy's `max_nodes`.
     pub nodes: u32,
     /// GPUs per node (Slurm GRES `gpu`), passed through to the container:
     /// exactly the devices Slurm allocated, checked against `max_gpus`.
@@ -111,6 +112,12 @@ impl Spec {
         if r.cpus == 0 || r.mem_bytes == 0 || r.time_limit_secs == 0 || r.nodes == 0 {
             return bad("cpus, memory, time limit and nodes must be positive".into());
         }
+        if r.nodes > crate::MAX_RANKS {
+            return bad(format!("more than {} nodes", crate::MAX_RANKS));
+        }
+        if r.nodes > 1 && r.gpus > 0 {
+            return bad("GPUs are not available to multi-node jobs yet".into());
+        }
         if r.gpus > MAX_GPUS {
             return bad(format!("more than {MAX_GPUS} GPUs"));
         }
@@ -151,6 +158,13 @@ mod tests {
         assert!(s.validate().is_err());
         let mut s = spec();
         s.resources.cpus = 0;
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.resources.nodes = crate::MAX_RANKS + 1;
+        assert!(s.validate().is_err());
+        s.resources.nodes = 2;
+        assert!(s.validate().is_ok());
+        s.resources.gpus = 1;
         assert!(s.validate().is_err());
         assert!(spec().validate().is_ok());
     }

@@ -106,6 +106,7 @@ fn request(
     cloudpickle_version: &str,
     cpus: Option<u32>,
     gpus: Option<u32>,
+    nodes: Option<u32>,
     mem: Option<&str>,
     time: Option<&str>,
     image: Option<&str>,
@@ -120,6 +121,9 @@ fn request(
     }
     if let Some(g) = gpus {
         req.gpus = g;
+    }
+    if let Some(n) = nodes {
+        req.nodes = n;
     }
     if let Some(m) = mem {
         req.mem_bytes = parse_size(m).map_err(|e| CoreError::Invalid(format!("mem={m:?}: {e}")))?;
@@ -138,7 +142,7 @@ fn request(
 /// run one after another), one job directory (and one fresh sandbox) per
 /// call. Returns the job ids in order.
 #[pyfunction]
-#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, gpus=None, mem=None, time=None, image=None, env=None))]
+#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, gpus=None, nodes=None, mem=None, time=None, image=None, env=None))]
 #[allow(clippy::too_many_arguments)]
 fn submit_python(
     py: Python<'_>,
@@ -147,6 +151,7 @@ fn submit_python(
     cloudpickle_version: String,
     cpus: Option<u32>,
     gpus: Option<u32>,
+    nodes: Option<u32>,
     mem: Option<String>,
     time: Option<String>,
     image: Option<String>,
@@ -163,6 +168,7 @@ fn submit_python(
                 &cloudpickle_version,
                 cpus,
                 gpus,
+                nodes,
                 mem.as_deref(),
                 time.as_deref(),
                 image.as_deref(),
@@ -247,11 +253,15 @@ fn read_file<'py>(py: Python<'py>, id: String, name: String, limit: u64) -> PyRe
             "stdout" => c.read_output(&id, Stream::Stdout, limit)?,
             "stderr" => c.read_output(&id, Stream::Stderr, limit)?,
             "result" => c.read_result(&id)?,
-            other => {
-                return Err(CoreError::Invalid(format!(
-                    "unknown job file {other:?} (stdout, stderr or result)"
-                )))
-            }
+            // A rank's result of a multi-node call (`result.<K>`).
+            other => match other.strip_prefix("result.").and_then(|k| k.parse::<u32>().ok()) {
+                Some(k) if k < delegate_protocol::MAX_RANKS => c.read_rank_result(&id, k)?,
+                _ => {
+                    return Err(CoreError::Invalid(format!(
+                        "unknown job file {other:?} (stdout, stderr, result or result.<rank>)"
+                    )))
+                }
+            },
         })
     })?;
     Ok(data.map(|d| PyBytes::new(py, &d)))

@@ -74,7 +74,11 @@ async fn read_loop(stream: &UnixStream, tx: &mpsc::Sender<Incoming>) -> Result<(
         }
         frames.push(&buf[..n]);
         while let Some(request) = frames.next_frame::<Request>().map_err(|e| e.to_string())? {
-            let take = if matches!(request, Request::Run(_)) { RUN_FDS } else { 0 };
+            let take = if matches!(request, Request::Run(_) | Request::RunRank(_)) {
+                RUN_FDS
+            } else {
+                0
+            };
             if fds.len() < take {
                 return Err("a run request without its descriptors".into());
             }

@@ -155,10 +155,120 @@ pub fn node_name() -> String {
     h.split('.').next().unwrap_or_default().to_string()
 }
 
-/// Identifies the peer `pid` (uid from `SO_PEERCRED`).
+/// Which step's task the peer must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// The batch step (`[<job>.batch]`), its batch host this node.
+    Batch,
+    /// A numbered step (`[<job>.<n>]`) of a multi-node rank job: the task
+    /// `sandbox-runner rank` (the SPANK plugin admits no other program in
+    /// such a step), on one of the job's nodes.
+    Rank,
+}
+
+/// Where the rank of a caller comes from: this node's index in the job's
+/// node list as slurmctld expands it, and the list's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankPlace {
+    pub rank: u32,
+    pub world: u32,
+}
+
+/// The Slurm job of a numbered step's `slurmstepd` title (`[<job>.<n>]`),
+/// never the batch or extern step.
+pub fn job_of_step_title(cmdline: &[u8]) -> Option<String> {
+    let first = cmdline.split(|b| *b == 0).next()?;
+    let t = std::str::from_utf8(first).ok()?;
+    let inner = t.strip_prefix("slurmstepd: [")?.strip_suffix(']')?;
+    let (job, step) = inner.split_once('.')?;
+    let digits = |s: &str, max: usize| !s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(job, 20) && digits(step, 10)).then(|| job.to_string())
+}
+
+/// The squeue format of a rank caller's check: job id, state, owner uid
+/// and the job's node list (fields the submitter cannot choose).
+pub const SQUEUE_RANK_FORMAT: &str = "%A|%T|%U|%N";
+
+/// Checks squeue's answer (`SQUEUE_RANK_FORMAT`) about `job`; the node
+/// list (compressed, e.g. `worker[1-2]`) on success.
+pub fn check_squeue_rank(out: &str, job: &str, uid: u32) -> Result<String, String> {
+    let mut rows = Vec::new();
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.trim().split('|').collect();
+        let [id, state, owner, nodes] = f.as_slice() else {
+            return Err(format!("slurmctld does not know job {job}"));
+        };
+        if *id == job {
+            rows.push((*state, *owner, *nodes));
+        }
+    }
+    let [(state, owner, nodes)] = rows.as_slice() else {
+        return Err(format!("slurmctld does not know job {job}"));
+    };
+    if *state != "RUNNING" {
+        return Err(format!("Slurm job {job} is not running"));
+    }
+    if owner.parse::<u32>().ok() != Some(uid) {
+        return Err(format!("Slurm job {job} does not belong to uid {uid}"));
+    }
+    if nodes.is_empty() || nodes.len() > 4096 {
+        return Err(format!("Slurm job {job} has no usable node list"));
+    }
+    Ok(nodes.to_string())
+}
+
+/// This node's place in the expanded node list (`scontrol show hostnames`
+/// output, one name per line, in slurmctld's order).
+pub fn place_in(hostnames: &str, node: &str) -> Result<RankPlace, String> {
+    let names: Vec<&str> = hostnames.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    if names.is_empty() || names.len() > delegate_protocol::MAX_RANKS as usize {
+        return Err("the job's node list is empty or too long".into());
+    }
+    let rank = names
+        .iter()
+        .position(|n| *n == node)
+        .ok_or_else(|| format!("this node ({node}) is not one of the job's nodes"))?;
+    Ok(RankPlace {
+        rank: rank as u32,
+        world: names.len() as u32,
+    })
+}
+
+async fn slurm_command(args: &[&str], what: &str) -> Result<String, String> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(15),
+        tokio::process::Command::new(args[0])
+            .args(&args[1..])
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| format!("slurmctld did not answer about {what} in time"))?
+    .map_err(|e| format!("cannot run {}: {e}", args[0]))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Identifies the peer `pid` (uid from `SO_PEERCRED`) as a batch task.
 pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Result<Caller, String> {
+    identify_as(pid, uid, stepds, node, StepKind::Batch).await.map(|(c, _)| c)
+}
+
+/// Identifies the peer `pid` as the task of a step of the given kind; for
+/// a rank, also its place from slurmctld's node list.
+pub async fn identify_as(
+    pid: i32,
+    uid: u32,
+    stepds: &[PathBuf],
+    node: &str,
+    kind: StepKind,
+) -> Result<(Caller, Option<RankPlace>), String> {
     use std::os::unix::fs::MetadataExt;
-    let not_task = |why: String| format!("the caller (pid {pid}) is not a Slurm batch task on this node ({why})");
+    let what = match kind {
+        StepKind::Batch => "a Slurm batch task",
+        StepKind::Rank => "a Slurm rank task",
+    };
+    let not_task = |why: String| format!("the caller (pid {pid}) is not {what} on this node ({why})");
     if pid <= 0 {
         return Err(not_task("no peer process".into()));
     }
@@ -177,19 +287,31 @@ pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Res
         return Err(not_task(format!("its parent {ppid} is not slurmstepd")));
     }
     let cmdline = std::fs::read(parent.join("cmdline")).map_err(|e| not_task(format!("parent {ppid}: {e}")))?;
-    let job = job_of_title(&cmdline).ok_or_else(|| not_task(format!("its parent {ppid} is not a batch step")))?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(15),
-        tokio::process::Command::new("squeue")
-            .args(["-h", "-t", "all", "-j", &job, "-o", SQUEUE_FORMAT])
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| format!("slurmctld did not answer about job {job} in time"))?
-    .map_err(|e| format!("cannot run squeue: {e}"))?;
-    check_squeue(&String::from_utf8_lossy(&out.stdout), &job, uid, node)?;
+    let (job, place) = match kind {
+        StepKind::Batch => {
+            let job =
+                job_of_title(&cmdline).ok_or_else(|| not_task(format!("its parent {ppid} is not a batch step")))?;
+            let out = slurm_command(
+                &["squeue", "-h", "-t", "all", "-j", &job, "-o", SQUEUE_FORMAT],
+                &format!("job {job}"),
+            )
+            .await?;
+            check_squeue(&out, &job, uid, node)?;
+            (job, None)
+        }
+        StepKind::Rank => {
+            let job = job_of_step_title(&cmdline)
+                .ok_or_else(|| not_task(format!("its parent {ppid} is not a numbered job step")))?;
+            let out = slurm_command(
+                &["squeue", "-h", "-t", "all", "-j", &job, "-o", SQUEUE_RANK_FORMAT],
+                &format!("job {job}"),
+            )
+            .await?;
+            let nodes = check_squeue_rank(&out, &job, uid)?;
+            let names = slurm_command(&["scontrol", "show", "hostnames", &nodes], &format!("job {job}")).await?;
+            (job, Some(place_in(&names, node)?))
+        }
+    };
     // Still the same process, still the child of that slurmstepd.
     match proc_stat(pid) {
         Ok((p, s)) if p == ppid && s == starttime => {}
@@ -201,16 +323,19 @@ pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Res
         tracing::warn!("{e}; the sandbox gets a CPU quota, not cores of its own");
         Vec::new()
     });
-    Ok(Caller {
-        pid,
-        uid,
-        gid,
-        groups,
-        job,
-        pidfd,
-        cpus,
-        starttime,
-    })
+    Ok((
+        Caller {
+            pid,
+            uid,
+            gid,
+            groups,
+            job,
+            pidfd,
+            cpus,
+            starttime,
+        },
+        place,
+    ))
 }
 
 impl Caller {
@@ -232,6 +357,31 @@ mod tests {
         assert_eq!(job_of_title(b"slurmstepd: [42.extern]\0"), None);
         assert_eq!(job_of_title(b"slurmstepd: [4 2.batch]\0"), None);
         assert_eq!(job_of_title(b"python3\0slurmstepd: [42.batch]\0"), None);
+    }
+
+    #[test]
+    fn step_titles() {
+        assert_eq!(job_of_step_title(b"slurmstepd: [42.0]\0"), Some("42".into()));
+        assert_eq!(job_of_step_title(b"slurmstepd: [42.17]"), Some("42".into()));
+        assert_eq!(job_of_step_title(b"slurmstepd: [42.batch]\0"), None);
+        assert_eq!(job_of_step_title(b"slurmstepd: [42.extern]\0"), None);
+        assert_eq!(job_of_step_title(b"slurmstepd: [42.0.1]\0"), None);
+        assert_eq!(job_of_step_title(b"slurmstepd: [42.]\0"), None);
+        assert_eq!(job_of_step_title(b"python3\0slurmstepd: [42.0]\0"), None);
+    }
+
+    #[test]
+    fn rank_squeue_and_place() {
+        let line = "42|RUNNING|2001|w[1-2]\n";
+        assert_eq!(check_squeue_rank(line, "42", 2001), Ok("w[1-2]".into()));
+        assert!(check_squeue_rank(line, "42", 2002).is_err());
+        assert!(check_squeue_rank(&line.replace("RUNNING", "PENDING"), "42", 2001).is_err());
+        assert!(check_squeue_rank("42|RUNNING|2001|\n", "42", 2001).is_err());
+        assert!(check_squeue_rank("42|RUNNING|2001|a|b\n", "42", 2001).is_err());
+        assert_eq!(place_in("w1\nw2\n", "w2"), Ok(RankPlace { rank: 1, world: 2 }));
+        assert_eq!(place_in("w1\nw2\n", "w1"), Ok(RankPlace { rank: 0, world: 2 }));
+        assert!(place_in("w1\nw2\n", "w3").is_err());
+        assert!(place_in("", "w1").is_err());
     }
 
     #[test]

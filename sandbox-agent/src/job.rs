@@ -23,6 +23,7 @@ use crate::conn::{self, Incoming};
 use crate::engine::{self, EngineError};
 use crate::gpu::{self, GpuError};
 use crate::ident::{self, Caller};
+use crate::rank;
 use crate::stage::Staged;
 use crate::supervise;
 
@@ -87,6 +88,39 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                 Answer::Probe(report)
             }
             Request::Kill => continue,
+            Request::RunRank(rr) => {
+                // One rank per connection: identified as a step's task, its
+                // place from slurmctld (crate::rank).
+                if caller.is_some() {
+                    return;
+                }
+                let (c, place) =
+                    match ident::identify_as(pid, uid, &shared.stepds, &shared.node, ident::StepKind::Rank).await {
+                        Ok((c, Some(place))) => (c, place),
+                        Ok((_, None)) => return,
+                        Err(why) => {
+                            tracing::warn!("refused rank pid {pid} uid {uid}: {why}");
+                            let _ = conn::send(&stream, &Answer::Refused(why)).await;
+                            return;
+                        }
+                    };
+                tracing::info!(
+                    "pid {pid} uid {uid}: rank {} of {} of Slurm job {}",
+                    place.rank,
+                    place.world,
+                    c.job
+                );
+                let answer = if rr.rank != place.rank || rr.run.spec.resources.nodes != place.world {
+                    Answer::Refused(format!(
+                        "this node is rank {} of {} of Slurm job {}, the request says rank {} of {}",
+                        place.rank, place.world, c.job, rr.rank, rr.run.spec.resources.nodes
+                    ))
+                } else {
+                    run(&shared, &c, &mut engine, rr.run, fds, &stream, &mut rx, Some(place)).await
+                };
+                let _ = conn::send(&stream, &answer).await;
+                return;
+            }
             Request::Run(req) => {
                 if caller.is_none() {
                     match ident::identify(pid, uid, &shared.stepds, &shared.node).await {
@@ -106,7 +140,7 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
                     let _ = conn::send(&stream, &Answer::Refused("the batch task has ended".into())).await;
                     return;
                 }
-                run(&shared, c, &mut engine, req, fds, &stream, &mut rx).await
+                run(&shared, c, &mut engine, req, fds, &stream, &mut rx, None).await
             }
         };
         if let Err(e) = conn::send(&stream, &answer).await {
@@ -191,19 +225,21 @@ pub(crate) struct EngineConn {
 
 impl EngineConn {
     /// The cached connection when it is for `socket`, else a new one (and
-    /// the sweep of `slurm_job`'s leftovers of `uid`).
+    /// the sweep of the leftovers of `uid` in Slurm job `sweep`, if given).
     async fn get(
         slot: &mut Option<EngineConn>,
         socket: &std::path::Path,
-        slurm_job: &str,
+        sweep: Option<&str>,
         uid: u32,
     ) -> Result<Docker, EngineError> {
         if let Some(e) = slot.as_ref().filter(|e| e.socket == socket) {
             return Ok(e.docker.clone());
         }
         let docker = engine::connect(socket).await?;
-        if let Err(e) = engine::sweep(&docker, engine::Leftovers::SlurmJob(slurm_job), uid).await {
-            tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+        if let Some(slurm_job) = sweep {
+            if let Err(e) = engine::sweep(&docker, engine::Leftovers::SlurmJob(slurm_job), uid).await {
+                tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+            }
         }
         *slot = Some(EngineConn {
             docker: docker.clone(),
@@ -223,6 +259,7 @@ async fn run(
     fds: Vec<OwnedFd>,
     stream: &UnixStream,
     rx: &mut mpsc::Receiver<Incoming>,
+    place: Option<ident::RankPlace>,
 ) -> Answer {
     let mut fds = fds.into_iter();
     let (Some(dir), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
@@ -318,6 +355,7 @@ async fn run(
         caller,
         node: shared.node.clone(),
         alone,
+        place,
     };
     let answer = AssertUnwindSafe(engine_phase(&ctx, engine, &staged, &dir, out, err, stream, rx))
         .catch_unwind()
@@ -349,6 +387,8 @@ pub(crate) struct Ctx<'a> {
     /// The only sandbox on this node right now (the agent may then keep
     /// itself off its cores).
     pub(crate) alone: bool,
+    /// A rank of a multi-node job (crate::rank), or `None`.
+    pub(crate) place: Option<ident::RankPlace>,
 }
 
 pub(crate) fn file(fd: OwnedFd) -> tokio::fs::File {
@@ -371,11 +411,23 @@ async fn engine_phase(
     if let Err(e) = check_clean_absolute(socket) {
         return Answer::Failed(format!("the site policy's docker_socket is invalid: {e}"));
     }
-    let docker = match EngineConn::get(engine_conn, socket, ctx.slurm_job, ctx.uid).await {
+    // A rank's engine may hold the other ranks' sandboxes (one engine for
+    // several workers): no sweep by Slurm job there (the epilog sweeps).
+    let sweep = ctx.place.is_none().then_some(ctx.slurm_job);
+    let docker = match EngineConn::get(engine_conn, socket, sweep, ctx.uid).await {
         Ok(d) => d,
         Err(e) => return Answer::Failed(e.to_string()),
     };
     let job = spec.job_id.as_str();
+    // A rank's engine may hold the other ranks' sandboxes (one engine for
+    // several workers): no sweep by job there (the epilog sweeps).
+    let network = match ctx.place {
+        Some(place) => match rank::ensure_network(&docker, ctx.caller, place).await {
+            Ok(n) => Some((n, place)),
+            Err(e) => return Answer::Failed(e),
+        },
+        None => None,
+    };
     // The GPUs slurmctld allocated to this job on this node: exactly what
     // the spec asks for (checked against max_gpus with the rest of it).
     let gpus = match gpu::for_job(ctx.policy, &docker, ctx.slurm_job, &ctx.node, spec.resources.gpus).await {
@@ -422,16 +474,27 @@ async fn engine_phase(
         PerfMode::Seccomp => Perf::Seccomp,
         PerfMode::Off => Perf::Off,
     };
-    let name = format!("delegate-{job}");
+    let name = match &network {
+        Some((_, place)) => rank::container_name(job, place.rank),
+        None => format!("delegate-{job}"),
+    };
+    let body = |perf| {
+        let mut b = config::container_config(&params(perf));
+        if let Some((net, place)) = &network {
+            rank::apply(&mut b, net, *place);
+        }
+        b
+    };
     let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
-    let mut created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+    let mut created = engine::create(&docker, Some(&name), body(perf)).await;
     // The name is taken: a container of an earlier attempt of this job
-    // (swept here, not looked for before every create).
-    if created.as_ref().is_err_and(engine::is_name_conflict) {
+    // (swept here, not looked for before every create). Not for a rank:
+    // its engine may hold the other ranks' sandboxes (the epilog sweeps).
+    if network.is_none() && created.as_ref().is_err_and(engine::is_name_conflict) {
         if let Err(e) = engine::sweep(&docker, engine::Leftovers::Job(job), ctx.uid).await {
             tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
         }
-        created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+        created = engine::create(&docker, Some(&name), body(perf)).await;
     }
     if let Err(e) = &created {
         if perf == Perf::Perfmon && engine::is_unknown_capability(e) {
@@ -443,7 +506,7 @@ async fn engine_phase(
                 engine::short_reason(e)
             );
             perf = Perf::Seccomp;
-            created = engine::create(&docker, Some(&name), config::container_config(&params(perf))).await;
+            created = engine::create(&docker, Some(&name), body(perf)).await;
         }
     }
     let id = match created {
@@ -452,6 +515,9 @@ async fn engine_phase(
             if engine::unreachable(&e) {
                 // Connect (and negotiate) afresh for the next call.
                 *engine_conn = None;
+            }
+            if let Some((net, _)) = &network {
+                rank::release_network(&docker, net).await;
             }
             return Answer::Failed(classify(&e, "create the sandbox").to_string());
         }
@@ -507,5 +573,8 @@ async fn engine_phase(
         }
     }
     guard.armed = false;
+    if let Some((net, _)) = &network {
+        rank::release_network(&docker, net).await;
+    }
     Answer::Ended(ended)
 }

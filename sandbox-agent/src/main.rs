@@ -28,6 +28,7 @@ mod job;
 mod output;
 mod pin;
 mod probe;
+mod rank;
 mod seccomp;
 mod stage;
 mod supervise;

@@ -4,6 +4,8 @@
 //! sandbox-runner <JOB_DIR>                 run the job in the absolute job directory
 //! sandbox-runner batch <JOB_DIR>...        run several jobs one after another (one allocation)
 //! sandbox-runner probe [--json]            report engine, image and perf mode (for `delegate doctor`)
+//! sandbox-runner ranks <JOB_DIR>           the batch step of a multi-node job: srun one rank per node
+//! sandbox-runner rank <JOB_DIR>            one rank (the task of that srun step; see `ranks`)
 //! ```
 //!
 //! Installed `root:docker`, mode `2755` (setgid docker): that is how it
@@ -65,6 +67,7 @@ mod agent;
 mod batch;
 mod calllog;
 mod probe;
+mod ranks;
 mod run;
 mod validate;
 
@@ -99,6 +102,17 @@ enum Command {
         /// Absolute paths of the job directories, in the order to run them.
         #[arg(required = true, num_args = 1.., value_name = "JOB_DIR")]
         dirs: Vec<PathBuf>,
+    },
+    /// The batch step of a multi-node job: check it, run one `rank` per
+    /// node with srun, write the job's outcome from the ranks'.
+    Ranks {
+        #[arg(value_name = "JOB_DIR")]
+        dir: PathBuf,
+    },
+    /// One rank of a multi-node job (run by `ranks` through srun).
+    Rank {
+        #[arg(value_name = "JOB_DIR")]
+        dir: PathBuf,
     },
     /// Report the Docker engine, the default image and the perf mode in effect.
     Probe {
@@ -216,6 +230,14 @@ async fn async_main(cli: Cli) -> i32 {
             };
             batch::run_batch(&dirs, signals).await
         }
+        (Some(Command::Ranks { dir }), _) => match signal_handlers() {
+            Ok(s) => ranks::run_ranks(&dir, s).await,
+            Err(code) => code,
+        },
+        (Some(Command::Rank { dir }), _) => match signal_handlers() {
+            Ok(s) => ranks::run_rank(&dir, s).await,
+            Err(code) => code,
+        },
         (None, Some(dir)) => {
             let signals = match signal_handlers() {
                 Ok(s) => s,
@@ -260,6 +282,17 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(c.job_dir.is_none());
+    }
+
+    #[test]
+    fn rank_subcommands() {
+        assert!(matches!(
+            parse(&["ranks", "/j/a"]).unwrap().command,
+            Some(Command::Ranks { .. })
+        ));
+        assert!(matches!(parse(&["rank", "/j/a"]).unwrap().command, Some(Command::Rank { .. })));
+        assert!(parse(&["rank"]).is_err());
+        assert!(parse(&["rank", "/j/a", "/j/b"]).is_err());
     }
 
     #[test]

@@ -4,12 +4,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use delegate_protocol::agent::{Answer, Ended, EndedHow, Request, RunRequest};
+use delegate_protocol::agent::{Answer, Ended, EndedHow, RankRequest, Request, RunRequest};
 use delegate_protocol::policy::{Policy, PolicyError};
 use delegate_protocol::units::{format_duration, format_size};
 use delegate_protocol::{
-    error_line, exists_at, now_ms, one_line, open_dir_nofollow, refused_line, state_line, write_record_at, Outcome,
-    Started, State, Writer, CANCEL, OUTCOME, STDERR, STDOUT,
+    atomic_write_at, encode, error_line, exists_at, now_ms, one_line, open_dir_nofollow, rank_file, refused_line,
+    state_line, write_record_at, Outcome, Record, Started, State, Writer, CANCEL, OUTCOME, STDERR, STDOUT,
 };
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
@@ -108,6 +108,9 @@ struct Ctx<'a> {
     host: String,
     gid: u32,
     signals: SignalWatch,
+    /// A rank of a multi-node job (`sandbox-runner rank`): its files are
+    /// `<name>.<rank>` (rank 0's start record keeps the name `started`).
+    rank: Option<u32>,
 }
 
 impl Ctx<'_> {
@@ -148,6 +151,36 @@ pub async fn run_job(
     agent: &mut Option<Agent>,
     signals: SignalWatch,
 ) -> Finish {
+    run_job_as(path, policy, agent, signals, None).await
+}
+
+/// The name a rank writes a record under (see [`Ctx::rank`]).
+pub(crate) fn rank_name(name: &str, rank: Option<u32>) -> String {
+    match rank {
+        None => name.to_string(),
+        Some(0) if name == <Started as Record>::NAME => name.to_string(),
+        Some(k) => rank_file(name, k),
+    }
+}
+
+/// Writes a record under its name, or its rank's name.
+pub(crate) fn write_ranked<R: Record>(dir: &JobDir, r: &R, rank: Option<u32>) -> delegate_protocol::Result<()> {
+    if rank.is_none() {
+        return write_record_at(&dir.fd, &dir.path, r);
+    }
+    let bytes = encode(r)?;
+    atomic_write_at(&dir.fd, &dir.path, &rank_name(R::NAME, rank), &bytes, 0o644)
+}
+
+/// [`run_job`] for one rank of a multi-node job (`rank`: what Slurm says
+/// this task's node index is; the agent checks it against slurmctld).
+pub async fn run_job_as(
+    path: &Path,
+    policy: Result<Policy, PolicyError>,
+    agent: &mut Option<Agent>,
+    signals: SignalWatch,
+    rank: Option<u32>,
+) -> Finish {
     let uid = nix::unistd::getuid().as_raw();
     let real_gid = nix::unistd::getgid().as_raw();
     let dir = match validate::open_job_dir(path, uid) {
@@ -176,7 +209,7 @@ pub async fn run_job(
                 already_ended: true,
             };
         }
-        match as_user_group(|| write_record_at(&dir.fd, &dir.path, o)) {
+        match as_user_group(|| write_ranked(&dir, o, rank)) {
             Ok(()) => Finish {
                 code: EXIT_OUTCOME,
                 final_line: line,
@@ -209,7 +242,7 @@ pub async fn run_job(
             return write(&base(State::Failed, reason), Some(line));
         }
     };
-    let checked = match validate::check_job(&dir, uid, &policy) {
+    let checked = match validate::check_job_as(&dir, uid, &policy, rank.is_some()) {
         Ok(c) => c,
         Err(Refusal::Job { reason, write_outcome: false }) => {
             // Not an error of this run: the job ended before (in a batch,
@@ -251,6 +284,7 @@ pub async fn run_job(
         host: host.clone(),
         gid: validate::sandbox_gid(checked.spec.gid, real_gid, &groups),
         signals,
+        rank,
     };
     let outcome = agent_phase(&ctx, agent).await;
     tracing::info!("job {}: {}: {}", checked.job_id, outcome.state, outcome.reason);
@@ -338,10 +372,12 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
     if let Some(o) = ctx.must_not_start() {
         return o;
     }
-    let (stdout, stderr) = match as_user_group(|| (create_output(ctx.dir, STDOUT), create_output(ctx.dir, STDERR))) {
-        (Ok(o), Ok(e)) => (o, e),
-        (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
-    };
+    let (out_name, err_name) = (rank_name(STDOUT, ctx.rank), rank_name(STDERR, ctx.rank));
+    let (stdout, stderr) =
+        match as_user_group(|| (create_output(ctx.dir, &out_name), create_output(ctx.dir, &err_name))) {
+            (Ok(o), Ok(e)) => (o, e),
+            (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
+        };
     if agent.is_none() {
         match Agent::connect(&ctx.policy.agent_socket).await {
             Ok(a) => *agent = Some(a),
@@ -363,11 +399,15 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
     if ctx.policy.pin_cpus {
         keep_off_sandbox_cores(spec.resources.cpus);
     }
-    let req = Request::Run(RunRequest {
+    let run = RunRequest {
         spec: spec.clone(),
         job_dir: ctx.dir.path.display().to_string(),
         gid: ctx.gid,
-    });
+    };
+    let req = match ctx.rank {
+        Some(rank) => Request::RunRank(RankRequest { run, rank }),
+        None => Request::Run(run),
+    };
     if let Err(e) = a.send(&req, &[ctx.dir.fd.as_fd(), stdout.as_fd(), stderr.as_fd()]).await {
         *agent = None;
         return ctx.outcome(State::Failed, e);
@@ -428,7 +468,7 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
                     perf_mode,
                 };
                 // A job whose start cannot be recorded is stopped: the directory is broken.
-                if let Err(e) = as_user_group(|| write_record_at(&ctx.dir.fd, &ctx.dir.path, &rec)) {
+                if let Err(e) = as_user_group(|| write_ranked(ctx.dir, &rec, ctx.rank)) {
                     if kill.is_none() {
                         kill = Some(KillWhy::Record(format!("cannot record the start: {e}")));
                         let _ = a.send(&Request::Kill, &[]).await;

@@ -80,13 +80,25 @@ fn shown_name(name: &str) -> String {
 
 /// Job-level checks: the entries, the spec, and the site policy.
 pub fn check_job(dir: &JobDir, uid: u32, policy: &Policy) -> Result<Checked, Refusal> {
+    check_job_as(dir, uid, policy, false)
+}
+
+/// [`check_job`]; for a rank of a multi-node job (`rank`), the entries are
+/// not checked beyond the outcome: the ranks start together on one
+/// directory, each creating its own files (`sandbox-runner ranks` checked
+/// the entries before it started them), and the spec and policy checks
+/// are the same.
+pub fn check_job_as(dir: &JobDir, uid: u32, policy: &Policy, rank: bool) -> Result<Checked, Refusal> {
     let job_id = JobId::parse(&dir.name).map_err(|e| Refusal::job(e.to_string()))?;
-    let entries = list_entries(&dir.fd, &dir.path, MAX_ENTRIES).map_err(|e| Refusal::job(e.to_string()))?;
+    let mut entries = list_entries(&dir.fd, &dir.path, MAX_ENTRIES).map_err(|e| Refusal::job(e.to_string()))?;
     if entries.iter().any(|n| n == OUTCOME) {
         return Err(Refusal::Job {
             reason: "the job already ran (an outcome exists)".into(),
             write_outcome: false,
         });
+    }
+    if rank {
+        entries.retain(|n| CLIENT_FILES.contains(&n.as_str()));
     }
     if entries.iter().any(|n| n == STARTED) {
         return Err(Refusal::job("the job already ran (it was started before)"));

@@ -4,7 +4,7 @@
  * <slurm/spank.h>); loaded through the PlugStackConfig that slurm.conf names
  * (slurm-conf/plugstack.conf.in):
  *
- *   required /usr/local/lib/delegate/delegate_lockdown.so admin_gid=<gid>
+ *   required /usr/local/lib/delegate/delegate_lockdown.so admin_gid=<gid> runner=<path>
  *
  * "required": a failing callback fails the step ("optional" would ignore it).
  * CALLBACKS FAIL BY RETURNING A NEGATIVE VALUE: slurmstepd tests
@@ -19,13 +19,21 @@
  *    no user code): `srun --jobid=<own job> [--overlap] CMD`, srun inside an
  *    allocation, interactive steps. The step fails before it forks; srun
  *    prints "task 0 launch failed: Plugin initialization failed".
- *  - slurm_spank_task_init (remote, in the batch task after setuid, just
- *    before the exec of the batch script) replaces the job's environment by
+ *    One exception, delegate's rank step (multi-node jobs): a step whose
+ *    argv (S_JOB_ARGV, the launch request's, in slurmstepd) is exactly
+ *    { <runner>, "rank", <absolute path> }, runner= being the installed
+ *    sandbox-runner. That program only asks the node's root agent for a
+ *    sandbox of the caller's own running job; a student who starts it by
+ *    hand (srun --jobid=<own job> --overlap <runner> rank <dir>) gets at
+ *    most what delegate gives them anyway: one sandbox of their own job.
+ *  - slurm_spank_task_init (remote, in the batch or rank task after setuid,
+ *    just before the exec of the batch script or the runner) replaces the job's environment by
  *    an allowlist, so LD_PRELOAD, LD_AUDIT, GCONV_PATH, BASH_ENV, ... from
  *    the submitting shell never reach /bin/sh before it execs the runner.
  * Root and admins keep full Slurm. Students cannot reach this code: it runs
  * inside slurmstepd, root-owned and not dumpable.
  */
+#define _GNU_SOURCE
 #include <grp.h>
 #include <pwd.h>
 #include <stdint.h>
@@ -34,19 +42,56 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <linux/landlock.h>
+#include <sys/syscall.h>
+
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(delegate_lockdown, 1);
 
 static gid_t admin_gid = (gid_t)-1;
+static const char *runner = NULL;	/* points into the plugin's argv */
 
 static void parse_args(int ac, char **av)
 {
 	for (int i = 0; i < ac; i++) {
 		if (!strncmp(av[i], "admin_gid=", 10))
 			admin_gid = (gid_t)strtoul(av[i] + 10, NULL, 10);
+		else if (!strncmp(av[i], "runner=", 7) && av[i][7] == '/')
+			runner = av[i] + 7;
 	}
+}
+
+/* Bytes job_submit.lua allows in a path (safe_path), and no "/.." parts. */
+static int safe_path(const char *p)
+{
+	size_t n = strlen(p);
+
+	if (n < 2 || n > 4096 || p[0] != '/' || p[n - 1] == '/')
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = p[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      strchr("._/+@=,:-", c)))
+			return 0;
+	}
+	return !strstr(p, "//") && !strstr(p, "/./") && !strstr(p, "/../");
+}
+
+/* Is this step delegate's rank step: argv exactly { runner, "rank", <dir> }? */
+static int is_rank_step(spank_t sp)
+{
+	int argc = 0;
+	char **argv = NULL;
+
+	if (!runner)
+		return 0;
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || !argv)
+		return 0;
+	return argc == 3 && argv[0] && argv[1] && argv[2] && !strcmp(argv[0], runner) &&
+	       !strcmp(argv[1], "rank") && safe_path(argv[2]);
 }
 
 /* Is `uid` root or a member of admin_gid (primary or supplementary) in this
@@ -83,6 +128,51 @@ static int is_admin(spank_t sp)
 	return uid_is_admin(uid);
 }
 
+static int scrub_env(spank_t sp);
+
+/*
+ * The rank step's slurmstepd may execute nothing but the runner (and the
+ * ELF interpreter it needs): a Landlock ruleset (EXECUTE handled, allowed
+ * on those files only) on this slurmstepd, inherited by everything it
+ * forks. srun's --task-prolog/--task-epilog name a program slurmstepd runs
+ * as the user in this step (no SPANK item shows them): with this ruleset
+ * their exec fails, whatever they name. Fails closed: no Landlock, no step.
+ */
+static int restrict_exec(void)
+{
+	static const char *loaders[] = {
+		"/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1",
+		"/lib/ld-linux-armhf.so.3", NULL
+	};
+	struct landlock_ruleset_attr attr = { .handled_access_fs = LANDLOCK_ACCESS_FS_EXECUTE };
+	int rs, added = 0;
+
+	rs = syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0);
+	if (rs < 0) {
+		slurm_error("delegate_lockdown: Landlock is not available (%m); rank steps are refused");
+		return -1;
+	}
+	for (int i = -1; i < 0 || loaders[i]; i++) {
+		const char *p = i < 0 ? runner : loaders[i];
+		struct landlock_path_beneath_attr pb = { .allowed_access = LANDLOCK_ACCESS_FS_EXECUTE };
+		int fd = open(p, O_PATH | O_CLOEXEC);
+
+		if (fd < 0)
+			continue;
+		pb.parent_fd = fd;
+		if (syscall(SYS_landlock_add_rule, rs, LANDLOCK_RULE_PATH_BENEATH, &pb, 0) == 0 && i < 0)
+			added = 1;
+		close(fd);
+	}
+	if (!added || syscall(SYS_landlock_restrict_self, rs, 0) != 0) {
+		slurm_error("delegate_lockdown: cannot restrict the rank step's executables (%m)");
+		close(rs);
+		return -1;
+	}
+	close(rs);
+	return 0;
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	uint32_t jobid = 0, stepid = 0;
@@ -99,6 +189,14 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	spank_get_item(sp, S_JOB_ID, &jobid);
 	if (stepid == SLURM_BATCH_SCRIPT || stepid == SLURM_EXTERN_CONT)
 		return ESPANK_SUCCESS;
+	if (is_rank_step(sp)) {
+		/* The environment is the user's srun's: scrubbed before any
+		 * task prolog could see it (LD_PRELOAD into the runner), and
+		 * nothing but the runner may be executed. */
+		if (scrub_env(sp) < 0 || restrict_exec() < 0)
+			return -1;
+		return ESPANK_SUCCESS;
+	}
 	slurm_error("delegate_lockdown: job steps are disabled for users on this cluster "
 		    "(job %u step %u refused); only delegate's batch step runs",
 		    jobid, stepid);
@@ -118,20 +216,12 @@ static int allowed_name(const char *e)
 	return 0;
 }
 
-int slurm_spank_task_init(spank_t sp, int ac, char **av)
+/* Reduces the step's environment to the allowlist and a fixed PATH. */
+static int scrub_env(spank_t sp)
 {
 	char **env = NULL, **names;
-	uint32_t stepid = 0;
 	int n = 0, k = 0;
 
-	if (spank_context() != S_CTX_REMOTE)
-		return ESPANK_SUCCESS;
-	parse_args(ac, av);
-	if (is_admin(sp))
-		return ESPANK_SUCCESS;
-	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS ||
-	    stepid != SLURM_BATCH_SCRIPT)
-		return -1;	/* not reached: slurm_spank_init refused it */
 	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env)
 		return -1;
 	while (env[n])
@@ -160,5 +250,20 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	free(names);
 	if (spank_setenv(sp, "PATH", "/usr/bin:/bin", 1) != ESPANK_SUCCESS)
 		return -1;
-	return ESPANK_SUCCESS;
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	uint32_t stepid = 0;
+
+	if (spank_context() != S_CTX_REMOTE)
+		return ESPANK_SUCCESS;
+	parse_args(ac, av);
+	if (is_admin(sp))
+		return ESPANK_SUCCESS;
+	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS ||
+	    (stepid != SLURM_BATCH_SCRIPT && !is_rank_step(sp)))
+		return -1;	/* not reached: slurm_spank_init refused it */
+	return scrub_env(sp) < 0 ? -1 : ESPANK_SUCCESS;
 }

@@ -74,6 +74,9 @@ pub enum Cmd {
         /// Print stderr instead of stdout.
         #[arg(long, conflicts_with = "follow")]
         stderr: bool,
+        /// A multi-node job's rank K (its own stdout or stderr).
+        #[arg(long, value_name = "K", conflicts_with = "follow")]
+        rank: Option<u32>,
     },
     /// Show how a job ended: state, exit code, reason, host and timings.
     Result { id: String },
@@ -121,6 +124,12 @@ pub struct SubmitArgs {
     /// devices Slurm allocates, within the site policy's max_gpus.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
     pub gpus: u32,
+    /// Nodes: more than 1 runs one sandbox (rank) per node, started
+    /// together, with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+    /// MASTER_PORT and a network private to the job; within the site
+    /// policy's max_nodes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub nodes: u32,
     /// Memory limit (e.g. 512M, 2G).
     #[arg(long, default_value = "1G", value_parser = size_arg)]
     pub mem: u64,
@@ -152,7 +161,7 @@ pub struct SubmitArgs {
         short = 'f',
         long = "file",
         value_name = "JOBS.yml",
-        conflicts_with_all = ["command", "count", "cpus", "gpus", "mem", "time", "image", "env"]
+        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "mem", "time", "image", "env"]
     )]
     pub file: Option<PathBuf>,
     /// The command and its arguments (run without a shell).

@@ -61,10 +61,13 @@ fn run(cli: Cli) -> CliResult {
         Cmd::Status { ids, file } => status::status(&cli, ids, file.as_deref()),
         Cmd::List => list::list(&cli),
         Cmd::Wait { ids, file, timeout } => wait::wait(&cli, ids, file.as_deref(), *timeout),
-        Cmd::Logs { id, follow, stderr } => {
+        Cmd::Logs { id, follow, stderr, rank } => {
             let c = commands::client(&cli.root)?;
             let id = commands::parse_id(id)?;
-            logs::logs(&c, &id, *follow, *stderr, cli.json)
+            match rank {
+                Some(k) => logs::rank_logs(&c, &id, *k, *stderr),
+                None => logs::logs(&c, &id, *follow, *stderr, cli.json),
+            }
         }
         Cmd::Result { id } => status::result(&cli, id),
         Cmd::Cancel { ids } => cancel::cancel(&cli, ids),

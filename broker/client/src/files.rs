@@ -15,6 +15,17 @@ impl Client {
         Ok(open_regular_at(&fd, &self.job_dir(id), stream.file_name())?)
     }
 
+    /// Opens rank `rank`'s stdout or stderr of a multi-node job
+    /// (`stdout.<rank>`); `None` while it does not exist.
+    pub fn open_rank_output(&self, id: &JobId, stream: Stream, rank: u32) -> Result<Option<File>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(open_regular_at(
+            &fd,
+            &self.job_dir(id),
+            &protocol::rank_file(stream.file_name(), rank),
+        )?)
+    }
+
     /// Reads at most `limit` bytes of a job's stdout or stderr; `None` while
     /// it does not exist.
     pub fn read_output(&self, id: &JobId, stream: Stream, limit: u64) -> Result<Option<Vec<u8>>> {
@@ -36,6 +47,19 @@ impl Client {
             &fd,
             &self.job_dir(id),
             protocol::RESULT,
+            MAX_RESULT_BYTES,
+            None,
+        ))?)
+    }
+
+    /// Rank `rank`'s `result.<rank>` of a multi-node Python call, bounded
+    /// like [`Client::read_result`]; `None` when that rank wrote none.
+    pub fn read_rank_result(&self, id: &JobId, rank: u32) -> Result<Option<Vec<u8>>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_bounded_at(
+            &fd,
+            &self.job_dir(id),
+            &protocol::rank_file(protocol::RESULT, rank),
             MAX_RESULT_BYTES,
             None,
         ))?)

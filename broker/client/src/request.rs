@@ -14,6 +14,9 @@ pub struct SubmitRequest {
     pub cpus: u32,
     /// GPUs (Slurm GRES `gpu`); 0: none.
     pub gpus: u32,
+    /// Nodes: more than 1 makes a multi-node rank job (one sandbox per
+    /// node, `RANK`/`WORLD_SIZE`/`MASTER_ADDR`...), submitted alone.
+    pub nodes: u32,
     pub mem_bytes: u64,
     pub time_limit_secs: u64,
     pub env: Vec<(String, String)>,
@@ -32,6 +35,7 @@ impl SubmitRequest {
             image: None,
             cpus: r.cpus,
             gpus: r.gpus,
+            nodes: r.nodes,
             mem_bytes: r.mem_bytes,
             time_limit_secs: r.time_limit_secs,
             env: Vec::new(),

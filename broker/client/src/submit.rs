@@ -36,6 +36,11 @@ impl Client {
         let Some(first) = reqs.first() else {
             return Ok(Vec::new());
         };
+        if first.nodes > 1 && reqs.len() > 1 {
+            return Err(ClientError::InvalidRequest(
+                "a multi-node job is submitted alone (no count, map or jobs-file sharing)".into(),
+            ));
+        }
         if reqs.len() > MAX_ARRAY {
             return Err(ClientError::InvalidRequest(format!(
                 "{} calls in one submission, more than the limit of {MAX_ARRAY} of one job array",
@@ -126,6 +131,17 @@ impl Client {
                 time_limit_secs: longest
                     .saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
                 script: slurm::with_gpus(slurm::shared_script(&self.config.runner, &dir_groups), first.gpus),
+                hold: first.hold,
+                calls: jobs.len(),
+            }
+        } else if jobs.len() == 1 && first.nodes > 1 {
+            BatchRequest {
+                job_name: ids[0].to_string(),
+                chdir: self.root.clone(),
+                output: self.log_path(&ids[0]),
+                cpus: first.cpus,
+                time_limit_secs: first.time_limit_secs,
+                script: slurm::ranks_script(&self.config.runner, &dirs[0], first.nodes),
                 hold: first.hold,
                 calls: jobs.len(),
             }
@@ -254,9 +270,9 @@ impl Client {
             resources: Resources {
                 cpus: req.cpus,
                 gpus: req.gpus,
+                nodes: req.nodes,
                 mem_bytes: req.mem_bytes,
                 time_limit_secs: req.time_limit_secs,
-                ..Resources::default()
             },
             env: req.env.clone(),
         };

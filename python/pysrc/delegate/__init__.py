@@ -90,7 +90,7 @@ __all__ = [
 ]
 __version__ = _core.__version__
 
-_RESOURCE_KEYS = ("cpus", "gpus", "mem", "time", "image", "env")
+_RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env")
 #: The environment variable choosing the backend when none is given:
 #: ``cluster`` (the default) or ``local``.
 BACKEND_ENV = "DELEGATE_BACKEND"
@@ -172,7 +172,11 @@ def _submit_many(fn, calls, res: dict, backend: str | None = None) -> list:
     payloads = [_payload(fn, a, k) for a, k in calls]
     label = _label(fn)
     if _backend(backend) == "local":
+        if int(res.get("nodes") or 1) > 1:
+            raise ValueError("nodes > 1 needs the cluster (the local backend runs one process per call)")
         return _local.submit(payloads, label, _resources(res))
+    if int(res.get("nodes") or 1) > 1 and len(payloads) > 1:
+        raise ValueError("a multi-node call (nodes > 1) is submitted alone: no map or Executor")
     ids = _core.submit_python(payloads, _fmt.python_version(), cloudpickle.__version__, **_resources(res))
     return attach_many(ids, label)
 
@@ -221,12 +225,17 @@ class RemoteFunction:
         return operator.itemgetter(0), ((self._fn,),)
 
 
-def remote(fn=None, *, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None):
+def remote(
+    fn=None, *, cpus=None, gpus=None, nodes=None, mem=None, time=None, image=None, env=None, backend=None
+):
     """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, gpus=1,
     mem="2G", time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
     ``backend="local"`` runs each call in a local subprocess instead (not
-    sandboxed); the default is $DELEGATE_BACKEND, else the cluster."""
-    res = dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env)
+    sandboxed); the default is $DELEGATE_BACKEND, else the cluster.
+    ``nodes=N`` (N > 1): the function runs once per node, each with
+    ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set, and the
+    call returns the list of the ranks' return values (rank order)."""
+    res = dict(cpus=cpus, gpus=gpus, nodes=nodes, mem=mem, time=time, image=image, env=env)
     res = {k: v for k, v in res.items() if v is not None}
     if fn is None:
         return lambda f: RemoteFunction(f, backend=backend, **res)

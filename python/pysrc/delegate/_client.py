@@ -187,7 +187,7 @@ class DelegateFuture(cf.Future):
     def running(self) -> bool:
         return self.state == "running" and not self.done()
 
-    def _read(self, name: Literal["stdout", "stderr", "result"], limit: int) -> bytes | None:
+    def _read(self, name: str, limit: int) -> bytes | None:
         """One of the job's files (None when absent); raises DelegateError."""
         return _core.read_file(self.job_id, name, limit)
 
@@ -280,6 +280,15 @@ class DelegateFuture(cf.Future):
             kind, obj = decode_result(data, self.job_id)
             self._set(kind == "ok", obj)
             return
+        ranks = self._rank_results()
+        if ranks is not None and state == "completed":
+            self._set(True, [obj for _, obj in ranks])
+            return
+        if ranks:
+            for kind, obj in ranks:
+                if kind != "ok":
+                    self._set(False, obj)
+                    return
         why = self.reason or "no reason given"
         tail = self._stderr[-2000:] if self._stderr else ""
         msg = "job %s %s without a result: %s" % (self.job_id, state, why)
@@ -287,6 +296,20 @@ class DelegateFuture(cf.Future):
             self._set(False, JobTimedOut(msg, tail, "", self.job_id, state))
         else:
             self._set(False, JobFailed(msg, tail, "", self.job_id, state))
+
+    def _rank_results(self):
+        """A multi-node call's ``result.<K>`` decoded, in rank order (None
+        when there is no ``result.0``); stops at the first missing rank."""
+        out = []
+        for k in range(256):
+            try:
+                data = self._read("result.%d" % k, _core.MAX_RESULT_BYTES)
+            except DelegateError:
+                data = None
+            if data is None:
+                break
+            out.append(decode_result(data, self.job_id))
+        return out or None
 
     def _set(self, ok: bool, obj) -> None:
         """Completes the future; the line shows the outcome first, so that a

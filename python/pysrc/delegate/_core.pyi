@@ -5,7 +5,7 @@ lib.rs; ``python -m mypy.stubtest delegate._core`` checks them against a
 built wheel."""
 
 from collections.abc import Sequence
-from typing import Literal, TypedDict, type_check_only
+from typing import TypedDict, type_check_only
 
 __all__ = [
     "MAX_RESULT_BYTES",
@@ -78,6 +78,7 @@ def submit_python(
     *,
     cpus: int | None = None,
     gpus: int | None = None,
+    nodes: int | None = None,
     mem: str | None = None,
     time: str | None = None,
     image: str | None = None,
@@ -100,9 +101,10 @@ def wake() -> None:
 def cancel(ids: Sequence[str]) -> list[JobStatus]:
     """Cancels the jobs (one scancel); returns their statuses."""
 
-def read_file(id: str, name: Literal["stdout", "stderr", "result"], limit: int = ...) -> bytes | None:
-    """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes, 64 MiB by default) or
-    ``result``; None when the file does not exist."""
+def read_file(id: str, name: str, limit: int = ...) -> bytes | None:
+    """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes, 64 MiB by default),
+    ``result`` or a multi-node call's ``result.<rank>``; None when the file
+    does not exist."""
 
 def jobs(limit: int | None = None) -> list[JobRecord]:
     """The ``limit`` most recent jobs of the delegate root (all with None),

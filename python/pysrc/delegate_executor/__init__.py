@@ -293,8 +293,13 @@ def main(argv=None) -> int:
                 str(rec.get("traceback", "")),
             )
         )
+    # A rank of a multi-node call (DELEGATE_RANK, set by the agent) writes
+    # its own result.<rank>, and fails its task when the call failed, so
+    # that the other ranks are ended.
+    rank = os.environ.get("DELEGATE_RANK", "")
+    name = "%s.%d" % (RESULT, int(rank)) if rank.isdigit() and len(rank) < 4 else RESULT
     try:
-        _write_atomic(job_dir, RESULT, out)
+        _write_atomic(job_dir, name, out)
     except OSError as e:
         print("delegate_executor: cannot write the result: %s" % e, file=sys.stderr)
         if rec.get("traceback"):
@@ -302,4 +307,6 @@ def main(argv=None) -> int:
         return 3
     if rec["status"] == "raw" and rec["kind"] in ("version-mismatch", "bad-payload"):
         print("delegate_executor: %s" % rec["summary"], file=sys.stderr)
+    if name != RESULT and rec["status"] != "ok":
+        return 1
     return 0

@@ -9,6 +9,23 @@ use delegate_protocol::JobId;
 use crate::fail::CliResult;
 use crate::output::{copy_output, print_json};
 
+/// `delegate logs --rank K`: rank K's stdout (or stderr) of a multi-node job.
+pub fn rank_logs(c: &Client, id: &JobId, rank: u32, stderr: bool) -> CliResult {
+    let stream = if stderr { Stream::Stderr } else { Stream::Stdout };
+    c.status(std::slice::from_ref(id))?;
+    let Some(mut f) = c.open_rank_output(id, stream, rank)? else {
+        return Ok(0);
+    };
+    let res = match stream {
+        Stream::Stdout => io::copy(&mut f, &mut io::stdout().lock()).and_then(|_| io::stdout().flush()),
+        Stream::Stderr => io::copy(&mut f, &mut io::stderr().lock()).map(|_| ()),
+    };
+    match res {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
+}
+
 pub fn logs(c: &Client, id: &JobId, follow: bool, stderr: bool, json: bool) -> CliResult {
     let stream = if stderr { Stream::Stderr } else { Stream::Stdout };
     if json && !follow {

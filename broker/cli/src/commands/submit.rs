@@ -38,6 +38,7 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     req.image = a.image.clone();
     req.cpus = a.cpus;
     req.gpus = a.gpus;
+    req.nodes = a.nodes;
     req.mem_bytes = a.mem;
     req.time_limit_secs = a.time;
     req.env = env;

@@ -34,9 +34,9 @@ pub const MAX_CALLS: u32 = 1000;
 pub const MAX_MODULE_BYTES: u64 = 1024 * 1024;
 
 const JOB_KEYS: &[&str] = &[
-    "name", "command", "python", "args", "kwargs", "image", "cpus", "gpus", "mem", "time", "count", "env",
+    "name", "command", "python", "args", "kwargs", "image", "cpus", "gpus", "nodes", "mem", "time", "count", "env",
 ];
-const DEFAULT_KEYS: &[&str] = &["image", "cpus", "gpus", "mem", "time", "env"];
+const DEFAULT_KEYS: &[&str] = &["image", "cpus", "gpus", "nodes", "mem", "time", "env"];
 
 /// The program a Python job runs in the sandbox: loads the module from the
 /// payload (`/job/payload`), calls the function with the JSON arguments and
@@ -162,6 +162,7 @@ struct Fields {
     image: Option<String>,
     cpus: u32,
     gpus: u32,
+    nodes: u32,
     mem_bytes: u64,
     time_limit_secs: u64,
     count: u32,
@@ -191,6 +192,7 @@ impl Default for Fields {
             image: None,
             cpus: r.cpus,
             gpus: r.gpus,
+            nodes: r.nodes,
             mem_bytes: r.mem_bytes,
             time_limit_secs: r.time_limit_secs,
             count: 1,
@@ -242,6 +244,7 @@ impl Fields {
         req.image = self.image.clone();
         req.cpus = self.cpus;
         req.gpus = self.gpus;
+        req.nodes = self.nodes;
         req.mem_bytes = self.mem_bytes;
         req.time_limit_secs = self.time_limit_secs;
         req.env = self.env.clone();
@@ -322,6 +325,10 @@ fn read_fields(node: &Node, allowed: &[&str], base_fields: &Fields, base: &Path,
             "gpus" => match number(v, 0, 64) {
                 Some(n) => f.gpus = n as u32,
                 None => bad(errs, "a whole number from 0 to 64"),
+            },
+            "nodes" => match number(v, 1, u64::from(delegate_protocol::MAX_RANKS)) {
+                Some(n) => f.nodes = n as u32,
+                None => bad(errs, &format!("a whole number from 1 to {}", delegate_protocol::MAX_RANKS)),
             },
             "count" => match number(v, 1, u64::from(MAX_CALLS)) {
                 Some(n) => f.count = n as u32,
@@ -569,6 +576,20 @@ jobs:
         assert!(text.contains("missing.py"), "{text}");
         assert!(text.contains("unknown key `colour`"), "{text}");
         assert!(text.contains("neither `command` nor `python`"), "{text}");
+    }
+
+    #[test]
+    fn nodes_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read(
+            "defaults: {nodes: 2}\njobs:\n  - command: [true]\n  - command: [true]\n    nodes: 1\n",
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(e[0].requests[0].nodes, 2);
+        assert_eq!(e[1].requests[0].nodes, 1);
+        let errs = read("- command: [true]\n  nodes: 0\n", dir.path()).unwrap_err();
+        assert!(errs[0].message.contains("from 1 to 256"), "{errs:?}");
     }
 
     #[test]

@@ -21,7 +21,8 @@ pub use parse::{
 };
 pub use refusal::{classify_sbatch_error, Refusal};
 pub use script::{
-    array_script, batch_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, with_gpus, BatchRequest,
+    array_script, batch_script, ranks_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, with_gpus,
+    BatchRequest,
 };
 
 use crate::subprocess::{self, SubprocessError};

@@ -82,6 +82,20 @@ pub fn with_gpus(script: String, gpus: u32) -> String {
     }
 }
 
+/// The batch script of a multi-node rank job: Slurm allocates `nodes`
+/// nodes (the `#SBATCH --nodes=N` line, N > 1), and the batch step execs
+/// `sandbox-runner ranks <dir>`, which checks the job, starts one
+/// `sandbox-runner rank <dir>` per node with srun and writes the job's one
+/// outcome from the ranks'. The site's job_submit.lua accepts exactly this
+/// form (and only it with more than one node).
+pub fn ranks_script(runner: &Path, job_dir: &Path, nodes: u32) -> String {
+    format!(
+        "#!/bin/sh\n#SBATCH --nodes={nodes}\nexec {} ranks {}\n",
+        shell_quote(&runner.display().to_string()),
+        shell_quote(&job_dir.display().to_string())
+    )
+}
+
 /// One batch submission.
 #[derive(Clone, Debug)]
 pub struct BatchRequest {
@@ -180,6 +194,14 @@ mod tests {
         assert!(
             arr.starts_with("#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --array=0-1\n"),
             "{arr}"
+        );
+    }
+
+    #[test]
+    fn rank_scripts() {
+        assert_eq!(
+            ranks_script(Path::new("/r"), Path::new("/h/a"), 2),
+            "#!/bin/sh\n#SBATCH --nodes=2\nexec '/r' ranks '/h/a'\n"
         );
     }
 

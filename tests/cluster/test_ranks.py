@@ -1,0 +1,324 @@
+"""Multi-node rank jobs on the stack (issue 16): `delegate submit --nodes 2`
+on a 2-worker stack (`build_cluster.sh deploy --workers 2`, several
+containers of this machine sharing its Docker engine).
+
+- a pure-Python allreduce (a sum over TCP, rank 0 listening on
+  MASTER_ADDR:MASTER_PORT) gives the right value on both ranks, and each
+  rank's output is kept apart (`delegate logs --rank K`);
+- a rank reaches nothing outside its job's network: not the host, not the
+  workers, not a container on another network of the engine (each checked
+  to be reachable from an ordinary container first, so the test can fail);
+- a rank that exits 3 ends the job (the other rank is ended by srun),
+  with its reason and exit code, and leaves no container or network;
+- a step with any other command in the rank job's allocation is still
+  refused by the SPANK plugin, and the rank form started by hand gets no
+  second sandbox.
+
+Run as root, like test_stack.py; deploys and removes its own stack (use
+DELEGATE_STACK_NAME etc. to keep it apart from another one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = str(REPO / "build_cluster.sh")
+STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
+HOME = os.environ.get("DELEGATE_STACK_HOME", "/srv/delegate-stack/home")
+IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
+STUDENT = "dlg-test1"  # cluster.conf DELEGATE_STACK_TEST_USERS
+RUNNER = "/usr/local/bin/sandbox-runner"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
+
+
+def run(*args, timeout=1800):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    print(r.stdout[-6000:], r.stderr[-4000:], sep="\n")
+    return r
+
+
+@pytest.fixture(scope="module")
+def stack():
+    r = run(SCRIPT, "deploy", "--workers", "2")
+    try:
+        assert r.returncode == 0, "deploy failed"
+        yield r
+    finally:
+        down = run(SCRIPT, "down")
+        assert down.returncode == 0, "down failed"
+
+
+def on_node(node, *cmd, user=STUDENT, timeout=300):
+    opts = []
+    if user:
+        home = f"{HOME}/{user}"
+        opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
+    for _ in range(5):
+        cid = run(
+            "docker", "ps", "-q", "--filter", "status=running",
+            "--filter", f"label=com.docker.swarm.service.name={STACK}_{node}",
+        ).stdout.split()  # fmt: skip
+        assert cid, f"{node} has no running container"
+        r = run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
+        # (a container of the service's previous task, going away)
+        if r.returncode == 0 or "not found" not in r.stderr or "task" not in r.stderr:
+            return r
+        time.sleep(3)
+    return r
+
+
+def submit(*argv, nodes=2):
+    r = on_node("user", "delegate", "submit", "--nodes", str(nodes), "--time", "3m", "--", *argv)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[-1]
+
+
+def wait_result(job, timeout=300):
+    r = on_node("user", "delegate", "wait", job, timeout=timeout)
+    r = on_node("user", "delegate", "--json", "result", job)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def job_dir(job):
+    return Path(HOME) / STUDENT / ".delegate" / "jobs" / job
+
+
+def slurm_id(job):
+    return (job_dir(job) / "slurm-id").read_text().split()[0]
+
+
+def rank_log(job, k):
+    r = on_node("user", "delegate", "logs", "--rank", str(k), job)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def leftovers(sid):
+    c = run("docker", "ps", "-aq", "--filter", f"label=delegate.slurm-job={sid}").stdout.split()
+    n = run("docker", "network", "ls", "-q", "--filter", f"label=delegate.slurm-job={sid}").stdout.split()
+    return c + n
+
+
+def wait_until_clean(sid, timeout=60):
+    deadline = time.monotonic() + timeout
+    while leftovers(sid):
+        assert time.monotonic() < deadline, f"left behind for Slurm job {sid}: {leftovers(sid)}"
+        time.sleep(1)
+
+
+ALLREDUCE = r"""
+import os, socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+assert os.environ["LOCAL_RANK"] == "0"
+value = (rank + 1) * 10
+if rank == 0:
+    srv = socket.create_server(("0.0.0.0", port))
+    peers = [srv.accept()[0] for _ in range(world - 1)]
+    total = value + sum(int(p.makefile().readline()) for p in peers)
+    for p in peers:
+        p.sendall(f"{total}\n".encode())
+else:
+    deadline = time.time() + 90
+    while True:
+        try:
+            s = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            assert time.time() < deadline, "rank 0 never listened"
+            time.sleep(0.5)
+    s.sendall(f"{value}\n".encode())
+    total = int(s.makefile().readline())
+print(f"rank={rank} world={world} sum={total}", flush=True)
+"""
+
+
+def test_allreduce_over_the_job_network(stack):
+    job = submit("python3", "-c", ALLREDUCE)
+    res = wait_result(job)
+    assert res["state"] == "completed", res
+    assert res["exit_code"] == 0, res
+    for k in (0, 1):
+        assert f"rank={k} world=2 sum=30" in rank_log(job, k)
+    sid = slurm_id(job)
+    wait_until_clean(sid)
+    # Both workers ran a rank (one sandbox per node, the rank from the node list).
+    r = on_node("user", "sacct", "-n", "-X", "-P", "-j", sid, "-o", "NNodes", user=None)
+    assert r.stdout.strip().splitlines()[:1] == ["2"], r.stdout
+
+
+PROBE = r"""
+import os, socket, sys
+targets = [t.split(":") for t in os.environ["PROBE_TARGETS"].split(",") if t]
+for host, port in targets:
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print(f"REACHED {host}:{port}", flush=True)
+    except OSError as e:
+        print(f"blocked {host}:{port} ({e})", flush=True)
+try:
+    socket.getaddrinfo("example.com", 80)
+    print("REACHED dns", flush=True)
+except OSError as e:
+    print(f"blocked dns ({e})", flush=True)
+"""
+
+
+def host_ipv4s():
+    out = run("ip", "-4", "-o", "addr").stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines() if " lo " not in line]
+
+
+def test_a_rank_reaches_nothing_outside_its_network(stack):
+    # A listener on the host (all addresses), and one in a container on
+    # another network of the same engine (as another job's sandbox would be).
+    srv = socket.create_server(("0.0.0.0", 0))
+    port = srv.getsockname()[1]
+    other = run(
+        "docker", "run", "-d", "--rm", "--label", "delegate.test=ranks-other", IMAGE,
+        "python3", "-c", "import socket,time; s=socket.create_server(('0.0.0.0', 8123)); time.sleep(600)",
+    ).stdout.strip()  # fmt: skip
+    try:
+        time.sleep(2)
+        other_ip = run(
+            "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", other
+        )
+        targets = [f"{ip}:{port}" for ip in host_ipv4s()]
+        targets += [f"{ip}:8123" for ip in other_ip.stdout.split()]
+        for w in ("worker1", "worker2"):
+            cid = run(
+                "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{w}"
+            ).stdout.split()[0]
+            ips = run(
+                "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", cid
+            )
+            targets += [f"{ip}:6818" for ip in ips.stdout.split()]  # slurmd
+        env = ",".join(targets)
+        # Control: from an ordinary container every host/other target answers.
+        ctl = run("docker", "run", "--rm", "-e", f"PROBE_TARGETS={env}", IMAGE, "python3", "-c", PROBE)
+        assert "REACHED" in ctl.stdout, "the control container reaches nothing: the test could not fail"
+        job = submit("env", f"PROBE_TARGETS={env}", "python3", "-c", PROBE)
+        res = wait_result(job)
+        assert res["state"] == "completed", res
+        for k in (0, 1):
+            out = rank_log(job, k)
+            assert out.count("blocked") == len(targets) + 1, out
+            assert "REACHED" not in out, out
+        wait_until_clean(slurm_id(job))
+    finally:
+        srv.close()
+        run("docker", "rm", "-f", other)
+
+
+FAILING = r"""
+import os, sys, time
+if os.environ["RANK"] == "1":
+    print("rank 1 gives up", flush=True)
+    sys.exit(3)
+time.sleep(150)
+"""
+
+
+def test_a_failing_rank_ends_the_job_and_leaves_nothing(stack):
+    t0 = time.monotonic()
+    job = submit("python3", "-c", FAILING)
+    res = wait_result(job)
+    assert time.monotonic() - t0 < 120, "the other rank was not ended"
+    assert res["state"] == "failed", res
+    assert res["exit_code"] == 3, res
+    assert "rank 1 failed: exited with code 3" in res["reason"], res
+    assert "rank 1 gives up" in rank_log(job, 1)
+    wait_until_clean(slurm_id(job))
+
+
+def test_other_steps_in_a_rank_job_are_refused(stack):
+    job = submit("sleep", "120")
+    d = job_dir(job)
+    try:
+        deadline = time.monotonic() + 180
+        while not (d / "started").exists() or not (d / "started.1").exists():
+            assert time.monotonic() < deadline, "the rank job did not start"
+            time.sleep(0.5)
+        sid = slurm_id(job)
+        before = run("docker", "ps", "-q", "--filter", f"label=delegate.slurm-job={sid}").stdout.split()
+        assert len(before) == 2
+        for argv in (
+            ["sh", "-c", "id; touch $HOME/rank-step-marker"],
+            [RUNNER, "rank", str(d), "extra"],
+            ["/bin/sh", RUNNER, "rank", str(d)],
+        ):
+            r = on_node("user", "srun", f"--jobid={sid}", "--overlap", "-N1", *argv)
+            # (srun 22.05 exits 0 after "launch failed": the message decides)
+            assert "uid=" not in r.stdout
+            assert "launch failed" in r.stderr or "Plugin initialization failed" in r.stderr, r.stderr
+        assert not (Path(HOME) / STUDENT / "rank-step-marker").exists()
+        # The admitted form with a task prolog or epilog of the student's
+        # (a program slurmstepd would run as them, outside any sandbox):
+        # the rank step's slurmstepd executes nothing but the runner.
+        script = Path(HOME) / STUDENT / "rank-prolog.sh"
+        marker = Path(HOME) / STUDENT / "rank-prolog-marker"
+        on_node("user", "sh", "-c", f"printf '#!/bin/sh\\ntouch {marker}\\n' >{script}; chmod 755 {script}")
+        assert script.read_text().startswith("#!/bin/sh\n")
+        for opt in ("--task-prolog", "--task-epilog"):
+            for prog in (str(script), "/bin/sh"):
+                on_node(
+                    "user", "srun", f"--jobid={sid}", "--overlap", "-N1", f"{opt}={prog}",
+                    "--export=ALL,BASH_ENV=" + str(script), RUNNER, "rank", str(d),
+                )  # fmt: skip
+        time.sleep(2)
+        assert not marker.exists(), "a task prolog/epilog ran in the rank step"
+        # The exact rank form by hand: admitted by the plugin, but the
+        # agent serves one sandbox per job and node: nothing more.
+        # (its own rank's files exist already, or the agent refuses: either
+        # way it ends non-zero without a sandbox)
+        r = on_node("user", "srun", f"--jobid={sid}", "--overlap", "-N1", RUNNER, "rank", str(d))
+        assert r.returncode != 0
+        assert "Plugin initialization failed" not in r.stderr, r.stderr
+        after = run("docker", "ps", "-q", "--filter", f"label=delegate.slurm-job={sid}").stdout.split()
+        assert sorted(after) == sorted(before)
+    finally:
+        on_node("user", "delegate", "cancel", job)
+    wait_until_clean(sid)
+
+
+def test_more_nodes_than_the_stack_has_are_refused(stack):
+    # (max_nodes = the number of workers: Slurm refuses the allocation
+    # before the policy is asked; the policy's own check is unit-tested)
+    r = on_node("user", "delegate", "submit", "--nodes", "3", "--wait", "--", "true")
+    assert r.returncode != 0
+    assert "node" in (r.stdout + r.stderr).lower(), r.stderr
+
+
+PY_RANKS = r"""
+import os, delegate
+
+def where(x):
+    import os
+    if os.environ["RANK"] == "1" and x == "boom":
+        raise ValueError("rank 1 says no")
+    return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), x)
+
+f = delegate.remote(nodes=2, time="3m")(where)
+print("VALUES", f("hi"))
+try:
+    f("boom")
+except ValueError as e:
+    print("RAISED", e)
+"""
+
+
+def test_python_remote_nodes_returns_the_ranks_values(stack):
+    r = on_node("user", "python3", "-c", PY_RANKS, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "VALUES [(0, 2, 'hi'), (1, 2, 'hi')]" in r.stdout, r.stdout
+    assert "RAISED rank 1 says no" in r.stdout, r.stdout
