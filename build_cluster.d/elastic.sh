@@ -133,7 +133,8 @@ elastic_generate() {
     if elastic_on && [[ -n $DELEGATE_POWER_HOOK ]]; then
         install -m 0644 "$DELEGATE_POWER_HOOK" "$STACK_GEN/power-hook"
     else
-        : >"$STACK_GEN/power-hook"
+        # A swarm config may not be empty; the head's entrypoint knows this line.
+        echo "# delegate: no power hook (cluster.conf DELEGATE_POWER_HOOK)" >"$STACK_GEN/power-hook"
     fi
     if elastic_on; then
         # Root's on the host; the head hands it to SlurmUser (0700).

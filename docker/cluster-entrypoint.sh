@@ -127,7 +127,7 @@ head)
     for n in power-resume power-suspend power-resume-fail; do
         ln -sfn power "/usr/local/lib/delegate/$n"
     done
-    if [[ -s $CFG/power-hook ]]; then
+    if [[ -s $CFG/power-hook && $(head -n1 "$CFG/power-hook") != "# delegate: no power hook"* ]]; then
         install -o root -g root -m 0755 "$CFG/power-hook" /usr/local/lib/delegate/power-hook
     else
         rm -f /usr/local/lib/delegate/power-hook
