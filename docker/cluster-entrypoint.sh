@@ -20,6 +20,19 @@
 # exactly as long as the daemon.
 set -euo pipefail
 role=${1:-worker}
+
+# An elastic worker (docs/elastic.md) runs in a time namespace whose boot
+# clock starts now: slurmctld counts a powered-up node as started only when
+# its slurmd reports a boot time after the power-up request, and a
+# container would report the host's. CAP_SYS_TIME (the stack gives it to
+# elastic workers for this alone) leaves the bounding set before anything
+# else runs: nothing in the node holds it afterwards.
+if [[ $role == worker && ${DELEGATE_ELASTIC_NODE:-0} == 1 && -z ${DELEGATE_FRESH_BOOT:-} ]]; then
+    up=$(cut -d. -f1 /proc/uptime)
+    export DELEGATE_FRESH_BOOT=1
+    exec unshare --time --kill-child=SIGTERM --boottime "-$((up > 1 ? up - 1 : 0))" \
+        setpriv --bounding-set -sys_time --inh-caps -sys_time "$0" "$@"
+fi
 CFG=/etc/delegate-stack
 HOME_ROOT=${DELEGATE_STACK_HOME:?DELEGATE_STACK_HOME not set}
 log() { printf '%s [%s %s] %s\n' "$(date '+%H:%M:%S')" "$role" "$(hostname)" "$*"; }

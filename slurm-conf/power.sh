@@ -37,13 +37,45 @@ clean() { tr -c '[:alnum:] .,:;_/()=+-' ' ' <<<"$1" | tr -s ' ' | cut -c1-180; }
 # node_ok NAME: a worker name of this stack's form.
 node_ok() { [[ $1 =~ ^worker[1-9][0-9]{0,3}$ ]]; }
 
-# mark_down NODE REASON: out of service with the reason (its jobs end).
+# mark_down NODE REASON: out of service with the reason; the jobs that
+# waited for it are requeued (requeue_waiting).
 mark_down() {
     local reason
     reason="elastic: $(clean "$2")"
+    requeue_waiting "$1"
     log "$1: DOWN: $reason"
     scontrol update "nodename=$1" state=down "reason=$reason" >>"$LOG" 2>&1 \
         || log "$1: scontrol update state=down failed"
+}
+
+# requeue_waiting NODE: the jobs allocated to NODE that still wait for it
+# (CONFIGURING: their batch script never started, so nothing of them ran)
+# may be requeued: delegate submits --no-requeue (a job directory is
+# single-use), which would make the node's failure end them NODE_FAIL.
+# Requeued, they run elsewhere, once (and the runner refuses a job directory
+# that was started before in any case).
+requeue_waiting() {
+    local j
+    for j in $(squeue -h -w "$1" -t CF -o %i 2>/dev/null); do
+        [[ $j =~ ^[0-9]+(_[0-9]+)?$ ]] || continue
+        if scontrol update "jobid=$j" requeue=1 >>"$LOG" 2>&1; then
+            log "$1: job $j waited for it: requeued when the node goes down"
+        else
+            log "$1: job $j: scontrol update requeue=1 failed"
+        fi
+    done
+}
+
+# wait_registered NODE SECONDS: NODE's slurmd registered (no longer
+# powering up, "#") within SECONDS.
+wait_registered() {
+    local deadline=$((SECONDS + $2)) st
+    while ((SECONDS < deadline)); do
+        st=$(sinfo -h -N -n "$1" -o %T 2>/dev/null | head -n1)
+        [[ -n $st && $st != *'#' ]] && return 0
+        sleep 2
+    done
+    return 1
 }
 
 # resume_timeout: ResumeTimeout of slurm.conf (seconds; 60 when unset).
@@ -85,7 +117,8 @@ ask() {
 slurm_side() {
     local action=$1 list=$2 n rc out line
     local -a nodes=()
-    [[ $list =~ ^[A-Za-z0-9,\[\]-]+$ ]] || { log "refused host list '$(clean "$list")'"; return 1; }
+    local re='^[][A-Za-z0-9,-]+$'
+    [[ $list =~ $re ]] || { log "refused host list '$(clean "$list")'"; return 1; }
     mapfile -t nodes < <(scontrol show hostnames "$list")
     for n in "${nodes[@]}"; do
         node_ok "$n" || { log "refused node name '$(clean "$n")'"; return 1; }
@@ -107,10 +140,24 @@ slurm_side() {
     else
         case $action in
             resume)
+                local -a started=()
                 while read -r n rc line; do
                     log "$n: $rc $line"
-                    [[ $rc == ok ]] || mark_down "$n" "cannot start worker $n: $line"
+                    if [[ $rc == ok ]]; then
+                        started+=("$n")
+                    else
+                        mark_down "$n" "cannot start worker $n: $line"
+                    fi
                 done < <(ask resume "${nodes[@]}")
+                # Running is not registered: a slurmd that never registers
+                # is marked down here, a little before ResumeTimeout (Slurm's
+                # own timeout would end the waiting jobs NODE_FAIL).
+                local until=$(($(resume_timeout) - 10))
+                for n in "${started[@]}"; do
+                    wait_registered "$n" "$((until - SECONDS))" && continue
+                    ask suspend "$n" >/dev/null
+                    mark_down "$n" "worker $n runs but its slurmd did not register within ResumeTimeout=$(resume_timeout)s (see its service log: build_cluster.sh status)"
+                done
                 ;;
             suspend)
                 while read -r n rc line; do log "$n: $rc $line"; done < <(ask suspend "${nodes[@]}")
@@ -125,6 +172,9 @@ slurm_side() {
                 < <(ask suspend "${nodes[@]}")
         fi
         for n in "${nodes[@]}"; do
+            # Already down with this program's own reason (power-resume saw
+            # the failure first): keep that one, it says more.
+            [[ $(sinfo -h -N -n "$n" -o %E 2>/dev/null | head -n1) == elastic:* ]] && continue
             mark_down "$n" "worker $n did not register within ResumeTimeout=$(resume_timeout)s (see build_cluster.sh status; resume it with scontrol update nodename=$n state=resume)"
         done
     fi
