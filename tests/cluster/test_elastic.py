@@ -184,11 +184,17 @@ def test_map_brings_workers_up_and_doctor_explains(stack):
     p.stdin.write(script)
     p.stdin.close()
     try:
-        wait_until("a worker powering up", lambda: any(s[0].endswith("#") for s in nodes().values()), 60, 0.5)
+        # The map's job waits (CONFIGURING) while Slurm powers a worker up.
+        wait_until(
+            "the map's job configuring",
+            lambda: on("head", "squeue", "-h", "-t", "CF", "-o", "%i", quiet=True).stdout.strip(),
+            60,
+            0.5,
+        )
         doc = on("user", "delegate", "doctor", user=STUDENT, quiet=True).stdout
         print(doc)
         line = next((x for x in doc.splitlines() if "elastic workers" in x), "")
-        assert "is being powered up" in line or "are being powered up" in line or "starting" in line, doc
+        assert "being powered up" in line, doc
         out, err = p.communicate(timeout=600)
     finally:
         if p.poll() is None:

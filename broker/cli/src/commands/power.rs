@@ -126,15 +126,14 @@ pub fn explain(nodes: &[Node], waiting: &[Waiting]) -> Option<Result<String, (St
         .map(|w| w.id.as_str())
         .collect();
     if !starting_jobs.is_empty() {
-        let workers = if up.is_empty() {
-            "its workers".to_owned()
-        } else {
-            names(up.iter().copied())
+        let workers = match up.len() {
+            0 => "its workers are".to_owned(),
+            1 => format!("{} is", up[0]),
+            _ => format!("{} are", names(up.iter().copied())),
         };
         return Some(Ok(format!(
-            "job {} waits while {workers} {} powered up: Slurm starts idle workers on demand, so the first job after a quiet spell waits a minute or two; nothing is wrong",
+            "job {} waits while {workers} being powered up: Slurm starts idle workers on demand, so the first job after a quiet spell waits a minute or two; nothing is wrong",
             names(starting_jobs.iter().copied()),
-            if up.len() > 1 { "are being" } else { "is being" }
         )));
     }
     if up.is_empty() && down == 0 && stopping == 0 {
@@ -161,6 +160,12 @@ mod tests {
         let w = parse_waiting("70000001|CONFIGURING|None\n");
         let s = explain(&nodes, &w).unwrap().unwrap();
         assert!(s.starts_with("job 70000001 waits while worker1 is being powered up"), "{s}");
+        // Registered already, the job still configuring: the same sentence.
+        let s = explain(&parse_nodes("worker1|allocated|none\n"), &w).unwrap().unwrap();
+        assert!(
+            s.starts_with("job 70000001 waits while its workers are being powered up"),
+            "{s}"
+        );
     }
 
     #[test]
