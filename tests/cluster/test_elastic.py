@@ -169,20 +169,32 @@ def test_deploy_starts_no_worker(stack):
     assert "power-resume" in cfg and "power-suspend" in cfg, cfg
 
 
+def test_students_cannot_reach_the_power_channel(stack):
+    """The spool is SlurmUser's alone on the head and mounted nowhere a
+    student is (the user node, the workers)."""
+    r = on("head", "stat", "-c", "%a %U", "/run/delegate-power", quiet=True)
+    assert r.stdout.split() == ["700", "slurm"], r.stdout
+    assert on("user", "test", "-e", "/run/delegate-power", quiet=True).returncode != 0
+    assert on("user", "ls", "/run/delegate-power", user=STUDENT, quiet=True).returncode != 0
+    mounts = run("docker", "service", "inspect", "-f", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}",
+                 f"{STACK}_user", f"{STACK}_worker1", quiet=True).stdout  # fmt: skip
+    assert "delegate-power" not in mounts and "/power" not in mounts, mounts
+
+
 def test_map_brings_workers_up_and_doctor_explains(stack):
     """A map of 4 calls with every worker powered down: workers start, the
     map completes; meanwhile `delegate doctor` explains the wait."""
-    script = (REPO / "bench" / "cold_start.py").read_text()
-    c = cid("user")
+    # The driver, readable by the student in the shared home.
+    d = Path(HOME) / ".elastic-test"
+    d.mkdir(mode=0o755, exist_ok=True)
+    (d / "cold_start.py").write_text((REPO / "bench" / "cold_start.py").read_text())
+    (d / "cold_start.py").chmod(0o644)
     home = f"{HOME}/{STUDENT}"
     p = subprocess.Popen(
-        ["docker", "exec", "-i", "-u", STUDENT, "-w", home, "-e", f"HOME={home}", c,
-         "/opt/delegate/venv/bin/python", "-", "4"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ["docker", "exec", "-u", STUDENT, "-w", home, "-e", f"HOME={home}", cid("user"),
+         "/opt/delegate/venv/bin/python", str(d / "cold_start.py"), "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert p.stdin is not None
-    p.stdin.write(script)
-    p.stdin.close()
     try:
         # The map's job waits (CONFIGURING) while Slurm powers a worker up.
         wait_until(
