@@ -165,3 +165,26 @@ elastic_power_states() {
         printf '%-10s %-14s %-14s %s\n' "$node" "$what" "${st%[~#%!]}" "${reason:-}"
     done < <(sort -u <<<"$out")
 }
+
+# elastic_reset_nodes: an elastic worker whose service does not run (0
+# replicas: after a down, or a deploy that stopped it) but that Slurm's
+# saved state (the volume <stack>-slurmctld-state) has up, powering up or
+# DOWN is powered down (POWER_DOWN_FORCE; with idle_on_node_suspend it is
+# idle afterwards), so a deploy starts from "every elastic worker powered
+# down". Returns 1 while slurmctld does not answer yet.
+elastic_reset_nodes() {
+    elastic_on || return 0
+    local i n st r
+    for ((i = DELEGATE_ELASTIC_MIN + 1; i <= DELEGATE_ELASTIC_MAX; i++)); do
+        n=worker$i
+        r=$(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_$n" 2>/dev/null)
+        [[ $r == 0 ]] || continue
+        st=$(stack_exec head sinfo -h -N -n "$n" -o %T 2>/dev/null) || return 1
+        [[ -n $st ]] || return 1
+        [[ $st == idle~ || $st == *% ]] && continue
+        log "elastic: $n is '$st' in Slurm's saved state but does not run: powering it down"
+        stack_exec head scontrol update "nodename=$n" state=power_down_force \
+            || warn "elastic: scontrol update nodename=$n state=power_down_force failed"
+    done
+    return 0
+}

@@ -516,8 +516,10 @@ stack_wait() {
     wait_for "$DELEGATE_STACK_WAIT" "stack: every service that runs all the time" stack_services_running \
         || die "not every service runs after ${DELEGATE_STACK_WAIT}s:
 $(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)"
-    local deadline=$((SECONDS + DELEGATE_STACK_WAIT)) resumed=0
+    local deadline=$((SECONDS + DELEGATE_STACK_WAIT)) resumed=0 reset=0
     until stack_nodes_idle; do
+        # Elastic workers left up or DOWN in Slurm's saved state: once.
+        ((reset)) || { elastic_reset_nodes && reset=1; }
         if ((SECONDS > deadline)); then
             die "not every worker is idle after ${DELEGATE_STACK_WAIT}s:
 $(stack_exec head sinfo -N -l 2>&1)
