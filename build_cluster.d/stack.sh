@@ -505,7 +505,19 @@ stack_nodes_idle() {
     local out
     out=$(stack_exec head sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
     if elastic_on; then
-        [[ $(grep -cE ' idle[~%]?$' <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
+        # The always-on ones idle, the others powered down ("idle~").
+        local i want=0
+        for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+            if elastic_always_on "$i"; then
+                grep -qx "worker$i idle" <<<"$out" && want=$((want + 1))
+            elif grep -qx "worker$i idle~" <<<"$out"; then
+                want=$((want + 1))
+            elif grep -qx "worker$i idle" <<<"$out" \
+                && [[ $(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_worker$i" 2>/dev/null) == 1 ]]; then
+                want=$((want + 1))   # started by Slurm, kept by this deploy
+            fi
+        done
+        ((want == DELEGATE_STACK_WORKERS))
     else
         [[ $(grep -c ' idle$' <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
     fi
@@ -518,8 +530,12 @@ stack_wait() {
 $(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)"
     local deadline=$((SECONDS + DELEGATE_STACK_WAIT)) resumed=0 reset=0
     until stack_nodes_idle; do
-        # Elastic workers left up or DOWN in Slurm's saved state: once.
-        ((reset)) || { elastic_reset_nodes && reset=1; }
+        # Elastic workers left up or DOWN in Slurm's saved state (every
+        # 10 s: a restarting head may recover them so once more).
+        if ((SECONDS >= reset)); then
+            elastic_reset_nodes || true
+            reset=$((SECONDS + 10))
+        fi
         if ((SECONDS > deadline)); then
             die "not every worker is idle after ${DELEGATE_STACK_WAIT}s:
 $(stack_exec head sinfo -N -l 2>&1)

@@ -143,6 +143,13 @@ def ran_once(job: str, marker: str) -> None:
 @pytest.fixture(scope="module")
 def stack():
     env = dict(os.environ, **ELASTIC)
+    # A fresh queue: `down` keeps slurmctld's state volume, and a state saved
+    # by another configuration of this stack name (test_stack.py's fixed
+    # workers, or an elastic run stopped mid-way) is not what this tests.
+    if not run(
+        "docker", "service", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={STACK}"
+    ).stdout.strip():
+        run("docker", "volume", "rm", f"{STACK}-slurmctld-state")
     r = run(SCRIPT, "deploy", timeout=1800, env=env)
     try:
         assert r.returncode == 0, "deploy failed"
