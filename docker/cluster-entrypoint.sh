@@ -21,18 +21,6 @@
 set -euo pipefail
 role=${1:-worker}
 
-# An elastic worker (docs/elastic.md) runs in a time namespace whose boot
-# clock starts now: slurmctld counts a powered-up node as started only when
-# its slurmd reports a boot time after the power-up request, and a
-# container would report the host's. CAP_SYS_TIME (the stack gives it to
-# elastic workers for this alone) leaves the bounding set before anything
-# else runs: nothing in the node holds it afterwards.
-if [[ $role == worker && ${DELEGATE_ELASTIC_NODE:-0} == 1 && -z ${DELEGATE_FRESH_BOOT:-} ]]; then
-    up=$(cut -d. -f1 /proc/uptime)
-    export DELEGATE_FRESH_BOOT=1
-    exec unshare --time --kill-child=SIGTERM --boottime "-$((up > 1 ? up - 1 : 0))" \
-        setpriv --bounding-set -sys_time --inh-caps -sys_time "$0" "$@"
-fi
 CFG=/etc/delegate-stack
 HOME_ROOT=${DELEGATE_STACK_HOME:?DELEGATE_STACK_HOME not set}
 log() { printf '%s [%s %s] %s\n' "$(date '+%H:%M:%S')" "$role" "$(hostname)" "$*"; }
@@ -233,6 +221,7 @@ worker)
             # It opens its log itself; its stdout/stderr (nothing, unless
             # it cannot open the log) go to the container's output.
             DELEGATE_AGENT_LOG=/var/log/delegate/agent.log DELEGATE_NODE_NAME=$(hostname -s) \
+                setpriv --bounding-set -sys_time --inh-caps -sys_time \
                 /usr/local/sbin/sandbox-agent </dev/null || rc=$?
             log "sandbox-agent exited ($rc); restarting in 2 s"
             sleep 2
@@ -245,6 +234,19 @@ worker)
     # slurmd's and the agent's logs go to the container's output too
     # (docker service logs).
     tail -F /var/log/delegate/slurmd.log /var/log/delegate/epilog.log /var/log/delegate/agent.log 2>/dev/null &
+    if [[ ${DELEGATE_ELASTIC_NODE:-0} == 1 ]]; then
+        # An elastic worker (docs/elastic.md): slurmctld counts a powered-up
+        # node as started only when its slurmd reports a boot time after the
+        # power-up request, and a container would report the host's. slurmd
+        # runs in a time namespace whose boot clock starts now (0 s: a
+        # boot time even a second old can precede a fast start's request).
+        # CAP_SYS_TIME (the stack gives it to elastic workers for this alone)
+        # leaves the bounding and inheritable sets: slurmd and the jobs
+        # never hold it (the agent dropped it when it started, above).
+        up=$(cut -d. -f1 /proc/uptime)
+        exec unshare --time --fork --kill-child=SIGTERM --boottime "-$up" \
+            setpriv --bounding-set -sys_time --inh-caps -sys_time slurmd -D
+    fi
     exec slurmd -D
     ;;
 user)
