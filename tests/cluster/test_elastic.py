@@ -143,16 +143,16 @@ def ran_once(job: str, marker: str) -> None:
 @pytest.fixture(scope="module")
 def stack():
     env = dict(os.environ, **ELASTIC)
-    # A fresh queue: `down` keeps slurmctld's state volume, and a state saved
-    # by another configuration of this stack name (test_stack.py's fixed
-    # workers, or an elastic run stopped mid-way) is not what this tests.
-    if not run(
-        "docker", "service", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={STACK}"
-    ).stdout.strip():
-        run("docker", "volume", "rm", f"{STACK}-slurmctld-state")
     r = run(SCRIPT, "deploy", timeout=1800, env=env)
     try:
         assert r.returncode == 0, "deploy failed"
+        # `down` keeps slurmctld's state (the volume <stack>-slurmctld-state,
+        # so job ids go on and never meet the accounting database's old
+        # records): jobs an earlier run left queued would power workers up
+        # under this test. They are dead calls; cancel them.
+        left = on("head", "squeue", "-h", "-o", "%A", quiet=True).stdout.split()
+        if left:
+            on("head", "scancel", *left)
         yield env
     finally:
         # A failed test must not leave a broken image on a worker service.
@@ -166,7 +166,7 @@ def stack():
 
 def test_deploy_starts_no_worker(stack):
     assert cid("power"), "the power service does not run"
-    wait_until("workers powered down after the deploy", all_powered_down, 60)
+    wait_until("workers powered down after the deploy", all_powered_down, STOP_WITHIN)
     r = run(SCRIPT, "status", env=stack)
     assert r.returncode == 0
     for w in WORKERS:
