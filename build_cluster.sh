@@ -73,6 +73,8 @@ unset _fd
 #                               (stack_*)
 #   build_cluster.d/hub.sh      JupyterHub on the stack's user node, the
 #                               stack's accounts (`--stack accounts`)
+#   build_cluster.d/elastic.sh  elastic workers: Slurm's power saving, the
+#                               power service (elastic_*)
 #   build_cluster.d/stack_accounting.sh  the stack's database, slurmdbd,
 #                               slurmctld's state volume, the course account
 #   build_cluster.d/check.sh    test: the instructor's check of a deployed
@@ -120,7 +122,7 @@ DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common packages quota local accounting stack stack_accounting hub check; do
+for part in common packages quota local accounting stack elastic stack_accounting hub check; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -140,6 +142,8 @@ source "$REPO/build_cluster.d/local.sh"
 source "$REPO/build_cluster.d/accounting.sh"
 # shellcheck source=build_cluster.d/stack.sh
 source "$REPO/build_cluster.d/stack.sh"
+# shellcheck source=build_cluster.d/elastic.sh
+source "$REPO/build_cluster.d/elastic.sh"
 # shellcheck source=build_cluster.d/stack_accounting.sh
 source "$REPO/build_cluster.d/stack_accounting.sh"
 # shellcheck source=build_cluster.d/hub.sh

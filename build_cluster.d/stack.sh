@@ -38,6 +38,7 @@ stack_load_config() {
     # shellcheck source=../cluster.conf
     source "$conf"
     [[ -n $STACK_WORKERS_ARG ]] && DELEGATE_STACK_WORKERS=$STACK_WORKERS_ARG
+    elastic_load_config
     [[ $DELEGATE_STACK_WORKERS =~ ^[1-9][0-9]*$ ]] || die "--workers/DELEGATE_STACK_WORKERS must be a positive number, not '$DELEGATE_STACK_WORKERS'"
     [[ $DELEGATE_STACK_NAME =~ ^[a-z][a-z0-9-]*$ ]] || die "DELEGATE_STACK_NAME must be lowercase letters, digits and '-'"
     [[ $DELEGATE_STACK_HOME == /* ]] || die "DELEGATE_STACK_HOME must be an absolute path"
@@ -248,8 +249,12 @@ CommunicationParameters=NoAddrCache
 CONF
         ((DELEGATE_STACK_WORKER_GPUS > 0)) && printf '# GPUs per worker (gres.conf).\nGresTypes=gpu\n'
         echo "# Node hardware from cluster.conf (must not exceed what slurmd detects)."
-        echo "NodeName=$nodes CPUs=$DELEGATE_STACK_WORKER_CPUS RealMemory=$DELEGATE_STACK_WORKER_MEM_MB$gres State=UNKNOWN"
+        elastic_node_lines "$DELEGATE_STACK_WORKER_CPUS" "$DELEGATE_STACK_WORKER_MEM_MB" "$gres"
+        elastic_slurm_conf
     } >>"$tmp"
+    # Powered-down (CLOUD) nodes are listed by sinfo for everyone only with
+    # PrivateData's "cloud" (else they vanish while down).
+    elastic_on && sed -i 's/^PrivateData=\(.*\)$/PrivateData=\1,cloud/' "$tmp"
     if grep -q '@[A-Z_]*@' "$tmp" || ! grep -qF "PartitionName=delegate Nodes=$nodes " "$tmp"; then
         rm -f "$tmp"; die "cannot adapt slurm-conf/slurm.conf.in for the stack (placeholders or the partition line changed)"
     fi
@@ -312,7 +317,8 @@ CONF
 
     # The stack file: the worker block repeated, placeholders filled.
     local cfgv keyv hc="" wc="" uc=""
-    cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins} | sha256sum | cut -c1-10)
+    elastic_generate
+    cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,power.sh,power-hook} | sha256sum | cut -c1-10)
     keyv=$(cat "$STACK_SECRETS"/{munge.key,jupyter-token} | sha256sum | cut -c1-10)
     if [[ ${DELEGATE_STACK_PLACEMENT:-0} == 1 ]]; then
         hc='"node.role == manager"'
@@ -322,9 +328,11 @@ CONF
     stack_accounting_generate
     hub_cgroups
     tmp=$(mktemp)
-    awk -v n="$n" '
+    elastic_stack_sed
+    awk -v n="$n" -v reps="$(elastic_replicas)" '
+        BEGIN { split(reps, rep, " ") }
         /# WORKER-BEGIN/ { inblk = 1; next }
-        /# WORKER-END/ { for (i = 1; i <= n; i++) { s = blk; gsub(/@I@/, i, s); printf "%s", s } inblk = 0; next }
+        /# WORKER-END/ { for (i = 1; i <= n; i++) { s = blk; gsub(/@I@/, i, s); gsub(/@REPLICAS@/, rep[i], s); printf "%s", s } inblk = 0; next }
         inblk { blk = blk $0 "\n"; next }
         { print }' "$REPO/stack/delegate-stack.yml.in" \
       | sed -e "s|@MARKER@|${MARKER#\# }|" \
@@ -342,7 +350,7 @@ CONF
             -e "s|@HUB_CG_MEM@|$HUB_CG_MEM|g" -e "s|@HUB_CG_CPU@|$HUB_CG_CPU|g" \
             -e "s|@HUB_STUDENT_MEM@|$DELEGATE_HUB_STUDENT_MEM|g" -e "s|@HUB_STUDENT_CPUS@|$DELEGATE_HUB_STUDENT_CPUS|g" \
             -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \
-            "${STACK_ACCT_SED[@]}" \
+            "${STACK_ACCT_SED[@]}" "${ELASTIC_SED[@]}" \
         >"$tmp"
     grep -q '@[A-Z_]*@' "$tmp" && { rm -f "$tmp"; die "stack file has unfilled placeholders"; }
     mv "$tmp" "$STACK_FILE"
@@ -482,26 +490,54 @@ stack_wheels() {
 # stack_services_running: head, user and every worker have a running
 # container.
 stack_services_running() {
-    local svc want=$((DELEGATE_STACK_WORKERS + 4)) up=0
-    for svc in head dbd db user $(seq -f 'worker%g' 1 "$DELEGATE_STACK_WORKERS"); do
+    local svc want up=0 always=(head dbd db user) i
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        elastic_always_on "$i" && always+=("worker$i")
+    done
+    elastic_on && [[ -z $DELEGATE_POWER_HOOK ]] && always+=(power)
+    want=${#always[@]}
+    for svc in "${always[@]}"; do
         [[ -n $(stack_cid "$svc") ]] && up=$((up + 1))
     done
     ((up == want))
 }
-# stack_nodes_idle: Slurm on the head says every worker is idle.
+# stack_nodes_idle: Slurm on the head says every worker is idle (elastic:
+# the always-on ones idle, the others idle or powered down, "idle~").
 stack_nodes_idle() {
     local out
     out=$(stack_exec head sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
-    [[ $(grep -c ' idle$' <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
+    if elastic_on; then
+        # The always-on ones idle, the others powered down ("idle~").
+        local i want=0
+        for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+            if elastic_always_on "$i"; then
+                grep -qx "worker$i idle" <<<"$out" && want=$((want + 1))
+            elif grep -qx "worker$i idle~" <<<"$out"; then
+                want=$((want + 1))
+            elif grep -qx "worker$i idle" <<<"$out" \
+                && [[ $(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_worker$i" 2>/dev/null) == 1 ]]; then
+                want=$((want + 1))   # started by Slurm, kept by this deploy
+            fi
+        done
+        ((want == DELEGATE_STACK_WORKERS))
+    else
+        [[ $(grep -c ' idle$' <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
+    fi
 }
 # stack_wait: wait (up to DELEGATE_STACK_WAIT each) for every service, every
 # worker idle (resuming drained ones once) and JupyterLab answering.
 stack_wait() {
-    wait_for "$DELEGATE_STACK_WAIT" "stack: all $((DELEGATE_STACK_WORKERS + 4)) services" stack_services_running \
+    wait_for "$DELEGATE_STACK_WAIT" "stack: every service that runs all the time" stack_services_running \
         || die "not every service runs after ${DELEGATE_STACK_WAIT}s:
 $(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)"
-    local deadline=$((SECONDS + DELEGATE_STACK_WAIT)) resumed=0
+    local deadline=$((SECONDS + DELEGATE_STACK_WAIT)) resumed=0 reset=0
     until stack_nodes_idle; do
+        # Elastic workers left up or DOWN in Slurm's saved state (every
+        # 10 s: a restarting head may recover them so once more).
+        if ((SECONDS >= reset)); then
+            elastic_reset_nodes || true
+            reset=$((SECONDS + 10))
+        fi
         if ((SECONDS > deadline)); then
             die "not every worker is idle after ${DELEGATE_STACK_WAIT}s:
 $(stack_exec head sinfo -N -l 2>&1)
@@ -593,6 +629,9 @@ stack_status() {
     stack_exec head sinfo -N -l 2>&1 || true
     stack_exec head squeue 2>&1 || true
     echo
+    echo "Power state of the workers ($(elastic_on && echo "elastic: $DELEGATE_ELASTIC_MIN..$DELEGATE_ELASTIC_MAX workers, stopped after ${DELEGATE_ELASTIC_IDLE}s idle" || echo "elastic off: always on")):"
+    elastic_power_states
+    echo
     stack_agents_status
     echo
     stack_accounting_status
@@ -608,6 +647,10 @@ stack_agents_status() {
     local i w pid probe last
     for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
         w=worker$i
+        if ! elastic_always_on "$i" && [[ -z $(stack_cid "$w") ]]; then
+            echo "$w: not running (powered down; Slurm starts it when a job needs it)"
+            continue
+        fi
         pid=$(stack_exec "$w" pgrep -x sandbox-agent 2>/dev/null | paste -sd, -)
         if stack_exec "$w" runuser -u nobody -- /usr/local/bin/sandbox-runner probe >/dev/null 2>&1; then
             probe="answers"

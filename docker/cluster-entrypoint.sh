@@ -20,6 +20,7 @@
 # exactly as long as the daemon.
 set -euo pipefail
 role=${1:-worker}
+
 CFG=/etc/delegate-stack
 HOME_ROOT=${DELEGATE_STACK_HOME:?DELEGATE_STACK_HOME not set}
 log() { printf '%s [%s %s] %s\n' "$(date '+%H:%M:%S')" "$role" "$(hostname)" "$*"; }
@@ -36,6 +37,24 @@ install -o root -g root -m 0644 "$CFG/policy.toml" /etc/delegate/policy.toml
 # by srun/sbatch everywhere).
 install -o root -g root -m 0644 "$CFG/job_submit.lua" /etc/slurm/job_submit.lua
 install -o root -g root -m 0644 "$CFG/plugstack.conf" /etc/slurm/delegate-plugstack.conf
+
+# --- the power program of elastic workers (docs/elastic.md, slurm-conf/power.sh)
+install -d -m 0755 /usr/local/lib/delegate
+if [[ -r $CFG/power.sh ]]; then
+    install -o root -g root -m 0755 "$CFG/power.sh" /usr/local/lib/delegate/power
+fi
+if [[ $role == power ]]; then
+    # The power service: root, the host's Docker socket (root-only
+    # directory, as on the workers), the spool shared with the head only.
+    engine=/run/delegate-engine
+    [[ -S $engine/docker.sock ]] || die "the host's Docker socket is not mounted at $engine/docker.sock"
+    chown root:root "$engine"
+    chmod 0700 "$engine"
+    ln -sfn "$engine/docker.sock" /var/run/docker.sock
+    [[ -x /usr/local/lib/delegate/power ]] || die "no power program ($CFG/power.sh)"
+    log "power service: serving requests in /run/delegate-power"
+    exec /usr/local/lib/delegate/power serve
+fi
 
 # --- accounts: "name uid [role [full name]]" per line (role and name: the
 # roster's accounts); same uid/gid on every node
@@ -101,6 +120,25 @@ dbd_answers() { timeout 10 sacctmgr -n -P show cluster format=cluster >/dev/null
 
 case $role in
 head)
+    # Elastic workers: slurmctld runs the power program as SlurmUser under
+    # the names slurm.conf gives (power-resume, -suspend, -resume-fail); it
+    # writes requests into the spool (SlurmUser's alone, 0700) and logs to
+    # power.log. The site's hook (cluster.conf DELEGATE_POWER_HOOK), when
+    # one is configured, replaces the spool.
+    for n in power-resume power-suspend power-resume-fail; do
+        ln -sfn power "/usr/local/lib/delegate/$n"
+    done
+    if [[ -s $CFG/power-hook && $(head -n1 "$CFG/power-hook") != "# delegate: no power hook"* ]]; then
+        install -o root -g root -m 0755 "$CFG/power-hook" /usr/local/lib/delegate/power-hook
+    else
+        rm -f /usr/local/lib/delegate/power-hook
+    fi
+    if [[ -d /run/delegate-power ]]; then
+        chown "${slurmuser:-root}:" /run/delegate-power
+        chmod 0700 /run/delegate-power
+    fi
+    touch /var/log/delegate/power.log
+    chown "${slurmuser:-root}" /var/log/delegate/power.log
     # slurmctld needs slurmdbd (the "dbd" service) on its first start: with
     # AccountingStorageEnforce and no saved state it cannot start without
     # the associations. With state on the volume (a restart) it starts from
@@ -183,6 +221,7 @@ worker)
             # It opens its log itself; its stdout/stderr (nothing, unless
             # it cannot open the log) go to the container's output.
             DELEGATE_AGENT_LOG=/var/log/delegate/agent.log DELEGATE_NODE_NAME=$(hostname -s) \
+                setpriv --bounding-set -sys_time --inh-caps -sys_time \
                 /usr/local/sbin/sandbox-agent </dev/null || rc=$?
             log "sandbox-agent exited ($rc); restarting in 2 s"
             sleep 2
@@ -195,6 +234,19 @@ worker)
     # slurmd's and the agent's logs go to the container's output too
     # (docker service logs).
     tail -F /var/log/delegate/slurmd.log /var/log/delegate/epilog.log /var/log/delegate/agent.log 2>/dev/null &
+    if [[ ${DELEGATE_ELASTIC_NODE:-0} == 1 ]]; then
+        # An elastic worker (docs/elastic.md): slurmctld counts a powered-up
+        # node as started only when its slurmd reports a boot time after the
+        # power-up request, and a container would report the host's. slurmd
+        # runs in a time namespace whose boot clock starts now (0 s: a
+        # boot time even a second old can precede a fast start's request).
+        # CAP_SYS_TIME (the stack gives it to elastic workers for this alone)
+        # leaves the bounding and inheritable sets: slurmd and the jobs
+        # never hold it (the agent dropped it when it started, above).
+        up=$(cut -d. -f1 /proc/uptime)
+        exec unshare --time --fork --kill-child=SIGTERM --boottime "-$up" \
+            setpriv --bounding-set -sys_time --inh-caps -sys_time slurmd -D
+    fi
     exec slurmd -D
     ;;
 user)

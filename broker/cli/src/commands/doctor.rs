@@ -99,6 +99,23 @@ pub fn doctor(cli: &Cli) -> CliResult {
             Err(e) => Err((e, slurm_fix.into())),
         },
     ));
+    // Elastic workers (docs/elastic.md): a job waiting for a worker Slurm
+    // is powering up, or a worker that failed to start.
+    if let (Ok(n), Ok(q)) = (
+        run_cmd("sinfo", &["--noheader", "--Node", "--format=%N|%T|%E"], None, t),
+        run_cmd(
+            "squeue",
+            &["--me", "--noheader", "--states=PD,CF", "--format=%i|%T|%r"],
+            None,
+            t,
+        ),
+    ) {
+        if let Some(res) =
+            super::power::explain(&super::power::parse_nodes(&n.stdout), &super::power::parse_waiting(&q.stdout))
+        {
+            checks.push(check("elastic workers", res));
+        }
+    }
     let munge_fix = "start munged (same /etc/munge/munge.key on every node)";
     checks.push(check(
         "munge",

@@ -1,0 +1,190 @@
+# shellcheck shell=bash
+# build_cluster.d/elastic.sh -- elastic workers of the stack (issue 17,
+# docs/elastic.md): Slurm's power saving starts workers when jobs wait and
+# stops them when idle. cluster.conf DELEGATE_ELASTIC=1 turns it on.
+#
+# What it adds to the stack (stack.sh calls these):
+#   - slurm.conf: ResumeProgram/SuspendProgram/ResumeFailProgram (the
+#     head's /usr/local/lib/delegate/power-*, slurm-conf/power.sh),
+#     SuspendTime, ResumeTimeout; workers above DELEGATE_ELASTIC_MIN are
+#     State=CLOUD (powered down until a job needs them);
+#   - the "power" service (manager node, the Docker socket, root): it alone
+#     scales worker services, on requests slurmctld's programs write into
+#     a root/SlurmUser-only spool directory ($DELEGATE_STACK_DIR/power)
+#     bound into the head and into it, nowhere else (no student reaches
+#     either container);
+#   - each worker service's replicas: 1 for the always-on ones, else what
+#     runs now (a redeploy does not stop workers Slurm started), else 0.
+# Sourced by build_cluster.sh after stack.sh; needs log, warn, die, STACK,
+# STACK_GEN, the DELEGATE_* settings of cluster.conf.
+
+# elastic_on: DELEGATE_ELASTIC=1.
+elastic_on() { [[ ${DELEGATE_ELASTIC:-0} == 1 ]]; }
+
+# elastic_load_config: check the settings; with elastic on, the stack has
+# DELEGATE_ELASTIC_MAX workers.
+elastic_load_config() {
+    [[ ${DELEGATE_ELASTIC:-0} =~ ^[01]$ ]] || die "DELEGATE_ELASTIC must be 0 or 1, not '$DELEGATE_ELASTIC'"
+    elastic_on || return 0
+    local v
+    for v in DELEGATE_ELASTIC_MIN DELEGATE_ELASTIC_MAX DELEGATE_ELASTIC_IDLE DELEGATE_ELASTIC_RESUME_TIMEOUT; do
+        [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, not '${!v}'"
+    done
+    ((DELEGATE_ELASTIC_MAX >= 1 && DELEGATE_ELASTIC_MAX <= 999)) || die "DELEGATE_ELASTIC_MAX must be 1..999"
+    ((DELEGATE_ELASTIC_MIN <= DELEGATE_ELASTIC_MAX)) || die "DELEGATE_ELASTIC_MIN ($DELEGATE_ELASTIC_MIN) is above DELEGATE_ELASTIC_MAX ($DELEGATE_ELASTIC_MAX)"
+    ((DELEGATE_ELASTIC_IDLE >= 10)) || die "DELEGATE_ELASTIC_IDLE must be at least 10 seconds"
+    ((DELEGATE_ELASTIC_RESUME_TIMEOUT >= 30)) || die "DELEGATE_ELASTIC_RESUME_TIMEOUT must be at least 30 seconds"
+    if [[ -n $DELEGATE_POWER_HOOK ]]; then
+        [[ -f $DELEGATE_POWER_HOOK && -x $DELEGATE_POWER_HOOK ]] || die "DELEGATE_POWER_HOOK $DELEGATE_POWER_HOOK is not an executable file"
+    fi
+    [[ -n $STACK_WORKERS_ARG && $STACK_WORKERS_ARG != "$DELEGATE_ELASTIC_MAX" ]] \
+        && warn "elastic workers: --workers $STACK_WORKERS_ARG ignored, the stack has DELEGATE_ELASTIC_MAX=$DELEGATE_ELASTIC_MAX"
+    DELEGATE_STACK_WORKERS=$DELEGATE_ELASTIC_MAX
+    ELASTIC_SPOOL=$DELEGATE_STACK_DIR/power
+}
+
+# elastic_range A B: Slurm's name of workers A..B ("" when B < A).
+elastic_range() {
+    if (($2 < $1)); then echo ""; elif (($1 == $2)); then echo "worker$1"; else echo "worker[$1-$2]"; fi
+}
+
+# elastic_node_lines CPUS MEM GRES: the NodeName lines of slurm.conf.
+elastic_node_lines() {
+    local hw="CPUs=$1 RealMemory=$2$3" on off
+    if ! elastic_on; then
+        echo "NodeName=$(elastic_range 1 "$DELEGATE_STACK_WORKERS") $hw State=UNKNOWN"
+        return
+    fi
+    on=$(elastic_range 1 "$DELEGATE_ELASTIC_MIN")
+    off=$(elastic_range $((DELEGATE_ELASTIC_MIN + 1)) "$DELEGATE_ELASTIC_MAX")
+    [[ -n $on ]] && echo "NodeName=$on $hw State=UNKNOWN"
+    [[ -n $off ]] && echo "NodeName=$off $hw State=CLOUD"
+    return 0
+}
+
+# elastic_slurm_conf: the power saving settings (nothing when off).
+elastic_slurm_conf() {
+    elastic_on || return 0
+    local exc
+    exc=$(elastic_range 1 "$DELEGATE_ELASTIC_MIN")
+    cat <<CONF
+# --- Elastic workers (cluster.conf DELEGATE_ELASTIC=1, docs/elastic.md) ---
+# Slurm's power saving: workers above DELEGATE_ELASTIC_MIN are CLOUD nodes,
+# powered down until a job is allocated to them. slurmctld then runs
+# ResumeProgram (as SlurmUser) with their names; the job waits in state
+# CONFIGURING until their slurmd registers (at most ResumeTimeout, else the
+# node goes DOWN with a reason and, delegate's jobs being --no-requeue, the
+# job ends with it). A node idle for SuspendTime seconds is stopped by
+# SuspendProgram and counts as powered down after SuspendTimeout.
+ResumeProgram=/usr/local/lib/delegate/power-resume
+SuspendProgram=/usr/local/lib/delegate/power-suspend
+ResumeFailProgram=/usr/local/lib/delegate/power-resume-fail
+SuspendTime=$DELEGATE_ELASTIC_IDLE
+SuspendTimeout=30
+ResumeTimeout=$DELEGATE_ELASTIC_RESUME_TIMEOUT
+# No rate limit (nodes per minute; 0 = unlimited): a course has few workers.
+ResumeRate=0
+SuspendRate=0
+${exc:+# The minimum: never powered down.
+SuspendExcNodes=$exc
+}# idle_on_node_suspend: a node that is stopped is idle again afterwards
+# (not left DOWN), so it can be started for the next job.
+# power_save_interval=5: look for idle nodes every 5 s (default 10).
+SlurmctldParameters=idle_on_node_suspend,power_save_interval=5
+# slurmd of a CLOUD node has no fixed address (a new container each time):
+# messages go straight from slurmctld to each node, not through a tree of
+# slurmds that may not know each other.
+TreeWidth=65533
+CONF
+}
+
+# elastic_stack_sed: ELASTIC_SED, sed arguments that keep (elastic on) or
+# drop the stack file's "#ELASTIC" lines and POWER block (and the reverse
+# for "#NOELASTIC" lines).
+elastic_stack_sed() {
+    if elastic_on; then
+        ELASTIC_SED=(-e '/#NOELASTIC$/d' -e 's/ *#ELASTIC$//'
+            -e "s|@ELASTIC_MIN@|$DELEGATE_ELASTIC_MIN|g" -e "s|@ELASTIC_MAX@|$DELEGATE_ELASTIC_MAX|g"
+            -e "s|@POWER_SPOOL@|$ELASTIC_SPOOL|g"
+            -e "s|@POWER_START_WAIT@|$((DELEGATE_ELASTIC_RESUME_TIMEOUT > 60 ? 60 : DELEGATE_ELASTIC_RESUME_TIMEOUT - 10))|g")
+        [[ -n $DELEGATE_POWER_HOOK ]] && ELASTIC_SED+=(-e '/# POWER-BEGIN/,/# POWER-END/d')
+    else
+        ELASTIC_SED=(-e '/#ELASTIC$/d' -e 's/ *#NOELASTIC$//' -e '/# POWER-BEGIN/,/# POWER-END/d')
+    fi
+    ELASTIC_SED+=(-e '/# POWER-BEGIN/d' -e '/# POWER-END/d')
+}
+
+# elastic_replicas: "r1 r2 ... rN", the replicas of each worker service.
+elastic_replicas() {
+    local i r out=""
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        r=1
+        if elastic_on && ((i > DELEGATE_ELASTIC_MIN)); then
+            r=$(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_worker$i" 2>/dev/null || echo 0)
+            [[ $r == 1 ]] || r=0
+        fi
+        out+="$r "
+    done
+    echo "$out"
+}
+
+# elastic_generate: the power program and hook (swarm configs) and the spool.
+elastic_generate() {
+    install -m 0644 "$REPO/slurm-conf/power.sh" "$STACK_GEN/power.sh"
+    if elastic_on && [[ -n $DELEGATE_POWER_HOOK ]]; then
+        install -m 0644 "$DELEGATE_POWER_HOOK" "$STACK_GEN/power-hook"
+    else
+        # A swarm config may not be empty; the head's entrypoint knows this line.
+        echo "# delegate: no power hook (cluster.conf DELEGATE_POWER_HOOK)" >"$STACK_GEN/power-hook"
+    fi
+    if elastic_on; then
+        # Root's on the host; the head hands it to SlurmUser (0700).
+        [[ -d $ELASTIC_SPOOL ]] || install -d -m 0700 "$ELASTIC_SPOOL"
+        log "elastic workers: worker1..worker$DELEGATE_ELASTIC_MAX, $DELEGATE_ELASTIC_MIN always on, stopped after ${DELEGATE_ELASTIC_IDLE}s idle$([[ -n $DELEGATE_POWER_HOOK ]] && echo ", power hook $DELEGATE_POWER_HOOK")"
+    fi
+}
+
+# elastic_always_on I: worker I runs all the time (elastic off, or I <= MIN).
+elastic_always_on() { ! elastic_on || (($1 <= DELEGATE_ELASTIC_MIN)); }
+
+# elastic_power_states: "workerN STATE" lines from slurmctld (sinfo's long
+# states: idle, idle~ powered down, idle# / alloc# powering up, idle% powering
+# down, down~ ...) with the meaning spelled out.
+elastic_power_states() {
+    local out node st what
+    out=$(stack_exec head sinfo -h -N -o '%N %T %E' 2>/dev/null) || { echo "(slurmctld does not answer)"; return 0; }
+    while read -r node st reason; do
+        case $st in
+            *~) what="POWERED_DOWN" ;;
+            *#) what="POWERING_UP" ;;
+            *%) what="POWERING_DOWN" ;;
+            *!) what="POWER_DOWN pending" ;;
+            *) what="POWERED_UP" ;;
+        esac
+        [[ $reason == none ]] && reason=""
+        printf '%-10s %-14s %-14s %s\n' "$node" "$what" "${st%[~#%!]}" "${reason:-}"
+    done < <(sort -u <<<"$out")
+}
+
+# elastic_reset_nodes: an elastic worker whose service does not run (0
+# replicas: after a down, or a deploy that stopped it) but that Slurm's
+# saved state (the volume <stack>-slurmctld-state) has up, powering up or
+# DOWN is powered down (POWER_DOWN_FORCE; with idle_on_node_suspend it is
+# idle afterwards), so a deploy starts from "every elastic worker powered
+# down". Returns 1 while slurmctld does not answer yet.
+elastic_reset_nodes() {
+    elastic_on || return 0
+    local i n st r
+    for ((i = DELEGATE_ELASTIC_MIN + 1; i <= DELEGATE_ELASTIC_MAX; i++)); do
+        n=worker$i
+        r=$(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_$n" 2>/dev/null)
+        [[ $r == 0 ]] || continue
+        st=$(stack_exec head sinfo -h -N -n "$n" -o %T 2>/dev/null) || return 1
+        [[ -n $st ]] || return 1
+        [[ $st == idle~ || $st == *% ]] && continue
+        log "elastic: $n is '$st' in Slurm's saved state but does not run: powering it down"
+        stack_exec head scontrol update "nodename=$n" state=power_down_force \
+            || warn "elastic: scontrol update nodename=$n state=power_down_force failed"
+    done
+    return 0
+}

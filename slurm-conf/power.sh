@@ -1,0 +1,268 @@
+#!/bin/bash
+# delegate-power: elastic workers through Slurm's power saving (docs/elastic.md).
+#
+# slurmctld runs it, as SlurmUser, on the head, under three names (links the
+# stack's entrypoint makes in /usr/local/lib/delegate/, named in slurm.conf):
+#   power-resume HOSTLIST        ResumeProgram: start these workers
+#   power-suspend HOSTLIST       SuspendProgram: stop these idle workers
+#   power-resume-fail HOSTLIST   ResumeFailProgram: these did not register
+#                                within ResumeTimeout: stop them, say why
+# HOSTLIST is Slurm's expression (worker[1-2]); `scontrol show hostnames`
+# expands it. How a node is started or stopped:
+#   - a site hook (/usr/local/lib/delegate/power-hook, cluster.conf
+#     DELEGATE_POWER_HOOK) when installed: `HOOK resume|suspend NODE...`,
+#     for real machines (wake-on-LAN, IPMI, a cloud CLI; README);
+#   - else the stack's power service: one request file per node in the
+#     spool directory (a root-only host directory bound into the head and
+#     into the "power" service only), answered by `power serve` there, which
+#     scales the worker's swarm service to 1 or 0 replicas.
+# A worker that cannot be started is set DOWN with the reason, so its jobs
+# end (delegate submits --no-requeue) with a reason and the node is not
+# tried again until an operator resumes it.
+#
+#   power serve                  the power service's loop (root, Docker
+#                                socket; DELEGATE_STACK_NAME, DELEGATE_ELASTIC_MIN,
+#                                DELEGATE_ELASTIC_MAX from its environment)
+set -uo pipefail
+
+SPOOL=${DELEGATE_POWER_SPOOL:-/run/delegate-power}
+HOOK=/usr/local/lib/delegate/power-hook
+LOG=${DELEGATE_POWER_LOG:-/var/log/delegate/power.log}
+
+log() { printf '%s [power %s] %s\n' "$(date '+%F %T')" "$ACTION" "$*" >>"$LOG" 2>/dev/null || printf '%s [power %s] %s\n' "$(date '+%F %T')" "$ACTION" "$*" >&2; }
+
+# clean TEXT: a reason Slurm shows (printable, no quotes, bounded).
+clean() { tr -c '[:alnum:] .,:;_/()=+-' ' ' <<<"$1" | tr -s ' ' | cut -c1-180; }
+
+# node_ok NAME: a worker name of this stack's form.
+node_ok() { [[ $1 =~ ^worker[1-9][0-9]{0,3}$ ]]; }
+
+# mark_down NODE REASON: out of service with the reason; the jobs that
+# waited for it are requeued (requeue_waiting).
+mark_down() {
+    local reason
+    reason="elastic: $(clean "$2")"
+    requeue_waiting "$1"
+    log "$1: DOWN: $reason"
+    scontrol update "nodename=$1" state=down "reason=$reason" >>"$LOG" 2>&1 \
+        || log "$1: scontrol update state=down failed"
+}
+
+# requeue_waiting NODE: the jobs allocated to NODE that still wait for it
+# (CONFIGURING: their batch script never started, so nothing of them ran)
+# may be requeued: delegate submits --no-requeue (a job directory is
+# single-use), which would make the node's failure end them NODE_FAIL.
+# Requeued, they run elsewhere, once (and the runner refuses a job directory
+# that was started before in any case).
+requeue_waiting() {
+    local j
+    for j in $(squeue -h -w "$1" -t CF -o %i 2>/dev/null); do
+        [[ $j =~ ^[0-9]+(_[0-9]+)?$ ]] || continue
+        if scontrol update "jobid=$j" requeue=1 >>"$LOG" 2>&1; then
+            log "$1: job $j waited for it: requeued when the node goes down"
+        else
+            log "$1: job $j: scontrol update requeue=1 failed"
+        fi
+    done
+}
+
+# wait_registered NODE SECONDS: NODE's slurmd registered (no longer
+# powering up, "#") within SECONDS.
+wait_registered() {
+    local deadline=$((SECONDS + $2)) st
+    while ((SECONDS < deadline)); do
+        st=$(sinfo -h -N -n "$1" -o %T 2>/dev/null | head -n1)
+        [[ -n $st && $st != *'#' ]] && return 0
+        sleep 2
+    done
+    return 1
+}
+
+# resume_timeout: ResumeTimeout of slurm.conf (seconds; 60 when unset).
+resume_timeout() {
+    local t
+    t=$(sed -n 's/^ResumeTimeout=\([0-9]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)
+    echo "${t:-60}"
+}
+
+# ask ACTION NODE...: one request per node to the power service; waits for
+# every answer (up to ResumeTimeout). Prints "NODE ok|error MESSAGE" lines.
+ask() {
+    local action=$1 n id deadline
+    shift
+    local -A ids=()
+    for n in "$@"; do
+        id=$(date +%s%N)$RANDOM$RANDOM
+        if ! { printf '%s %s\n' "$action" "$n" >"$SPOOL/.tmp$id" && mv -f "$SPOOL/.tmp$id" "$SPOOL/req.$id"; }; then
+            echo "$n error cannot write a request into $SPOOL"
+            continue
+        fi
+        ids[$n]=$id
+    done
+    deadline=$((SECONDS + $(resume_timeout)))
+    for n in "${!ids[@]}"; do
+        id=${ids[$n]}
+        while [[ ! -f $SPOOL/res.$id ]] && ((SECONDS < deadline)); do sleep 0.5; done
+        if [[ -f $SPOOL/res.$id ]]; then
+            echo "$n $(head -c 400 "$SPOOL/res.$id" | head -n1)"
+            rm -f "$SPOOL/res.$id"
+        else
+            rm -f "$SPOOL/req.$id"
+            echo "$n error the power service did not answer (is the stack's power service running?)"
+        fi
+    done
+}
+
+# slurm_side ACTION HOSTLIST: what slurmctld runs.
+slurm_side() {
+    local action=$1 list=$2 n rc out line
+    local -a nodes=()
+    local re='^[][A-Za-z0-9,-]+$'
+    [[ $list =~ $re ]] || { log "refused host list '$(clean "$list")'"; return 1; }
+    mapfile -t nodes < <(scontrol show hostnames "$list")
+    for n in "${nodes[@]}"; do
+        node_ok "$n" || { log "refused node name '$(clean "$n")'"; return 1; }
+    done
+    ((${#nodes[@]})) || return 0
+    log "${nodes[*]}"
+    if [[ -x $HOOK ]]; then
+        # The site's own way of powering machines (real machines).
+        local hook_action=$action
+        [[ $action == resume-fail ]] && hook_action=suspend
+        out=$(timeout "$(resume_timeout)" "$HOOK" "$hook_action" "${nodes[@]}" 2>&1)
+        rc=$?
+        log "hook $hook_action: exit $rc: $(clean "$(tail -n 3 <<<"$out")")"
+        if [[ $action == resume && $rc -ne 0 ]]; then
+            for n in "${nodes[@]}"; do
+                mark_down "$n" "the power hook failed to start it (exit $rc): $(tail -n 1 <<<"$out")"
+            done
+        fi
+    else
+        case $action in
+            resume)
+                local -a started=()
+                while read -r n rc line; do
+                    log "$n: $rc $line"
+                    if [[ $rc == ok ]]; then
+                        started+=("$n")
+                    else
+                        mark_down "$n" "cannot start worker $n: $line"
+                    fi
+                done < <(ask resume "${nodes[@]}")
+                # Running is not registered: a slurmd that never registers
+                # is marked down here, a little before ResumeTimeout (Slurm's
+                # own timeout would end the waiting jobs NODE_FAIL).
+                local until=$(($(resume_timeout) - 10))
+                for n in "${started[@]}"; do
+                    wait_registered "$n" "$((until - SECONDS))" && continue
+                    ask suspend "$n" >/dev/null
+                    mark_down "$n" "worker $n runs but its slurmd did not register within ResumeTimeout=$(resume_timeout)s (see its service log: build_cluster.sh status)"
+                done
+                ;;
+            suspend)
+                while read -r n rc line; do log "$n: $rc $line"; done < <(ask suspend "${nodes[@]}")
+                ;;
+        esac
+    fi
+    if [[ $action == resume-fail ]]; then
+        # Slurm set them DOWN ("ResumeTimeout reached"); stop what may be
+        # half up and leave a reason an operator can act on.
+        if [[ ! -x $HOOK ]]; then
+            while read -r n rc line; do log "$n: stop after the failed resume: $rc $line"; done \
+                < <(ask suspend "${nodes[@]}")
+        fi
+        for n in "${nodes[@]}"; do
+            # Already down with this program's own reason (power-resume saw
+            # the failure first): keep that one, it says more.
+            [[ $(sinfo -h -N -n "$n" -o %E 2>/dev/null | head -n1) == elastic:* ]] && continue
+            mark_down "$n" "worker $n did not register within ResumeTimeout=$(resume_timeout)s (see build_cluster.sh status; resume it with scontrol update nodename=$n state=resume)"
+        done
+    fi
+    return 0
+}
+
+# --- the power service (root, Docker socket)
+# answer ID TEXT: the result file for request ID (atomic).
+answer() {
+    printf '%s\n' "$2" >"$SPOOL/.res$1" && mv -f "$SPOOL/.res$1" "$SPOOL/res.$1"
+    echo "$(date '+%T') answer $1: $2"
+}
+
+# task_state SERVICE: "state|error" of the service's newest task.
+task_state() {
+    docker service ps --no-trunc --format '{{.CurrentState}}|{{.Error}}' "$1" 2>/dev/null | head -n1
+}
+
+# serve_one ID ACTION N: scale workerN, answer.
+serve_one() {
+    local id=$1 action=$2 n=$3 svc="${DELEGATE_STACK_NAME}_worker$3" st err deadline
+    if [[ $action == suspend ]]; then
+        if docker service update --detach --replicas 0 "$svc" >/dev/null 2>&1; then
+            answer "$id" "ok stopped"
+        else
+            answer "$id" "error docker service update --replicas 0 $svc failed"
+        fi
+        return
+    fi
+    if ! err=$(docker service update --detach --replicas 1 "$svc" 2>&1 >/dev/null); then
+        answer "$id" "error docker service update --replicas 1 $svc failed: $(clean "$err")"
+        return
+    fi
+    # Started when its task runs; a task the engine rejects or that fails
+    # (an image that is missing, a mount that cannot be made) is a failure
+    # now, not after ResumeTimeout.
+    deadline=$((SECONDS + ${DELEGATE_POWER_START_WAIT:-60}))
+    while ((SECONDS < deadline)); do
+        st=$(task_state "$svc")
+        case $st in
+            Running*) answer "$id" "ok running"; return ;;
+            *\|?*)
+                err=${st#*|}
+                docker service update --detach --replicas 0 "$svc" >/dev/null 2>&1 || true
+                answer "$id" "error the task of $svc failed: $(clean "$err")"
+                return ;;
+        esac
+        sleep 1
+    done
+    answer "$id" "ok starting (task: $(clean "${st:-none}"))"
+}
+
+serve() {
+    local min=${DELEGATE_ELASTIC_MIN:-0} max=${DELEGATE_ELASTIC_MAX:?} f name id line n
+    [[ ${DELEGATE_STACK_NAME:-} =~ ^[a-z][a-z0-9-]*$ ]] || { echo "DELEGATE_STACK_NAME not set" >&2; exit 1; }
+    [[ -d $SPOOL ]] || { echo "$SPOOL missing" >&2; exit 1; }
+    echo "$(date '+%T') power service: workers $((min + 1))..$max of stack $DELEGATE_STACK_NAME, requests in $SPOOL"
+    while :; do
+        for f in "$SPOOL"/req.*; do
+            [[ -e $f || -L $f ]] || continue
+            name=${f##*/}
+            id=${name#req.}
+            if [[ ! $id =~ ^[0-9]{1,40}$ || -L $f || ! -f $f ]]; then
+                rm -f -- "$f"; echo "$(date '+%T') dropped $(clean "$name")"; continue
+            fi
+            line=$(head -c 64 -- "$f" | head -n1)
+            rm -f -- "$f"
+            if [[ $line =~ ^(resume|suspend)\ worker([1-9][0-9]{0,3})$ ]] \
+                && ((BASH_REMATCH[2] > min && BASH_REMATCH[2] <= max)); then
+                n=${BASH_REMATCH[2]}
+                echo "$(date '+%T') request $id: ${BASH_REMATCH[1]} worker$n"
+                serve_one "$id" "${BASH_REMATCH[1]}" "$n" &
+            else
+                answer "$id" "error refused request '$(clean "$line")' (want resume|suspend worker$((min + 1))..worker$max)"
+            fi
+        done
+        sleep 0.5
+    done
+}
+
+case ${0##*/} in
+    power-resume) ACTION=resume ;;
+    power-suspend) ACTION=suspend ;;
+    power-resume-fail) ACTION=resume-fail ;;
+    *) ACTION=${1:-} ; shift || true ;;
+esac
+case $ACTION in
+    resume | suspend | resume-fail) slurm_side "$ACTION" "${1:-}" ;;
+    serve) serve ;;
+    *) echo "usage: power-resume|power-suspend|power-resume-fail HOSTLIST, or power serve" >&2; exit 2 ;;
+esac

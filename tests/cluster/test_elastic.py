@@ -1,0 +1,286 @@
+"""Elastic workers (issue 17, docs/elastic.md): Slurm's power saving starts
+the stack's workers when jobs wait and stops them when idle.
+
+One deploy by `build_cluster.sh deploy` with DELEGATE_ELASTIC=1, min 0,
+max 2, 30 s idle: no worker runs after the deploy; a map (the Python
+package, bench/cold_start.py) brings workers up and completes, while
+`delegate doctor` says the job waits for a worker being powered up; idle
+workers are stopped (no worker container left); a call submitted while a
+worker powers down still completes; a worker whose start fails for real
+(its service's image does not exist) is DOWN with a clear reason and the
+call it was meant for still runs, once. Then `down`, nothing left.
+
+Run by tests/run.sh as root (after test_stack.py). Honours the stack
+settings of the environment (DELEGATE_STACK_NAME, DELEGATE_STACK_HOME, ...)
+like test_stack.py; the elastic settings are this file's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = str(REPO / "build_cluster.sh")
+STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
+HOME = os.environ.get(
+    "DELEGATE_STACK_HOME", os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack") + "/home"
+)
+STUDENT = "dlg-test1"  # cluster.conf DELEGATE_STACK_TEST_USERS
+IDLE = 30
+ELASTIC = {
+    "DELEGATE_ELASTIC": "1",
+    "DELEGATE_ELASTIC_MIN": "0",
+    "DELEGATE_ELASTIC_MAX": "2",
+    "DELEGATE_ELASTIC_IDLE": str(IDLE),
+    "DELEGATE_ELASTIC_RESUME_TIMEOUT": "120",
+}
+WORKERS = ("worker1", "worker2")
+# SuspendTime, then SuspendTimeout (30 s), power_save_interval (5 s), margin.
+STOP_WITHIN = IDLE + 30 + 5 + 60
+
+# The image worker1's service had before test_failed_start broke it.
+broken_from: dict[str, str] = {}
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
+
+
+def run(*args, timeout=600, quiet=False, **kw):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
+    if not quiet:
+        print(r.stdout[-4000:], r.stderr[-3000:], sep="\n")
+    return r
+
+
+def cid(service: str) -> str:
+    ids = run(
+        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{service}",
+        "--filter", "status=running", quiet=True,
+    ).stdout.split()  # fmt: skip
+    return ids[0] if ids else ""
+
+
+def on(service: str, *cmd, user=None, timeout=300, quiet=False, **kw):
+    c = cid(service)
+    assert c, f"{service} has no running container"
+    opts = ["-i"]
+    if user:
+        home = f"{HOME}/{user}"
+        opts += ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
+    return run("docker", "exec", *opts, c, *cmd, timeout=timeout, quiet=quiet, **kw)
+
+
+def nodes() -> dict[str, tuple[str, str]]:
+    """Node -> (sinfo long state with its power suffix, reason)."""
+    r = on("head", "sinfo", "-h", "-N", "-o", "%N|%T|%E", quiet=True)
+    out = {}
+    for line in r.stdout.splitlines():
+        f = line.split("|")
+        if len(f) == 3:
+            out[f[0]] = (f[1], f[2])
+    return out
+
+
+def running_workers() -> list[str]:
+    return [w for w in WORKERS if cid(w)]
+
+
+def wait_until(what: str, cond, timeout: float, step: float = 2):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; nodes {nodes()}"
+        time.sleep(step)
+
+
+def all_powered_down():
+    n = nodes()
+    return not running_workers() and all(n.get(w, ("",))[0] == "idle~" for w in WORKERS)
+
+
+def submit(*cmd: str, count: int = 1) -> list[str]:
+    args = ["delegate", "submit", "--time", "5m"]
+    if count > 1:
+        args += ["--count", str(count)]
+    r = on("user", *args, "--", *cmd, user=STUDENT)
+    assert r.returncode == 0, r.stderr
+    ids = r.stdout.split()
+    assert len(ids) == count, r.stdout
+    return ids
+
+
+def status(ids: list[str]) -> dict[str, dict]:
+    r = on("user", "delegate", "--json", "status", *ids, user=STUDENT, quiet=True)
+    if r.returncode != 0:
+        return {}
+    data = json.loads(r.stdout)
+    rows = data if isinstance(data, list) else data.get("jobs", [data])
+    return {j["id"]: j for j in rows}
+
+
+def wait_terminal(ids: list[str], timeout: float) -> dict[str, dict]:
+    def done():
+        s = status(ids)
+        if len(s) == len(ids) and all(j["state"] not in ("pending", "running") for j in s.values()):
+            return s
+        return None
+
+    return wait_until(f"calls {ids} end", done, timeout, step=3)
+
+
+def ran_once(job: str, marker: str) -> None:
+    r = on("user", "delegate", "logs", job, user=STUDENT, quiet=True)
+    assert r.stdout.count(marker) == 1, r.stdout
+
+
+@pytest.fixture(scope="module")
+def stack():
+    env = dict(os.environ, **ELASTIC)
+    r = run(SCRIPT, "deploy", timeout=1800, env=env)
+    try:
+        assert r.returncode == 0, "deploy failed"
+        # `down` keeps slurmctld's state (the volume <stack>-slurmctld-state,
+        # so job ids go on and never meet the accounting database's old
+        # records): jobs an earlier run left queued would power workers up
+        # under this test. They are dead calls; cancel them.
+        left = on("head", "squeue", "-h", "-o", "%A", quiet=True).stdout.split()
+        if left:
+            on("head", "scancel", *left)
+        yield env
+    finally:
+        # A failed test must not leave a broken image on a worker service.
+        if broken_from:
+            run("docker", "service", "update", "-d", "--image", broken_from["image"], f"{STACK}_worker1")
+        down = run(SCRIPT, "down", timeout=600, env=env)
+        assert down.returncode == 0, "down failed"
+        left = run("docker", "ps", "-aq", "--filter", f"label=com.docker.stack.namespace={STACK}").stdout
+        assert not left.strip(), f"containers left: {left}"
+
+
+def test_deploy_starts_no_worker(stack):
+    assert cid("power"), "the power service does not run"
+    wait_until("workers powered down after the deploy", all_powered_down, STOP_WITHIN)
+    r = run(SCRIPT, "status", env=stack)
+    assert r.returncode == 0
+    for w in WORKERS:
+        assert any(line.startswith(w) and "POWERED_DOWN" in line for line in r.stdout.splitlines()), r.stdout
+        assert f"{w}: not running (powered down" in r.stdout
+    cfg = on("head", "scontrol", "show", "config", quiet=True).stdout
+    assert "power-resume" in cfg and "power-suspend" in cfg, cfg
+
+
+def test_students_cannot_reach_the_power_channel(stack):
+    """The spool is SlurmUser's alone on the head and mounted nowhere a
+    student is (the user node, the workers)."""
+    r = on("head", "stat", "-c", "%a %U", "/run/delegate-power", quiet=True)
+    assert r.stdout.split() == ["700", "slurm"], r.stdout
+    assert on("user", "test", "-e", "/run/delegate-power", quiet=True).returncode != 0
+    assert on("user", "ls", "/run/delegate-power", user=STUDENT, quiet=True).returncode != 0
+    mounts = run("docker", "service", "inspect", "-f", "{{json .Spec.TaskTemplate.ContainerSpec.Mounts}}",
+                 f"{STACK}_user", f"{STACK}_worker1", quiet=True).stdout  # fmt: skip
+    assert "delegate-power" not in mounts and "/power" not in mounts, mounts
+
+
+def test_map_brings_workers_up_and_doctor_explains(stack):
+    """A map of 4 calls with every worker powered down: workers start, the
+    map completes; meanwhile `delegate doctor` explains the wait."""
+    # The driver, readable by the student in the shared home.
+    d = Path(HOME) / ".elastic-test"
+    d.mkdir(mode=0o755, exist_ok=True)
+    (d / "cold_start.py").write_text((REPO / "bench" / "cold_start.py").read_text())
+    (d / "cold_start.py").chmod(0o644)
+    home = f"{HOME}/{STUDENT}"
+    p = subprocess.Popen(
+        ["docker", "exec", "-u", STUDENT, "-w", home, "-e", f"HOME={home}", cid("user"),
+         "/opt/delegate/venv/bin/python", str(d / "cold_start.py"), "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # The map's job waits (CONFIGURING) while Slurm powers a worker up.
+        wait_until(
+            "the map's job configuring",
+            lambda: on("head", "squeue", "-h", "-t", "CF", "-o", "%i", quiet=True).stdout.strip(),
+            60,
+            0.5,
+        )
+        doc = on("user", "delegate", "doctor", user=STUDENT, quiet=True).stdout
+        print(doc)
+        line = next((x for x in doc.splitlines() if "elastic workers" in x), "")
+        assert "being powered up" in line, doc
+        out, err = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    print(out, err[-3000:])
+    assert p.returncode == 0, err[-3000:]
+    res = json.loads(out.strip().splitlines()[-1])
+    assert [r[0] for r in res["results"]] == [0, 1, 2, 3]
+    assert set(res["hosts"]) <= set(WORKERS) and res["hosts"], res
+    print(f"BENCH cold start: first result {res['first_s']} s, all 4 {res['all_s']} s, on {res['hosts']}")
+    assert running_workers(), "no worker runs right after the map"
+
+
+def test_idle_workers_are_stopped(stack):
+    wait_until("idle workers stopped", all_powered_down, STOP_WITHIN)
+    # No task of a worker service runs: its containers are gone.
+    for w in WORKERS:
+        r = run("docker", "service", "inspect", "-f", "{{.Spec.Mode.Replicated.Replicas}}", f"{STACK}_{w}")
+        assert r.stdout.strip() == "0", r.stdout
+
+
+def test_call_submitted_while_powering_down_completes(stack):
+    first = submit("sh", "-c", "echo warm-$DELEGATE_INDEX")
+    assert wait_terminal(first, 300)[first[0]]["state"] == "completed"
+    host = status(first)[first[0]].get("host") or "worker1"
+    # After IDLE seconds the worker is being stopped ("%"): submit then.
+    wait_until(f"{host} powering down", lambda: nodes().get(host, ("",))[0].endswith("%"), IDLE + 40, 0.5)
+    ids = submit("sh", "-c", "echo late-$DELEGATE_INDEX")
+    assert nodes()[host][0].endswith("%"), "the call was not submitted while the worker powered down"
+    end = wait_terminal(ids, 400)
+    assert end[ids[0]]["state"] == "completed", end
+    ran_once(ids[0], "late-")
+
+
+def test_failed_start_leaves_reason_and_no_lost_call(stack):
+    """worker1's service gets an image that does not exist (a real engine
+    failure, not a mock): the call Slurm gives worker1 needs it started;
+    the start fails, worker1 is DOWN with the engine's reason, and the call
+    runs on worker2 instead, once."""
+    wait_until("workers powered down", all_powered_down, STOP_WITHIN)
+    svc = f"{STACK}_worker1"
+    broken_from["image"] = run(
+        "docker", "service", "inspect", "-f", "{{.Spec.TaskTemplate.ContainerSpec.Image}}", svc
+    ).stdout.strip()
+    r = run(
+        "docker", "service", "update", "-d", "--image", "delegate-cluster:no-such-image-elastic-test", svc
+    )
+    assert r.returncode == 0
+    ids = submit("sh", "-c", "echo once-$DELEGATE_INDEX")
+
+    def worker1_down():
+        st, reason = nodes().get("worker1", ("", ""))
+        return reason if st.startswith("down") else None
+
+    reason = wait_until("worker1 DOWN after its failed start", worker1_down, 180)
+    print("worker1:", reason)
+    assert reason.startswith("elastic: cannot start worker worker1"), reason
+    assert "no such image" in reason.lower() or "failed" in reason.lower(), reason
+    # The doctor names it.
+    doc = on("user", "delegate", "doctor", user=STUDENT, quiet=True).stdout
+    assert "worker1 could not be started" in doc, doc
+    end = wait_terminal(ids, 400)
+    j = end[ids[0]]
+    assert j["state"] == "completed", j
+    assert j.get("host") == "worker2", j
+    ran_once(ids[0], "once-")
+    # Repaired: the image back, the node resumed; it is usable again.
+    assert run("docker", "service", "update", "-d", "--image", broken_from.pop("image"), svc).returncode == 0
+    assert on("head", "scontrol", "update", "nodename=worker1", "state=resume").returncode == 0
+    wait_until("worker1 back in service", lambda: not nodes()["worker1"][0].startswith("down"), 60)
