@@ -150,6 +150,15 @@ def test_allreduce_over_the_job_network(stack):
     assert res["exit_code"] == 0, res
     for k in (0, 1):
         assert f"rank={k} world=2 sum=30" in rank_log(job, k)
+    # Without --rank: every rank's output, each under its header, in order.
+    r = on_node("user", "delegate", "logs", job)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.index("--- rank 0 of 2 ---") < out.index("rank=0 world=2") < out.index("--- rank 1 of 2 ---"), out
+    assert out.index("--- rank 1 of 2 ---") < out.index("rank=1 world=2"), out
+    # --follow cannot interleave the ranks: it says what to use instead.
+    r = on_node("user", "delegate", "logs", "--follow", job)
+    assert r.returncode == 2 and "--rank K" in r.stderr, (r.returncode, r.stderr)
     sid = slurm_id(job)
     wait_until_clean(sid)
     # Both workers ran a rank (one sandbox per node, the rank from the node list).

@@ -26,8 +26,41 @@ pub fn rank_logs(c: &Client, id: &JobId, rank: u32, stderr: bool) -> CliResult {
     }
 }
 
+/// Every rank's stdout (or stderr) of a multi-node job, in rank order, each
+/// after a `--- rank K of N ---` line on the same stream.
+fn all_ranks(c: &Client, id: &JobId, nodes: u32, stream: Stream) -> CliResult {
+    for rank in 0..nodes {
+        let header = format!("--- rank {rank} of {nodes} ---\n");
+        let res = match stream {
+            Stream::Stdout => io::stdout().write_all(header.as_bytes()).and_then(|_| io::stdout().flush()),
+            Stream::Stderr => io::stderr().write_all(header.as_bytes()),
+        };
+        if matches!(&res, Err(e) if e.kind() == io::ErrorKind::BrokenPipe) {
+            return Ok(0);
+        }
+        res?;
+        rank_logs(c, id, rank, stream == Stream::Stderr)?;
+    }
+    Ok(0)
+}
+
 pub fn logs(c: &Client, id: &JobId, follow: bool, stderr: bool, json: bool) -> CliResult {
     let stream = if stderr { Stream::Stderr } else { Stream::Stdout };
+    // A multi-node job keeps each rank's output apart (stdout.<rank>).
+    let nodes = c.spec(id).map(|s| s.resources.nodes).unwrap_or(1);
+    if nodes > 1 {
+        if json || follow {
+            return Err(crate::fail::Fail::new(
+                format!(
+                    "job {id} is a {nodes}-node job: each rank's output is apart; \
+                     `delegate logs {id}` prints them all, `delegate logs --rank K {id}` one"
+                ),
+                2,
+            ));
+        }
+        c.status(std::slice::from_ref(id))?;
+        return all_ranks(c, id, nodes, stream);
+    }
     if json && !follow {
         let bytes = c.read_output(id, stream, 64 << 20)?.unwrap_or_default();
         print_json(&serde_json::json!({
