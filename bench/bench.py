@@ -58,6 +58,81 @@ def loop(n, k):
     return out
 """
 
+# The same measurement in C (issue 18): a loop built with gcc -O2 where it
+# runs (in the job directory inside the sandbox), timed by the wall clock
+# and by a perf_event_open task-clock counter read inside the call (the
+# software event a sandbox may open: PERF_COUNT_SW_TASK_CLOCK, user space).
+C_LOOP_N = 20_000_000 if QUICK else 200_000_000
+C_LOOP_SRC = r"""
+#include <linux/perf_event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    long n = atol(argv[1]);
+    int k = atoi(argv[2]);
+    if (k < 1 || k > 100) return 2;
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.type = PERF_TYPE_SOFTWARE;
+    a.size = sizeof a;
+    a.config = PERF_COUNT_SW_TASK_CLOCK;
+    a.disabled = 1;
+    a.exclude_kernel = 1;
+    a.exclude_hv = 1;
+    int fd = (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+    double wall[100], task[100];
+    for (int j = 0; j < k; j++) {
+        volatile unsigned long s = 0;
+        long long c = 0;
+        if (fd >= 0) { ioctl(fd, PERF_EVENT_IOC_RESET, 0); ioctl(fd, PERF_EVENT_IOC_ENABLE, 0); }
+        double t0 = now();
+        for (long i = 0; i < n; i++) s += (unsigned long)i * (unsigned long)i;
+        double t1 = now();
+        if (fd >= 0) { ioctl(fd, PERF_EVENT_IOC_DISABLE, 0); if (read(fd, &c, sizeof c) != sizeof c) c = -1; }
+        wall[j] = t1 - t0;
+        task[j] = fd >= 0 && c >= 0 ? c * 1e-9 : -1;
+    }
+    printf("{\"wall\": [");
+    for (int j = 0; j < k; j++) printf("%s%.6f", j ? ", " : "", wall[j]);
+    printf("], \"task_clock\": [");
+    for (int j = 0; j < k; j++) printf("%s%.6f", j ? ", " : "", task[j]);
+    printf("]}\n");
+    return 0;
+}
+"""
+
+
+def c_loop_in(directory: str, n: int, k: int) -> dict:
+    """Builds the C loop in `directory` and runs it there: the sandbox's side
+    (sent as a delegate call: `directory` is then the job directory)."""
+    import json as _json
+    import os as _os
+    import subprocess as _sp
+
+    src, exe = _os.path.join(directory, "loop.c"), _os.path.join(directory, "loop")
+    with open(src, "w") as f:
+        f.write(C_LOOP_SRC)
+    _sp.run(["gcc", "-O2", "-o", exe, src], check=True, capture_output=True)
+    out = _sp.run([exe, str(n), str(k)], check=True, capture_output=True, text=True).stdout
+    return _json.loads(out)
+
+
+def sandbox_c_loop(n: int, k: int) -> dict:
+    import os as _os
+
+    return c_loop_in(_os.getcwd(), n, k)
+
 
 def log(*a):
     print("[bench %s]" % time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
@@ -343,6 +418,20 @@ def bare_loop(k):
     return json.loads(printed.strip().splitlines()[-1])
 
 
+def bare_c_loop(k, build_dir):
+    """The C loop on the bare node: built once with the host's gcc in a
+    directory of the bench user's, run through `srun --exclusive`."""
+    exe = os.path.join(build_dir, "loop")
+    if not os.path.exists(exe):
+        with open(os.path.join(build_dir, "loop.c"), "w") as f:
+            f.write(C_LOOP_SRC)
+        sh("gcc", "-O2", "-o", exe, os.path.join(build_dir, "loop.c"))
+    printed = sh(
+        "srun", "--exclusive", "-p", PARTITION, "-n", "1", "-t", "5", exe, str(C_LOOP_N), str(k)
+    ).stdout
+    return json.loads(printed.strip().splitlines()[-1])
+
+
 def rss_mib() -> float:
     """This process's resident memory (MiB)."""
     with open("/proc/self/status") as f:
@@ -388,7 +477,13 @@ def fidelity_rounds(delegate, created: list) -> dict:
     ns = {}
     exec(LOOP_SRC, ns)
     remote_loop = delegate.remote(time="5m")(ns["loop"])
+    remote_c = delegate.remote(time="5m")(sandbox_c_loop)
+    import tempfile
+
+    build_dir = tempfile.mkdtemp(prefix=".bench-c-", dir=os.path.expanduser("~"))
     bare, sandbox, quiet, rounds = [], [], [], []
+    c = {"wall": ([], []), "task_clock": ([], [])}
+    c_rounds = []
     for _ in range(FIDELITY_ROUNDS):
         quiet.append(wait_quiet())
         b = bare_loop(ROUND_K)
@@ -400,16 +495,73 @@ def fidelity_rounds(delegate, created: list) -> dict:
         sandbox += sb
         rounds.append({"bare_median": statistics.median(b), "sandbox_median": statistics.median(sb)})
         log(
-            "  round %d: bare median %.4f s, sandbox median %.4f s (sandbox/bare %.3f)"
+            "  round %d: Python bare median %.4f s, sandbox median %.4f s (sandbox/bare %.3f)"
             % (len(rounds), rounds[-1]["bare_median"], rounds[-1]["sandbox_median"],
                rounds[-1]["sandbox_median"] / rounds[-1]["bare_median"])
         )  # fmt: skip
-    return {
+        # The C loop, wall clock and task-clock, alternately too.
+        quiet.append(wait_quiet())
+        cb = bare_c_loop(ROUND_K, build_dir)
+        quiet.append(wait_quiet())
+        fu = remote_c.submit(C_LOOP_N, ROUND_K)
+        cs = fu.result()
+        created.append(fu.job_id)
+        rd = {}
+        for key in ("wall", "task_clock"):
+            xb = [x for x in cb[key] if x > 0]
+            xs = [x for x in cs[key] if x > 0]
+            c[key][0].extend(xb)
+            c[key][1].extend(xs)
+            if xb and xs:
+                rd[key] = {"bare_median": statistics.median(xb), "sandbox_median": statistics.median(xs)}
+        c_rounds.append(rd)
+        log(
+            "  round %d: C %s"
+            % (len(rounds), "; ".join(
+                "%s bare %.4f s, sandbox %.4f s (%.3f)"
+                % (key, v["bare_median"], v["sandbox_median"], v["sandbox_median"] / v["bare_median"])
+                for key, v in rd.items()) or "no readings")
+        )  # fmt: skip
+    import shutil
+
+    shutil.rmtree(build_dir, ignore_errors=True)
+    res = {
         "loop_bare": stats(bare),
         "loop_sandbox": stats(sandbox),
         "loop_rounds": rounds,
         "loop_idle_before": quiet,
+        "c_loop_params": {"n": C_LOOP_N},
+        "c_loop_rounds": c_rounds,
     }
+    for key, (xb, xs) in c.items():
+        if xb and xs:
+            res["c_%s_bare" % key] = stats(xb)
+            res["c_%s_sandbox" % key] = stats(xs)
+    return res
+
+
+def fidelity_summary(res: dict) -> list:
+    """One line per measurement: sandbox/bare on medians and minimums, and
+    both spreads (the goal: <= 1.01 on both, sandbox spread <= bare's)."""
+
+    def iqr(x):
+        return 100 * (x["q3"] - x["q1"]) / x["median"]
+
+    lines = []
+    for name, b, sb in (
+        ("Python loop, wall", "loop_bare", "loop_sandbox"),
+        ("C loop, wall", "c_wall_bare", "c_wall_sandbox"),
+        ("C loop, task-clock (perf_event_open)", "c_task_clock_bare", "c_task_clock_sandbox"),
+    ):
+        x, y = res.get(b, {}), res.get(sb, {})
+        if not (x.get("n") and y.get("n")):
+            lines.append("%s: no readings" % name)
+            continue
+        lines.append(
+            "%s: sandbox/bare medians %.3f, minimums %.3f; spread (IQR) bare %.1f%%, sandbox %.1f%%"
+            % (name, y["median"] / x["median"], y["min"] / x["min"], iqr(x), iqr(y))
+        )
+    return lines
 
 
 def fidelity_phase(out: str):
@@ -418,15 +570,8 @@ def fidelity_phase(out: str):
 
     created = []
     res = fidelity_rounds(delegate, created)
-    b, sb = res["loop_bare"], res["loop_sandbox"]
-
-    def iqr(x):
-        return 100 * (x["q3"] - x["q1"]) / x["median"]
-
-    log(
-        "CPU loop (%d iterations): sandbox/bare medians %.3f, minimums %.3f; spread (IQR) bare %.1f%%, sandbox %.1f%%"
-        % (LOOP_N, sb["median"] / b["median"], sb["min"] / b["min"], iqr(b), iqr(sb))
-    )
+    for line in fidelity_summary(res):
+        log(line)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     cleanup(created)
@@ -665,6 +810,15 @@ def report(out: str, root_json: str, user_json: str):
                 ls["min"] / lb["min"],
             )
         )
+    if u.get("c_loop_rounds"):
+        for i, rd in enumerate(u["c_loop_rounds"], 1):
+            print(
+                " C loop round %d: %s"
+                % (i, "; ".join(
+                    "%s sandbox/bare %.3f" % (key, v["sandbox_median"] / v["bare_median"]) for key, v in rd.items()))
+            )  # fmt: skip
+        for line in fidelity_summary(u):
+            print(" " + line)
     allres["table"] = [list(x) for x in rows]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w") as f:
