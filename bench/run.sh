@@ -114,6 +114,9 @@ chmod 0644 "$work/bench.py"
 if ((FIDELITY)); then
     (cd "$work" && runuser -u "$BENCH_USER" -- env BENCH_USER="$BENCH_USER" \
         BENCH_IDLE_WAIT="${BENCH_IDLE_WAIT:-300}" "$VENV/bin/python" "$work/bench.py" fidelity "$work/fidelity.json")
+    mkdir -p "$OUT"
+    cp "$work/fidelity.json" "$OUT/fidelity.json"
+    echo "wrote $OUT/fidelity.json"
     exit 0
 fi
 "$VENV/bin/python" "$work/bench.py" root "$work/root.json"
