@@ -154,7 +154,9 @@ def test_allreduce_over_the_job_network(stack):
     r = on_node("user", "delegate", "logs", job)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.index("--- rank 0 of 2 ---") < out.index("rank=0 world=2") < out.index("--- rank 1 of 2 ---"), out
+    assert (
+        out.index("--- rank 0 of 2 ---") < out.index("rank=0 world=2") < out.index("--- rank 1 of 2 ---")
+    ), out
     assert out.index("--- rank 1 of 2 ---") < out.index("rank=1 world=2"), out
     # --follow cannot interleave the ranks: it says what to use instead.
     r = on_node("user", "delegate", "logs", "--follow", job)
