@@ -185,6 +185,33 @@ def _cpu() -> tuple[float, float]:
     return (sum(v) - idle) / hz, sum(v) / hz
 
 
+def _parts_cpu() -> dict[str, float]:
+    """CPU seconds so far by part of the stack, from the cgroup v1 cpuacct
+    hierarchy Docker keeps (empty when it is not there): each stack
+    service's container (workers, head, user node, databases: slurmd,
+    slurmstepd, the agent and runner, the epilog, slurmctld, the clients),
+    and "containers", every container of the engine together (cgroup v1
+    charges a removed container's usage to its parent, so the sandboxes of
+    the phase stay counted there after their removal)."""
+    root = Path("/sys/fs/cgroup/cpuacct/docker")
+    if not (root / "cpuacct.usage").exists():
+        return {}
+    r = subprocess.run(
+        ["docker", "ps", "--no-trunc", "--filter", f"name={STACK}_",
+         "--format", '{{.ID}} {{.Label "com.docker.swarm.service.name"}}'],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    out = {"containers": int((root / "cpuacct.usage").read_text()) / 1e9}
+    for line in r.stdout.splitlines():
+        cid, _, svc = line.partition(" ")
+        f = root / cid / "cpuacct.usage"
+        if svc and f.exists():
+            part = svc.removeprefix(f"{STACK}_")
+            part = "workers" if part.startswith("worker") else part
+            out[part] = out.get(part, 0.0) + int(f.read_text()) / 1e9
+    return out
+
+
 def phase(name: str, outdir: str) -> None:
     users = os.environ["RUSH_STUDENTS_LIST"].split()
     flooder = os.environ.get("RUSH_FLOODER", "") if name == "rush" else ""
@@ -208,6 +235,7 @@ def phase(name: str, outdir: str) -> None:
 
     rpc0 = _sdiag()
     cpu0 = _cpu()
+    parts0 = _parts_cpu()
     t0 = time.time()
     jobs = [(u, KINDS[i % len(KINDS)]) for i, u in enumerate(users)]
     with ThreadPoolExecutor(max_workers=len(jobs) + 1) as pool:
@@ -223,6 +251,7 @@ def phase(name: str, outdir: str) -> None:
         problems = [f.result() for f in futs if f.result()[1] != 0]
     t1 = time.time()
     cpu1 = _cpu()
+    parts1 = _parts_cpu()
     rpc1 = _sdiag()
     results = []
     for u in ([flooder] if flooder else []) + users:
@@ -235,6 +264,7 @@ def phase(name: str, outdir: str) -> None:
         "t1": t1,
         "rpc": [rpc0, *samples, rpc1],
         "cpu": [cpu0, cpu1],
+        "parts_cpu": [parts0, parts1],
         "cpus": os.cpu_count(),
         "problems": problems,
         "students": len(users),
@@ -310,6 +340,18 @@ def summarize(data: dict) -> dict:
     cpu = meta.get("cpu")
     busy_s = cpu[1][0] - cpu[0][0] if cpu else float("nan")
     cpu_total_s = cpu[1][1] - cpu[0][1] if cpu else float("nan")
+    # Where those CPU seconds went: the stack's services by their containers,
+    # the sandboxes (every container's usage but the services'), and the
+    # host (the engine: dockerd, containerd, its shims and runc; and this
+    # script's docker exec clients).
+    parts: dict[str, float] = {}
+    pc = meta.get("parts_cpu")
+    if pc and pc[0] and pc[1]:
+        d = {k: pc[1].get(k, 0.0) - pc[0].get(k, 0.0) for k in pc[1]}
+        containers = d.pop("containers", 0.0)
+        parts = dict(d)
+        parts["sandboxes"] = max(containers - sum(d.values()), 0.0)
+        parts["host (engine, exec clients)"] = max(busy_s - containers, 0.0)
     return {
         "phase": meta["phase"],
         "students": meta["students"],
@@ -333,6 +375,7 @@ def summarize(data: dict) -> dict:
         "cpu_busy_s": busy_s,
         "cpu_busy_frac": busy_s / cpu_total_s if cpu else float("nan"),
         "cpu_floor_s": busy_s / meta["cpus"] if cpu else float("nan"),
+        "cpu_by_part": sorted(parts.items(), key=lambda kv: -kv[1]),
         "rpc_rate": rate,
         "rpc_rate_peak_10s": peak,
         "status_rpc_rate": status_rate,
@@ -377,6 +420,12 @@ def report(outdir: str) -> None:
                 f"  this machine's {s['cpus']} cores were {s['cpu_busy_frac'] * 100:.0f} % busy over the phase: "
                 f"{s['cpu_busy_s']:.0f} CPU-seconds, i.e. at least {s['cpu_floor_s']:.0f} s of drain on these "
                 f"cores whatever the scheduling"
+            )
+        if s.get("cpu_by_part"):
+            n = max(s["calls"], 1)
+            print(
+                "  CPU-seconds by part (per call): "
+                + ", ".join(f"{k} {v:.0f} ({v / n:.3f})" for k, v in s["cpu_by_part"])
             )
         print(
             f"  slurmctld RPCs (sdiag): {s['rpc_rate']:.1f}/s over the phase, "

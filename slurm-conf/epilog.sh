@@ -65,7 +65,8 @@ remove_own() {
 # (MinJobAge) are left alone, unless the container carries this node's
 # name (label delegate.node, set by sandbox-agent): a container of this
 # node whose job slurmctld no longer knows, or labelled "none" (an old
-# runner's), is removed too. Reads "<container id> <slurm job id> [<node>]".
+# runner's), is removed too. A container labelled with another node is that
+# node's to sweep and is left alone. Reads "<container id> <slurm job id> [<node>]".
 # Another cluster on this engine may have a node of the same name (two
 # stacks' worker1): its sandboxes' /job comes from its own staging
 # directory, not from this node's (policy staging_host_dir, else
@@ -96,6 +97,14 @@ sweep_orphans() {
     stage=$(sed -n 's/^staging_host_dir *= *"\(.*\)".*/\1/p' "$policy" 2>/dev/null | head -n1)
     [ -n "$stage" ] || stage=$(sed -n 's/^staging_dir *= *"\(.*\)".*/\1/p' "$policy" 2>/dev/null | head -n1)
     while read -r id sj cnode; do
+        # Another node's container (an engine shared by several nodes: the
+        # stack): that node's own epilog sweeps it. Asking slurmctld about
+        # every running sandbox of the other nodes after each job cost one
+        # scontrol per container per epilog (most of slurmctld's RPCs in the
+        # deadline rush, docs/benchmarks.md).
+        if [ -n "$cnode" ] && [ "$cnode" != "$node" ]; then
+            continue
+        fi
         if [ "$cnode" = "$node" ]; then
             src=$(timeout 10 docker inspect -f '{{range .Mounts}}{{if eq .Destination "/job"}}{{.Source}}{{end}}{{end}}' "$id" 2>/dev/null)
             case "$src" in
