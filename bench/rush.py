@@ -202,6 +202,19 @@ def _parts_cpu() -> dict[str, float]:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     out = {"containers": int((root / "cpuacct.usage").read_text()) / 1e9}
+    # The engine's long-lived daemons by their own counters (/proc/PID/stat
+    # utime + stime); their per-container shims and runc come and go and
+    # stay in the host's remainder.
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+        if comm in ("dockerd", "containerd"):
+            f = stat[stat.rfind(")") + 2 :].split()
+            out[f"host:{comm}"] = out.get(f"host:{comm}", 0.0) + (int(f[11]) + int(f[12])) / tick
     for line in r.stdout.splitlines():
         cid, _, svc = line.partition(" ")
         f = root / cid / "cpuacct.usage"
@@ -341,17 +354,19 @@ def summarize(data: dict) -> dict:
     busy_s = cpu[1][0] - cpu[0][0] if cpu else float("nan")
     cpu_total_s = cpu[1][1] - cpu[0][1] if cpu else float("nan")
     # Where those CPU seconds went: the stack's services by their containers,
-    # the sandboxes (every container's usage but the services'), and the
-    # host (the engine: dockerd, containerd, its shims and runc; and this
-    # script's docker exec clients).
+    # the sandboxes (every container's usage but the services'), the
+    # engine's daemons (dockerd, containerd), and the rest of the host (the
+    # containers' shims and runc, this script's docker exec clients).
     parts: dict[str, float] = {}
     pc = meta.get("parts_cpu")
     if pc and pc[0] and pc[1]:
         d = {k: pc[1].get(k, 0.0) - pc[0].get(k, 0.0) for k in pc[1]}
         containers = d.pop("containers", 0.0)
+        daemons = {k.removeprefix("host:"): d.pop(k) for k in [k for k in d if k.startswith("host:")]}
         parts = dict(d)
         parts["sandboxes"] = max(containers - sum(d.values()), 0.0)
-        parts["host (engine, exec clients)"] = max(busy_s - containers, 0.0)
+        parts.update(daemons)
+        parts["host: shims, runc, exec clients, rest"] = max(busy_s - containers - sum(daemons.values()), 0.0)
     return {
         "phase": meta["phase"],
         "students": meta["students"],
