@@ -9,7 +9,8 @@ containers of this machine sharing its Docker engine).
   workers, not a container on another network of the engine (each checked
   to be reachable from an ordinary container first, so the test can fail);
 - a rank that exits 3 ends the job (the other rank is ended by srun),
-  with its reason and exit code, and leaves no container or network;
+  with its reason and exit code, and leaves no container or network; so
+  does a rank whose sandbox is SIGKILLed from outside (docker kill);
 - a step with any other command in the rank job's allocation is still
   refused by the SPANK plugin, and the rank form started by hand gets no
   second sandbox.
@@ -250,6 +251,44 @@ def test_a_failing_rank_ends_the_job_and_leaves_nothing(stack):
     assert "rank 1 failed: exited with code 3" in res["reason"], res
     assert "rank 1 gives up" in rank_log(job, 1)
     wait_until_clean(slurm_id(job))
+
+
+def rank_containers(sid):
+    """{rank: container id} of a Slurm job's running sandboxes (from the
+    RANK each was started with)."""
+    out = {}
+    for cid in run("docker", "ps", "-q", "--filter", f"label=delegate.slurm-job={sid}").stdout.split():
+        env = run("docker", "inspect", "-f", "{{range .Config.Env}}{{println .}}{{end}}", cid).stdout
+        for line in env.splitlines():
+            if line.startswith("RANK="):
+                out[int(line.split("=", 1)[1])] = cid
+    return out
+
+
+def test_a_rank_killed_from_outside_ends_the_job_and_leaves_nothing(stack):
+    """A rank's sandbox SIGKILLed from outside (the kernel's OOM killer, an
+    operator's docker kill): the other rank is ended, the job's outcome
+    names the killed rank, and no container or network is left."""
+    job = submit("sh", "-c", 'echo "rank $RANK up"; sleep 150')
+    deadline = time.monotonic() + 120
+    while True:
+        r = on_node("user", "delegate", "--json", "status", job)
+        sid = slurm_id(job) if (job_dir(job) / "slurm-id").exists() else None
+        ranks = rank_containers(sid) if sid else {}
+        if len(ranks) == 2:
+            break
+        assert time.monotonic() < deadline, f"the two ranks never ran: {r.stdout} {ranks}"
+        time.sleep(1)
+    t0 = time.monotonic()
+    assert run("docker", "kill", ranks[1]).returncode == 0
+    res = wait_result(job)
+    assert time.monotonic() - t0 < 90, "the other rank was not ended"
+    assert res["state"] == "failed", res
+    assert res["reason"].startswith("rank 1 failed"), res
+    # Each rank's own ending is kept in the summary.
+    assert "rank 0: " in res["reason"] and "rank 1: " in res["reason"], res
+    assert "rank 1 up" in rank_log(job, 1)
+    wait_until_clean(sid)
 
 
 def test_other_steps_in_a_rank_job_are_refused(stack):
