@@ -2,7 +2,7 @@
 //! with backoff where it does not, and one Slurm query per interval for all
 //! the jobs of a delegate root in this process.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -14,9 +14,9 @@ use crate::{Client, JobStatus, Result};
 
 /// How often `wait` first asks Slurm about the jobs still waited for.
 pub const SLURM_INTERVAL: Duration = Duration::from_secs(2);
-/// The longest interval between two Slurm queries of a wait: while Slurm's
-/// answers bring nothing new about the open jobs, the interval doubles from
-/// [`SLURM_INTERVAL`] up to this. Results still come at once (inotify or
+/// The longest interval between two Slurm queries of a wait: while no new
+/// job is waited for, the interval doubles from [`SLURM_INTERVAL`] up to
+/// this. Results still come at once (inotify or
 /// polling of the job directories; the runner writes them); only what Slurm
 /// alone can tell (a job gone without an outcome: `lost`; a pending
 /// reason) is learned later. 60 waiting students then ask slurmctld about 2
@@ -29,8 +29,8 @@ struct Pace {
     /// None: not asked yet.
     last: Option<Instant>,
     interval: Duration,
-    /// What Slurm's last answer said of each open job: (state, reason).
-    seen: HashMap<JobId, (State, String)>,
+    /// The open jobs of the last answer.
+    seen: HashSet<JobId>,
 }
 
 /// The pace of Slurm queries per delegate root, for the whole process:
@@ -42,9 +42,13 @@ fn pace_map() -> MutexGuard<'static, HashMap<PathBuf, Pace>> {
     PACE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The next interval after a Slurm answer: back to the start when the
-/// answer changed anything about an open job (or named a new one), else
-/// doubled up to [`SLURM_INTERVAL_MAX`].
+/// The next interval after a Slurm answer: back to the start when a job
+/// is waited for that the previous answer did not cover (a new
+/// submission), else doubled up to [`SLURM_INTERVAL_MAX`]. A known job's
+/// change of state or pending reason is no reason to ask sooner: a start
+/// and a result come from the job directory at once, and restarting on
+/// each start kept a long map's waiter (every call's start a change)
+/// asking every 2 s for its whole run.
 fn next_interval(previous: Duration, changed: bool) -> Duration {
     if changed {
         SLURM_INTERVAL
@@ -60,8 +64,8 @@ impl Client {
     /// Wakes on inotify events in the job directories, else polls with a
     /// backoff from 50 ms to 1 s (NFS gives no events), and asks Slurm
     /// about all jobs still waited for once every [`SLURM_INTERVAL`] at
-    /// first, less often (up to [`SLURM_INTERVAL_MAX`]) while its answers
-    /// bring nothing new.
+    /// first, less often (up to [`SLURM_INTERVAL_MAX`]) while no new job
+    /// is waited for.
     pub fn wait(&self, ids: &[JobId], timeout: Option<Duration>) -> Result<Vec<JobStatus>> {
         self.wait_with(ids, timeout, || false)
     }
@@ -98,7 +102,7 @@ impl Client {
         let pace = map.entry(self.root.clone()).or_insert_with(|| Pace {
             last: None,
             interval: SLURM_INTERVAL,
-            seen: HashMap::new(),
+            seen: HashSet::new(),
         });
         let due = force || pace.last.is_none_or(|t| t.elapsed() >= pace.interval);
         if due {
@@ -107,20 +111,15 @@ impl Client {
         due
     }
 
-    /// After a Slurm answer: the statuses of the jobs that are still open
-    /// set the next interval ([`next_interval`]).
+    /// After a Slurm answer: the jobs that are still open set the next
+    /// interval ([`next_interval`], [`new_job_waited_for`]).
     fn slurm_answered(&self, open: &[&JobStatus]) {
         let mut map = pace_map();
         let Some(pace) = map.get_mut(&self.root) else { return };
-        let mut changed = false;
-        let mut seen = HashMap::with_capacity(open.len());
-        for s in open {
-            let now = (s.state, s.reason.clone());
-            changed |= pace.seen.get(&s.id) != Some(&now);
-            seen.insert(s.id.clone(), now);
-        }
-        pace.interval = next_interval(pace.interval, changed);
-        pace.seen = seen;
+        let ids: Vec<&JobId> = open.iter().map(|s| &s.id).collect();
+        let news = new_job_waited_for(&pace.seen, &ids);
+        pace.interval = next_interval(pace.interval, news);
+        pace.seen = ids.into_iter().cloned().collect();
     }
 
     /// When the next Slurm query of this root is due.
@@ -227,6 +226,11 @@ impl Client {
     }
 }
 
+/// Whether an answer covers a job the previous one did not.
+fn new_job_waited_for(seen: &HashSet<JobId>, open: &[&JobId]) -> bool {
+    open.iter().any(|id| !seen.contains(*id))
+}
+
 /// Waits until the inotify descriptor is readable or `timeout` passes.
 fn wait_readable(fd: &impl AsFd, timeout: Duration) -> bool {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -251,6 +255,19 @@ mod tests {
         let secs: Vec<u64> = seen.iter().map(Duration::as_secs).collect();
         assert_eq!(secs, vec![2, 4, 8, 16, 30, 30, 30]);
         assert_eq!(next_interval(SLURM_INTERVAL_MAX, true), SLURM_INTERVAL);
+    }
+
+    #[test]
+    fn only_a_newly_waited_for_job_is_news() {
+        let (a, b) = (JobId::new(), JobId::new());
+        let seen: HashSet<JobId> = [a.clone()].into_iter().collect();
+        // The same job again (whatever its state or reason now): no news.
+        assert!(!new_job_waited_for(&seen, &[&a]));
+        // A job finished and left the open set: no news either.
+        assert!(!new_job_waited_for(&seen, &[]));
+        // A job the last answer did not cover: news.
+        assert!(new_job_waited_for(&seen, &[&a, &b]));
+        assert!(new_job_waited_for(&HashSet::new(), &[&a]));
     }
 
     #[test]
