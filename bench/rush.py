@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -202,6 +203,10 @@ def _parts_cpu() -> dict[str, float]:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     out = {"containers": int((root / "cpuacct.usage").read_text()) / 1e9}
+    # This script's own docker CLI processes (each student's `docker exec`,
+    # sdiag's), reaped by now: counted apart from the engine.
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["host:the bench's docker CLI"] = ru.ru_utime + ru.ru_stime
     # The engine's long-lived daemons by their own counters (/proc/PID/stat
     # utime + stime); their per-container shims and runc come and go and
     # stay in the host's remainder.
@@ -355,8 +360,8 @@ def summarize(data: dict) -> dict:
     cpu_total_s = cpu[1][1] - cpu[0][1] if cpu else float("nan")
     # Where those CPU seconds went: the stack's services by their containers,
     # the sandboxes (every container's usage but the services'), the
-    # engine's daemons (dockerd, containerd), and the rest of the host (the
-    # containers' shims and runc, this script's docker exec clients).
+    # engine's daemons (dockerd, containerd), this script's own docker CLI
+    # processes, and the rest of the host (the containers' shims and runc).
     parts: dict[str, float] = {}
     pc = meta.get("parts_cpu")
     if pc and pc[0] and pc[1]:
@@ -366,7 +371,7 @@ def summarize(data: dict) -> dict:
         parts = dict(d)
         parts["sandboxes"] = max(containers - sum(d.values()), 0.0)
         parts.update(daemons)
-        parts["host: shims, runc, exec clients, rest"] = max(busy_s - containers - sum(daemons.values()), 0.0)
+        parts["host: shims, runc, rest"] = max(busy_s - containers - sum(daemons.values()), 0.0)
     return {
         "phase": meta["phase"],
         "students": meta["students"],
