@@ -50,7 +50,13 @@ restore() { cp -p "$saved" "$CONF"; rm -f "$saved"; scontrol reconfigure || true
 trap restore EXIT
 
 home=$(getent passwd "$USER_" | cut -d: -f6)
-client=$home/.delegate-sched-tick.py
+# The client script and the results live in a root-owned directory, never
+# in the bench account's home (root writing there would follow whatever
+# link that account left in its place).
+work=$(mktemp -d)
+chmod 755 "$work"
+trap 'restore; rm -rf "$work"' EXIT
+client=$work/client.py
 cat >"$client" <<'EOF'
 import json, sys, time
 import delegate
@@ -67,7 +73,7 @@ print(json.dumps(out))
 EOF
 chmod 644 "$client"
 
-results=$(mktemp)
+results=$work/results
 for round in $(seq "$ROUNDS"); do
     for bf in "$A" "$B"; do
         sed -i -E "s/^(SchedulerParameters=.*bf_interval=)[0-9]+/\1$bf/" "$CONF"
@@ -78,7 +84,6 @@ for round in $(seq "$ROUNDS"); do
         echo "$bf $times" >>"$results"
     done
 done
-rm -f "$client"
 python3 - "$results" <<'EOF'
 import json, statistics, sys
 by = {}
@@ -89,4 +94,3 @@ for bf, v in by.items():
     print(f"bf_interval={bf}: {len(v)} calls, mean {statistics.mean(v):.3f} s, "
           f"median {statistics.median(v):.3f} s, min {min(v):.3f} s, max {max(v):.3f} s")
 EOF
-rm -f "$results"

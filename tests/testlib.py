@@ -87,6 +87,17 @@ def accounting_enforced() -> bool:
     )
 
 
+def require_accounting() -> None:
+    """Fail (not skip) when the local cluster keeps no accounting: slurmdbd
+    and MariaDB start on every machine this project supports, so their
+    absence is a broken setup, not a reason to pass over a test."""
+    if not accounting_enforced():
+        raise AssertionError(
+            "Slurm keeps no accounting here (AccountingStorageType is not slurmdbd): "
+            "the local cluster is not set up as ./build_cluster.sh --local makes it"
+        )
+
+
 def ensure_association(name: str, account: str = COURSE_ACCOUNT, qos: str | None = None) -> None:
     """The test account `name` has a Slurm association in `account` (the
     course's, as the roster gives students; build_cluster.sh made the account

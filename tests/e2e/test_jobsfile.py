@@ -150,8 +150,7 @@ def test_all_or_nothing_when_slurm_refuses_a_later_submission(workdir):
     """Two jobs with different resources are two submissions; a QOS that
     allows one job makes Slurm refuse the second: the first is cancelled,
     the student gets the one-sentence limit message."""
-    if not testlib.accounting_enforced():
-        pytest.skip("Slurm keeps no accounting here (slurmdbd)")
+    testlib.require_accounting()
     with testlib.tight_qos("delegate-carol"):
         carol = User("delegate-carol")
         d = carol.home / workdir.name

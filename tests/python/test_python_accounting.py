@@ -1,7 +1,7 @@
 """A per-student limit of Slurm's accounting, met from Python: the
 submission raises delegate.SubmitError whose message is the one sentence
 naming the limit and what to do (never Slurm's raw text), and nothing is
-left behind. Needs accounting (slurmdbd) in the local cluster."""
+left behind. Fails when the local cluster keeps no accounting (slurmdbd)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ import testlib
 
 USER = "delegate-carol"
 
-pytestmark = pytest.mark.skipif(not testlib.accounting_enforced(), reason="Slurm keeps no accounting here")
+
+@pytest.fixture(autouse=True)
+def _accounting():
+    """slurmdbd and MariaDB start here: no accounting is a broken setup."""
+    testlib.require_accounting()
 
 
 @pytest.fixture
