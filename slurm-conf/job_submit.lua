@@ -24,6 +24,10 @@ a one-line reason the user sees ("sbatch: error: delegate: ..."):
     --gpus-per-task/-socket): the root agent passes the allocation's GPUs
     into the sandbox and checks their number against the spec and the
     site policy; the gate keeps the request where delegate put it.
+The job's comment is set here, from the script, to "delegate:calls=N" (the
+number of job directories it runs; the instructor's `delegate admin usage`
+counts calls by it), whatever the submitter sent. A user's later update
+(slurm_job_modify) may not change the comment, the node count or the GPUs.
 The multi-node form ("#SBATCH --nodes=N" and `exec <runner> ranks <dir>`)
 runs `srun ... <runner> rank <dir>` from the runner; the SPANK plugin admits
 exactly that step argv. Job steps never reach this hook: the SPANK plugin
@@ -63,7 +67,7 @@ local cache = { t = -1 }
 local function accounts()
    local now = os.time()
    if now - cache.t < 60 then return cache end
-   local gid, members, primary = nil, {}, {}
+   local gid, members, primary, names = nil, {}, {}, {}
    local f = io.open(GROUP_FILE, "r")
    if f then
       for line in f:lines() do
@@ -78,25 +82,41 @@ local function accounts()
    f = io.open(PASSWD_FILE, "r")
    if f then
       for line in f:lines() do
-         local name, g = line:match("^([^:]*):[^:]*:%d+:(%d+):")
-         if name then primary[name] = tonumber(g) end
+         local name, u, g = line:match("^([^:]*):[^:]*:(%d+):(%d+):")
+         if name then
+            primary[name] = tonumber(g)
+            names[tonumber(u)] = names[tonumber(u)] or name
+         end
       end
       f:close()
    end
-   cache = { t = now, gid = gid, members = members, primary = primary }
+   cache = { t = now, gid = gid, members = members, primary = primary, names = names }
    return cache
+end
+
+local function name_is_admin(name)
+   local a = accounts()
+   if a.gid == nil or name == nil then return false end
+   return a.members[name] == true or a.primary[name] == a.gid
 end
 
 local function is_admin(submit_uid, job_desc)
    if ADMIN_UIDS[submit_uid] then return true end
    -- Only root may submit as another uid (--uid); such a job is refused below.
    if job_desc.user_id ~= submit_uid then return false end
-   local a = accounts()
-   if a.gid == nil then return false end
-   local name = job_desc.user_name   -- derived by slurmctld from user_id
-   if name == nil then return false end
-   return a.members[name] == true or a.primary[name] == a.gid
+   return name_is_admin(job_desc.user_name)   -- derived by slurmctld from user_id
 end
+
+-- A modification's uid is slurmctld's (the RPC's authenticated uid); its
+-- name comes from /etc/passwd, never from the request.
+local function uid_is_admin(uid)
+   if ADMIN_UIDS[uid] then return true end
+   return name_is_admin(accounts().names[uid])
+end
+
+-- The comment every delegate job carries: its number of calls (script.rs:
+-- sbatch_args, usage.rs: CALLS_COMMENT).
+local CALLS_COMMENT = "delegate:calls="
 
 -- ---- the generated forms (identical to broker/client/src/slurm/script.rs) ----
 local function q(s) return "'" .. s .. "'" end   -- shell_quote of a quote-free s
@@ -222,12 +242,12 @@ end
 
 -- nil when the script is one of delegate's forms, else the reason; second
 -- value: the GPUs its own line asks for; third: the nodes (1 but for the
--- multi-node form).
+-- multi-node form); fourth: the calls it runs (its job directories).
 local function check_script(whole, array_inx)
    if #whole > MAX_SCRIPT then return "the script is larger than a delegate script can be" end
    local rwhy, rnodes = check_ranks(whole, array_inx)
    if rwhy then return rwhy end
-   if rwhy == false then return nil, 0, rnodes end
+   if rwhy == false then return nil, 0, rnodes, 1 end
    local gpus, script = split_gpus(whole)
    if gpus == nil then return "too many GPUs in the script's --gres line" end
    if script:sub(-1) ~= "\n" then return "not a delegate script" end
@@ -281,7 +301,7 @@ local function check_script(whole, array_inx)
       end
    end
    if with_gpus(expected, gpus) ~= whole then return "not a delegate script" end
-   return nil, gpus, 1
+   return nil, gpus, 1, #dirs
 end
 
 -- nil when the job's generic-resource request is exactly the script's GPU
@@ -300,6 +320,8 @@ local function check_gres(job_desc, gpus)
    return "the job's --gres must be the script's own (gpu:" .. gpus .. ")"
 end
 
+-- nil and the script's number of calls when the job may run, else the
+-- reason it may not.
 local function refuse_reason(job_desc, submit_uid)
    if job_desc.user_id ~= submit_uid then return "--uid is reserved to administrators" end
    local script = job_desc.script
@@ -321,7 +343,7 @@ local function refuse_reason(job_desc, submit_uid)
    if env.SLURM_GET_USER_ENV ~= nil then
       return "--get-user-env and --export other than ALL are not allowed"
    end
-   local why, gpus, nodes = check_script(script, job_desc.array_inx)
+   local why, gpus, nodes, calls = check_script(script, job_desc.array_inx)
    if why then return why end
    -- The node count is the script's own: 1, or the multi-node form's N
    -- (sbatch sets min_nodes from the script's "#SBATCH --nodes=N").
@@ -334,13 +356,15 @@ local function refuse_reason(job_desc, submit_uid)
       if nodes == 1 then return "delegate jobs use one node" end
       return "the job's node count must be the script's own (" .. nodes .. ")"
    end
-   return check_gres(job_desc, gpus)
+   local gwhy = check_gres(job_desc, gpus)
+   if gwhy then return gwhy end
+   return nil, calls
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
    local ok, admin = pcall(is_admin, submit_uid, job_desc)
    if ok and admin then return slurm.SUCCESS end
-   local ok2, why = pcall(refuse_reason, job_desc, submit_uid)
+   local ok2, why, calls = pcall(refuse_reason, job_desc, submit_uid)
    if not ok2 then
       slurm.log_error("delegate lockdown: check failed (%s); refusing uid %d", tostring(why), submit_uid)
       slurm.log_user("delegate: job refused (internal error of the site's job check)")
@@ -351,13 +375,56 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       slurm.log_user("%s", "delegate: only delegate's own jobs may run here: " .. why)
       return slurm.ESLURM_ACCESS_DENIED
    end
+   -- The accounting's count of calls is the script's, not the submitter's.
+   local ok3, err = pcall(function() job_desc.comment = CALLS_COMMENT .. calls end)
+   if not ok3 then
+      slurm.log_error("delegate lockdown: cannot set the comment (%s); refusing uid %d", tostring(err), submit_uid)
+      slurm.log_user("delegate: job refused (internal error of the site's job check)")
+      return slurm.ESLURM_ACCESS_DENIED
+   end
    return slurm.SUCCESS
 end
 
+-- nil when a user's update of their job (`scontrol update job=...`) may
+-- go on, else the reason. What a user may still do: hold, release, shorten,
+-- nice, move between partitions and nodes Slurm lets them use. What is the
+-- script's own and stays so: the node count (slurmctld lets a user grow a
+-- pending job's NumNodes: on an exclusive partition that would take whole
+-- nodes nobody uses), the generic resources (GPUs), and the comment (the
+-- accounting's count of calls).
+local function modify_refusal(job_desc)
+   local function set(v) return v ~= nil and v ~= "" and v ~= NO_VAL end
+   if set(job_desc.comment) or job_desc.comment == "" then
+      return "a job's comment is delegate's record of its calls; only administrators change it"
+   end
+   if set(job_desc.min_nodes) or set(job_desc.max_nodes) then
+      return "a job's node count is its script's own; submit it again through delegate with --nodes"
+   end
+   if set(job_desc.tres_per_node) or set(job_desc.tres_per_job) or set(job_desc.tres_per_socket)
+      or set(job_desc.tres_per_task) then
+      return "a job's GPUs are its script's own; submit it again through delegate with --gpus"
+   end
+   return nil
+end
+
 function slurm_job_modify(job_desc, job_ptr, part_list, modify_uid)
-   -- Users may hold, release and shorten their pending jobs. Nothing a user
-   -- may update changes what runs: the script and environment are fixed at
-   -- submission, and --uid changes are root's alone in slurmctld itself.
+   -- Nothing a user may update changes what runs: the script and
+   -- environment are fixed at submission, and --uid changes are root's
+   -- alone in slurmctld itself. Fail closed, as slurm_job_submit.
+   local ok, why = pcall(function()
+      if uid_is_admin(modify_uid) then return nil end
+      return modify_refusal(job_desc)
+   end)
+   -- (22.05 discards log_user messages of job_modify: the user sees
+   -- "Access/permission denied"; the reason is in slurmctld's log.)
+   if not ok then
+      slurm.log_error("delegate lockdown: modify check failed (%s); refusing uid %d", tostring(why), modify_uid)
+      return slurm.ESLURM_ACCESS_DENIED
+   end
+   if why then
+      slurm.log_info("delegate lockdown: refused an update by uid %d: %s", modify_uid, why)
+      return slurm.ESLURM_ACCESS_DENIED
+   end
    return slurm.SUCCESS
 end
 
@@ -366,7 +433,7 @@ _delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reaso
                        batch_script = batch_script, array_script = array_script,
                        shared_script = shared_script, safe_path = safe_path,
                        with_gpus = with_gpus, check_gres = check_gres,
-                       ranks_script = ranks_script,
+                       ranks_script = ranks_script, uid_is_admin = uid_is_admin,
                        set_account_files = function(g, p)
                           GROUP_FILE, PASSWD_FILE, cache = g, p, { t = -1 }
                        end }

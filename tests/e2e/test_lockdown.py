@@ -73,6 +73,35 @@ def gone_from_queue(sid: str, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
+def held_delegate_job(user: User, *sbatch_args: str) -> str:
+    """Delegate's own script for a job directory that does not exist,
+    submitted held by the student by hand (it never runs): its Slurm id."""
+    r = slurm_as(
+        user, "sbatch", "--parsable", "--hold", "--output=/dev/null", *sbatch_args,
+        input=delegate_script(fresh_job_dir(user)),
+    )  # fmt: skip
+    assert r.returncode == 0, f"delegate's own form was refused: {r.stderr}"
+    return r.stdout.strip().split(";")[0]
+
+
+def slurmctld_log() -> Path:
+    """slurmctld's log (its path from `scontrol show config`)."""
+    conf = sh("scontrol", "show", "config").stdout
+    return Path(
+        next(ln.split("=", 1)[1].strip() for ln in conf.splitlines() if ln.startswith("SlurmctldLogFile"))
+    )
+
+
+def log_since(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def job_field(sid: str, fmt: str) -> str:
+    return sh("squeue", "-h", "-j", sid, "-o", fmt).stdout.strip()
+
+
 def assert_refused(r, reason: str | None = None):
     assert r.returncode != 0, f"accepted: rc=0 stdout={r.stdout!r} stderr={r.stderr!r}"
     assert REFUSED in r.stderr, r.stderr
@@ -171,6 +200,55 @@ def test_user_env_flags_are_refused(alice, flag):
     sid = ok.stdout.strip().split(";")[0]
     sh("scancel", sid)
     gone_from_queue(sid)
+
+
+def test_the_calls_comment_is_the_scripts_own(alice):
+    """`delegate admin usage` counts a student's calls by the job's comment
+    (`delegate:calls=N`). A student's own `--comment` is replaced at
+    submission by the count of the script's job directories, and changing
+    it later (`scontrol update comment=`) is refused; holding and shortening
+    the job still work, root may still correct it."""
+    sid = held_delegate_job(alice, "--comment=delegate:calls=999999")
+    try:
+        assert job_field(sid, "%k") == "delegate:calls=1"
+        u = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "comment=delegate:calls=5000")
+        assert u.returncode != 0, u.stdout + u.stderr
+        assert job_field(sid, "%k") == "delegate:calls=1"
+        t = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "TimeLimit=1")
+        assert t.returncode == 0, t.stderr
+        assert sh("scontrol", "update", f"jobid={sid}", "comment=delegate:calls=2").returncode == 0
+        assert job_field(sid, "%k") == "delegate:calls=2", "root keeps the right to correct it"
+    finally:
+        sh("scancel", sid)
+        gone_from_queue(sid)
+
+
+@pytest.mark.parametrize(
+    "update,field,fmt",
+    [("NumNodes=2", "node count", "%D"), ("NumNodes=1-2", "node count", "%D"), ("Gres=gpu:1", "GPUs", "%b")],
+)
+def test_a_pending_job_cannot_grow(alice, update, field, fmt):
+    """slurmctld lets a user grow a pending job's node count or GRES: on an
+    exclusive partition more nodes would be whole nodes the one sandbox
+    never uses, taken from other students. The job gate's modify hook
+    refuses it; the job keeps its script's own resources."""
+    sid = held_delegate_job(alice)
+    try:
+        before = job_field(sid, fmt)
+        log = slurmctld_log()
+        offset = log.stat().st_size
+        u = slurm_as(alice, "scontrol", "update", f"jobid={sid}", update)
+        assert u.returncode != 0, u.stdout + u.stderr
+        assert job_field(sid, fmt) == before
+        # (22.05 shows the user only "Access/permission denied"; the gate's
+        # reason is in slurmctld's log)
+        assert "Access/permission denied" in u.stderr, u.stderr
+        assert f"refused an update by uid {alice.uid}: a job's {field}" in log_since(log, offset), (
+            "not the gate"
+        )
+    finally:
+        sh("scancel", sid)
+        gone_from_queue(sid)
 
 
 def test_batch_step_environment_is_scrubbed(alice, tmp_path):

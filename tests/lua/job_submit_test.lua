@@ -3,7 +3,7 @@
 -- (tests/e2e/test_lockdown.py runs it). Lua 5.1: what job_submit_lua.so links.
 -- The script's @...@ settings are filled in here as build_cluster.sh would.
 slurm = { SUCCESS = 0, ERROR = -1, ESLURM_ACCESS_DENIED = 2002,
-  log_info = function(...) end, log_error = function(...) end,
+  log_info = function(fmt, ...) last_info_msg = string.format(fmt, ...) end, log_error = function(...) end,
   log_user = function(fmt, ...) last_user_msg = string.format(fmt, ...) end }
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
 local path = arg[1] or (here .. "/../../slurm-conf/job_submit.lua")
@@ -145,6 +145,41 @@ check("primary group admin may salloc", as("frank", 1005) == 0)
 check("a student claiming the admin gid as group_id is refused", as("alice", 1001, { group_id = 990 }) ~= 0)
 check("SlurmUser may salloc", as("slurm", 64030) == 0)
 check("a student may not salloc", as("alice", 1001) ~= 0)
+-- the comment: the accounting's count of calls, from the script, never the submitter's
+local function comment_of(script, extra)
+  local j = job(script, extra); local rc = slurm_job_submit(j, {}, 1001); return rc, j.comment
+end
+local rc1, c1 = comment_of(single, { comment = "delegate:calls=999999" })
+check("a forged calls comment is replaced by the script's (1)", rc1 == 0 and c1 == "delegate:calls=1")
+local rc2, c2 = comment_of(arr, { array_inx = "0-1" })
+check("an array's comment counts its elements", rc2 == 0 and c2 == "delegate:calls=2")
+local _, c3 = comment_of(sh1, { comment = "x" })
+check("a shared allocation's comment counts its calls", c3 == "delegate:calls=2")
+local _, c4 = comment_of(sh2, { array_inx = "0-1" })
+check("shared allocations' comment counts all their calls", c4 == "delegate:calls=2")
+local _, c5 = comment_of(rk, { min_nodes = 2, comment = "delegate:calls=50" })
+check("a multi-node job is one call", c5 == "delegate:calls=1")
+local function modify(uid, fields)
+  last_info_msg = nil; return slurm_job_modify(fields, { job_id = 1 }, {}, uid)
+end
+check("a student may not change a job's comment", modify(1001, { comment = "delegate:calls=9" }) ~= 0
+  and last_info_msg:find("only administrators", 1, true) ~= nil)
+check("a student may still hold, release, shorten", modify(1001, { time_limit = 5, priority = 0 }) == 0)
+check("an empty comment is a change too", modify(1001, { comment = "" }) ~= 0)
+check("a student may not grow a job's node count", modify(1001, { min_nodes = 4 }) ~= 0
+  and last_info_msg:find("node count", 1, true) ~= nil)
+check("nor its maximum", modify(1001, { max_nodes = 4 }) ~= 0)
+check("NO_VAL node counts are no change", modify(1001, { min_nodes = 4294967294, max_nodes = 4294967294 }) == 0)
+for _, f in ipairs({ "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }) do
+  check("a student may not change " .. f, modify(1001, { [f] = "gres:gpu:2" }) ~= 0
+    and last_info_msg:find("GPUs", 1, true) ~= nil)
+end
+check("an admin may change the node count", modify(1003, { min_nodes = 2 }) == 0)
+check("an admin group member may change a comment", modify(1003, { comment = "c" }) == 0)
+check("root may change a comment", modify(0, { comment = "c" }) == 0)
+check("a uid not in passwd may not change a comment", modify(4242, { comment = "c" }) ~= 0)
+local badmod = setmetatable({}, { __index = function(t, k) error("boom " .. k) end })
+check("a modify check that throws refuses", modify(1001, badmod) ~= 0)
 L.set_account_files(dir .. "/missing", dir .. "/missing")
 check("no admin group: only root and SlurmUser", as("carol", 1003) ~= 0 and as("root", 0) == 0)
 os.execute("rm -rf " .. dir)
