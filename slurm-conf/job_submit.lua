@@ -56,6 +56,7 @@ local MAX_ARRAY   = 100000
 -- -------------------------------------------------------------------------------
 
 local NO_VAL = 4294967294  -- 0xfffffffe
+local NO_VAL16 = 65534     -- 0xfffe
 
 -- The admin group's gid and members (/etc/group) and every account's primary
 -- gid (/etc/passwd), re-read at most every 60 s. Never the job's group_id:
@@ -375,8 +376,14 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       slurm.log_user("%s", "delegate: only delegate's own jobs may run here: " .. why)
       return slurm.ESLURM_ACCESS_DENIED
    end
-   -- The accounting's count of calls is the script's, not the submitter's.
-   local ok3, err = pcall(function() job_desc.comment = CALLS_COMMENT .. calls end)
+   -- The accounting's count of calls is the script's, not the submitter's;
+   -- and a job directory is single-use: a student's job never goes back to
+   -- the queue to run again (`sbatch --requeue` by hand, then a node
+   -- failure or `scontrol requeue`), whatever the submitter asked.
+   local ok3, err = pcall(function()
+      job_desc.comment = CALLS_COMMENT .. calls
+      job_desc.requeue = 0
+   end)
    if not ok3 then
       slurm.log_error("delegate lockdown: cannot set the comment (%s); refusing uid %d", tostring(err), submit_uid)
       slurm.log_user("delegate: job refused (internal error of the site's job check)")
@@ -391,9 +398,14 @@ end
 -- script's own and stays so: the node count (slurmctld lets a user grow a
 -- pending job's NumNodes: on an exclusive partition that would take whole
 -- nodes nobody uses), the generic resources (GPUs), and the comment (the
--- accounting's count of calls).
+-- accounting's count of calls), and that the job never runs again (delegate
+-- submits --no-requeue: a job directory is single-use; `Requeue=1` and then
+-- `scontrol requeue` would run the batch script again).
 local function modify_refusal(job_desc)
    local function set(v) return v ~= nil and v ~= "" and v ~= NO_VAL end
+   if job_desc.requeue ~= nil and job_desc.requeue ~= NO_VAL16 then
+      return "whether a job may run again is delegate's (a job directory is single-use); only administrators change it"
+   end
    if set(job_desc.comment) or job_desc.comment == "" then
       return "a job's comment is delegate's record of its calls; only administrators change it"
    end

@@ -164,6 +164,49 @@ def stack():
         assert not left.strip(), f"containers left: {left}"
 
 
+def elastic_config(**settings: str) -> subprocess.CompletedProcess:
+    """slurm.conf's node lines and power settings as build_cluster.sh
+    generates them (build_cluster.d/elastic.sh) for `settings`."""
+    env = dict(os.environ, DELEGATE_STACK_DIR="/nonexistent", STACK_WORKERS_ARG="", **settings)
+    script = (
+        'die() { echo "die: $*" >&2; exit 1; }; warn() { echo "warn: $*" >&2; }\n'
+        f'source "{REPO}/build_cluster.d/elastic.sh"\n'
+        'elastic_load_config\nelastic_node_lines 1 1000 ""\nelastic_slurm_conf\n'
+        'echo "replicas-on: $(for i in 1 2 3; do elastic_always_on $i && echo -n "$i "; done)"\n'
+    )
+    return run("bash", "-c", script, env=env, quiet=True)
+
+
+def test_minimum_workers_are_never_powered_down():
+    """DELEGATE_ELASTIC_MIN > 0 (the stack below runs with 0): workers
+    1..MIN are ordinary always-on nodes excluded from power saving, the
+    rest CLOUD nodes; MIN above MAX is refused by name."""
+    r = elastic_config(
+        DELEGATE_ELASTIC="1", DELEGATE_ELASTIC_MIN="1", DELEGATE_ELASTIC_MAX="3",
+        DELEGATE_ELASTIC_IDLE="60", DELEGATE_ELASTIC_RESUME_TIMEOUT="120",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "NodeName=worker1 CPUs=1 RealMemory=1000 State=UNKNOWN" in lines, r.stdout
+    assert "NodeName=worker[2-3] CPUs=1 RealMemory=1000 State=CLOUD" in lines, r.stdout
+    assert "SuspendExcNodes=worker1" in lines, r.stdout
+    assert "SuspendTime=60" in lines and "ResumeTimeout=120" in lines, r.stdout
+    assert "replicas-on: 1 " in lines, r.stdout
+    # MIN = MAX: nothing is ever powered down.
+    r = elastic_config(
+        DELEGATE_ELASTIC="1", DELEGATE_ELASTIC_MIN="2", DELEGATE_ELASTIC_MAX="2",
+        DELEGATE_ELASTIC_IDLE="60", DELEGATE_ELASTIC_RESUME_TIMEOUT="120",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "NodeName=worker[1-2] CPUs=1 RealMemory=1000 State=UNKNOWN" in r.stdout.splitlines(), r.stdout
+    assert "State=CLOUD" not in r.stdout and "SuspendExcNodes=worker[1-2]" in r.stdout, r.stdout
+    bad = elastic_config(
+        DELEGATE_ELASTIC="1", DELEGATE_ELASTIC_MIN="3", DELEGATE_ELASTIC_MAX="2",
+        DELEGATE_ELASTIC_IDLE="60", DELEGATE_ELASTIC_RESUME_TIMEOUT="120",
+    )  # fmt: skip
+    assert bad.returncode != 0 and "DELEGATE_ELASTIC_MIN (3) is above DELEGATE_ELASTIC_MAX (2)" in bad.stderr
+
+
 def test_deploy_starts_no_worker(stack):
     assert cid("power"), "the power service does not run"
     wait_until("workers powered down after the deploy", all_powered_down, STOP_WITHIN)

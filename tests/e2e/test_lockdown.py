@@ -251,6 +251,35 @@ def test_a_pending_job_cannot_grow(alice, update, field, fmt):
         gone_from_queue(sid)
 
 
+def requeue_flag(sid: str) -> str:
+    out = sh("scontrol", "show", "job", sid).stdout
+    return next(w.split("=", 1)[1] for w in out.split() if w.startswith("Requeue="))
+
+
+def test_a_students_job_never_runs_again(alice):
+    """A job directory is single-use. A student who submits delegate's own
+    script with `--requeue`, or sets `Requeue=1` on their job, could have
+    its batch script run again (`scontrol requeue`, or a node failure):
+    the gate makes every student job non-requeueable and refuses the
+    update, and Slurm then refuses `scontrol requeue`."""
+    sid = held_delegate_job(alice, "--requeue")
+    try:
+        assert requeue_flag(sid) == "0", "the submitter's --requeue was kept"
+        log = slurmctld_log()
+        offset = log.stat().st_size
+        u = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "Requeue=1")
+        assert u.returncode != 0, u.stdout + u.stderr
+        assert requeue_flag(sid) == "0"
+        assert f"refused an update by uid {alice.uid}: whether a job may run again" in log_since(log, offset)
+        # (the job is pending: Slurm refuses its requeue for that already;
+        # a running one is refused as non-requeueable, Slurm's own check)
+        r = slurm_as(alice, "scontrol", "requeue", sid)
+        assert r.returncode != 0, r.stdout + r.stderr
+    finally:
+        sh("scancel", sid)
+        gone_from_queue(sid)
+
+
 def test_batch_step_environment_is_scrubbed(alice, tmp_path):
     """`env LD_PRELOAD=~/x.so sbatch <delegate's script>`: the library would
     run inside /bin/sh on the node before it execs the runner, outside the

@@ -159,6 +159,10 @@ local _, c4 = comment_of(sh2, { array_inx = "0-1" })
 check("shared allocations' comment counts all their calls", c4 == "delegate:calls=2")
 local _, c5 = comment_of(rk, { min_nodes = 2, comment = "delegate:calls=50" })
 check("a multi-node job is one call", c5 == "delegate:calls=1")
+do
+  local j = job(single, { requeue = 1 }); local rc = slurm_job_submit(j, {}, 1001)
+  check("a student's job is never requeueable, even asked for", rc == 0 and j.requeue == 0)
+end
 local function modify(uid, fields)
   last_info_msg = nil; return slurm_job_modify(fields, { job_id = 1 }, {}, uid)
 end
@@ -174,6 +178,11 @@ for _, f in ipairs({ "tres_per_node", "tres_per_job", "tres_per_socket", "tres_p
   check("a student may not change " .. f, modify(1001, { [f] = "gres:gpu:2" }) ~= 0
     and last_info_msg:find("GPUs", 1, true) ~= nil)
 end
+check("a student may not make a job requeueable", modify(1001, { requeue = 1 }) ~= 0
+  and last_info_msg:find("run again", 1, true) ~= nil)
+check("nor set it to no again", modify(1001, { requeue = 0 }) ~= 0)
+check("NO_VAL16 requeue is no change", modify(1001, { requeue = 65534, time_limit = 5 }) == 0)
+check("an admin may make a job requeueable (the elastic power program)", modify(0, { requeue = 1 }) == 0)
 check("an admin may change the node count", modify(1003, { min_nodes = 2 }) == 0)
 check("an admin group member may change a comment", modify(1003, { comment = "c" }) == 0)
 check("root may change a comment", modify(0, { comment = "c" }) == 0)
