@@ -595,6 +595,7 @@ local_install_policy() {
         -e "s|@MAX_TIME@|$DELEGATE_MAX_TIME|" \
         -e "s|@MAX_PIDS@|$DELEGATE_MAX_PIDS|" \
         -e "s|@PIN_CPUS@|true|" \
+        -e "s|@CLEAN_SCRATCH@|false|" \
         -e "s|@TMP_SIZE@|$DELEGATE_TMP_SIZE|" \
         -e "s|@MAX_GPUS@|$max_gpus|" \
         "$REPO/slurm-conf/policy.toml.in" >"$tmp"

@@ -276,6 +276,7 @@ CONF
         -e "s|@MAX_TIME@|$DELEGATE_STACK_MAX_TIME|" \
         -e "s|@MAX_PIDS@|$DELEGATE_STACK_MAX_PIDS|" \
         -e "s|@PIN_CPUS@|false|" \
+        -e "s|@CLEAN_SCRATCH@|true|" \
         -e "s|@TMP_SIZE@|$DELEGATE_STACK_TMP_SIZE|" \
         -e "s|@MAX_GPUS@|0|" \
         -e "s|^max_nodes = .*|max_nodes = $DELEGATE_STACK_WORKERS|" \
@@ -327,6 +328,8 @@ CONF
     fi
     stack_accounting_generate
     hub_cgroups
+    local scratch
+    scratch=$(quota_bytes "$DELEGATE_STACK_WORKER_SCRATCH" DELEGATE_STACK_WORKER_SCRATCH) || exit 1
     tmp=$(mktemp)
     elastic_stack_sed
     awk -v n="$n" -v reps="$(elastic_replicas)" '
@@ -347,6 +350,7 @@ CONF
             -e "s|@HUB_MEM@|$DELEGATE_HUB_MEM_LIMIT|g" -e "s|@HUB_NPROC@|$DELEGATE_HUB_NPROC_LIMIT|g" \
             -e "s|@HUB_IDLE@|$DELEGATE_HUB_IDLE_TIMEOUT|g" -e "s|@USER_CPUS@|$DELEGATE_USER_NODE_CPUS|g" \
             -e "s|@USER_MEM@|$DELEGATE_USER_NODE_MEM|g" \
+            -e "s|@WORKER_SCRATCH@|$scratch|g" \
             -e "s|@HUB_CG_MEM@|$HUB_CG_MEM|g" -e "s|@HUB_CG_CPU@|$HUB_CG_CPU|g" \
             -e "s|@HUB_STUDENT_MEM@|$DELEGATE_HUB_STUDENT_MEM|g" -e "s|@HUB_STUDENT_CPUS@|$DELEGATE_HUB_STUDENT_CPUS|g" \
             -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \

@@ -6,6 +6,10 @@
 # when it could not (SIGKILL after KillWait, runner crash, node trouble):
 # remove every container labelled delegate.slurm-job=$SLURM_JOB_ID.
 #
+# Where the site policy says so (clean_scratch = true: a worker no user logs
+# into), it also removes the files the job's user left in the node's /tmp,
+# /var/tmp and /dev/shm.
+#
 # It must never fail: a non-zero exit would drain the node. Everything is
 # logged to /var/log/delegate/epilog.log and the script always exits 0.
 
@@ -21,6 +25,7 @@ main() {
     case "${SLURM_JOB_ID:-}" in
         ''|*[!0-9_]*) log "no valid SLURM_JOB_ID, nothing to do"; return 0 ;;
     esac
+    clean_scratch
     if ! command -v docker >/dev/null 2>&1; then
         log "docker CLI not found, skipping sweep"
         return 0
@@ -35,6 +40,27 @@ main() {
     remove_own "$(printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" '$2 == j { print $1 }')"
     remove_networks
     printf '%s\n' "$listing" | awk -v j="$SLURM_JOB_ID" 'NF >= 2 && $2 != j' | sweep_orphans
+    return 0
+}
+
+# The job user's files in the node's scratch directories. slurmd writes
+# `sbcast --jobid=<own job> FILE /tmp/x` as the user on the node, outside any
+# step (the SPANK gate never sees it) and outside the home's quota: left
+# there, such files would fill a worker's disk job after job. On a worker no
+# user logs into (policy clean_scratch = true) nothing of the user's may
+# outlive their job there; the node is exclusive, so the job that ends is
+# the only one of theirs on it. Never for root or a non-numeric uid; find
+# neither follows symlinks nor crosses into other filesystems.
+clean_scratch() {
+    policy=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
+    grep -q '^clean_scratch *= *true' "$policy" 2>/dev/null || return 0
+    uid=${SLURM_JOB_UID:-}
+    case "$uid" in ''|*[!0-9]*|0) log "clean_scratch: no valid SLURM_JOB_UID"; return 0 ;; esac
+    for d in /tmp /var/tmp /dev/shm; do
+        if [ ! -d "$d" ] || [ -L "$d" ]; then continue; fi
+        n=$(timeout 60 find "$d" -xdev -mindepth 1 -depth -user "$uid" -print -delete 2>>"$LOG" | wc -l)
+        [ "$n" -gt 0 ] && log "user=${SLURM_JOB_USER:-?} removed $n of uid $uid's files from $d"
+    done
     return 0
 }
 

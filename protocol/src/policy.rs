@@ -121,6 +121,11 @@ pub struct Policy {
     pub max_job_bytes: String,
     /// RLIMIT_NOFILE of the sandbox.
     pub max_open_files: u32,
+    /// After each job, the Slurm epilog (`slurm-conf/epilog.sh`, which
+    /// reads this key itself) removes the job user's files from the node's
+    /// `/tmp`, `/var/tmp` and `/dev/shm`. Only where the node is no user's
+    /// login or notebook node.
+    pub clean_scratch: bool,
     /// The agent's socket (the runner connects, the agent listens).
     pub agent_socket: PathBuf,
     /// Root-owned directory where the agent bind-mounts each running job
@@ -156,6 +161,7 @@ impl Default for Policy {
             output_limit: OutputLimit::Truncate,
             max_job_bytes: "1G".into(),
             max_open_files: 1024,
+            clean_scratch: false,
             agent_socket: PathBuf::from(crate::agent::DEFAULT_AGENT_SOCKET),
             staging_dir: PathBuf::from("/run/delegate/jobs"),
             staging_host_dir: PathBuf::new(),
@@ -380,6 +386,29 @@ mod tests {
         assert_eq!(l.limits().unwrap().max_output_bytes, 1 << 20);
         assert_eq!(l.limits().unwrap().max_job_bytes, 0);
         assert!(Policy::parse("staging_dir = \"rel\"", "t").is_err());
+    }
+
+    /// The template build_cluster.sh fills (slurm-conf/policy.toml.in) has
+    /// exactly this struct's keys: filled as the local and the stack setups
+    /// fill it, it parses.
+    #[test]
+    fn the_sites_template_parses() {
+        let text = include_str!("../../slurm-conf/policy.toml.in");
+        for (clean, pin) in [("false", "true"), ("true", "false")] {
+            let filled = text
+                .replace("@SANDBOX_IMAGE@", "delegate-sandbox:latest")
+                .replace("@MAX_CPUS@", "2")
+                .replace("@MAX_MEM@", "1G")
+                .replace("@MAX_TIME@", "1h")
+                .replace("@MAX_PIDS@", "512")
+                .replace("@MAX_GPUS@", "0")
+                .replace("@TMP_SIZE@", "256M")
+                .replace("@PIN_CPUS@", pin)
+                .replace("@CLEAN_SCRATCH@", clean);
+            assert!(!filled.contains('@'), "a placeholder is left: {filled}");
+            let p = Policy::parse(&filled, "policy.toml.in").unwrap();
+            assert_eq!(p.clean_scratch, clean == "true");
+        }
     }
 
     #[test]

@@ -142,6 +142,45 @@ def test_stack_step_into_own_job_is_refused(stack):
         on_user_node("delegate", "cancel", job, user=STUDENT)
 
 
+def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
+    """`sbcast --jobid=<own running job> FILE /tmp/x`: slurmd writes the file
+    on the worker as the student, outside any step (the SPANK gate never
+    sees it) and outside the home's quota. The worker's /tmp and /var/tmp
+    are bounded tmpfs, not the host's disk, and the epilog removes what the
+    student left there when the job ends."""
+    r = on_user_node("delegate", "submit", "--", "sleep", "60", user=STUDENT)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[-1]
+    d = Path(HOME) / STUDENT / ".delegate" / "jobs" / job
+    left = ("/tmp/sbcast-left-behind", "/var/tmp/sbcast-left-behind")
+    try:
+        deadline = time.monotonic() + 180
+        while not (d / "started").exists():
+            assert time.monotonic() < deadline, "the delegate job did not start"
+            time.sleep(0.5)
+        sid = (d / "slurm-id").read_text().split()[0]
+        node = on_user_node("squeue", "-h", "-j", sid, "-o", "%N", user=STUDENT).stdout.strip()
+        assert node.startswith("worker"), node
+        for path in left:
+            r = on_user_node("sbcast", f"--jobid={sid}", "/etc/hostname", path, user=STUDENT)
+            assert r.returncode == 0, r.stderr
+            owner = on_node(node, "stat", "-c", "%U", path).stdout.strip()
+            assert owner == STUDENT, f"sbcast did not write {path} as the student: {owner!r}"
+        for mnt in ("/tmp", "/var/tmp"):
+            fs = on_node(node, "findmnt", "-n", "-o", "FSTYPE,SIZE", mnt).stdout.split()
+            assert fs == ["tmpfs", "256M"], (
+                f"{node}:{mnt} is {fs} (cluster.conf DELEGATE_STACK_WORKER_SCRATCH)"
+            )
+    finally:
+        on_user_node("delegate", "cancel", job, user=STUDENT)
+    deadline = time.monotonic() + 120
+    while any(on_node(node, "test", "-e", p).returncode == 0 for p in left):
+        assert time.monotonic() < deadline, f"the student's sbcast files outlived the job on {node}"
+        time.sleep(2)
+    log = on_node(node, "cat", "/var/log/delegate/epilog.log").stdout
+    assert f"user={STUDENT} removed 1 of uid" in log, log[-2000:]
+
+
 # --- the root agent on the workers (docs/security.md, "Who starts
 # containers"): students reach the engine only through it.
 NOT_A_TASK = "is not a Slurm batch task on this node"
