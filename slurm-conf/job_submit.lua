@@ -379,10 +379,14 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
    -- The accounting's count of calls is the script's, not the submitter's;
    -- and a job directory is single-use: a student's job never goes back to
    -- the queue to run again (`sbatch --requeue` by hand, then a node
-   -- failure or `scontrol requeue`), whatever the submitter asked.
+   -- failure or `scontrol requeue`), whatever the submitter asked; nor does
+   -- it send mail (`--mail-user=<anyone> --mail-type=ALL`: slurmctld's
+   -- MailProg would write to any address a student names, per job).
    local ok3, err = pcall(function()
       job_desc.comment = CALLS_COMMENT .. calls
       job_desc.requeue = 0
+      job_desc.mail_type = 0
+      job_desc.mail_user = ""
    end)
    if not ok3 then
       slurm.log_error("delegate lockdown: cannot set the comment (%s); refusing uid %d", tostring(err), submit_uid)
@@ -400,11 +404,16 @@ end
 -- nodes nobody uses), the generic resources (GPUs), and the comment (the
 -- accounting's count of calls), and that the job never runs again (delegate
 -- submits --no-requeue: a job directory is single-use; `Requeue=1` and then
--- `scontrol requeue` would run the batch script again).
+-- `scontrol requeue` would run the batch script again), and that it sends
+-- no mail.
 local function modify_refusal(job_desc)
    local function set(v) return v ~= nil and v ~= "" and v ~= NO_VAL end
    if job_desc.requeue ~= nil and job_desc.requeue ~= NO_VAL16 then
       return "whether a job may run again is delegate's (a job directory is single-use); only administrators change it"
+   end
+   if (job_desc.mail_type ~= nil and job_desc.mail_type ~= NO_VAL16 and job_desc.mail_type ~= 0)
+      or set(job_desc.mail_user) then
+      return "delegate's jobs send no mail; only administrators change it"
    end
    if set(job_desc.comment) or job_desc.comment == "" then
       return "a job's comment is delegate's record of its calls; only administrators change it"

@@ -280,6 +280,35 @@ def test_a_students_job_never_runs_again(alice):
         gone_from_queue(sid)
 
 
+def show_job_field(sid: str, key: str) -> str:
+    out = sh("scontrol", "show", "job", sid).stdout
+    return next(w.split("=", 1)[1] for w in out.split() if w.startswith(key + "="))
+
+
+def test_a_students_job_sends_no_mail(alice):
+    """`--mail-user=<anyone> --mail-type=ALL` with delegate's own script
+    would have slurmctld mail any address a student names, for every job:
+    the gate submits it without mail and refuses adding mail later; the
+    student may still shorten the job."""
+    sid = held_delegate_job(alice, "--mail-type=ALL", "--mail-user=victim@example.org")
+    try:
+        assert show_job_field(sid, "MailType") == "INVALID" or show_job_field(sid, "MailType") == "NONE"
+        assert "victim" not in sh("scontrol", "show", "job", sid).stdout
+        log = slurmctld_log()
+        offset = log.stat().st_size
+        u = slurm_as(
+            alice, "scontrol", "update", f"jobid={sid}", "MailType=END", "MailUser=victim@example.org"
+        )
+        assert u.returncode != 0, u.stdout + u.stderr
+        assert f"refused an update by uid {alice.uid}: delegate's jobs send no mail" in log_since(log, offset)
+        assert "victim" not in sh("scontrol", "show", "job", sid).stdout
+        ok = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "TimeLimit=1")
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        sh("scancel", sid)
+        gone_from_queue(sid)
+
+
 def test_batch_step_environment_is_scrubbed(alice, tmp_path):
     """`env LD_PRELOAD=~/x.so sbatch <delegate's script>`: the library would
     run inside /bin/sh on the node before it execs the runner, outside the

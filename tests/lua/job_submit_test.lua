@@ -162,6 +162,9 @@ check("a multi-node job is one call", c5 == "delegate:calls=1")
 do
   local j = job(single, { requeue = 1 }); local rc = slurm_job_submit(j, {}, 1001)
   check("a student's job is never requeueable, even asked for", rc == 0 and j.requeue == 0)
+  local m = job(single, { mail_type = 0x7f, mail_user = "victim@example.org" })
+  rc = slurm_job_submit(m, {}, 1001)
+  check("a student's job sends no mail", rc == 0 and m.mail_type == 0 and m.mail_user == "")
 end
 local function modify(uid, fields)
   last_info_msg = nil; return slurm_job_modify(fields, { job_id = 1 }, {}, uid)
@@ -181,6 +184,10 @@ end
 check("a student may not make a job requeueable", modify(1001, { requeue = 1 }) ~= 0
   and last_info_msg:find("run again", 1, true) ~= nil)
 check("nor set it to no again", modify(1001, { requeue = 0 }) ~= 0)
+check("a student may not add mail to a job", modify(1001, { mail_type = 1, mail_user = "x@example.org" }) ~= 0
+  and last_info_msg:find("no mail", 1, true) ~= nil)
+check("nor a mail address alone", modify(1001, { mail_user = "x@example.org" }) ~= 0)
+check("NO_VAL16 mail type is no change", modify(1001, { mail_type = 65534, time_limit = 5 }) == 0)
 check("NO_VAL16 requeue is no change", modify(1001, { requeue = 65534, time_limit = 5 }) == 0)
 check("an admin may make a job requeueable (the elastic power program)", modify(0, { requeue = 1 }) == 0)
 check("an admin may change the node count", modify(1003, { min_nodes = 2 }) == 0)
