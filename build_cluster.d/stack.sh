@@ -299,7 +299,13 @@ CONF
     for m in $(hub_admin_members); do
         [[ ,$members, == *",$m,"* ]] || members+=${members:+,}$m
     done
-    lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" 0 >"$STACK_GEN/job_submit.lua"
+    # SlurmUser (slurm.conf: slurm) runs the elastic power programs, whose
+    # `scontrol update ... requeue=1` the gate allows root and SlurmUser
+    # only: its uid in the cluster image.
+    local slurm_uid
+    slurm_uid=$(docker run --rm --entrypoint id "$DELEGATE_CLUSTER_IMAGE" -u slurm) \
+        || die "cannot read the uid of user slurm in $DELEGATE_CLUSTER_IMAGE"
+    lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" "$slurm_uid" >"$STACK_GEN/job_submit.lua"
     lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" /usr/local/bin/sandbox-runner >"$STACK_GEN/plugstack.conf"
     echo "$agroup $agid $members" >"$STACK_GEN/admins"
 
