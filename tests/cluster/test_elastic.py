@@ -311,7 +311,12 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
         st, reason = nodes().get("worker1", ("", ""))
         return reason if st.startswith("down") else None
 
-    reason = wait_until("worker1 DOWN after its failed start", worker1_down, 180)
+    try:
+        reason = wait_until("worker1 DOWN after its failed start", worker1_down, 180)
+    except AssertionError as e:
+        # (where the call went, and what the power programs did, for the record)
+        log = on("head", "sh", "-c", "tail -n 40 /var/log/delegate/power*.log 2>&1", quiet=True).stdout
+        raise AssertionError(f"{e}; the call: {status(ids)}; power log: {log}") from None
     print("worker1:", reason)
     assert reason.startswith("elastic: cannot start worker worker1"), reason
     assert "no such image" in reason.lower() or "failed" in reason.lower(), reason
