@@ -312,7 +312,7 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
         return reason if st.startswith("down") else None
 
     try:
-        reason = wait_until("worker1 DOWN after its failed start", worker1_down, 180)
+        reason = wait_until("worker1 DOWN after its failed start", worker1_down, 180, step=0.5)
     except AssertionError as e:
         # (where the call went, and what the power programs did, for the record)
         log = on("head", "sh", "-c", "tail -n 40 /var/log/delegate/power*.log 2>&1", quiet=True).stdout
