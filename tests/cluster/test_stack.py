@@ -8,6 +8,7 @@ cluster keeps running beside the stack and must still work afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -113,9 +114,10 @@ def test_stack_sbatch_wrap_and_salloc_are_refused(stack):
     assert r.returncode != 0 and REFUSED in r.stderr
 
 
-def test_stack_step_into_own_job_is_refused(stack):
-    """The SPANK plugin on the workers: srun --jobid=<own running delegate
-    job> --overlap fails in slurmstepd, the job goes on."""
+@contextlib.contextmanager
+def running_delegate_job():
+    """A student's delegate job (`sleep 60`) once it has started: its Slurm
+    id; cancelled afterwards."""
     r = on_user_node("delegate", "submit", "--", "sleep", "60", user=STUDENT)
     assert r.returncode == 0, r.stderr
     job = r.stdout.split()[-1]
@@ -125,7 +127,15 @@ def test_stack_step_into_own_job_is_refused(stack):
         while not (d / "started").exists():
             assert time.monotonic() < deadline, "the delegate job did not start"
             time.sleep(0.5)
-        sid = (d / "slurm-id").read_text().split()[0]
+        yield (d / "slurm-id").read_text().split()[0]
+    finally:
+        on_user_node("delegate", "cancel", job, user=STUDENT)
+
+
+def test_stack_step_into_own_job_is_refused(stack):
+    """The SPANK plugin on the workers: srun --jobid=<own running delegate
+    job> --overlap fails in slurmstepd, the job goes on."""
+    with running_delegate_job() as sid:
         r = on_user_node(
             "srun",
             f"--jobid={sid}",
@@ -138,8 +148,6 @@ def test_stack_step_into_own_job_is_refused(stack):
         assert "uid=" not in r.stdout
         assert "launch failed" in r.stderr or "Plugin initialization failed" in r.stderr
         assert not (Path(HOME) / STUDENT / "stack-step-marker").exists()
-    finally:
-        on_user_node("delegate", "cancel", job, user=STUDENT)
 
 
 def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
@@ -148,17 +156,8 @@ def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
     sees it) and outside the home's quota. The worker's /tmp and /var/tmp
     are bounded tmpfs, not the host's disk, and the epilog removes what the
     student left there when the job ends."""
-    r = on_user_node("delegate", "submit", "--", "sleep", "60", user=STUDENT)
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.split()[-1]
-    d = Path(HOME) / STUDENT / ".delegate" / "jobs" / job
     left = ("/tmp/sbcast-left-behind", "/var/tmp/sbcast-left-behind")
-    try:
-        deadline = time.monotonic() + 180
-        while not (d / "started").exists():
-            assert time.monotonic() < deadline, "the delegate job did not start"
-            time.sleep(0.5)
-        sid = (d / "slurm-id").read_text().split()[0]
+    with running_delegate_job() as sid:
         node = on_user_node("squeue", "-h", "-j", sid, "-o", "%N", user=STUDENT).stdout.strip()
         assert node.startswith("worker"), node
         for path in left:
@@ -171,8 +170,6 @@ def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
             assert fs == ["tmpfs", "256M"], (
                 f"{node}:{mnt} is {fs} (cluster.conf DELEGATE_STACK_WORKER_SCRATCH)"
             )
-    finally:
-        on_user_node("delegate", "cancel", job, user=STUDENT)
     deadline = time.monotonic() + 120
     while any(on_node(node, "test", "-e", p).returncode == 0 for p in left):
         assert time.monotonic() < deadline, f"the student's sbcast files outlived the job on {node}"
