@@ -14,6 +14,7 @@
 # logged to /var/log/delegate/epilog.log and the script always exits 0.
 
 LOG=/var/log/delegate/epilog.log
+POLICY=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 
@@ -52,8 +53,7 @@ main() {
 # the only one of theirs on it. Never for root or a non-numeric uid; find
 # neither follows symlinks nor crosses into other filesystems.
 clean_scratch() {
-    policy=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
-    grep -q '^clean_scratch *= *true' "$policy" 2>/dev/null || return 0
+    grep -q '^clean_scratch *= *true' "$POLICY" 2>/dev/null || return 0
     uid=${SLURM_JOB_UID:-}
     case "$uid" in ''|*[!0-9]*|0) log "clean_scratch: no valid SLURM_JOB_UID"; return 0 ;; esac
     for d in /tmp /var/tmp /dev/shm; do
@@ -119,9 +119,8 @@ remove_networks() {
 sweep_orphans() {
     node=${SLURMD_NODENAME:-}
     [ -n "$node" ] || return 0
-    policy=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
-    stage=$(sed -n 's/^staging_host_dir *= *"\(.*\)".*/\1/p' "$policy" 2>/dev/null | head -n1)
-    [ -n "$stage" ] || stage=$(sed -n 's/^staging_dir *= *"\(.*\)".*/\1/p' "$policy" 2>/dev/null | head -n1)
+    stage=$(sed -n 's/^staging_host_dir *= *"\(.*\)".*/\1/p' "$POLICY" 2>/dev/null | head -n1)
+    [ -n "$stage" ] || stage=$(sed -n 's/^staging_dir *= *"\(.*\)".*/\1/p' "$POLICY" 2>/dev/null | head -n1)
     while read -r id sj cnode; do
         # Another node's container (an engine shared by several nodes: the
         # stack): that node's own epilog sweeps it. Asking slurmctld about
