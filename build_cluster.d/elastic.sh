@@ -181,7 +181,7 @@ elastic_reset_nodes() {
         [[ $r == 0 ]] || continue
         st=$(stack_exec head sinfo -h -N -n "$n" -o %T 2>/dev/null) || return 1
         [[ -n $st ]] || return 1
-        [[ $st == idle~ || $st == *% ]] && continue
+        [[ $st == *~ || $st == *% ]] && continue  # powered down (drained~: kept out on purpose) or stopping
         log "elastic: $n is '$st' in Slurm's saved state but does not run: powering it down"
         stack_exec head scontrol update "nodename=$n" state=power_down_force \
             || warn "elastic: scontrol update nodename=$n state=power_down_force failed"

@@ -16,9 +16,11 @@
 #     spool directory (a root-only host directory bound into the head and
 #     into the "power" service only), answered by `power serve` there, which
 #     scales the worker's swarm service to 1 or 0 replicas.
-# A worker that cannot be started is set DOWN with the reason, so its jobs
-# end (delegate submits --no-requeue) with a reason and the node is not
-# tried again until an operator resumes it.
+# A worker that cannot be started is set DOWN with the reason (the jobs that
+# waited for it are requeued) and stays out of service, DRAINED with that
+# reason, until an operator resumes it: the failure is remembered in the
+# spool (failed.NODE) because Slurm's power saving (idle_on_node_suspend)
+# would otherwise make the DOWN node idle again after SuspendTime.
 #
 #   power serve                  the power service's loop (root, Docker
 #                                socket; DELEGATE_STACK_NAME, DELEGATE_ELASTIC_MIN,
@@ -38,15 +40,47 @@ clean() { tr -c '[:alnum:] .,:;_/()=+-' ' ' <<<"$1" | tr -s ' ' | cut -c1-180; }
 node_ok() { [[ $1 =~ ^worker[1-9][0-9]{0,3}$ ]]; }
 
 # mark_down NODE REASON: out of service with the reason; the jobs that
-# waited for it are requeued (requeue_waiting).
+# waited for it are requeued (requeue_waiting); the failure is remembered
+# (keep_out) until the node starts.
 mark_down() {
     local reason
     reason="elastic: $(clean "$2")"
     requeue_waiting "$1"
+    if ! { printf '%s\n' "$reason" >"$SPOOL/.failed.$1" && mv -f "$SPOOL/.failed.$1" "$SPOOL/failed.$1"; }; then
+        log "$1: cannot remember the failure in $SPOOL"
+    fi
     log "$1: DOWN: $reason"
     scontrol update "nodename=$1" state=down "reason=$reason" >>"$LOG" 2>&1 \
         || log "$1: scontrol update state=down failed"
 }
+
+# keep_out NODE: NODE is being powered down; if its last start failed
+# (failed.NODE), drain it with that reason: with idle_on_node_suspend, Slurm
+# makes a DOWN node idle (and startable) when it powers it down, and a worker
+# that cannot start would then hold every job that lands on it for a failed
+# start again. Drained, it stays out until an operator fixes the cause and
+# runs `scontrol update nodename=NODE state=resume`.
+#   The node's reason tells whether the DOWN was left alone: the power
+# saving keeps it, an operator's `state=resume` clears it (then the failure
+# is forgotten, not drained again).
+keep_out() {
+    local f="$SPOOL/failed.$1" reason now
+    [[ -f $f && ! -L $f ]] || return 0
+    now=$(sinfo -h -N -n "$1" -o %E 2>/dev/null | head -n1)
+    if [[ $now != elastic:* ]]; then
+        log "$1: its failed start was cleared (reason now '$(clean "$now")'): forgotten"
+        started "$1"
+        return 0
+    fi
+    reason=$(head -c 200 -- "$f" | head -n1)
+    reason="$(clean "${reason#elastic: }")"
+    log "$1: its last start failed: drained until an operator resumes it"
+    scontrol update "nodename=$1" state=drain "reason=elastic: $reason" >>"$LOG" 2>&1 \
+        || log "$1: scontrol update state=drain failed"
+}
+
+# started NODE: NODE registered: forget an earlier failure.
+started() { rm -f -- "$SPOOL/failed.$1"; }
 
 # requeue_waiting NODE: the jobs allocated to NODE that still wait for it
 # (CONFIGURING: their batch script never started, so nothing of them ran)
@@ -136,6 +170,10 @@ slurm_side() {
             for n in "${nodes[@]}"; do
                 mark_down "$n" "the power hook failed to start it (exit $rc): $(tail -n 1 <<<"$out")"
             done
+        elif [[ $action == resume ]]; then
+            # (a machine that then never registers comes back through
+            # ResumeFailProgram, which remembers it again)
+            for n in "${nodes[@]}"; do started "$n"; done
         fi
     else
         case $action in
@@ -154,7 +192,10 @@ slurm_side() {
                 # own timeout would end the waiting jobs NODE_FAIL).
                 local until=$(($(resume_timeout) - 10))
                 for n in "${started[@]}"; do
-                    wait_registered "$n" "$((until - SECONDS))" && continue
+                    if wait_registered "$n" "$((until - SECONDS))"; then
+                        started "$n"
+                        continue
+                    fi
                     ask suspend "$n" >/dev/null
                     mark_down "$n" "worker $n runs but its slurmd did not register within ResumeTimeout=$(resume_timeout)s (see its service log: build_cluster.sh status)"
                 done
@@ -163,6 +204,9 @@ slurm_side() {
                 while read -r n rc line; do log "$n: $rc $line"; done < <(ask suspend "${nodes[@]}")
                 ;;
         esac
+    fi
+    if [[ $action == suspend ]]; then
+        for n in "${nodes[@]}"; do keep_out "$n"; done
     fi
     if [[ $action == resume-fail ]]; then
         # Slurm set them DOWN ("ResumeTimeout reached"); stop what may be

@@ -7,8 +7,9 @@ package, bench/cold_start.py) brings workers up and completes, while
 `delegate doctor` says the job waits for a worker being powered up; idle
 workers are stopped (no worker container left); a call submitted while a
 worker powers down still completes; a worker whose start fails for real
-(its service's image does not exist) is DOWN with a clear reason and the
-call it was meant for still runs, once. Then `down`, nothing left.
+(its service's image does not exist) is DOWN with a clear reason, then
+kept out (drained) until an operator resumes it, and the call it was meant
+for still runs, once. Then `down`, nothing left.
 
 Run by tests/run.sh as root (after test_stack.py). Honours the stack
 settings of the environment (DELEGATE_STACK_NAME, DELEGATE_STACK_HOME, ...)
@@ -307,12 +308,12 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
     assert r.returncode == 0
     ids = submit("sh", "-c", "echo once-$DELEGATE_INDEX")
 
-    def worker1_down():
+    def worker1_out(states=("down", "drained")):
         st, reason = nodes().get("worker1", ("", ""))
-        return reason if st.startswith("down") else None
+        return reason if st.startswith(states) else None
 
     try:
-        reason = wait_until("worker1 DOWN after its failed start", worker1_down, 180, step=0.5)
+        reason = wait_until("worker1 DOWN after its failed start", worker1_out, 180, step=0.5)
     except AssertionError as e:
         # (where the call went, and what the power programs did, for the record)
         log = on("head", "sh", "-c", "tail -n 40 /var/log/delegate/power*.log 2>&1", quiet=True).stdout
@@ -328,7 +329,19 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
     assert j["state"] == "completed", j
     assert j.get("host") == "worker2", j
     ran_once(ids[0], "once-")
+    # Slurm's power saving powers the DOWN worker down after SuspendTime
+    # and would make it idle again (idle_on_node_suspend); the power program
+    # keeps it out, drained with the same reason, until an operator acts.
+    kept = wait_until(
+        "worker1 drained after its failed start", lambda: worker1_out(("drained",)), STOP_WITHIN
+    )
+    assert kept == reason, (kept, reason)
+    time.sleep(15)  # three power-saving passes later, still out
+    st, again = nodes()["worker1"]
+    assert st.startswith("drained") and again == reason, (st, again)
+    assert "worker1 could not be started" in on("user", "delegate", "doctor", user=STUDENT, quiet=True).stdout
     # Repaired: the image back, the node resumed; it is usable again.
     assert run("docker", "service", "update", "-d", "--image", broken_from.pop("image"), svc).returncode == 0
     assert on("head", "scontrol", "update", "nodename=worker1", "state=resume").returncode == 0
-    wait_until("worker1 back in service", lambda: not nodes()["worker1"][0].startswith("down"), 60)
+    wait_until("worker1 back in service", lambda: not worker1_out(), 60)
+    assert nodes()["worker1"] == ("idle~", ""), nodes()

@@ -102,7 +102,9 @@ fn names<'a>(it: impl Iterator<Item = &'a str>) -> String {
 pub fn explain(nodes: &[Node], waiting: &[Waiting]) -> Option<Result<String, (String, String)>> {
     let failed: Vec<&Node> = nodes
         .iter()
-        .filter(|n| n.state.starts_with("down") && n.reason.starts_with("elastic:"))
+        // DOWN when the start failed; DRAINED once Slurm's power saving has
+        // powered it down (power.sh keeps it out until an operator acts).
+        .filter(|n| (n.state.starts_with("down") || n.state.starts_with("drain")) && n.reason.starts_with("elastic:"))
         .collect();
     if let Some(f) = failed.first() {
         return Some(Err((
@@ -186,6 +188,29 @@ mod tests {
         .unwrap()
         .unwrap_err();
         assert!(e.0.contains("worker2 could not be started: elastic: cannot start"), "{}", e.0);
+        // Powered down since, kept out (drained) with the same reason.
+        let e = explain(
+            &parse_nodes(
+                "worker1|idle~|none
+worker2|drained~|elastic: cannot start worker worker2: No such image
+",
+            ),
+            &[],
+        )
+        .unwrap()
+        .unwrap_err();
+        assert!(e.0.starts_with("worker2 could not be started"), "{}", e.0);
+        assert!(e.1.contains("nodename=worker2 state=resume"), "{}", e.1);
+        // A drain of the operator's own is not a failed start.
+        assert!(explain(
+            &parse_nodes(
+                "worker1|drained~|maintenance
+"
+            ),
+            &[]
+        )
+        .unwrap()
+        .is_ok());
         // Garbage is skipped, never a panic.
         assert!(parse_nodes("|\n\u{0}|#\nx").iter().all(|n| !n.name.is_empty()));
         assert!(parse_waiting("\n|x").is_empty());
