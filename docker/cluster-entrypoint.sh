@@ -254,8 +254,14 @@ user)
     # passwords for PAM ("name:hash" lines, the root-only secret), the
     # certificate, then the hub as root (it starts each student's server as
     # the student).
+    # A password a student changed since (passwd in a terminal) is kept in
+    # the hub's state directory and set again (keep-passwords).
     if [[ -s /run/secrets/hub-passwords ]]; then
         chpasswd -e </run/secrets/hub-passwords || die "cannot set the accounts' passwords"
+        keep=/var/lib/jupyterhub/kept-passwords
+        /usr/local/lib/delegate/keep-passwords restore /run/secrets/hub-passwords "$keep" \
+            || log "kept passwords not restored (see above)"
+        /usr/local/lib/delegate/keep-passwords watch /run/secrets/hub-passwords "$keep" </dev/null &
     fi
     install -d -m 0700 /etc/jupyterhub/tls
     install -m 0644 /run/secrets/hub-tls.crt /etc/jupyterhub/tls/hub.crt

@@ -427,6 +427,51 @@ def test_a_student_cannot_use_anothers_server_port(stack, browser):
         assert "s3cret" not in line and "ada-secret" not in line.split(" ", 3)[-1], line
 
 
+def pam_ok(user: str, password: str) -> bool:
+    """The user node's PAM (the hub's login service) accepts the password."""
+    check = "import pamela, sys\ntry:\n    pamela.authenticate(sys.argv[1], sys.argv[2])\nexcept pamela.PAMError:\n    sys.exit(3)\n"
+    r = on_user_node("/opt/delegate/venv/bin/python", "-c", check, user, password)
+    assert r.returncode in (0, 3), r.stderr
+    return r.returncode == 0
+
+
+def test_a_changed_password_survives_a_restart(stack):
+    """Bob changes his password with passwd (as in a JupyterLab terminal);
+    the user node's container is killed and swarm starts a new one, which
+    sets the roster's initial passwords again: Bob's new one still logs in,
+    the initial one does not (docker/keep-passwords.sh)."""
+    old, new = initial_password(BOB), "Tq8-vLw3-Rz5-Np"
+    change = f"printf '%s\\n%s\\n%s\\n' '{old}' '{new}' '{new}' | script -qec passwd /dev/null"
+    r = on_user_node("sh", "-c", change, user=BOB)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert pam_ok(BOB, new) and not pam_ok(BOB, old)
+    kept = STACK_DIR / "hub" / "kept-passwords"
+    deadline = time.monotonic() + 30
+    while f"{BOB}:" not in (kept.read_text() if kept.exists() else ""):
+        assert time.monotonic() < deadline, "the changed password was not kept"
+        time.sleep(1)
+    assert oct(kept.stat().st_mode & 0o777) == "0o600" and kept.stat().st_uid == 0
+    before = user_cid()
+    run("docker", "kill", before, check=True)
+    deadline = time.monotonic() + 180
+    while True:
+        ids = run(
+            "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_user",
+            "--filter", "status=running",
+        ).stdout.split()  # fmt: skip
+        if (
+            ids
+            and ids[0] != before[: len(ids[0])]
+            and "kept password" in run("docker", "logs", ids[0]).stderr
+        ):
+            break
+        assert time.monotonic() < deadline, "the user node did not come back"
+        time.sleep(2)
+    assert pam_ok(BOB, new), "the changed password was lost with the restart"
+    assert not pam_ok(BOB, old)
+    assert pam_ok(ADA, initial_password(ADA))  # unchanged accounts keep theirs
+
+
 def test_remove_archives_the_home(stack, tmp_path):
     # Not deployed any more? Then only the state changes: quick. The stack
     # still runs here, so remove after `down` (in the fixture) for the
