@@ -171,17 +171,29 @@ elastic_power_states() {
 # saved state (the volume <stack>-slurmctld-state) has up, powering up or
 # DOWN is powered down (POWER_DOWN_FORCE; with idle_on_node_suspend it is
 # idle afterwards), so a deploy starts from "every elastic worker powered
-# down". Returns 1 while slurmctld does not answer yet.
+# down". A worker kept out after a failed start (down~ or drained~ with an
+# "elastic:" reason, power.sh) is resumed and its failure forgotten: a
+# deploy is how an operator brings the fixed images or settings. Returns 1
+# while slurmctld does not answer yet.
 elastic_reset_nodes() {
     elastic_on || return 0
-    local i n st r
+    local i n st r why
     for ((i = DELEGATE_ELASTIC_MIN + 1; i <= DELEGATE_ELASTIC_MAX; i++)); do
         n=worker$i
         r=$(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_$n" 2>/dev/null)
         [[ $r == 0 ]] || continue
         st=$(stack_exec head sinfo -h -N -n "$n" -o %T 2>/dev/null) || return 1
         [[ -n $st ]] || return 1
-        [[ $st == *~ || $st == *% ]] && continue  # powered down (drained~: kept out on purpose) or stopping
+        [[ $st == idle~ || $st == *% ]] && continue
+        if [[ $st == down~ || $st == drained~ ]]; then
+            why=$(stack_exec head sinfo -h -N -n "$n" -o %E 2>/dev/null) || return 1
+            [[ $why == elastic:* ]] || continue   # an operator's own: left alone
+            log "elastic: $n was kept out after a failed start ($why): resumed for this deploy"
+            rm -f -- "$ELASTIC_SPOOL/failed.$n"
+            stack_exec head scontrol update "nodename=$n" state=resume \
+                || warn "elastic: scontrol update nodename=$n state=resume failed"
+            continue
+        fi
         log "elastic: $n is '$st' in Slurm's saved state but does not run: powering it down"
         stack_exec head scontrol update "nodename=$n" state=power_down_force \
             || warn "elastic: scontrol update nodename=$n state=power_down_force failed"

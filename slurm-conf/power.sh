@@ -215,11 +215,18 @@ slurm_side() {
             while read -r n rc line; do log "$n: stop after the failed resume: $rc $line"; done \
                 < <(ask suspend "${nodes[@]}")
         fi
+        local f why
         for n in "${nodes[@]}"; do
             # Already down with this program's own reason (power-resume saw
-            # the failure first): keep that one, it says more.
+            # the failure first): keep that one, it says more. Slurm's own
+            # timeout replaces it by "ResumeTimeout reached": put back the
+            # remembered one.
             [[ $(sinfo -h -N -n "$n" -o %E 2>/dev/null | head -n1) == elastic:* ]] && continue
-            mark_down "$n" "worker $n did not register within ResumeTimeout=$(resume_timeout)s (see build_cluster.sh status; resume it with scontrol update nodename=$n state=resume)"
+            f="$SPOOL/failed.$n"
+            why=""
+            [[ -f $f && ! -L $f ]] && why=$(head -c 200 -- "$f" | head -n1)
+            [[ -n $why ]] || why="worker $n did not register within ResumeTimeout=$(resume_timeout)s (see build_cluster.sh status; resume it with scontrol update nodename=$n state=resume)"
+            mark_down "$n" "${why#elastic: }"
         done
     fi
     return 0
