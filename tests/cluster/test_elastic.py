@@ -26,13 +26,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "build_cluster.sh")
-STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
-HOME = os.environ.get(
-    "DELEGATE_STACK_HOME", os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack") + "/home"
-)
-STUDENT = "dlg-test1"  # cluster.conf DELEGATE_STACK_TEST_USERS
+from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, cid, on, run
+
 IDLE = 30
 ELASTIC = {
     "DELEGATE_ELASTIC": "1",
@@ -49,31 +44,6 @@ STOP_WITHIN = IDLE + 30 + 5 + 60
 broken_from: dict[str, str] = {}
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
-
-
-def run(*args, timeout=600, quiet=False, **kw):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
-    if not quiet:
-        print(r.stdout[-4000:], r.stderr[-3000:], sep="\n")
-    return r
-
-
-def cid(service: str) -> str:
-    ids = run(
-        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{service}",
-        "--filter", "status=running", quiet=True,
-    ).stdout.split()  # fmt: skip
-    return ids[0] if ids else ""
-
-
-def on(service: str, *cmd, user=None, timeout=300, quiet=False, **kw):
-    c = cid(service)
-    assert c, f"{service} has no running container"
-    opts = ["-i"]
-    if user:
-        home = f"{HOME}/{user}"
-        opts += ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
-    return run("docker", "exec", *opts, c, *cmd, timeout=timeout, quiet=quiet, **kw)
 
 
 def nodes() -> dict[str, tuple[str, str]]:

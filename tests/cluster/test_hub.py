@@ -23,17 +23,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "build_cluster.sh")
-STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
-STACK_DIR = Path(os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack"))
-HOME = Path(os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home")))
+import stacklib
+from stacklib import SCRIPT, STACK, STACK_DIR, cid, run
+
+HOME = Path(stacklib.HOME)
 PORT = int(os.environ.get("DELEGATE_JUPYTER_PORT", "8888"))
 URL = f"https://127.0.0.1:{PORT}"
 WORKERS = os.environ.get("DELEGATE_TEST_HUB_WORKERS", "2")
@@ -54,28 +52,16 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, s
 STUDENT_MEM = 768 << 20
 
 
-def run(*args, timeout=1800, check=False, env=None):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
-    print("$", " ".join(args), f"-> {r.returncode}", r.stdout[-4000:], r.stderr[-3000:], sep="\n")
-    if check:
-        assert r.returncode == 0, f"{args} failed: {r.stderr[-2000:]}"
-    return r
-
-
 def user_cid() -> str:
-    out = run(
-        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_user",
-        "--filter", "status=running",
-    ).stdout.split()  # fmt: skip
-    assert out, "the user node has no running container"
-    return out[0]
+    c = cid("user")
+    assert c, "the user node has no running container"
+    return c
 
 
 def on_user_node(*cmd, timeout=120, user=None):
     """CMD on the user node: as `user`, or as root (whose CAP_SYS_PTRACE
     sees every process through hidepid, as an operator's shell does)."""
-    opts = ["-u", user] if user else []
-    return run("docker", "exec", *opts, user_cid(), *cmd, timeout=timeout)
+    return stacklib.on("user", *cmd, user=user, timeout=timeout)
 
 
 def initial_password(user: str) -> str:
@@ -455,15 +441,8 @@ def test_a_changed_password_survives_a_restart(stack):
     run("docker", "kill", before, check=True)
     deadline = time.monotonic() + 180
     while True:
-        ids = run(
-            "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_user",
-            "--filter", "status=running",
-        ).stdout.split()  # fmt: skip
-        if (
-            ids
-            and ids[0] != before[: len(ids[0])]
-            and "kept password" in run("docker", "logs", ids[0]).stderr
-        ):
+        now = cid("user")
+        if now and now != before and "kept password" in run("docker", "logs", now).stderr:
             break
         assert time.monotonic() < deadline, "the user node did not come back"
         time.sleep(2)

@@ -24,27 +24,17 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "build_cluster.sh")
-STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
-HOME = os.environ.get("DELEGATE_STACK_HOME", "/srv/delegate-stack/home")
+from stacklib import HOME, SCRIPT, STACK, STUDENT, on, run
+
 IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
-STUDENT = "dlg-test1"  # cluster.conf DELEGATE_STACK_TEST_USERS
 RUNNER = "/usr/local/bin/sandbox-runner"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
-
-
-def run(*args, timeout=1800):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    print(r.stdout[-6000:], r.stderr[-4000:], sep="\n")
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +49,7 @@ def stack():
 
 
 def on_node(node, *cmd, user=STUDENT, timeout=300):
-    opts = []
-    if user:
-        home = f"{HOME}/{user}"
-        opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
-    for _ in range(5):
-        cid = run(
-            "docker", "ps", "-q", "--filter", "status=running",
-            "--filter", f"label=com.docker.swarm.service.name={STACK}_{node}",
-        ).stdout.split()  # fmt: skip
-        assert cid, f"{node} has no running container"
-        r = run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
-        # (a container of the service's previous task, going away)
-        if r.returncode == 0 or "not found" not in r.stderr or "task" not in r.stderr:
-            return r
-        time.sleep(3)
-    return r
+    return on(node, *cmd, user=user, timeout=timeout)
 
 
 def submit(*argv, nodes=2):

@@ -10,24 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "build_cluster.sh")
-STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
+from stacklib import HOME, SCRIPT, STACK, STUDENT, on, run
+
 LABEL = f"label=com.docker.stack.namespace={STACK}"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
-
-
-def run(*args, timeout=1800):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    print(r.stdout[-6000:], r.stderr[-4000:], sep="\n")
-    return r
 
 
 def docker_ids(*args):
@@ -85,20 +77,10 @@ def test_local_cluster_untouched(stack):
 # --- the lockdown on the stack (docs/security.md): a student on the user node
 # reaches a worker only through delegate.
 REFUSED = "delegate: only delegate's own jobs may run here"
-HOME = os.environ.get("DELEGATE_STACK_HOME", "/srv/delegate-stack/home")
-STUDENT = "dlg-test1"  # cluster.conf DELEGATE_STACK_TEST_USERS
 
 
 def on_user_node(*cmd, user=None, timeout=300):
-    cid = run(
-        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_user"
-    ).stdout.split()
-    assert cid, "the user node has no running container"
-    opts = []
-    if user:
-        home = f"{HOME}/{user}"
-        opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
-    return run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
+    return on("user", *cmd, user=user, timeout=timeout)
 
 
 def test_stack_srun_on_a_worker_is_refused(stack):

@@ -14,49 +14,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "build_cluster.sh")
-STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
-HOME = os.environ.get(
-    "DELEGATE_STACK_HOME", os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack") + "/home"
-)
-STUDENT = "dlg-test1"  # cluster.conf DELEGATE_STACK_TEST_USERS
-OTHER = "dlg-test2"
+from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, cid, on, run
+
 COURSE = os.environ.get("DELEGATE_COURSE_ACCOUNT", "course")
 QOS = os.environ.get("DELEGATE_STUDENT_QOS", "student")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
-
-
-def run(*args, timeout=600, quiet=False):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    if not quiet:
-        print(r.stdout[-4000:], r.stderr[-3000:], sep="\n")
-    return r
-
-
-def cid(service: str) -> str:
-    ids = run(
-        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{service}",
-        "--filter", "status=running", quiet=True,
-    ).stdout.split()  # fmt: skip
-    return ids[0] if ids else ""
-
-
-def on(service: str, *cmd, user=None, timeout=300, quiet=False):
-    c = cid(service)
-    assert c, f"{service} has no running container"
-    opts = []
-    if user:
-        home = f"{HOME}/{user}"
-        opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
-    return run("docker", "exec", *opts, c, *cmd, timeout=timeout, quiet=quiet)
 
 
 def submit(user: str, *cmd: str, count: int = 1) -> list[str]:

@@ -1,0 +1,77 @@
+"""What the stack tests (tests/cluster/test_*.py) share: where the stack
+is, running a command on the host, the stack's running containers and
+commands in them.
+
+The stack's settings come from the environment as for build_cluster.sh
+(DELEGATE_STACK_NAME, DELEGATE_STACK_DIR, DELEGATE_STACK_HOME), so a test
+run can keep its stack apart from another one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = str(REPO / "build_cluster.sh")
+STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
+STACK_DIR = Path(os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack"))
+HOME = os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home"))
+# cluster.conf DELEGATE_STACK_TEST_USERS
+STUDENT = "dlg-test1"
+OTHER = "dlg-test2"
+
+# What `docker exec` says when the container went away under it (a
+# service's task replaced by a new one): the command is tried again in the
+# new container.
+_GONE = ("No such container", "is not running", "not found")
+
+
+def run(*args, timeout=1800, quiet=False, check=False, **kw) -> subprocess.CompletedProcess:
+    """ARGS on the host, output captured (and printed, for the test's
+    report, unless quiet); with check, a failure fails the test."""
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
+    if not quiet:
+        print(
+            "$",
+            " ".join(map(str, args))[:400],
+            f"-> {r.returncode}",
+            r.stdout[-6000:],
+            r.stderr[-4000:],
+            sep="\n",
+        )
+    if check:
+        assert r.returncode == 0, f"{args} failed: {r.stderr[-2000:]}"
+    return r
+
+
+def cid(service: str) -> str:
+    """The running container of the stack's SERVICE, "" when none runs."""
+    ids = run(
+        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{service}",
+        "--filter", "status=running", quiet=True,
+    ).stdout.split()  # fmt: skip
+    return ids[0] if ids else ""
+
+
+def on(
+    service: str, *cmd, user: str | None = None, timeout=300, quiet=False, **kw
+) -> subprocess.CompletedProcess:
+    """CMD in SERVICE's running container: as `user` (in their home, with
+    HOME and USER set, as a login would) or as root. `input=` is passed to
+    the command's stdin."""
+    opts = ["-i"] if "input" in kw else []
+    if user:
+        home = f"{HOME}/{user}"
+        opts += ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
+    for _ in range(5):
+        c = cid(service)
+        assert c, f"{service} has no running container"
+        r = run("docker", "exec", *opts, c, *cmd, timeout=timeout, quiet=quiet, **kw)
+        gone = r.returncode != 0 and r.stderr.startswith("Error") and any(g in r.stderr for g in _GONE)
+        if not gone:
+            return r
+        time.sleep(3)
+    return r
