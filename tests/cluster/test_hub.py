@@ -421,14 +421,40 @@ def pam_ok(user: str, password: str) -> bool:
     return r.returncode == 0
 
 
+# passwd in a terminal, as a student types into it: each answer after its
+# prompt (typed ahead, it would be flushed when passwd turns echo off).
+PASSWD_IN_A_TERMINAL = """
+import os, pty, signal, sys
+signal.alarm(60)
+old, new = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("passwd", ["passwd"])
+seen = b""
+for k, answer in enumerate((old, new, new), start=1):
+    while seen.lower().count(b"password:") < k:
+        seen += os.read(fd, 1024)
+    os.write(fd, answer.encode() + b"\\n")
+try:
+    while True:
+        d = os.read(fd, 1024)
+        if not d:
+            break
+        seen += d
+except OSError:
+    pass
+print(seen.decode(errors="replace"))
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
 def test_a_changed_password_survives_a_restart(stack):
     """Bob changes his password with passwd (as in a JupyterLab terminal);
     the user node's container is killed and swarm starts a new one, which
     sets the roster's initial passwords again: Bob's new one still logs in,
     the initial one does not (docker/keep-passwords.sh)."""
     old, new = initial_password(BOB), "Tq8-vLw3-Rz5-Np"
-    change = f"printf '%s\\n%s\\n%s\\n' '{old}' '{new}' '{new}' | script -qec passwd /dev/null"
-    r = on_user_node("sh", "-c", change, user=BOB)
+    r = on_user_node("/opt/delegate/venv/bin/python", "-c", PASSWD_IN_A_TERMINAL, old, new, user=BOB)
     assert r.returncode == 0, r.stdout + r.stderr
     assert pam_ok(BOB, new) and not pam_ok(BOB, old)
     kept = STACK_DIR / "hub" / "kept-passwords"
