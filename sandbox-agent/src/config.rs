@@ -245,8 +245,13 @@ mod tests {
 
     fn build_with(perf: Perf, gpus: &Passthrough) -> ContainerCreateBody {
         let s = spec();
-        let p = Params {
-            spec: &s,
+        container_config(&params(&s, perf, gpus))
+    }
+
+    /// A test job's parameters (cpuset: none, the CFS quota).
+    fn params<'a>(s: &'a Spec, perf: Perf, gpus: &'a Passthrough) -> Params<'a> {
+        Params {
+            spec: s,
             job_dir: Path::new("/home/u/.delegate/jobs/x"),
             uid: 2001,
             gid: 2001,
@@ -259,8 +264,7 @@ mod tests {
             node: "n1",
             gpus,
             cpuset: None,
-        };
-        container_config(&p)
+        }
     }
 
     #[test]
@@ -268,19 +272,8 @@ mod tests {
         let s = spec();
         let none = Passthrough::none();
         let p = Params {
-            spec: &s,
-            job_dir: Path::new("/home/u/.delegate/jobs/x"),
-            uid: 2001,
-            gid: 2001,
-            slurm_job: "42",
-            tmp_bytes: 256 << 20,
-            max_pids: 512,
-            perf: Perf::Seccomp,
-            max_open_files: 1024,
-            max_file_bytes: 1 << 30,
-            node: "n1",
-            gpus: &none,
             cpuset: Some("2,3"),
+            ..params(&s, Perf::Seccomp, &none)
         };
         let h = container_config(&p).host_config.unwrap();
         assert_eq!(h.cpuset_cpus.as_deref(), Some("2,3"));
