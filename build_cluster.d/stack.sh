@@ -400,6 +400,27 @@ image_is_current() {
     [[ $(docker image inspect -f '{{index .Config.Labels "org.delegate.source"}}' "$1" 2>/dev/null) == "$2" ]]
 }
 
+# build_image IMAGE SRC CTX WHAT [BUILD-ARG...]: docker build of CTX's
+# docker/WHAT.Dockerfile as IMAGE, labelled with the sources' hash SRC, its
+# output in DELEGATE_LOG_DIR/build-WHAT-image.log; CTX is removed after.
+build_image() {
+    local image=$1 src=$2 ctx=$3 what=$4 a
+    shift 4
+    local -a args=()
+    for a in "$@"; do args+=(--build-arg "$a"); done
+    local blog="$DELEGATE_LOG_DIR/build-$what-image.log"
+    install -d -m 0755 "$DELEGATE_LOG_DIR"
+    log "image $image: building (log $blog)"
+    if ! docker build "${args[@]}" --label "org.delegate.source=$src" -t "$image" \
+        -f "$ctx/docker/$what.Dockerfile" "$ctx" >"$blog" 2>&1; then
+        rm -rf "$ctx"
+        die "docker build of $image failed; tail:
+$(tail -n 20 "$blog")"
+    fi
+    rm -rf "$ctx"
+    STACK_IMAGES_REBUILT=1
+}
+
 # stack_build_images [force]: build the images that are missing or were
 # built from other sources (all with force).
 stack_build_images() {
@@ -427,15 +448,7 @@ stack_build_images() {
             "$REPO/target/release/sandbox-agent" "$ctx/bin/" \
             || die "target/release/{delegate,sandbox-runner,sandbox-agent} missing after cargo build"
         cp "$(command -v docker)" "$ctx/bin/docker"
-        log "image $DELEGATE_CLUSTER_IMAGE: building (log $DELEGATE_LOG_DIR/build-cluster-image.log)"
-        install -d -m 0755 "$DELEGATE_LOG_DIR"
-        docker build --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
-            --label "org.delegate.source=$src" -t "$DELEGATE_CLUSTER_IMAGE" -f "$ctx/docker/cluster.Dockerfile" "$ctx" \
-            >"$DELEGATE_LOG_DIR/build-cluster-image.log" 2>&1 \
-            || { rm -rf "$ctx"; die "docker build of $DELEGATE_CLUSTER_IMAGE failed; tail:
-$(tail -n 20 "$DELEGATE_LOG_DIR/build-cluster-image.log")"; }
-        rm -rf "$ctx"
-        STACK_IMAGES_REBUILT=1
+        build_image "$DELEGATE_CLUSTER_IMAGE" "$src" "$ctx" cluster "BASE_IMAGE=$DELEGATE_BASE_IMAGE"
         force=1   # the user image is built on top of it
     else
         log "image $DELEGATE_CLUSTER_IMAGE: present, built from these sources ($src)"
@@ -446,14 +459,8 @@ $(tail -n 20 "$DELEGATE_LOG_DIR/build-cluster-image.log")"; }
         cp "$REPO/docker/user.Dockerfile" "$ctx/docker/"
         stack_wheels "$ctx/wheels"
         hub_context "$ctx"
-        log "image $DELEGATE_USER_IMAGE: building (log $DELEGATE_LOG_DIR/build-user-image.log)"
-        docker build --build-arg "CLUSTER_IMAGE=$DELEGATE_CLUSTER_IMAGE" --build-arg "HUB_PIP_PINS=$HUB_PIP_PINS" \
-            --label "org.delegate.source=$src" -t "$DELEGATE_USER_IMAGE" -f "$ctx/docker/user.Dockerfile" "$ctx" \
-            >"$DELEGATE_LOG_DIR/build-user-image.log" 2>&1 \
-            || { rm -rf "$ctx"; die "docker build of $DELEGATE_USER_IMAGE failed; tail:
-$(tail -n 20 "$DELEGATE_LOG_DIR/build-user-image.log")"; }
-        rm -rf "$ctx"
-        STACK_IMAGES_REBUILT=1
+        build_image "$DELEGATE_USER_IMAGE" "$src" "$ctx" user \
+            "CLUSTER_IMAGE=$DELEGATE_CLUSTER_IMAGE" "HUB_PIP_PINS=$HUB_PIP_PINS"
     else
         log "image $DELEGATE_USER_IMAGE: present"
     fi

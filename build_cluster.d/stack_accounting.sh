@@ -58,15 +58,7 @@ stack_build_db_image() {
     ctx=$(mktemp -d)
     mkdir -p "$ctx/docker"
     cp "$REPO/docker/db.Dockerfile" "$REPO/docker/db-entrypoint.sh" "$ctx/docker/"
-    log "image $DELEGATE_DB_IMAGE: building (log $DELEGATE_LOG_DIR/build-db-image.log)"
-    docker build --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
-        --label "org.delegate.source=$src" -t "$DELEGATE_DB_IMAGE" -f "$ctx/docker/db.Dockerfile" "$ctx" \
-        >"$DELEGATE_LOG_DIR/build-db-image.log" 2>&1 \
-        || { rm -rf "$ctx"; die "docker build of $DELEGATE_DB_IMAGE failed; tail:
-$(tail -n 20 "$DELEGATE_LOG_DIR/build-db-image.log")"; }
-    rm -rf "$ctx"
-    # shellcheck disable=SC2034  # read by stack_deploy (stack.sh)
-    STACK_IMAGES_REBUILT=1
+    build_image "$DELEGATE_DB_IMAGE" "$src" "$ctx" db "BASE_IMAGE=$DELEGATE_BASE_IMAGE"
 }
 
 # stack_accounting_secrets: slurmdbd's database password (generated once)
