@@ -169,9 +169,8 @@ stack_staging_down() {
 }
 
 # --- secrets
-# stack_secrets: the munge key (generated once) and the Jupyter token (from
-# the settings, else generated once; a swarm secret, unused since the hub)
-# under STACK_SECRETS; the hub's secrets (hub.sh).
+# stack_secrets: the munge key (generated once) under STACK_SECRETS; the
+# hub's secrets (hub.sh).
 stack_secrets() {
     install -d -m 0700 "$STACK_SECRETS"
     if [[ ! -s $STACK_SECRETS/munge.key ]]; then
@@ -179,18 +178,8 @@ stack_secrets() {
         (umask 077; dd if=/dev/urandom of="$STACK_SECRETS/munge.key.tmp" bs=1024 count=1 status=none)
         mv "$STACK_SECRETS/munge.key.tmp" "$STACK_SECRETS/munge.key"
     fi
-    local token=$DELEGATE_JUPYTER_TOKEN
-    if [[ -z $token ]]; then
-        if [[ -s $STACK_SECRETS/jupyter-token.generated ]]; then
-            token=$(cat "$STACK_SECRETS/jupyter-token.generated")
-        else
-            token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
-            (umask 077; echo "$token" >"$STACK_SECRETS/jupyter-token.generated")
-        fi
-    fi
-    if [[ ! -f $STACK_SECRETS/jupyter-token || $(cat "$STACK_SECRETS/jupyter-token") != "$token" ]]; then
-        (umask 077; printf '%s' "$token" >"$STACK_SECRETS/jupyter-token")
-    fi
+    # (the single JupyterLab's token of before the hub is no more)
+    rm -f "$STACK_SECRETS/jupyter-token" "$STACK_SECRETS/jupyter-token.generated"
     # The hub's certificate and the accounts' password hashes (hub.sh).
     hub_secrets
 }
@@ -326,7 +315,7 @@ CONF
     local cfgv keyv hc="" wc="" uc=""
     elastic_generate
     cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,power.sh,power-hook} | sha256sum | cut -c1-10)
-    keyv=$(cat "$STACK_SECRETS"/{munge.key,jupyter-token} | sha256sum | cut -c1-10)
+    keyv=$(sha256sum <"$STACK_SECRETS/munge.key" | cut -c1-10)
     if [[ ${DELEGATE_STACK_PLACEMENT:-0} == 1 ]]; then
         hc='"node.role == manager"'
         wc='"node.labels.delegate.role == worker"'

@@ -3,7 +3,7 @@
 #
 # Inputs (from the stack file, stack/delegate-stack.yml.in):
 #   /etc/delegate-stack/slurm.conf, gres.conf, policy.toml, accounts   (swarm configs)
-#   /run/secrets/munge.key, /run/secrets/jupyter-token                 (swarm secrets)
+#   /run/secrets/munge.key                                             (swarm secret)
 #   DELEGATE_STACK_HOME   the shared home (same absolute path everywhere)
 #   /run/secrets/hub-passwords, hub-tls.{crt,key}  (user node) the accounts'
 #                         password hashes, the hub's certificate
