@@ -115,6 +115,45 @@ chown -R "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
 touch /var/log/delegate/slurmctld.log /var/log/delegate/epilog.log
 chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
 
+# limit_queries: on the user node, each account that is not an admin may
+# open at most DELEGATE_RPC_RATE new connections per second (after a burst
+# of DELEGATE_RPC_BURST) to slurmctld's and slurmdbd's ports; beyond, its
+# connection attempts are dropped (the client's TCP retries back off, so a
+# flooding loop slows itself down). Slurm 22.05 has no per-user RPC rate
+# limit of its own (docs/security.md). iptables in this container's network
+# namespace, per uid (owner match) with a hash limit of its own; needs
+# CAP_NET_ADMIN, which the hub's exec drops from the bounding set.
+limit_queries() {
+    local rate=${DELEGATE_RPC_RATE:-0} burst=${DELEGATE_RPC_BURST:-0} ports name uid _r _g n=0
+    [[ $rate =~ ^[0-9]+$ && $burst =~ ^[0-9]+$ ]] || die "DELEGATE_RPC_RATE and DELEGATE_RPC_BURST must be numbers"
+    if ((rate == 0)); then
+        log "queries to Slurm: no per-student limit (DELEGATE_RPC_RATE=0)"
+        return 0
+    fi
+    ((burst >= 1)) || burst=1
+    ports=$(sed -n 's/^SlurmctldPort=\([0-9-]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)
+    ports="${ports:-6817},$(sed -n 's/^AccountingStoragePort=\([0-9]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)"
+    ports=${ports%,}
+    ports=${ports//-/:}
+    if ! { iptables -N delegate-queries 2>/dev/null || iptables -F delegate-queries; } \
+        || ! { iptables -C OUTPUT -p tcp --syn -m multiport --dports "$ports" -j delegate-queries 2>/dev/null \
+            || iptables -A OUTPUT -p tcp --syn -m multiport --dports "$ports" -j delegate-queries; }; then
+        log "WARNING: no per-student limit of queries to Slurm (iptables failed: CAP_NET_ADMIN?)"
+        return 0
+    fi
+    local -A admin=()
+    for name in ${amembers//,/ }; do admin[$name]=1; done
+    while read -r name uid _r _g; do
+        [[ -z $name || $name == \#* || -n ${admin[$name]:-} ]] && continue
+        [[ $uid =~ ^[0-9]+$ ]] || continue
+        iptables -A delegate-queries -m owner --uid-owner "$uid" \
+            -m hashlimit --hashlimit-name "q$uid" --hashlimit-above "$rate/sec" --hashlimit-burst "$burst" \
+            -j DROP || die "cannot limit the queries of $name"
+        n=$((n + 1))
+    done <"$CFG/accounts"
+    log "queries to Slurm: $n accounts limited to $rate new connections/s (burst $burst) to ports $ports"
+}
+
 # dbd_answers: slurmdbd answers sacctmgr (bounded: a dead one must not hang us).
 dbd_answers() { timeout 10 sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; }
 
@@ -254,6 +293,7 @@ user)
     # passwords for PAM ("name:hash" lines, the root-only secret), the
     # certificate, then the hub as root (it starts each student's server as
     # the student).
+    limit_queries
     # A password a student changed since (passwd in a terminal) is kept in
     # the hub's state directory and set again (keep-passwords).
     if [[ -s /run/secrets/hub-passwords ]]; then
@@ -272,7 +312,7 @@ user)
     log "starting JupyterHub on :8888 (https)"
     # CAP_SYS_ADMIN (for the /proc remount above) leaves the bounding set:
     # nothing the hub starts, not even a setuid binary, can get it back.
-    exec setpriv --bounding-set -sys_admin --inh-caps -sys_admin \
+    exec setpriv --bounding-set -sys_admin,-net_admin --inh-caps -sys_admin,-net_admin \
         env -i PATH="$PATH" HOME=/root LANG=C.UTF-8 \
         DELEGATE_HUB_MEM_LIMIT="${DELEGATE_HUB_MEM_LIMIT:-}" DELEGATE_HUB_NPROC_LIMIT="${DELEGATE_HUB_NPROC_LIMIT:-}" \
         DELEGATE_HUB_IDLE_TIMEOUT="${DELEGATE_HUB_IDLE_TIMEOUT:-}" \

@@ -13,9 +13,10 @@
 ARG CLUSTER_IMAGE=delegate-cluster:latest
 FROM ${CLUSTER_IMAGE}
 
-# nodejs: configurable-http-proxy; openssl: a fallback certificate.
+# nodejs: configurable-http-proxy; openssl: a fallback certificate;
+# iptables: the per-student limit of queries to Slurm (the entrypoint).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv nodejs openssl \
+ && apt-get install -y --no-install-recommends python3 python3-venv nodejs openssl iptables \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 

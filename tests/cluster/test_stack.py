@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, SCRIPT, STACK, STUDENT, on, run
+from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, on, run
 
 LABEL = f"label=com.docker.stack.namespace={STACK}"
 
@@ -281,6 +281,65 @@ def test_stack_epilog_sweeps_this_workers_orphans(stack):
         assert ids["worker2"] in run("docker", "ps", "-aq", "--no-trunc").stdout
     finally:
         run("docker", "rm", "-f", *ids.values())
+
+
+# A student's tight loop of new connections to slurmctld's port (what a
+# loop of squeue amounts to, without waiting for answers).
+CONNECT_FLOOD = """
+import socket
+ok = 0
+for _ in range(300):
+    try:
+        socket.create_connection(("head", 6817), timeout=0.2).close()
+        ok += 1
+    except OSError:
+        pass
+print(ok)
+"""
+
+
+def query_drops() -> dict[str, int]:
+    """uid -> connections the user node's per-student query limit dropped."""
+    r = on("user", "iptables", "-L", "delegate-queries", "-v", "-n", "-x", quiet=True)
+    assert r.returncode == 0, r.stderr
+    drops = {}
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if "owner" in f and "UID" in f:
+            drops[f[f.index("match") + 1]] = int(f[0])
+    return drops
+
+
+def uid_of(user: str) -> str:
+    return on("user", "id", "-u", user, quiet=True).stdout.strip()
+
+
+def test_a_students_query_flood_is_bounded_on_the_user_node(stack):
+    """Slurm 22.05 has no per-user RPC rate limit. On the user node each
+    student's new connections to slurmctld and slurmdbd are limited
+    (DELEGATE_RPC_RATE/BURST, iptables per uid; docs/security.md): a
+    student's connect loop gets attempts dropped, another student's
+    squeue meanwhile answers and is never dropped, the student cannot
+    remove the limit, and the hub holds no CAP_NET_ADMIN."""
+    flooder, other = uid_of(STUDENT), uid_of(OTHER)
+    before = query_drops()
+    assert flooder in before and other in before, before
+    r = on_user_node("python3", "-c", CONNECT_FLOOD, user=STUDENT, timeout=200)
+    assert r.returncode == 0, r.stderr
+    ok = int(r.stdout.split()[-1])
+    for _ in range(3):
+        q = on_user_node("squeue", "-h", user=OTHER)
+        assert q.returncode == 0, q.stderr
+    after = query_drops()
+    print(f"flood: {ok} of 300 connected; dropped {after[flooder] - before[flooder]}")
+    assert ok < 300 and after[flooder] > before[flooder], (ok, before, after)
+    assert after[other] == before[other], (before, after)
+    r = on_user_node("iptables", "-F", "delegate-queries", user=STUDENT)
+    assert r.returncode != 0
+    assert query_drops().keys() == after.keys()
+    hub = on("user", "sh", "-c", "grep CapBnd /proc/$(pgrep -o -f bin/jupyterhub)/status")
+    assert int(hub.stdout.split()[-1], 16) & (1 << 12) == 0, hub.stdout  # CAP_NET_ADMIN = 12
+    time.sleep(4)  # the flooder's bucket refills (burst / rate) for the next tests
 
 
 def test_stack_root_can_still_srun(stack):
