@@ -182,11 +182,12 @@ elastic_reset_nodes() {
         n=worker$i
         r=$(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_$n" 2>/dev/null)
         [[ $r == 0 ]] || continue
-        st=$(stack_exec head sinfo -h -N -n "$n" -o %T 2>/dev/null) || return 1
+        st=$(stack_exec head sinfo -h -N -n "$n" -o '%T|%E' 2>/dev/null) || return 1
         [[ -n $st ]] || return 1
+        why=${st#*|}
+        st=${st%%|*}
         [[ $st == idle~ || $st == *% ]] && continue
         if [[ $st == down~ || $st == drained~ ]]; then
-            why=$(stack_exec head sinfo -h -N -n "$n" -o %E 2>/dev/null) || return 1
             [[ $why == elastic:* ]] || continue   # an operator's own: left alone
             log "elastic: $n was kept out after a failed start ($why): resumed for this deploy"
             rm -f -- "$ELASTIC_SPOOL/failed.$n"

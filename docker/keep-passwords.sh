@@ -1,6 +1,6 @@
 #!/bin/bash
 # keep-passwords: the user node's passwords survive a restart of its
-# container (docs/hub.md).
+# container (docs/security.md, "The hub").
 #
 # The node sets every account's password from the roster's secret
 # (hub-passwords, "name:hash", the initial passwords) each time it starts.

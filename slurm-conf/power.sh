@@ -17,10 +17,11 @@
 #     into the "power" service only), answered by `power serve` there, which
 #     scales the worker's swarm service to 1 or 0 replicas.
 # A worker that cannot be started is set DOWN with the reason (the jobs that
-# waited for it are requeued) and stays out of service, DRAINED with that
-# reason, until an operator resumes it: the failure is remembered in the
-# spool (failed.NODE) because Slurm's power saving (idle_on_node_suspend)
-# would otherwise make the DOWN node idle again after SuspendTime.
+# waited for it are requeued) and stays out of service with that reason
+# until an operator resumes it: the failure is remembered in the spool
+# (failed.NODE), put back when Slurm's ResumeTimeout overwrites the reason,
+# and turned into a drain should Slurm's power saving (idle_on_node_suspend)
+# make the DOWN node idle again.
 #
 #   power serve                  the power service's loop (root, Docker
 #                                socket; DELEGATE_STACK_NAME, DELEGATE_ELASTIC_MIN,
@@ -64,16 +65,16 @@ mark_down() {
 # saving keeps it, an operator's `state=resume` clears it (then the failure
 # is forgotten, not drained again).
 keep_out() {
-    local f="$SPOOL/failed.$1" reason now
-    [[ -f $f && ! -L $f ]] || return 0
-    now=$(sinfo -h -N -n "$1" -o %E 2>/dev/null | head -n1)
+    local reason now
+    reason=$(remembered "$1")
+    [[ -n $reason ]] || return 0
+    now=$(node_reason "$1")
     if [[ $now != elastic:* ]]; then
         log "$1: its failed start was cleared (reason now '$(clean "$now")'): forgotten"
         started "$1"
         return 0
     fi
-    reason=$(head -c 200 -- "$f" | head -n1)
-    reason="$(clean "${reason#elastic: }")"
+    reason=$(clean "$reason")
     log "$1: its last start failed: drained until an operator resumes it"
     scontrol update "nodename=$1" state=drain "reason=elastic: $reason" >>"$LOG" 2>&1 \
         || log "$1: scontrol update state=drain failed"
@@ -81,6 +82,17 @@ keep_out() {
 
 # started NODE: NODE registered: forget an earlier failure.
 started() { rm -f -- "$SPOOL/failed.$1"; }
+
+# remembered NODE: the reason of NODE's remembered failed start, without
+# its "elastic: " ("" when none).
+remembered() {
+    local f="$SPOOL/failed.$1" why=""
+    [[ -f $f && ! -L $f ]] && why=$(head -c 200 -- "$f" | head -n1)
+    printf '%s' "${why#elastic: }"
+}
+
+# node_reason NODE: the reason Slurm shows for NODE ("none" when none).
+node_reason() { sinfo -h -N -n "$1" -o %E 2>/dev/null | head -n1; }
 
 # requeue_waiting NODE: the jobs allocated to NODE that still wait for it
 # (CONFIGURING: their batch script never started, so nothing of them ran)
@@ -215,18 +227,16 @@ slurm_side() {
             while read -r n rc line; do log "$n: stop after the failed resume: $rc $line"; done \
                 < <(ask suspend "${nodes[@]}")
         fi
-        local f why
+        local why
         for n in "${nodes[@]}"; do
             # Already down with this program's own reason (power-resume saw
             # the failure first): keep that one, it says more. Slurm's own
             # timeout replaces it by "ResumeTimeout reached": put back the
             # remembered one.
-            [[ $(sinfo -h -N -n "$n" -o %E 2>/dev/null | head -n1) == elastic:* ]] && continue
-            f="$SPOOL/failed.$n"
-            why=""
-            [[ -f $f && ! -L $f ]] && why=$(head -c 200 -- "$f" | head -n1)
+            [[ $(node_reason "$n") == elastic:* ]] && continue
+            why=$(remembered "$n")
             [[ -n $why ]] || why="worker $n did not register within ResumeTimeout=$(resume_timeout)s (see build_cluster.sh status; resume it with scontrol update nodename=$n state=resume)"
-            mark_down "$n" "${why#elastic: }"
+            mark_down "$n" "$why"
         done
     fi
     return 0
