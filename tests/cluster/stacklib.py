@@ -9,9 +9,11 @@ run can keep its stack apart from another one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,3 +77,17 @@ def on(
             return r
         time.sleep(3)
     return r
+
+
+@contextlib.contextmanager
+def deployed(*args: str, env: dict | None = None) -> Iterator[subprocess.CompletedProcess]:
+    """The stack deployed with build_cluster.sh's deploy ARGS (a failed
+    deploy fails the test) and taken down afterwards, whatever happened
+    (a failed `down` fails the test too)."""
+    r = run(SCRIPT, "deploy", *args, timeout=1800, env=env)
+    try:
+        assert r.returncode == 0, "deploy failed"
+        yield r
+    finally:
+        down = run(SCRIPT, "down", timeout=600, env=env)
+        assert down.returncode == 0, "down failed"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, cid, on, run
+from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, cid, deployed, on, run
 
 IDLE = 30
 ELASTIC = {
@@ -114,25 +114,22 @@ def ran_once(job: str, marker: str) -> None:
 @pytest.fixture(scope="module")
 def stack():
     env = dict(os.environ, **ELASTIC)
-    r = run(SCRIPT, "deploy", timeout=1800, env=env)
-    try:
-        assert r.returncode == 0, "deploy failed"
-        # `down` keeps slurmctld's state (the volume <stack>-slurmctld-state,
-        # so job ids go on and never meet the accounting database's old
-        # records): jobs an earlier run left queued would power workers up
-        # under this test. They are dead calls; cancel them.
-        left = on("head", "squeue", "-h", "-o", "%A", quiet=True).stdout.split()
-        if left:
-            on("head", "scancel", *left)
-        yield env
-    finally:
-        # A failed test must not leave a broken image on a worker service.
-        if broken_from:
-            run("docker", "service", "update", "-d", "--image", broken_from["image"], f"{STACK}_worker1")
-        down = run(SCRIPT, "down", timeout=600, env=env)
-        assert down.returncode == 0, "down failed"
-        left = run("docker", "ps", "-aq", "--filter", f"label=com.docker.stack.namespace={STACK}").stdout
-        assert not left.strip(), f"containers left: {left}"
+    with deployed(env=env):
+        try:
+            # `down` keeps slurmctld's state (the volume <stack>-slurmctld-state,
+            # so job ids go on and never meet the accounting database's old
+            # records): jobs an earlier run left queued would power workers up
+            # under this test. They are dead calls; cancel them.
+            left = on("head", "squeue", "-h", "-o", "%A", quiet=True).stdout.split()
+            if left:
+                on("head", "scancel", *left)
+            yield env
+        finally:
+            # A failed test must not leave a broken image on a worker service.
+            if broken_from:
+                run("docker", "service", "update", "-d", "--image", broken_from["image"], f"{STACK}_worker1")
+    left = run("docker", "ps", "-aq", "--filter", f"label=com.docker.stack.namespace={STACK}").stdout
+    assert not left.strip(), f"containers left: {left}"
 
 
 def elastic_config(**settings: str) -> subprocess.CompletedProcess:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, SCRIPT, STACK, STUDENT, on, run
+from stacklib import HOME, STACK, STUDENT, deployed, on, run
 
 IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
 RUNNER = "/usr/local/bin/sandbox-runner"
@@ -39,13 +39,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, s
 
 @pytest.fixture(scope="module")
 def stack():
-    r = run(SCRIPT, "deploy", "--workers", "2")
-    try:
-        assert r.returncode == 0, "deploy failed"
+    with deployed("--workers", "2") as r:
         yield r
-    finally:
-        down = run(SCRIPT, "down")
-        assert down.returncode == 0, "down failed"
 
 
 def on_node(node, *cmd, user=STUDENT, timeout=300):

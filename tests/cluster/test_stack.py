@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, on, run
+from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, deployed, on, run
 
 LABEL = f"label=com.docker.stack.namespace={STACK}"
 
@@ -34,13 +34,8 @@ def swarm_active():
 
 @pytest.fixture(scope="module")
 def stack():
-    r = run(SCRIPT, "deploy", "--workers", "2")
-    try:
-        assert r.returncode == 0, "deploy failed"
+    with deployed("--workers", "2") as r:
         yield r
-    finally:
-        down = run(SCRIPT, "down")
-        assert down.returncode == 0, "down failed"
 
 
 def test_status_shows_every_worker(stack):

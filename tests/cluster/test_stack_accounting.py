@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, cid, on, run
+from stacklib import HOME, OTHER, STACK, STUDENT, cid, deployed, on, run
 
 COURSE = os.environ.get("DELEGATE_COURSE_ACCOUNT", "course")
 QOS = os.environ.get("DELEGATE_STUDENT_QOS", "student")
@@ -110,14 +110,12 @@ def slurmctld_answers() -> bool:
 
 @pytest.fixture(scope="module")
 def stack():
-    r = run(SCRIPT, "deploy", "--workers", "2", timeout=1800)
-    try:
-        assert r.returncode == 0, "deploy failed"
-        yield r
-    finally:
-        for svc in ("db", "dbd"):  # a failed outage test must not leave them down
-            run("docker", "service", "scale", "-d", f"{STACK}_{svc}=1")
-        assert run(SCRIPT, "down", timeout=600).returncode == 0, "down failed"
+    with deployed("--workers", "2") as r:
+        try:
+            yield r
+        finally:
+            for svc in ("db", "dbd"):  # a failed outage test must not leave them down
+                run("docker", "service", "scale", "-d", f"{STACK}_{svc}=1")
 
 
 def test_every_account_has_an_association(stack):
