@@ -167,6 +167,7 @@ CONF
 # and student, and the burst (cluster.conf; 0: no limit)
 : "${DELEGATE_RPC_RATE:=20}"
 : "${DELEGATE_RPC_BURST:=60}"
+: "${DELEGATE_RPC_CONNS:=8}"
 : "${DELEGATE_QOS_MAX_RUNNING:=12}"
 : "${DELEGATE_QOS_MAX_CPU_RUN_MINS:=$(( $(nproc) * 12 * 120 ))}"
 : "${DELEGATE_ROSTER_FIRST_UID:=3000}"

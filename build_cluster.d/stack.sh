@@ -311,8 +311,8 @@ CONF
         && -z $(awk '{ print $2 }' "$STACK_GEN/accounts" | sort | uniq -d) ]] \
         || die "two accounts share a name or a uid (cluster.conf and the roster $(hub_roster_file))"
 
-    [[ $DELEGATE_RPC_RATE =~ ^[0-9]{1,6}$ && $DELEGATE_RPC_BURST =~ ^[0-9]{1,6}$ ]] \
-        || die "DELEGATE_RPC_RATE and DELEGATE_RPC_BURST must be numbers (per second, burst), not '$DELEGATE_RPC_RATE' and '$DELEGATE_RPC_BURST'"
+    [[ $DELEGATE_RPC_RATE =~ ^[0-9]{1,6}$ && $DELEGATE_RPC_BURST =~ ^[0-9]{1,6}$ && $DELEGATE_RPC_CONNS =~ ^[0-9]{1,6}$ ]] \
+        || die "DELEGATE_RPC_RATE, DELEGATE_RPC_BURST and DELEGATE_RPC_CONNS must be numbers (per second, burst, open at once), not '$DELEGATE_RPC_RATE', '$DELEGATE_RPC_BURST' and '$DELEGATE_RPC_CONNS'"
     # The stack file: the worker block repeated, placeholders filled.
     local cfgv keyv hc="" wc="" uc=""
     elastic_generate
@@ -348,6 +348,7 @@ CONF
             -e "s|@HUB_IDLE@|$DELEGATE_HUB_IDLE_TIMEOUT|g" -e "s|@USER_CPUS@|$DELEGATE_USER_NODE_CPUS|g" \
             -e "s|@USER_MEM@|$DELEGATE_USER_NODE_MEM|g" \
             -e "s|@RPC_RATE@|$DELEGATE_RPC_RATE|g" -e "s|@RPC_BURST@|$DELEGATE_RPC_BURST|g" \
+            -e "s|@RPC_CONNS@|$DELEGATE_RPC_CONNS|g" \
             -e "s|@WORKER_SCRATCH@|$scratch|g" \
             -e "s|@HUB_CG_MEM@|$HUB_CG_MEM|g" -e "s|@HUB_CG_CPU@|$HUB_CG_CPU|g" \
             -e "s|@HUB_STUDENT_MEM@|$DELEGATE_HUB_STUDENT_MEM|g" -e "s|@HUB_STUDENT_CPUS@|$DELEGATE_HUB_STUDENT_CPUS|g" \

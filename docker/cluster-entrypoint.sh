@@ -115,29 +115,54 @@ chown -R "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
 touch /var/log/delegate/slurmctld.log /var/log/delegate/epilog.log
 chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
 
-# limit_queries: on the user node, each account that is not an admin may
-# open at most DELEGATE_RPC_RATE new connections per second (after a burst
-# of DELEGATE_RPC_BURST) to slurmctld's and slurmdbd's ports; beyond, its
-# connection attempts are dropped (the client's TCP retries back off, so a
-# flooding loop slows itself down). Slurm 22.05 has no per-user RPC rate
-# limit of its own (docs/security.md). iptables in this container's network
-# namespace, per uid (owner match) with a hash limit of its own; needs
-# CAP_NET_ADMIN, which the hub's exec drops from the bounding set.
-limit_queries() {
-    local rate=${DELEGATE_RPC_RATE:-0} burst=${DELEGATE_RPC_BURST:-0} ports name uid _r _g n=0
-    [[ $rate =~ ^[0-9]+$ && $burst =~ ^[0-9]+$ ]] || die "DELEGATE_RPC_RATE and DELEGATE_RPC_BURST must be numbers"
-    if ((rate == 0)); then
-        log "queries to Slurm: no per-student limit (DELEGATE_RPC_RATE=0)"
-        return 0
+# limit_uid UID: limit_queries' rules for one account (its settings in the
+# caller's locals).
+limit_uid() {
+    local uid=$1
+    iptables -A delegate-queries -m owner --uid-owner "$uid" -p tcp --dport "$slurmd" \
+        -j REJECT --reject-with tcp-reset || return 1
+    if ((conns > 0)); then
+        iptables -A delegate-queries -m owner --uid-owner "$uid" \
+            -m connlimit --connlimit-above "$conns" --connlimit-mask 0 \
+            -j REJECT --reject-with tcp-reset || return 1
     fi
+    if ((rate > 0)); then
+        iptables -A delegate-queries -m owner --uid-owner "$uid" \
+            -m hashlimit --hashlimit-name "q$uid" --hashlimit-above "$rate/sec" --hashlimit-burst "$burst" \
+            -j DROP || return 1
+    fi
+}
+
+# limit_queries: on the user node, each account that is not an admin
+# - may open at most DELEGATE_RPC_RATE new connections per second (after a
+#   burst of DELEGATE_RPC_BURST) to slurmctld's and slurmdbd's ports;
+#   beyond, its connection attempts are dropped (the client's TCP retries
+#   back off, so a flooding loop slows itself down);
+# - may hold at most DELEGATE_RPC_CONNS of them open at once; beyond, a new
+#   one is refused (slurmctld and slurmd serve at most 256 connections at
+#   once and wait up to MessageTimeout for each request: idle connections
+#   held open would stop them answering anyone);
+# - may not connect to the workers' slurmd at all (nothing a student runs
+#   needs it: srun, sattach and sstat are refused to them).
+# Slurm 22.05 has no per-user RPC limit of its own (docs/security.md).
+# iptables in this container's network namespace, per uid (owner match)
+# with a hash limit and a connection count of its own; needs CAP_NET_ADMIN,
+# which the hub's exec drops from the bounding set.
+limit_queries() {
+    local rate=${DELEGATE_RPC_RATE:-0} burst=${DELEGATE_RPC_BURST:-0} conns=${DELEGATE_RPC_CONNS:-0}
+    local ports slurmd name uid _r _g n=0
+    [[ $rate =~ ^[0-9]+$ && $burst =~ ^[0-9]+$ && $conns =~ ^[0-9]+$ ]] \
+        || die "DELEGATE_RPC_RATE, DELEGATE_RPC_BURST and DELEGATE_RPC_CONNS must be numbers"
     ((burst >= 1)) || burst=1
     ports=$(sed -n 's/^SlurmctldPort=\([0-9-]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)
     ports="${ports:-6817},$(sed -n 's/^AccountingStoragePort=\([0-9]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)"
     ports=${ports%,}
     ports=${ports//-/:}
+    slurmd=$(sed -n 's/^SlurmdPort=\([0-9]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)
+    slurmd=${slurmd:-6818}
     if ! { iptables -N delegate-queries 2>/dev/null || iptables -F delegate-queries; } \
-        || ! { iptables -C OUTPUT -p tcp --syn -m multiport --dports "$ports" -j delegate-queries 2>/dev/null \
-            || iptables -A OUTPUT -p tcp --syn -m multiport --dports "$ports" -j delegate-queries; }; then
+        || ! { iptables -C OUTPUT -p tcp --syn -m multiport --dports "$ports,$slurmd" -j delegate-queries 2>/dev/null \
+            || iptables -A OUTPUT -p tcp --syn -m multiport --dports "$ports,$slurmd" -j delegate-queries; }; then
         log "WARNING: no per-student limit of queries to Slurm (iptables failed: CAP_NET_ADMIN?)"
         return 0
     fi
@@ -146,12 +171,13 @@ limit_queries() {
     while read -r name uid _r _g; do
         [[ -z $name || $name == \#* || -n ${admin[$name]:-} ]] && continue
         [[ $uid =~ ^[0-9]+$ ]] || continue
-        iptables -A delegate-queries -m owner --uid-owner "$uid" \
-            -m hashlimit --hashlimit-name "q$uid" --hashlimit-above "$rate/sec" --hashlimit-burst "$burst" \
-            -j DROP || die "cannot limit the queries of $name"
+        limit_uid "$uid" || die "cannot limit the queries of $name"
         n=$((n + 1))
     done <"$CFG/accounts"
-    log "queries to Slurm: $n accounts limited to $rate new connections/s (burst $burst) to ports $ports"
+    local new="$rate new connections/s (burst $burst)" open="$conns open at once"
+    ((rate > 0)) || new="no limit of new connections (DELEGATE_RPC_RATE=0)"
+    ((conns > 0)) || open="no limit of open connections (DELEGATE_RPC_CONNS=0)"
+    log "queries to Slurm from $n accounts: $new, $open, to ports $ports; none to slurmd (port $slurmd)"
 }
 
 # dbd_answers: slurmdbd answers sacctmgr (bounded: a dead one must not hang us).

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, deployed, on, run
+from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, cid, deployed, on, run
 
 LABEL = f"label=com.docker.stack.namespace={STACK}"
 
@@ -294,13 +295,13 @@ print(ok)
 
 
 def query_drops() -> dict[str, int]:
-    """uid -> connections the user node's per-student query limit dropped."""
+    """uid -> connections the user node's per-student rate limit dropped."""
     r = on("user", "iptables", "-L", "delegate-queries", "-v", "-n", "-x", quiet=True)
     assert r.returncode == 0, r.stderr
     drops = {}
     for line in r.stdout.splitlines():
         f = line.split()
-        if "owner" in f and "UID" in f:
+        if len(f) > 2 and f[2] == "DROP" and "owner" in f and "UID" in f:
             drops[f[f.index("match") + 1]] = int(f[0])
     return drops
 
@@ -335,6 +336,54 @@ def test_a_students_query_flood_is_bounded_on_the_user_node(stack):
     hub = on("user", "sh", "-c", "grep CapBnd /proc/$(pgrep -o -f bin/jupyterhub)/status")
     assert int(hub.stdout.split()[-1], 16) & (1 << 12) == 0, hub.stdout  # CAP_NET_ADMIN = 12
     time.sleep(4)  # the flooder's bucket refills (burst / rate) for the next tests
+
+
+# A student who opens connections to slurmctld and holds them without a
+# word: slurmctld serves at most 256 connections at once and waits up to
+# MessageTimeout for each request, so enough idle ones would stop it
+# answering anyone (slurmd on the workers likewise). Prints how many were
+# held and refused, and what connecting to a worker's slurmd gave; holds
+# them until stdin closes.
+HOLD_CONNECTIONS = """
+import socket, sys
+held, refused = [], 0
+for _ in range(40):
+    try:
+        held.append(socket.create_connection(("head", 6817), timeout=3))
+    except OSError:
+        refused += 1
+try:
+    socket.create_connection(("worker1", 6818), timeout=3).close()
+    slurmd = "connected"
+except OSError as e:
+    slurmd = type(e).__name__
+print(len(held), refused, slurmd, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_student_cannot_hold_slurms_connections(stack):
+    """Per student, at most DELEGATE_RPC_CONNS (8) connections to Slurm are
+    open at once from the user node and none reaches a worker's slurmd
+    (docs/security.md): the rest are refused at once, slurmctld's server
+    threads stay few, and another student's squeue answers meanwhile."""
+    holder = subprocess.Popen(
+        ["docker", "exec", "-i", "-u", OTHER, cid("user"), "python3", "-c", HOLD_CONNECTIONS],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        held, refused, slurmd = holder.stdout.readline().split()
+        threads = on("head", "sdiag").stdout
+        q = on_user_node("squeue", "-h", user=STUDENT)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    print(f"held {held}, refused {refused}, slurmd: {slurmd}")
+    assert int(held) == 8 and int(refused) == 32, (held, refused)
+    assert slurmd == "ConnectionRefusedError", slurmd
+    count = int(threads.split("Server thread count:")[1].split()[0])
+    assert count <= 8 + 4, threads
+    assert q.returncode == 0, q.stderr
 
 
 def test_stack_root_can_still_srun(stack):
