@@ -122,7 +122,7 @@ limit_uid() {
     iptables -A delegate-queries -m owner --uid-owner "$uid" -p tcp --dport "$slurmd" \
         -j REJECT --reject-with tcp-reset || return 1
     if ((conns > 0)); then
-        iptables -A delegate-queries -m owner --uid-owner "$uid" \
+        iptables -A delegate-queries -m owner --uid-owner "$uid" -p tcp \
             -m connlimit --connlimit-above "$conns" --connlimit-mask 0 \
             -j REJECT --reject-with tcp-reset || return 1
     fi
