@@ -245,6 +245,8 @@ def phase(name: str, outdir: str) -> None:
         out.unlink(missing_ok=True)
         cmd = [
             "docker", "exec", "-u", u, "-w", f"{HOME}/{u}", "-e", f"HOME={HOME}/{u}", "-e", f"USER={u}",
+            # the student's own Slurm configuration (their own munged), as the hub gives it
+            "-e", f"SLURM_CONF=/etc/slurm/users/{u}/slurm.conf",
             "-e", f"RUSH_FLOOD={os.environ.get('RUSH_FLOOD', '1000')}", user_cid,
             "/opt/delegate/venv/bin/python", script, "student", kind, f"{name}-{u}", str(out),
         ]  # fmt: skip

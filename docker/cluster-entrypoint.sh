@@ -115,6 +115,57 @@ chown -R "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
 touch /var/log/delegate/slurmctld.log /var/log/delegate/epilog.log
 chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
 
+# munge_per_account: on the user node every account that is not an admin
+# gets a munged of its own. munged serves its socket with a few threads and
+# gives each connection up to 2 s to speak, so a student holding silent
+# connections to a shared munged would stop every Slurm command on the node
+# (each needs a credential); with one munged per student they stop only
+# their own. The student's socket is in a directory only they (and munge)
+# can enter, their Slurm configuration (/etc/slurm/users/NAME/slurm.conf,
+# SLURM_CONF: set by the hub for their server and by /etc/profile.d for
+# login shells) names it, and the shared socket's directory is closed to
+# them. Admins keep the shared munged (their slurm.conf is the node's).
+munge_per_account() {
+    local name uid _r _g d n=0
+    local -A admin=()
+    for name in ${amembers//,/ }; do admin[$name]=1; done
+    install -d -m 0755 /run/munge-users /etc/slurm/users
+    install -d -o munge -g munge -m 0700 /var/lib/munge/users /var/log/munge/users
+    while read -r name uid _r _g; do
+        [[ -z $name || $name == \#* ]] && continue
+        [[ $uid =~ ^[0-9]+$ ]] || continue
+        install -d -m 0755 "/etc/slurm/users/$name"
+        if [[ -n ${admin[$name]:-} ]]; then
+            ln -sfn /etc/slurm/slurm.conf "/etc/slurm/users/$name/slurm.conf"
+            continue
+        fi
+        d=/run/munge-users/$name
+        install -d -o munge -g "$uid" -m 0750 "$d"
+        # --force: munged wants its socket's directory open to all.
+        runuser -u munge -- munged --force --socket="$d/munge.socket" --pid-file="$d/munged.pid" \
+            --seed-file="/var/lib/munge/users/$name.seed" --log-file="/var/log/munge/users/$name.log" \
+            || die "cannot start the munged of $name"
+        sed -e '/^AuthInfo=/d' -e "s|^AuthType=auth/munge\$|&\nAuthInfo=socket=$d/munge.socket|" \
+            /etc/slurm/slurm.conf >"/etc/slurm/users/$name/slurm.conf.new"
+        grep -qx "AuthInfo=socket=$d/munge.socket" "/etc/slurm/users/$name/slurm.conf.new" \
+            || die "slurm.conf has no AuthType=auth/munge line"
+        chmod 0644 "/etc/slurm/users/$name/slurm.conf.new"
+        mv -f "/etc/slurm/users/$name/slurm.conf.new" "/etc/slurm/users/$name/slurm.conf"
+        n=$((n + 1))
+    done <"$CFG/accounts"
+    chown munge:"${agid:-0}" /run/munge
+    chmod 0750 /run/munge
+    cat >/etc/profile.d/delegate-slurm.sh <<'PROFILE'
+# delegate (docker/cluster-entrypoint.sh): each account's Slurm configuration
+# names its own munged.
+if [ -n "${USER:-}" ] && [ -r "/etc/slurm/users/$USER/slurm.conf" ]; then
+    SLURM_CONF="/etc/slurm/users/$USER/slurm.conf"
+    export SLURM_CONF
+fi
+PROFILE
+    log "munge: $n accounts have a munged of their own (/run/munge-users); the shared one is root's and the admins'"
+}
+
 # limit_uid UID: limit_queries' rules for one account (its settings in the
 # caller's locals).
 limit_uid() {
@@ -319,6 +370,7 @@ user)
     # passwords for PAM ("name:hash" lines, the root-only secret), the
     # certificate, then the hub as root (it starts each student's server as
     # the student).
+    munge_per_account
     limit_queries
     # A password a student changed since (passwd in a terminal) is kept in
     # the hub's state directory and set again (keep-passwords).

@@ -199,7 +199,15 @@ c.JupyterHub.admin_access = False
 c.JupyterHub.spawner_class = LimitedSpawner
 c.Spawner.default_url = "/lab"
 c.Spawner.cmd = ["/opt/delegate/venv/bin/jupyterhub-singleuser"]
-c.Spawner.environment = {"SHELL": "/bin/bash", "LANG": "C.UTF-8"}
+
+
+def slurm_conf(spawner) -> str:
+    """The student's own Slurm configuration: it names their own munged
+    (docker/cluster-entrypoint.sh, munge_per_account)."""
+    return f"/etc/slurm/users/{spawner.user.name}/slurm.conf"
+
+
+c.Spawner.environment = {"SHELL": "/bin/bash", "LANG": "C.UTF-8", "SLURM_CONF": slurm_conf}
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90
 

@@ -207,6 +207,11 @@ static int allowed_name(const char *e)
 {
 	static const char *exact[] = { "HOME=", "USER=", "LOGNAME=", "LANG=", "TZ=", NULL };
 
+	/* SLURM_CONF is the submitting node's client setting (on the stack's
+	 * user node each student's own, naming their munged): the node's
+	 * commands use the node's configuration. */
+	if (!strncmp(e, "SLURM_CONF=", 11))
+		return 0;
 	/* SLURM_* and SLURMD_* are what slurmstepd sets for the task. */
 	if (!strncmp(e, "SLURM_", 6) || !strncmp(e, "SLURMD_", 7))
 		return 1;

@@ -58,14 +58,27 @@ def cid(service: str) -> str:
     return ids[0] if ids else ""
 
 
+def as_user(user: str) -> list[str]:
+    """`docker exec` options that run a command as USER the way a login on
+    the user node would: in their home, with HOME, USER and their own Slurm
+    configuration (SLURM_CONF: it names their own munged; the hub sets it
+    for their server, /etc/profile.d for login shells)."""
+    home = f"{HOME}/{user}"
+    return ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}",
+            "-e", f"SLURM_CONF=/etc/slurm/users/{user}/slurm.conf"]  # fmt: skip
+
+
 def on(
     service: str, *cmd, user: str | None = None, timeout=300, quiet=False, **kw
 ) -> subprocess.CompletedProcess:
     """CMD in SERVICE's running container: as `user` (in their home, with
-    HOME and USER set, as a login would) or as root. `input=` is passed to
-    the command's stdin."""
+    HOME and USER set, as a login would; on the user node with their own
+    Slurm configuration) or as root. `input=` is passed to the command's
+    stdin."""
     opts = ["-i"] if "input" in kw else []
-    if user:
+    if user and service == "user":
+        opts += as_user(user)
+    elif user:
         home = f"{HOME}/{user}"
         opts += ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
     for _ in range(5):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, cid, deployed, on, run
+from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, as_user, cid, deployed, on, run
 
 IDLE = 30
 ELASTIC = {
@@ -207,9 +207,8 @@ def test_map_brings_workers_up_and_doctor_explains(stack):
     d.mkdir(mode=0o755, exist_ok=True)
     (d / "cold_start.py").write_text((REPO / "bench" / "cold_start.py").read_text())
     (d / "cold_start.py").chmod(0o644)
-    home = f"{HOME}/{STUDENT}"
     p = subprocess.Popen(
-        ["docker", "exec", "-u", STUDENT, "-w", home, "-e", f"HOME={home}", cid("user"),
+        ["docker", "exec", *as_user(STUDENT), cid("user"),
          "/opt/delegate/venv/bin/python", str(d / "cold_start.py"), "4"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

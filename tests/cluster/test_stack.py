@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, cid, deployed, on, run
+from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, as_user, cid, deployed, on, run
 
 LABEL = f"label=com.docker.stack.namespace={STACK}"
 
@@ -168,7 +168,9 @@ def on_node(node, *cmd, user=None, env=(), timeout=300):
     ).stdout.split()
     assert cid, f"{node} has no running container"
     opts = []
-    if user:
+    if user and node == "user":
+        opts = as_user(user)
+    elif user:
         home = f"{HOME}/{user}"
         opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
     for e in env:
@@ -368,7 +370,7 @@ def test_a_student_cannot_hold_slurms_connections(stack):
     (docs/security.md): the rest are refused at once, slurmctld's server
     threads stay few, and another student's squeue answers meanwhile."""
     holder = subprocess.Popen(
-        ["docker", "exec", "-i", "-u", OTHER, cid("user"), "python3", "-c", HOLD_CONNECTIONS],
+        ["docker", "exec", "-i", *as_user(OTHER), cid("user"), "python3", "-c", HOLD_CONNECTIONS],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -384,6 +386,61 @@ def test_a_student_cannot_hold_slurms_connections(stack):
     count = int(threads.split("Server thread count:")[1].split()[0])
     assert count <= 8 + 4, threads
     assert q.returncode == 0, q.stderr
+
+
+# A student who holds silent connections to munged, which every Slurm
+# command needs for its credential: munged serves a few at a time and gives
+# each 2 s to speak, so with one munged for the node a few dozen held ones
+# stopped everyone's squeue (10 s, then "Failed to receive message header").
+# Prints how many were held, then what connecting to the shared socket and
+# to another student's gave; holds them until stdin closes.
+HOLD_MUNGE = """
+import os, socket, sys
+held = []
+for _ in range(60):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(f"/run/munge-users/{os.environ['USER']}/munge.socket")
+    held.append(s)
+tried = []
+for path in ("/run/munge/munge.socket.2", f"/run/munge-users/{sys.argv[1]}/munge.socket"):
+    try:
+        socket.socket(socket.AF_UNIX).connect(path)
+        tried.append("connected")
+    except OSError as e:
+        tried.append(type(e).__name__)
+print(len(held), *tried, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_students_silent_munge_connections_stop_only_their_own_commands(stack):
+    """Each student has a munged of their own on the user node
+    (docs/security.md): one who holds 60 silent connections to theirs
+    cannot reach the shared one or another student's, and another
+    student's squeue and munge work meanwhile."""
+    holder = subprocess.Popen(
+        ["docker", "exec", "-i", *as_user(STUDENT), cid("user"), "python3", "-c", HOLD_MUNGE, OTHER],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = holder.stdout.readline()
+        q = [on_user_node("squeue", "-h", user=OTHER) for _ in range(3)]
+        m = on_user_node(
+            "sh",
+            "-c",
+            "munge -n -S /run/munge-users/$USER/munge.socket | unmunge -S /run/munge-users/$USER/munge.socket",
+            user=OTHER,
+        )
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert line.split() == ["60", "PermissionError", "PermissionError"], (line, holder.stderr.read())
+    for r in q:
+        assert r.returncode == 0, r.stderr
+    assert m.returncode == 0 and f"UID:             {OTHER} " in m.stdout, m.stdout + m.stderr
+    # The configuration every Slurm command of the student reads names their own munged.
+    conf = on_user_node("sh", "-c", 'grep ^AuthInfo "$SLURM_CONF"', user=STUDENT)
+    assert conf.stdout.strip() == f"AuthInfo=socket=/run/munge-users/{STUDENT}/munge.socket", conf.stdout
 
 
 def test_stack_root_can_still_srun(stack):
