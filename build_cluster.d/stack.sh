@@ -69,13 +69,15 @@ stack_exec() {
     docker exec -i "$cid" "$@"
 }
 # stack_exec_as USER SERVICE CMD...: run as USER, in their home, in the
-# service's container.
+# service's container; on the user node with their own Slurm configuration
+# (it names their own munged, as the hub's servers and login shells have it).
 stack_exec_as() {
-    local u=$1 svc=$2 cid; shift 2
+    local u=$1 svc=$2 cid conf=(); shift 2
     cid=$(stack_cid "$svc")
     [[ -n $cid ]] || { warn "service ${STACK}_$svc has no running container"; return 1; }
+    [[ $svc == user ]] && conf=(-e "SLURM_CONF=/etc/slurm/users/$u/slurm.conf")
     docker exec -i -u "$u" -w "$DELEGATE_STACK_HOME/$u" \
-        -e HOME="$DELEGATE_STACK_HOME/$u" -e USER="$u" -e LOGNAME="$u" "$cid" "$@"
+        -e HOME="$DELEGATE_STACK_HOME/$u" -e USER="$u" -e LOGNAME="$u" "${conf[@]}" "$cid" "$@"
 }
 
 # --- preflight: clear errors for what is missing
