@@ -129,20 +129,23 @@ def test_stack_step_into_own_job_is_refused(stack):
 
 
 def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
-    """`sbcast --jobid=<own running job> FILE /tmp/x`: slurmd writes the file
-    on the worker as the student, outside any step (the SPANK gate never
-    sees it) and outside the home's quota. The worker's /tmp and /var/tmp
-    are bounded tmpfs, not the host's disk, and the epilog removes what the
-    student left there when the job ends."""
+    """`sbcast --jobid=<own running job> FILE /tmp/x` would have slurmd write
+    the file on the worker as the student, outside any step (the SPANK gate
+    never sees it) and outside the home's quota. From the user node a
+    student cannot reach a worker's slurmd at all, so it is refused; behind
+    that, the worker's /tmp and /var/tmp are bounded tmpfs, not the host's
+    disk, and the epilog removes what the job's user left there when the
+    job ends (here put there by root, as the student's)."""
     left = ("/tmp/sbcast-left-behind", "/var/tmp/sbcast-left-behind")
     with running_delegate_job() as sid:
         node = on_user_node("squeue", "-h", "-j", sid, "-o", "%N", user=STUDENT).stdout.strip()
         assert node.startswith("worker"), node
         for path in left:
             r = on_user_node("sbcast", f"--jobid={sid}", "/etc/hostname", path, user=STUDENT)
+            assert r.returncode != 0, r.stdout
+            assert on_node(node, "test", "-e", path).returncode != 0, f"sbcast wrote {path} on {node}"
+            r = on_node(node, "install", "-o", STUDENT, "-m", "0600", "/etc/hostname", path)
             assert r.returncode == 0, r.stderr
-            owner = on_node(node, "stat", "-c", "%U", path).stdout.strip()
-            assert owner == STUDENT, f"sbcast did not write {path} as the student: {owner!r}"
         for mnt in ("/tmp", "/var/tmp"):
             fs = on_node(node, "findmnt", "-n", "-o", "FSTYPE,SIZE", mnt).stdout.split()
             assert fs == ["tmpfs", "256M"], (
@@ -150,7 +153,7 @@ def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
             )
     deadline = time.monotonic() + 120
     while any(on_node(node, "test", "-e", p).returncode == 0 for p in left):
-        assert time.monotonic() < deadline, f"the student's sbcast files outlived the job on {node}"
+        assert time.monotonic() < deadline, f"the student's files outlived the job on {node}"
         time.sleep(2)
     log = on_node(node, "cat", "/var/log/delegate/epilog.log").stdout
     assert f"user={STUDENT} removed 1 of uid" in log, log[-2000:]
