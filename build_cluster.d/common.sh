@@ -164,10 +164,12 @@ CONF
 : "${DELEGATE_STUDENT_QOS:=student}"
 : "${DELEGATE_QOS_MAX_SUBMIT:=1000}"
 # (the stack's user node) new connections to slurmctld/slurmdbd per second
-# and student, and the burst (cluster.conf; 0: no limit)
+# and student, the burst, and how many may be open at once (cluster.conf;
+# 0: no limit); the size of its /tmp and /var/tmp
 : "${DELEGATE_RPC_RATE:=20}"
 : "${DELEGATE_RPC_BURST:=60}"
 : "${DELEGATE_RPC_CONNS:=8}"
+: "${DELEGATE_USER_NODE_SCRATCH:=1G}"
 : "${DELEGATE_QOS_MAX_RUNNING:=12}"
 : "${DELEGATE_QOS_MAX_CPU_RUN_MINS:=$(( $(nproc) * 12 * 120 ))}"
 : "${DELEGATE_ROSTER_FIRST_UID:=3000}"

@@ -327,8 +327,9 @@ CONF
     fi
     stack_accounting_generate
     hub_cgroups
-    local scratch
+    local scratch uscratch
     scratch=$(quota_bytes "$DELEGATE_STACK_WORKER_SCRATCH" DELEGATE_STACK_WORKER_SCRATCH) || exit 1
+    uscratch=$(quota_bytes "$DELEGATE_USER_NODE_SCRATCH" DELEGATE_USER_NODE_SCRATCH) || exit 1
     tmp=$(mktemp)
     elastic_stack_sed
     awk -v n="$n" -v reps="$(elastic_replicas)" '
@@ -351,7 +352,7 @@ CONF
             -e "s|@USER_MEM@|$DELEGATE_USER_NODE_MEM|g" \
             -e "s|@RPC_RATE@|$DELEGATE_RPC_RATE|g" -e "s|@RPC_BURST@|$DELEGATE_RPC_BURST|g" \
             -e "s|@RPC_CONNS@|$DELEGATE_RPC_CONNS|g" \
-            -e "s|@WORKER_SCRATCH@|$scratch|g" \
+            -e "s|@WORKER_SCRATCH@|$scratch|g" -e "s|@USER_SCRATCH@|$uscratch|g" \
             -e "s|@HUB_CG_MEM@|$HUB_CG_MEM|g" -e "s|@HUB_CG_CPU@|$HUB_CG_CPU|g" \
             -e "s|@HUB_STUDENT_MEM@|$DELEGATE_HUB_STUDENT_MEM|g" -e "s|@HUB_STUDENT_CPUS@|$DELEGATE_HUB_STUDENT_CPUS|g" \
             -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \

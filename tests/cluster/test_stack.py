@@ -446,6 +446,21 @@ def test_a_students_silent_munge_connections_stop_only_their_own_commands(stack)
     assert conf.stdout.strip() == f"AuthInfo=socket=/run/munge-users/{STUDENT}/munge.socket", conf.stdout
 
 
+def test_the_user_nodes_scratch_cannot_fill_the_hosts_disk(stack):
+    """The user node's /tmp and /var/tmp were its container's layer, i.e.
+    the host's disk, which Docker's and Slurm's state share: a student's
+    notebook could fill it for the whole cluster. Now they are tmpfs of
+    DELEGATE_USER_NODE_SCRATCH (1G; a student's files count against their
+    own memory limit), and the logs of the students' munged, which a student
+    can make write a line per bad request, a tmpfs of 32M."""
+    for path, size in (("/tmp", "1G"), ("/var/tmp", "1G"), ("/var/log/munge/users", "32M")):
+        fs = on_user_node("findmnt", "-n", "-o", "FSTYPE,SIZE", path, user=STUDENT).stdout.split()
+        assert fs == ["tmpfs", size], f"{path}: {fs}"
+    r = on_user_node("fallocate", "-l", "2G", "/tmp/fill", user=STUDENT)
+    on_user_node("rm", "-f", "/tmp/fill", user=STUDENT)
+    assert r.returncode != 0 and "No space left on device" in r.stderr, r.stderr
+
+
 def test_stack_root_can_still_srun(stack):
     r = on_user_node("srun", "-w", "worker1", "-t", "1", "hostname")
     assert r.returncode == 0 and "worker1" in r.stdout
