@@ -260,9 +260,11 @@ def test_call_submitted_while_powering_down_completes(stack):
 
 def test_failed_start_leaves_reason_and_no_lost_call(stack):
     """worker1's service gets an image that does not exist (a real engine
-    failure, not a mock): the call Slurm gives worker1 needs it started;
-    the start fails, worker1 is DOWN with the engine's reason, and the call
-    runs on worker2 instead, once."""
+    failure, not a mock). Two calls, each its own exclusive job, so that
+    Slurm needs both workers (which one it picks for a single job is its
+    own choice): the one given worker1 needs it started; the start fails,
+    worker1 is DOWN with the engine's reason, and both calls run on worker2,
+    each once."""
     wait_until("workers powered down", all_powered_down, STOP_WITHIN)
     svc = f"{STACK}_worker1"
     broken_from["image"] = run(
@@ -272,7 +274,7 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
         "docker", "service", "update", "-d", "--image", "delegate-cluster:no-such-image-elastic-test", svc
     )
     assert r.returncode == 0
-    ids = submit("sh", "-c", "echo once-$DELEGATE_INDEX")
+    ids = submit("sh", "-c", "echo once-$DELEGATE_INDEX") + submit("sh", "-c", "echo once-$DELEGATE_INDEX")
 
     def worker1_out(states=("down", "drained")):
         st, reason = nodes().get("worker1", ("", ""))
@@ -291,10 +293,11 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
     doc = on("user", "delegate", "doctor", user=STUDENT, quiet=True).stdout
     assert "worker1 could not be started" in doc, doc
     end = wait_terminal(ids, 400)
-    j = end[ids[0]]
-    assert j["state"] == "completed", j
-    assert j.get("host") == "worker2", j
-    ran_once(ids[0], "once-")
+    for i in ids:
+        j = end[i]
+        assert j["state"] == "completed", j
+        assert j.get("host") == "worker2", j
+        ran_once(i, "once-")
 
     # Then Slurm powers the failed worker down (at ResumeTimeout, "down~",
     # or after SuspendTime, where idle_on_node_suspend would make it idle
