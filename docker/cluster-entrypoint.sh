@@ -115,6 +115,17 @@ chown -R "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
 touch /var/log/delegate/slurmctld.log /var/log/delegate/epilog.log
 chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
 
+# students: "name uid" of each account that is not in the admin group.
+students() {
+    local name uid _r _g
+    local -A admin=()
+    for name in ${amembers//,/ }; do admin[$name]=1; done
+    while read -r name uid _r _g; do
+        [[ -z $name || $name == \#* || -n ${admin[$name]:-} ]] && continue
+        [[ $uid =~ ^[0-9]+$ ]] && echo "$name $uid"
+    done <"$CFG/accounts"
+}
+
 # munge_per_account: on the user node every account that is not an admin
 # gets a munged of its own. munged serves its socket with a few threads and
 # gives each connection up to 2 s to speak, so a student holding silent
@@ -126,19 +137,15 @@ chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
 # login shells) names it, and the shared socket's directory is closed to
 # them. Admins keep the shared munged (their slurm.conf is the node's).
 munge_per_account() {
-    local name uid _r _g d n=0
-    local -A admin=()
-    for name in ${amembers//,/ }; do admin[$name]=1; done
+    local name uid d n=0
     install -d -m 0755 /run/munge-users /etc/slurm/users
     install -d -o munge -g munge -m 0700 /var/lib/munge/users /var/log/munge/users
-    while read -r name uid _r _g; do
-        [[ -z $name || $name == \#* ]] && continue
-        [[ $uid =~ ^[0-9]+$ ]] || continue
+    for name in ${amembers//,/ }; do
         install -d -m 0755 "/etc/slurm/users/$name"
-        if [[ -n ${admin[$name]:-} ]]; then
-            ln -sfn /etc/slurm/slurm.conf "/etc/slurm/users/$name/slurm.conf"
-            continue
-        fi
+        ln -sfn /etc/slurm/slurm.conf "/etc/slurm/users/$name/slurm.conf"
+    done
+    while read -r name uid; do
+        install -d -m 0755 "/etc/slurm/users/$name"
         d=/run/munge-users/$name
         install -d -o munge -g "$uid" -m 0750 "$d"
         # --force: munged wants its socket's directory open to all.
@@ -152,7 +159,7 @@ munge_per_account() {
         chmod 0644 "/etc/slurm/users/$name/slurm.conf.new"
         mv -f "/etc/slurm/users/$name/slurm.conf.new" "/etc/slurm/users/$name/slurm.conf"
         n=$((n + 1))
-    done <"$CFG/accounts"
+    done < <(students)
     chown munge:"${agid:-0}" /run/munge
     chmod 0750 /run/munge
     cat >/etc/profile.d/delegate-slurm.sh <<'PROFILE'
@@ -201,7 +208,7 @@ limit_uid() {
 # which the hub's exec drops from the bounding set.
 limit_queries() {
     local rate=${DELEGATE_RPC_RATE:-0} burst=${DELEGATE_RPC_BURST:-0} conns=${DELEGATE_RPC_CONNS:-0}
-    local ports slurmd name uid _r _g n=0
+    local ports slurmd name uid n=0
     [[ $rate =~ ^[0-9]+$ && $burst =~ ^[0-9]+$ && $conns =~ ^[0-9]+$ ]] \
         || die "DELEGATE_RPC_RATE, DELEGATE_RPC_BURST and DELEGATE_RPC_CONNS must be numbers"
     ((burst >= 1)) || burst=1
@@ -217,14 +224,10 @@ limit_queries() {
         log "WARNING: no per-student limit of queries to Slurm (iptables failed: CAP_NET_ADMIN?)"
         return 0
     fi
-    local -A admin=()
-    for name in ${amembers//,/ }; do admin[$name]=1; done
-    while read -r name uid _r _g; do
-        [[ -z $name || $name == \#* || -n ${admin[$name]:-} ]] && continue
-        [[ $uid =~ ^[0-9]+$ ]] || continue
+    while read -r name uid; do
         limit_uid "$uid" || die "cannot limit the queries of $name"
         n=$((n + 1))
-    done <"$CFG/accounts"
+    done < <(students)
     local new="$rate new connections/s (burst $burst)" open="$conns open at once"
     ((rate > 0)) || new="no limit of new connections (DELEGATE_RPC_RATE=0)"
     ((conns > 0)) || open="no limit of open connections (DELEGATE_RPC_CONNS=0)"

@@ -58,29 +58,29 @@ def cid(service: str) -> str:
     return ids[0] if ids else ""
 
 
-def as_user(user: str) -> list[str]:
-    """`docker exec` options that run a command as USER the way a login on
-    the user node would: in their home, with HOME, USER and their own Slurm
-    configuration (SLURM_CONF: it names their own munged; the hub sets it
-    for their server, /etc/profile.d for login shells)."""
+def as_user(user: str, service: str = "user") -> list[str]:
+    """`docker exec` options that run a command as USER the way a login
+    would: in their home, with HOME and USER; on the user node also their
+    own Slurm configuration (SLURM_CONF: it names their own munged; the hub
+    sets it for their server, /etc/profile.d for login shells)."""
     home = f"{HOME}/{user}"
-    return ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}",
-            "-e", f"SLURM_CONF=/etc/slurm/users/{user}/slurm.conf"]  # fmt: skip
+    opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
+    if service == "user":
+        opts += ["-e", f"SLURM_CONF=/etc/slurm/users/{user}/slurm.conf"]
+    return opts
 
 
 def on(
-    service: str, *cmd, user: str | None = None, timeout=300, quiet=False, **kw
+    service: str, *cmd, user: str | None = None, env=(), timeout=300, quiet=False, **kw
 ) -> subprocess.CompletedProcess:
-    """CMD in SERVICE's running container: as `user` (in their home, with
-    HOME and USER set, as a login would; on the user node with their own
-    Slurm configuration) or as root. `input=` is passed to the command's
-    stdin."""
+    """CMD in SERVICE's running container: as `user` (see as_user) or as
+    root, with the extra environment ENV ("K=V" strings). `input=` is
+    passed to the command's stdin."""
     opts = ["-i"] if "input" in kw else []
-    if user and service == "user":
-        opts += as_user(user)
-    elif user:
-        home = f"{HOME}/{user}"
-        opts += ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
+    if user:
+        opts += as_user(user, service)
+    for e in env:
+        opts += ["-e", e]
     for _ in range(5):
         c = cid(service)
         assert c, f"{service} has no running container"

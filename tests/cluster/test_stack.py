@@ -166,19 +166,7 @@ VICTIM = "dlg-test2"  # the other test account
 
 
 def on_node(node, *cmd, user=None, env=(), timeout=300):
-    cid = run(
-        "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_{node}"
-    ).stdout.split()
-    assert cid, f"{node} has no running container"
-    opts = []
-    if user and node == "user":
-        opts = as_user(user)
-    elif user:
-        home = f"{HOME}/{user}"
-        opts = ["-u", user, "-w", home, "-e", f"HOME={home}", "-e", f"USER={user}"]
-    for e in env:
-        opts += ["-e", e]
-    return run("docker", "exec", *opts, cid[0], *cmd, timeout=timeout)
+    return on(node, *cmd, user=user, env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize("worker", ["worker1", "worker2"])
