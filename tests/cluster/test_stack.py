@@ -331,6 +331,21 @@ def test_a_students_query_flood_is_bounded_on_the_user_node(stack):
     time.sleep(4)  # the flooder's bucket refills (burst / rate) for the next tests
 
 
+@contextlib.contextmanager
+def holding(user: str, script: str, *args: str):
+    """SCRIPT (Python) run by USER on the user node, its pipes open; what it
+    holds it keeps until its stdin closes, when the block ends."""
+    p = subprocess.Popen(
+        ["docker", "exec", "-i", *as_user(user), cid("user"), "python3", "-c", script, *args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        yield p
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)
+
+
 # A student who opens connections to slurmctld and holds them without a
 # word: slurmctld serves at most 256 connections at once and waits up to
 # MessageTimeout for each request, so enough idle ones would stop it
@@ -360,17 +375,10 @@ def test_a_student_cannot_hold_slurms_connections(stack):
     open at once from the user node and none reaches a worker's slurmd
     (docs/security.md): the rest are refused at once, slurmctld's server
     threads stay few, and another student's squeue answers meanwhile."""
-    holder = subprocess.Popen(
-        ["docker", "exec", "-i", *as_user(OTHER), cid("user"), "python3", "-c", HOLD_CONNECTIONS],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with holding(OTHER, HOLD_CONNECTIONS) as holder:
         held, refused, slurmd = holder.stdout.readline().split()
         threads = on("head", "sdiag").stdout
         q = on_user_node("squeue", "-h", user=STUDENT)
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
     print(f"held {held}, refused {refused}, slurmd: {slurmd}")
     assert int(held) == 8 and int(refused) == 32, (held, refused)
     assert slurmd == "ConnectionRefusedError", slurmd
@@ -409,11 +417,7 @@ def test_a_students_silent_munge_connections_stop_only_their_own_commands(stack)
     (docs/security.md): one who holds 60 silent connections to theirs
     cannot reach the shared one or another student's, and another
     student's squeue and munge work meanwhile."""
-    holder = subprocess.Popen(
-        ["docker", "exec", "-i", *as_user(STUDENT), cid("user"), "python3", "-c", HOLD_MUNGE, OTHER],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with holding(STUDENT, HOLD_MUNGE, OTHER) as holder:
         line = holder.stdout.readline()
         q = [on_user_node("squeue", "-h", user=OTHER) for _ in range(3)]
         m = on_user_node(
@@ -422,9 +426,6 @@ def test_a_students_silent_munge_connections_stop_only_their_own_commands(stack)
             "munge -n -S /run/munge-users/$USER/munge.socket | unmunge -S /run/munge-users/$USER/munge.socket",
             user=OTHER,
         )
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
     assert line.split() == ["60", "PermissionError", "PermissionError"], (line, holder.stderr.read())
     for r in q:
         assert r.returncode == 0, r.stderr
