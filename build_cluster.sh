@@ -25,6 +25,9 @@
 #   ./build_cluster.sh test                   the instructor's check
 #   ./build_cluster.sh update [--workers N]   rebuild images, restart
 #   ./build_cluster.sh down                   remove the stack
+#   ./build_cluster.sh shell USER             a login shell as USER on the
+#                                             stack's user node (their own
+#                                             Slurm configuration, as on the hub)
 # The stack's settings are in cluster.conf (see there).
 #
 # Each mode is a set of functions named <mode>_<action> (local_up,
@@ -189,6 +192,8 @@ main() {
             --workers=*) STACK_WORKERS_ARG=${1#--workers=} ;;
             up|stop|status) action=$1 ;;
             deploy|test|update|down) action=$1; mode=${mode:-stack} ;;
+            shell) (($# > 1)) || die "shell needs a user name"; action=shell; mode=${mode:-stack}
+                   STACK_SHELL_USER=$2; shift ;;
             *) die "unknown argument '$1' (see --help)" ;;
         esac
         shift

@@ -171,7 +171,7 @@ t_hub() {
     out=$(hub_login "not-$pw")
     rm -f "$jar"
     [[ $out != 302* ]] || { echo "a wrong password of $u was accepted: HTTP $out"; return 1; }
-    echo "JupyterHub on https://:$DELEGATE_JUPYTER_PORT/ (the stack's certificate) lets $u in, refuses a wrong password"
+    echo "JupyterHub on $(hub_url) (the stack's certificate) lets $u in, refuses a wrong password"
 }
 
 # --- the action

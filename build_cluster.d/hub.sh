@@ -220,7 +220,13 @@ stack_roster_add() {
     done <<<"$rows"
     if ((added == 0)); then
         rm -f "$tmp"
-        log "accounts: $n roster entries, all already accounts of the stack: nothing changed"
+        log "accounts: $n roster entries, all already accounts of the stack: nothing changed in the roster"
+        # A roster whose apply was cut short (the stack restarting under
+        # it) is finished here: the associations are added when missing.
+        if [[ -n $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
+            stack_wait
+            stack_accounting_setup
+        fi
         return 0
     fi
     install -m 0600 "$tmp" "$f"

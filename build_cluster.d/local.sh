@@ -574,6 +574,10 @@ build_base_image() {
 # local_install_policy: write the site policy from its template, once: an
 # existing policy file (the site's own edits) is never replaced.
 local_install_policy() {
+    # What this machine is, for `delegate doctor`: every role at once.
+    install -d -m 0755 /etc/delegate
+    echo single >/etc/delegate/node-role
+    chmod 0644 /etc/delegate/node-role
     if [[ -e $DELEGATE_POLICY_FILE ]]; then
         log "policy: $DELEGATE_POLICY_FILE exists, left as it is"
         return

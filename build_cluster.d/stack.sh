@@ -56,10 +56,49 @@ stack_load_config() {
 }
 
 # --- helpers: containers of a service, exec in them
-# stack_cid SERVICE: id of its running container (first).
+# stack_cid SERVICE: id of its running container: the one of the task swarm
+# wants running (while swarm rolls a service onto a new spec, the old
+# container may still run: it is never chosen), else the first running.
 stack_cid() {
-    docker ps -q --filter "label=com.docker.swarm.service.name=${STACK}_$1" \
-        --filter status=running | head -n1
+    local want c t
+    want=$(docker service ps -q --no-trunc --filter desired-state=running "${STACK}_$1" 2>/dev/null)
+    while read -r c t; do
+        [[ -n $c ]] || continue
+        if [[ -z $want ]] || grep -qxF "$t" <<<"$want"; then
+            echo "$c"; return 0
+        fi
+    done < <(docker ps --filter "label=com.docker.swarm.service.name=${STACK}_$1" --filter status=running \
+        --format '{{.ID}} {{.Label "com.docker.swarm.task.id"}}')
+}
+
+# stack_service_settled SERVICE: swarm has rolled SERVICE onto the spec it
+# has now: no update under way, every task it wants running runs with the
+# service's current container spec, and no container of another task runs
+# (`docker stack deploy` and `service update` return before the rollout:
+# checks made meanwhile would meet the old containers).
+stack_service_settled() {
+    local svc=${STACK}_$1 state spec want t have
+    state=$(docker service inspect -f '{{if .UpdateStatus}}{{.UpdateStatus.State}}{{end}}' "$svc" 2>/dev/null) \
+        || return 1
+    [[ -z $state || $state == completed || $state == rollback_completed ]] || return 1
+    spec=$(docker service inspect -f '{{json .Spec.TaskTemplate.ContainerSpec}} {{.Spec.TaskTemplate.ForceUpdate}}' "$svc") \
+        || return 1
+    want=$(docker service ps -q --no-trunc --filter desired-state=running "$svc" 2>/dev/null | sort)
+    for t in $want; do
+        [[ $(docker inspect --type task -f '{{.Status.State}} {{json .Spec.ContainerSpec}} {{.Spec.ForceUpdate}}' "$t" 2>/dev/null) \
+            == "running $spec" ]] || return 1
+    done
+    have=$(docker ps --filter "label=com.docker.swarm.service.name=$svc" --filter status=running \
+        --format '{{.Label "com.docker.swarm.task.id"}}' | sort)
+    [[ $have == "$want" ]]
+}
+
+# stack_settled: every service of the stack is settled.
+stack_settled() {
+    local svc
+    for svc in $(docker stack services --format '{{.Name}}' "$STACK" 2>/dev/null); do
+        stack_service_settled "${svc#"${STACK}"_}" || return 1
+    done
 }
 # stack_exec SERVICE CMD...: run as root in the service's container.
 stack_exec() {
@@ -76,6 +115,7 @@ stack_exec_as() {
     cid=$(stack_cid "$svc")
     [[ -n $cid ]] || { warn "service ${STACK}_$svc has no running container"; return 1; }
     [[ $svc == user ]] && conf=(-e "SLURM_CONF=/etc/slurm/users/$u/slurm.conf")
+    [[ ${STACK_EXEC_TTY:-0} == 1 ]] && conf+=(-t)
     docker exec -i -u "$u" -w "$DELEGATE_STACK_HOME/$u" \
         -e HOME="$DELEGATE_STACK_HOME/$u" -e USER="$u" -e LOGNAME="$u" "${conf[@]}" "$cid" "$@"
 }
@@ -196,7 +236,10 @@ stack_generate() {
     nodes="worker[1-$n]"
     ((n == 1)) && nodes=worker1
     install -d -m 0755 "$STACK_GEN"
-    install -d -m 0755 "$DELEGATE_STACK_DIR" "$DELEGATE_STACK_HOME"
+    install -d -m 0755 "$DELEGATE_STACK_DIR"
+    # The shared home: entered by all, listed by none (a student does not
+    # learn the class's account names from it).
+    install -d -m 0711 "$DELEGATE_STACK_HOME"
 
     # slurm.conf: the single-machine template (its commented settings: the
     # exclusive partition, quick turnover, epilog) with the stack's
@@ -540,6 +583,10 @@ stack_nodes_idle() {
 # stack_wait: wait (up to DELEGATE_STACK_WAIT each) for every service, every
 # worker idle (resuming drained ones once) and JupyterLab answering.
 stack_wait() {
+    wait_for "$DELEGATE_STACK_WAIT" "stack: every service rolled onto its current spec" stack_settled \
+        || die "swarm has not finished rolling the services onto their new spec after ${DELEGATE_STACK_WAIT}s:
+$(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)
+       Run the same command again once \`docker stack ps $STACK\` shows every task running."
     wait_for "$DELEGATE_STACK_WAIT" "stack: every service that runs all the time" stack_services_running \
         || die "not every service runs after ${DELEGATE_STACK_WAIT}s:
 $(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)"
@@ -613,6 +660,18 @@ stack_deploy() {
 # every service.
 stack_update() {
     STACK_FORCE_BUILD=1 STACK_RESTART=1 stack_deploy
+}
+
+# stack_shell: `shell USER`, a login shell as USER on the user node, as the
+# hub's terminal gives them (their home, their own Slurm configuration).
+stack_shell() {
+    need_root shell
+    stack_load_config
+    local u=${STACK_SHELL_USER:-}
+    [[ $u =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "'$u' is not a user name"
+    STACK_EXEC_TTY=0
+    [[ -t 0 ]] && STACK_EXEC_TTY=1
+    stack_exec_as "$u" user bash -l
 }
 
 # stack_deployed_workers: for status/test, set DELEGATE_STACK_WORKERS to the

@@ -142,7 +142,7 @@ $(docker service logs --tail 15 "${STACK}_dbd" 2>&1)"
         printf -v list '%s,' "${missing[@]}"
         sacctmgr_q add user "${list%,}" account="$DELEGATE_COURSE_ACCOUNT" \
             defaultaccount="$DELEGATE_COURSE_ACCOUNT" grptresrunmins="cpu=$DELEGATE_QOS_MAX_CPU_RUN_MINS" \
-            || die "accounting: cannot add the associations of ${missing[*]}"
+            || die "accounting: cannot add the associations of ${missing[*]}; run the same command again to finish"
     fi
     local _g _gid members=""
     read -r _g _gid members <"$STACK_GEN/admins" || true

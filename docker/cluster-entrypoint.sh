@@ -32,6 +32,10 @@ install -o root -g root -m 0644 "$CFG/slurm.conf" /etc/slurm/slurm.conf
 install -o root -g root -m 0644 "$CFG/gres.conf" /etc/slurm/gres.conf
 # The site policy: root-owned, not writable by others (the runner checks).
 install -o root -g root -m 0644 "$CFG/policy.toml" /etc/delegate/policy.toml
+# What this node is, for `delegate doctor` (which checks what a node of that
+# role has: a user node runs no sandbox).
+echo "$role" >/etc/delegate/node-role
+chmod 0644 /etc/delegate/node-role
 # The lockdown (docs/security.md): slurmctld's job gate (read on the head)
 # and the SPANK stack slurm.conf names (read by slurmstepd on the workers,
 # by srun/sbatch everywhere).
@@ -152,7 +156,10 @@ munge_per_account() {
         runuser -u munge -- munged --force --socket="$d/munge.socket" --pid-file="$d/munged.pid" \
             --seed-file="/var/lib/munge/users/$name.seed" --log-file="/var/log/munge/users/$name.log" \
             || die "cannot start the munged of $name"
-        sed -e '/^AuthInfo=/d' -e "s|^AuthType=auth/munge\$|&\nAuthInfo=socket=$d/munge.socket|" \
+        # AccountingStoragePass names the munged of connections to
+        # slurmdbd (sacct, sshare, sacctmgr), AuthInfo that of the others.
+        sed -e '/^AuthInfo=/d' -e '/^AccountingStoragePass=/d' \
+            -e "s|^AuthType=auth/munge\$|&\nAuthInfo=socket=$d/munge.socket\nAccountingStoragePass=$d/munge.socket|" \
             /etc/slurm/slurm.conf >"/etc/slurm/users/$name/slurm.conf.new"
         grep -qx "AuthInfo=socket=$d/munge.socket" "/etc/slurm/users/$name/slurm.conf.new" \
             || die "slurm.conf has no AuthType=auth/munge line"
@@ -165,10 +172,13 @@ munge_per_account() {
     cat >/etc/profile.d/delegate-slurm.sh <<'PROFILE'
 # delegate (docker/cluster-entrypoint.sh): each account's Slurm configuration
 # names its own munged.
-if [ -n "${USER:-}" ] && [ -r "/etc/slurm/users/$USER/slurm.conf" ]; then
-    SLURM_CONF="/etc/slurm/users/$USER/slurm.conf"
+# (USER is unset in a `docker exec -u NAME` shell: the uid's name then.)
+_delegate_user=${USER:-$(id -un 2>/dev/null)}
+if [ -n "$_delegate_user" ] && [ -r "/etc/slurm/users/$_delegate_user/slurm.conf" ]; then
+    SLURM_CONF="/etc/slurm/users/$_delegate_user/slurm.conf"
     export SLURM_CONF
 fi
+unset _delegate_user
 PROFILE
     log "munge: $n accounts have a munged of their own (/run/munge-users); the shared one is root's and the admins'"
 }

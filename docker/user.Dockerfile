@@ -14,9 +14,12 @@ ARG CLUSTER_IMAGE=delegate-cluster:latest
 FROM ${CLUSTER_IMAGE}
 
 # nodejs: configurable-http-proxy; openssl: a fallback certificate;
-# iptables: the per-student limit of queries to Slurm (the entrypoint).
+# iptables: the per-student limit of queries to Slurm (the entrypoint);
+# gcc, g++, make, libc6-dev: CFiddle's build() compiles on the caller's side
+# (here), the sandbox runs what it built.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv nodejs openssl iptables \
+        gcc g++ make libc6-dev \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 
@@ -27,6 +30,12 @@ RUN python3 -m venv /opt/delegate/venv \
  && /opt/delegate/venv/bin/pip install -q --no-index --no-deps --find-links /tmp/wheels -r /tmp/wheels/requirements-cfiddle.txt \
  && rm -rf /tmp/wheels /root/.cache \
  && /opt/delegate/venv/bin/python -c 'import delegate, cloudpickle, jupyterlab, jupyterhub, jupyterhub_idle_culler, pamela; print("delegate ok, cloudpickle", cloudpickle.__version__, "jupyterlab", jupyterlab.__version__, "jupyterhub", jupyterhub.__version__)'
+
+# JupyterLab's defaults for every student: no "get notified about official
+# Jupyter news?" popup over the first screen, no update check (no internet).
+RUN install -d /opt/delegate/venv/share/jupyter/lab/settings \
+ && printf '%s\n' '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
+        >/opt/delegate/venv/share/jupyter/lab/settings/overrides.json
 
 COPY chp /opt/configurable-http-proxy
 RUN ln -s /opt/configurable-http-proxy/node_modules/.bin/configurable-http-proxy /usr/local/bin/configurable-http-proxy \

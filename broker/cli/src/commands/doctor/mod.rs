@@ -1,5 +1,11 @@
-//! `delegate doctor`: checks that Slurm, munge, Docker, the sandbox image,
-//! the delegate root and the site policy work, each with a fix when not.
+//! `delegate doctor`: checks what a healthy node of its role has (Slurm,
+//! munge with the socket this user's Slurm configuration names; where
+//! sandboxes run: Docker through the root agent, the sandbox image, perf
+//! mode; the delegate root, the site policy), each with a fix when not.
+
+mod role;
+
+pub use role::NodeRole;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -60,8 +66,28 @@ fn run_cmd(program: &str, args: &[&str], stdin: Option<Vec<u8>>, limit: Duration
 }
 
 pub fn doctor(cli: &Cli) -> CliResult {
-    let mut checks = Vec::new();
-    let t = Duration::from_secs(20);
+    let role = NodeRole::of_this_node();
+    let mut checks = vec![Check {
+        check: "node role",
+        ok: true,
+        detail: role.describe().to_owned(),
+        fix: None,
+    }];
+    slurm_checks(&mut checks);
+    checks.push(munge_check(role::munge_socket_in_use()));
+    if role.runs_sandboxes() {
+        sandbox_checks(&mut checks);
+    }
+    checks.push(root_check(cli));
+    checks.push(policy_check());
+    report(cli, &checks)
+}
+
+const T: Duration = Duration::from_secs(20);
+
+/// The controller answers, a node is usable; elastic workers explained.
+fn slurm_checks(checks: &mut Vec<Check>) {
+    let t = T;
     let slurm_fix = "start Slurm (build_cluster.sh --local on a single machine) and check that slurmctld is running and SLURM_CONF points at its configuration";
 
     checks.push(check(
@@ -116,28 +142,47 @@ pub fn doctor(cli: &Cli) -> CliResult {
             checks.push(check("elastic workers", res));
         }
     }
-    let munge_fix = "start munged (same /etc/munge/munge.key on every node)";
-    checks.push(check(
-        "munge",
-        match run_cmd("munge", &["-n"], None, t) {
-            Ok(o) if o.ok => match run_cmd("unmunge", &[], Some(o.stdout.into_bytes()), t) {
-                Ok(u) if u.ok => Ok("a credential round-trips through munge and unmunge".into()),
-                Ok(u) => Err((format!("unmunge: {}", u.first_line()), munge_fix.into())),
-                Err(e) => Err((e, munge_fix.into())),
-            },
-            Ok(o) => Err((format!("munge -n: {}", o.first_line()), munge_fix.into())),
-            Err(e) => Err((e, munge_fix.into())),
-        },
-    ));
+}
 
-    // Docker, image and perf mode, as the setgid runner sees them.
+/// A credential round-trips through the munged this user's Slurm commands
+/// use (`socket`: the one their slurm.conf's AuthInfo names, else munged's
+/// default).
+fn munge_check(socket: Option<String>) -> Check {
+    let t = T;
+    let (args, what) = match &socket {
+        Some(s) => (vec!["-S", s.as_str()], format!("your munged ({s})")),
+        None => (Vec::new(), "munged".to_owned()),
+    };
+    let munge_fix = match &socket {
+        Some(s) => format!("your own munged at {s} does not answer: ask the instructor to restart the user node"),
+        None => "start munged (same /etc/munge/munge.key on every node)".to_owned(),
+    };
+    let mut encode = args.clone();
+    encode.push("-n");
+    let res = match run_cmd("munge", &encode, None, t) {
+        Ok(o) if o.ok => match run_cmd("unmunge", &args, Some(o.stdout.into_bytes()), t) {
+            Ok(u) if u.ok => Ok(format!("a credential round-trips through {what}")),
+            Ok(u) => Err((format!("unmunge: {}", u.first_line()), munge_fix)),
+            Err(e) => Err((e, munge_fix)),
+        },
+        Ok(o) => Err((format!("munge -n: {}", o.first_line()), munge_fix)),
+        Err(e) => Err((e, munge_fix)),
+    };
+    check("munge", res)
+}
+
+/// Docker, the image, perf mode and GPUs, as the runner's probe (through
+/// the root agent) sees them.
+fn sandbox_checks(checks: &mut Vec<Check>) {
     let cfg = Config::from_env();
     let runner = cfg
         .as_ref()
         .map(|c| c.runner.display().to_string())
         .unwrap_or_else(|_| DEFAULT_RUNNER.to_owned());
     let policy = Policy::load_for_client();
-    let runner_fix = format!("install sandbox-runner at {runner} (setgid docker) or set DELEGATE_RUNNER");
+    let runner_fix = format!(
+        "install sandbox-runner at {runner} (root:root 0755; it hands jobs to the root agent sandbox-agent) or set DELEGATE_RUNNER"
+    );
     match run_cmd(&runner, &["probe", "--json"], None, Duration::from_secs(60)) {
         Ok(o) => match serde_json::from_str::<serde_json::Value>(o.stdout.trim()) {
             Ok(v) => {
@@ -156,7 +201,7 @@ pub fn doctor(cli: &Cli) -> CliResult {
                                 "Docker does not answer the runner: {}",
                                 d["error"].as_str().unwrap_or("no detail")
                             ),
-                            "start dockerd and check that the runner's group can reach the Docker socket".into(),
+                            "start dockerd and the root agent sandbox-agent (build_cluster.sh starts both)".into(),
                         ))
                     },
                 ));
@@ -223,8 +268,11 @@ pub fn doctor(cli: &Cli) -> CliResult {
             }
         }
     }
+}
 
-    checks.push(check(
+/// The delegate root is writable.
+fn root_check(cli: &Cli) -> Check {
+    check(
         "delegate root",
         (|| -> Result<String, String> {
             let c = client(&cli.root).map_err(|f| f.msg)?;
@@ -239,11 +287,15 @@ pub fn doctor(cli: &Cli) -> CliResult {
                 "make the directory yours and mode 0700, or choose another with --root / DELEGATE_ROOT".into(),
             )
         }),
-    ));
+    )
+}
+
+/// The site policy loads.
+fn policy_check() -> Check {
     let policy_path = std::env::var_os(POLICY_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_POLICY_PATH));
-    checks.push(check(
+    check(
         "site policy",
         match Policy::load(&policy_path, false) {
             Ok(p) => Ok(format!("{} (default image {})", policy_path.display(), p.default_image)),
@@ -254,13 +306,16 @@ pub fn doctor(cli: &Cli) -> CliResult {
                 ),
             )),
         },
-    ));
+    )
+}
 
+/// One line per check (or JSON); exit 1 when any failed.
+fn report(cli: &Cli, checks: &[Check]) -> CliResult {
     let all_ok = checks.iter().all(|c| c.ok);
     if cli.json {
         print_json(&checks)?;
     } else {
-        for c in &checks {
+        for c in checks {
             if c.ok {
                 println!("ok    {:<16} {}", c.check, c.detail);
             } else {
