@@ -343,12 +343,15 @@ CONF
     lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" /usr/local/bin/sandbox-runner >"$STACK_GEN/plugstack.conf"
     echo "$agroup $agid $members" >"$STACK_GEN/admins"
 
-    # Accounts: "name uid" lines.
-    local a
+    # Accounts: "name uid" lines; the instructor's test accounts (`test`)
+    # "name uid test": not logins of the hub.
+    local a role
     : >"$STACK_GEN/accounts"
     for a in $STACK_ACCOUNTS; do
         [[ $a =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] || die "bad account '$a' in cluster.conf (want name:uid)"
-        echo "${a%%:*} ${a##*:}" >>"$STACK_GEN/accounts"
+        role=""
+        [[ " $DELEGATE_STACK_TEST_USERS " == *" $a "* ]] && role=" test"
+        echo "${a%%:*} ${a##*:}$role" >>"$STACK_GEN/accounts"
     done
     # The roster's accounts (hub.sh): "name uid role full name" lines.
     hub_accounts_lines >>"$STACK_GEN/accounts"

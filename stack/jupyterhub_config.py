@@ -70,7 +70,8 @@ def env_bytes(name: str, default: str) -> int:
 
 def course_accounts() -> tuple[set[str], set[str]]:
     """Names of the accounts config ("name uid [role [full name]]" lines)
-    and those among them whose role is instructor."""
+    that log in to the hub (not the instructor's test accounts, role
+    ``test``) and those among them whose role is instructor."""
     names: set[str] = set()
     instructors: set[str] = set()
     path = CFG / "accounts"
@@ -79,6 +80,8 @@ def course_accounts() -> tuple[set[str], set[str]]:
     for line in path.read_text(encoding="utf-8").splitlines():
         fields = line.split()
         if len(fields) < 2 or fields[0].startswith("#"):
+            continue
+        if len(fields) > 2 and fields[2] == "test":
             continue
         names.add(fields[0])
         if len(fields) > 2 and fields[2] == "instructor":
