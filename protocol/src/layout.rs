@@ -17,6 +17,10 @@ pub const STDOUT: &str = "stdout";
 pub const STDERR: &str = "stderr";
 pub const OUTCOME: &str = "outcome";
 pub const RESULT: &str = "result";
+/// Written by the sandbox beside `result` when a Python call raised: the
+/// exception's type name (untrusted: read bounded, shown only when it is
+/// a dotted name).
+pub const RAISED: &str = "raised";
 /// Files the client writes before the runner starts; anything else present
 /// when the runner starts is refused.
 pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL];

@@ -47,6 +47,7 @@
 //! and nothing above it.
 
 pub mod agent;
+pub mod cancel;
 pub mod clock;
 pub mod cpus;
 pub mod error;

@@ -233,11 +233,14 @@ fn wait<'py>(py: Python<'py>, ids: Vec<String>, timeout: Option<f64>, any: bool)
 }
 
 /// Cancels the jobs (one scancel), waits briefly for them to end, returns
-/// their statuses.
+/// their statuses. `reason`, in the user's words, is kept with each job
+/// (their state reads `cancelled: <reason>`).
 #[pyfunction]
-fn cancel<'py>(py: Python<'py>, ids: Vec<String>) -> PyResult<Bound<'py, PyList>> {
+#[pyo3(signature = (ids, reason=None))]
+fn cancel<'py>(py: Python<'py>, ids: Vec<String>, reason: Option<String>) -> PyResult<Bound<'py, PyList>> {
     let ids = parse_ids(&ids)?;
-    let v = py.detach(move || -> CoreResult<Vec<JobStatus>> { Ok(client()?.cancel(&ids)?) })?;
+    let v =
+        py.detach(move || -> CoreResult<Vec<JobStatus>> { Ok(client()?.cancel_because(&ids, reason.as_deref())?) })?;
     status_list(py, &v)
 }
 
@@ -279,6 +282,7 @@ fn jobs<'py>(py: Python<'py>, limit: Option<usize>) -> PyResult<Bound<'py, PyLis
         .map(|j| {
             let d = status_dict(py, &j.status)?;
             d.set_item("what", &j.what)?;
+            d.set_item("outcome", &j.outcome)?;
             Ok(d)
         })
         .collect::<PyResult<Vec<_>>>()?;

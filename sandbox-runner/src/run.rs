@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use delegate_protocol::agent::{Answer, Ended, EndedHow, RankRequest, Request, RunRequest};
+use delegate_protocol::cancel;
 use delegate_protocol::policy::{Policy, PolicyError};
 use delegate_protocol::units::{format_duration, format_size};
 use delegate_protocol::{
@@ -133,9 +134,14 @@ impl Ctx<'_> {
         }
         None
     }
+    /// The marker's reason in the user's words (`cancelled by the user`
+    /// when it gives none).
+    fn cancelled_by_marker(&self) -> String {
+        cancel::cancelled_by(cancel::read_cancel_reason(&self.dir.fd, &self.dir.path).as_deref())
+    }
     fn cancel_reason(&self, signal: &str) -> String {
         if exists_at(&self.dir.fd, CANCEL) {
-            "cancelled by the user".into()
+            self.cancelled_by_marker()
         } else if signal == "SIGTERM" {
             "cancelled (SIGTERM from Slurm: scancel or Slurm time limit)".into()
         } else {
@@ -511,7 +517,7 @@ fn ended_outcome(ctx: &Ctx<'_>, e: Ended, kill: Option<KillWhy>) -> Outcome {
             }
             Some(KillWhy::CancelMarker) => {
                 o.state = State::Cancelled;
-                o.reason = "cancelled by the user".into();
+                o.reason = ctx.cancelled_by_marker();
             }
             Some(KillWhy::Record(r)) => {
                 o.started_ms = None;

@@ -18,6 +18,16 @@ impl Client {
     /// call, and a call that has not started there is over at once), then waits up to [`CANCEL_WAIT`]
     /// for each to be over. Returns the last statuses.
     pub fn cancel(&self, ids: &[JobId]) -> Result<Vec<JobStatus>> {
+        self.cancel_because(ids, None)
+    }
+
+    /// [`Client::cancel`], the marker saying why in the user's words (a
+    /// map's dropped calls: "call 5 of this map raised ZeroDivisionError";
+    /// their state then reads `cancelled: <reason>`).
+    pub fn cancel_because(&self, ids: &[JobId], reason: Option<&str>) -> Result<Vec<JobStatus>> {
+        let marker = reason
+            .and_then(|r| protocol::cancel::cancel_reason_of(r.as_bytes()))
+            .unwrap_or_default();
         let jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
         let mut slurm_ids = Vec::new();
         for j in &jobs {
@@ -30,7 +40,7 @@ impl Client {
                     expected: "job directory delegate can open (it cannot cancel this job)",
                 }));
             };
-            atomic_write_at(fd, &j.dir, protocol::CANCEL, b"", 0o644)?;
+            atomic_write_at(fd, &j.dir, protocol::CANCEL, marker.as_bytes(), 0o644)?;
             if let (Some(s), None) = (&j.slurm_id, j.shared) {
                 slurm_ids.push(s.clone());
             }

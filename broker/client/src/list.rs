@@ -3,7 +3,9 @@
 
 use std::io::Read;
 
-use delegate_protocol::{list_entries, open_regular_at, read_record_at, JobId, Spec, Task, PAYLOAD};
+use delegate_protocol::{
+    list_entries, open_regular_at, read_bounded_at, read_record_at, JobId, Spec, State, Task, PAYLOAD, RAISED,
+};
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstatat, SFlag};
 use serde::{Deserialize, Serialize};
@@ -28,6 +30,10 @@ pub struct JobSummary {
     /// The command line (`echo hi`), or the Python function's name
     /// (`square()`), or `python call` when the payload does not name it.
     pub what: String,
+    /// The state in the user's words: `raised ZeroDivisionError` for a
+    /// Python call that completed by raising, `cancelled: <why>` when the
+    /// cancellation said why, else the state's name.
+    pub outcome: String,
 }
 
 /// The part of a payload's JSON header that names the call.
@@ -85,7 +91,8 @@ impl Client {
             .into_iter()
             .map(|status| {
                 let what = self.what(&status.id);
-                JobSummary { status, what }
+                let outcome = self.outcome_words(&status);
+                JobSummary { status, what, outcome }
             })
             .collect())
     }
@@ -141,6 +148,39 @@ impl Client {
             }
         }
     }
+}
+
+impl Client {
+    /// A job's state in the user's words (see [`JobSummary::outcome`]).
+    pub fn outcome_words(&self, s: &JobStatus) -> String {
+        match s.state {
+            State::Completed => self
+                .raised(&s.id)
+                .map_or_else(|| "completed".to_owned(), |t| format!("raised {t}")),
+            State::Cancelled if s.reason.starts_with("cancelled: ") => s.reason.clone(),
+            other => other.as_str().to_owned(),
+        }
+    }
+
+    /// The type name in the job's `raised` file, when it holds one.
+    fn raised(&self, id: &JobId) -> Option<String> {
+        let fd = self.open_job_dir(id).ok()?;
+        let raw = read_bounded_at(&fd, &self.job_dir(id), RAISED, 256, Some(self.uid)).ok()?;
+        exception_name(&raw)
+    }
+}
+
+/// An exception's (qualified) type name: a dotted identifier of at most
+/// 200 characters; None for anything else.
+fn exception_name(raw: &[u8]) -> Option<String> {
+    let name = std::str::from_utf8(raw).ok()?.trim();
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name.split('.').all(|p| {
+            p.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+                && p.chars().all(|c| c.is_alphanumeric() || c == '_')
+        });
+    ok.then(|| name.to_owned())
 }
 
 /// The function named by a payload's header (the payload's first bytes).
@@ -225,6 +265,18 @@ mod tests {
         assert_eq!(python_function(b"DLGTPY1\n{\"function\": \"f\"}"), None, "no end of header");
         assert_eq!(python_function(b"garbage\n{}\n"), None);
         assert_eq!(python_function(b"DLGTPY1\n[1]\n"), None);
+    }
+
+    #[test]
+    fn only_dotted_names_are_exception_names() {
+        assert_eq!(exception_name(b"ZeroDivisionError").as_deref(), Some("ZeroDivisionError"));
+        assert_eq!(exception_name(b"mod.sub.MyError\n").as_deref(), Some("mod.sub.MyError"));
+        assert_eq!(exception_name(b"\x1b[31mEvil"), None);
+        assert_eq!(exception_name(b"a b"), None);
+        assert_eq!(exception_name(b"1abc"), None);
+        assert_eq!(exception_name(b"a..b"), None);
+        assert_eq!(exception_name(b""), None);
+        assert_eq!(exception_name("x".repeat(201).as_bytes()), None);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub(crate) struct JobFiles {
     pub(crate) started: Option<Started>,
     pub(crate) outcome: Option<Outcome>,
     pub(crate) cancel: bool,
+    /// Why, when the marker says (a map's dropped calls).
+    pub(crate) cancel_reason: Option<String>,
     pub(crate) created_ms: u64,
 }
 
@@ -55,6 +57,7 @@ impl Client {
                     started: None,
                     outcome: None,
                     cancel: false,
+                    cancel_reason: None,
                     created_ms: now_ms(),
                 });
             }
@@ -88,6 +91,11 @@ impl Client {
         let started: Option<Started> = optional(read_record_at(&fd, &dir, None))?;
         let outcome: Option<Outcome> = optional(read_record_at(&fd, &dir, None))?;
         let cancel = exists_at(&fd, protocol::CANCEL);
+        let cancel_reason = if cancel {
+            protocol::cancel::read_cancel_reason(&fd, &dir)
+        } else {
+            None
+        };
         let created_ms = match &spec {
             Some(s) => s.created_ms,
             None => fstat(&fd)
@@ -104,6 +112,7 @@ impl Client {
             started,
             outcome,
             cancel,
+            cancel_reason,
             created_ms,
         })
     }

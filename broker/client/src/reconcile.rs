@@ -193,6 +193,13 @@ impl Client {
             match decide(&facts, || self.log_facts(&f.id)) {
                 Verdict::Live { state, reason } => out.push(self.live_status(f, state, reason)),
                 Verdict::Ended { state, reason, refused } => {
+                    // The user's own words of why, when the marker has them.
+                    let reason = match (&f.cancel_reason, state) {
+                        (Some(why), State::Cancelled) if reason.starts_with("cancelled by the user") => {
+                            protocol::cancel::cancelled_by(Some(why))
+                        }
+                        _ => reason,
+                    };
                     // The runner writes its outcome before it exits: look again.
                     let outcome = match optional(read_record_at::<Outcome>(fd, &f.dir, None))? {
                         Some(o) => o,

@@ -83,8 +83,9 @@ impl Client {
     }
 
     /// [`Client::wait_with`] that also returns as soon as any one of the
-    /// jobs is over (the Python waiter: each future is resolved when its
-    /// own job ends, not when the round does).
+    /// jobs is over, or one that was pending starts running (the Python
+    /// waiter: each future is resolved when its own job ends, not when the
+    /// round does, and its live line sees the call start).
     pub fn wait_any_with(
         &self,
         ids: &[JobId],
@@ -158,6 +159,10 @@ impl Client {
             }
         }
         let mut statuses: Vec<Option<JobStatus>> = vec![None; jobs.len()];
+        // Each job's state at the first round: in `any` mode a job that
+        // starts running ends the wait too (a live line says "running on
+        // worker2" even for a call shorter than the caller's poll).
+        let mut at_first: Vec<Option<State>> = Vec::new();
         let mut first = true;
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -194,7 +199,17 @@ impl Client {
                 self.slurm_answered(&still_open);
             }
             let done = statuses.iter().all(|s| s.as_ref().is_some_and(JobStatus::is_terminal));
-            let one_over = any && open.iter().any(|&i| statuses[i].as_ref().is_some_and(JobStatus::is_terminal));
+            let states: Vec<Option<State>> = statuses.iter().map(|s| s.as_ref().map(|s| s.state)).collect();
+            if at_first.is_empty() {
+                at_first = states.clone();
+            }
+            let one_started = any
+                && states
+                    .iter()
+                    .zip(&at_first)
+                    .any(|(now, was)| *was == Some(State::Pending) && *now == Some(State::Running));
+            let one_over =
+                one_started || any && open.iter().any(|&i| statuses[i].as_ref().is_some_and(JobStatus::is_terminal));
             let now = Instant::now();
             if done || one_over || deadline.is_some_and(|d| now >= d) || stop() {
                 return Ok(statuses.into_iter().flatten().collect());

@@ -285,12 +285,18 @@ class Executor(cf.Executor):
 
         def results():
             __tracebackhide__ = _hide_frames()
+            why = None
             try:
-                for f in futs:
+                for i, f in enumerate(futs):
                     left = None if end is None else max(0.0, end - _time.monotonic())
-                    yield f.result(left)
+                    try:
+                        value = f.result(left)
+                    except BaseException as e:
+                        why = _map_stopped(i, f, e)
+                        raise
+                    yield value
             finally:
-                _cancel_futures([f for f in futs if not f.done()])
+                _cancel_futures([f for f in futs if not f.done()], why)
 
         return results()
 
@@ -304,17 +310,31 @@ class Executor(cf.Executor):
             cf.wait(futs)
 
 
-def _cancel_futures(futs) -> None:
-    """Cancels many futures with one scancel (local ones one by one)."""
+def _map_stopped(i: int, fut, exc: BaseException) -> str:
+    """Why a map dropped its remaining calls, in the user's words: ``call 5
+    of this map raised ZeroDivisionError``."""
+    if isinstance(exc, cf.TimeoutError) and not fut.done():
+        return "the map's timeout ran out at call %d" % i
+    words = fut._words_now() if hasattr(fut, "_words_now") else ""
+    if not words or words in ("done", "pending") or words.startswith("running"):
+        words = "raised " + type(exc).__name__
+    return "call %d of this map %s" % (i, words)
+
+
+def _cancel_futures(futs, reason: str | None = None) -> None:
+    """Cancels many futures with one scancel (local ones one by one);
+    ``reason``, when given, says why in the user's words."""
     local = [f for f in futs if isinstance(f, _local.LocalFuture)]
     futs = [f for f in futs if not isinstance(f, _local.LocalFuture)]
     for f in local:
-        f.cancel()
+        if f.cancel() and reason:
+            f._words = "cancelled: " + reason
+            f._changed()
     if not futs:
         return
-    _core.cancel([f.job_id for f in futs])
+    _core.cancel([f.job_id for f in futs], reason)
     for f in futs:
-        mark_cancelled(f)
+        mark_cancelled(f, reason)
 
 
 def Job(job_id: str) -> DelegateFuture:  # noqa: N802 - reads like a class

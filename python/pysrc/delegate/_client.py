@@ -330,13 +330,18 @@ class DelegateFuture(cf.Future):
             pass  # cancelled in the meantime
 
 
-def mark_cancelled(fut) -> bool:
+def mark_cancelled(fut, reason: str | None = None) -> bool:
     """Cancels a future AND notifies its waiters: ``concurrent.futures.wait``
     (hence ``Executor.shutdown``) counts a future as done only once it is
     CANCELLED_AND_NOTIFIED, which plain ``Future.cancel`` does not reach
-    (executors normally do it when they would have started the call)."""
+    (executors normally do it when they would have started the call).
+    ``reason``: why, in the user's words (its state reads ``cancelled:
+    <reason>``)."""
     if not cf.Future.cancel(fut):
         return False
+    if reason and getattr(fut, "_words", "") is None:
+        fut._words = "cancelled: " + reason
+        fut._changed()
     if getattr(fut, "_words", "") is None:
         was = str(getattr(fut, "_status", {}).get("state", ""))
         fut._words = {"pending": "cancelled before it started", "running": "cancelled while running"}.get(

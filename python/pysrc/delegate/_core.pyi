@@ -98,8 +98,10 @@ def wait(ids: Sequence[str], timeout: float | None = None, any: bool = False) ->
 def wake() -> None:
     """Makes the waits in progress return early."""
 
-def cancel(ids: Sequence[str]) -> list[JobStatus]:
-    """Cancels the jobs (one scancel); returns their statuses."""
+def cancel(ids: Sequence[str], reason: str | None = None) -> list[JobStatus]:
+    """Cancels the jobs (one scancel); ``reason``, in the user's words, is
+    kept with each (their state reads ``cancelled: <reason>``); returns
+    their statuses."""
 
 def read_file(id: str, name: str, limit: int = ...) -> bytes | None:
     """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes, 64 MiB by default),

@@ -42,7 +42,9 @@ def _words(row: dict) -> str:
     fut = known_future(str(row.get("id", "")))
     if fut is not None and fut._words is not None:
         return fut._words
-    return str(row.get("state", "?"))
+    if fut is not None and row.get("state") in ("pending", "running"):
+        return fut._words_now()
+    return str(row.get("outcome") or row.get("state", "?"))
 
 
 class JobTable(list):

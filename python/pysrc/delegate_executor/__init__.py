@@ -46,6 +46,7 @@ PAYLOAD_MAGIC = b"DLGTPY1\n"
 RESULT_VERSION = 1
 PAYLOAD = "payload"
 RESULT = "result"
+RAISED = "raised"
 # Upper bound on the JSON header of a payload.
 MAX_HEADER = 4096
 
@@ -305,6 +306,13 @@ def main(argv=None) -> int:
         if rec.get("traceback"):
             sys.stderr.write(rec["traceback"])
         return 3
+    if name == RESULT and (rec["status"] == "err" or rec.get("kind") == "unpicklable-exception"):
+        # The exception's type, for `delegate list` and `delegate.jobs()`
+        # in any process ("raised ZeroDivisionError").
+        try:
+            _write_atomic(job_dir, RAISED, str(rec.get("exc_type", ""))[:200].encode("utf-8", "replace"))
+        except OSError:
+            pass
     if rec["status"] == "raw" and rec["kind"] in ("version-mismatch", "bad-payload"):
         print("delegate_executor: %s" % rec["summary"], file=sys.stderr)
     if name != RESULT and rec["status"] != "ok":

@@ -24,25 +24,42 @@ pub fn list(cli: &Cli) -> CliResult {
     let mut out = io::stdout().lock();
     let now = now_ms();
     let what_width = jobs.iter().map(|j| j.what.chars().count()).max().unwrap_or(0).clamp(8, 40);
+    let state_width = jobs
+        .iter()
+        .map(|j| state_words(j).chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(9, 40);
     let _ = writeln!(
         out,
-        "{:<24}  {:<w$}  {:<9}  {:<12}  {:>8}  {:>9}  REASON",
+        "{:<24}  {:<w$}  {:<s$}  {:<12}  {:>8}  {:>9}  REASON",
         "ID",
         "FUNCTION/COMMAND",
         "STATE",
         "NODE",
         "ELAPSED",
         "SUBMITTED",
-        w = what_width
+        w = what_width,
+        s = state_width
     );
     for j in &jobs {
-        let _ = writeln!(out, "{}", row(j, now, what_width, colour).trim_end());
+        let _ = writeln!(out, "{}", row(j, now, (what_width, state_width), colour).trim_end());
     }
     Ok(0)
 }
 
+/// The STATE column: the state in the user's words (`raised
+/// ZeroDivisionError`), `cancelled` when the reason column says why.
+fn state_words(j: &JobSummary) -> &str {
+    if j.outcome.starts_with("raised ") {
+        &j.outcome
+    } else {
+        j.status.state.as_str()
+    }
+}
+
 /// One line of the table.
-fn row(j: &JobSummary, now: u64, what_width: usize, colour: bool) -> String {
+fn row(j: &JobSummary, now: u64, (what_width, state_width): (usize, usize), colour: bool) -> String {
     let s = &j.status;
     let what: String = if j.what.chars().count() > what_width {
         let mut w: String = j.what.chars().take(what_width.saturating_sub(1)).collect();
@@ -51,9 +68,15 @@ fn row(j: &JobSummary, now: u64, what_width: usize, colour: bool) -> String {
     } else {
         j.what.clone()
     };
-    let state = format!("{:<9}", s.state.as_str());
+    let words = state_words(j);
+    let state = format!("{words:<state_width$}");
     let state = if colour {
-        format!("\x1b[{}m{state}\x1b[0m", ansi_colour(s.state))
+        let c = if words.starts_with("raised ") {
+            ansi_colour(State::Failed)
+        } else {
+            ansi_colour(s.state)
+        };
+        format!("\x1b[{c}m{state}\x1b[0m")
     } else {
         state
     };
@@ -120,19 +143,30 @@ mod tests {
                 elapsed_secs: Some(2.0),
             },
             what: what.into(),
+            outcome: state.as_str().into(),
         }
     }
 
     #[test]
     fn a_row_has_every_column() {
-        let r = row(&job(State::Failed, "square()"), 1_000_000 + 125_000, 10, false);
+        let r = row(&job(State::Failed, "square()"), 1_000_000 + 125_000, (10, 9), false);
         for part in ["square()", "failed", "node1", "2.0s", "2m ago", "the function raised"] {
             assert!(r.contains(part), "{part:?} missing from {r:?}");
         }
-        let r = row(&job(State::Completed, "echo 'a very long command line'"), 1_000_000, 10, true);
+        let r = row(
+            &job(State::Completed, "echo 'a very long command line'"),
+            1_000_000,
+            (10, 9),
+            true,
+        );
         assert!(r.contains("echo 'a v…"), "{r}");
         assert!(r.contains("\x1b[32mcompleted"), "{r}");
         assert!(!r.contains("the function raised"), "no reason for a completed job: {r}");
+        // A call that completed by raising: its words, in the failure colour.
+        let mut raised = job(State::Completed, "divide()");
+        raised.outcome = "raised ZeroDivisionError".into();
+        let r = row(&raised, 1_000_000, (10, 24), true);
+        assert!(r.contains("\x1b[31mraised ZeroDivisionError"), "{r}");
     }
 
     #[test]
