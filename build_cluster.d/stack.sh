@@ -81,11 +81,14 @@ stack_service_settled() {
     state=$(docker service inspect -f '{{if .UpdateStatus}}{{.UpdateStatus.State}}{{end}}' "$svc" 2>/dev/null) \
         || return 1
     [[ -z $state || $state == completed || $state == rollback_completed ]] || return 1
-    spec=$(docker service inspect -f '{{json .Spec.TaskTemplate.ContainerSpec}} {{.Spec.TaskTemplate.ForceUpdate}}' "$svc") \
+    # What a deploy or a forced update changes (the service's spec has
+    # defaults filled in that its tasks' copies lack: not the whole spec).
+    local fields='{{.Image}} {{json .Args}} {{json .Env}} {{json .Secrets}} {{json .Configs}} {{json .Mounts}}'
+    spec=$(docker service inspect -f "{{with .Spec.TaskTemplate.ContainerSpec}}$fields{{end}} {{.Spec.TaskTemplate.ForceUpdate}}" "$svc") \
         || return 1
     want=$(docker service ps -q --no-trunc --filter desired-state=running "$svc" 2>/dev/null | sort)
     for t in $want; do
-        [[ $(docker inspect --type task -f '{{.Status.State}} {{json .Spec.ContainerSpec}} {{.Spec.ForceUpdate}}' "$t" 2>/dev/null) \
+        [[ $(docker inspect --type task -f "{{.Status.State}} {{with .Spec.ContainerSpec}}$fields{{end}} {{.Spec.ForceUpdate}}" "$t" 2>/dev/null) \
             == "running $spec" ]] || return 1
     done
     have=$(docker ps --filter "label=com.docker.swarm.service.name=$svc" --filter status=running \

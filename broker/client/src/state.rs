@@ -61,6 +61,10 @@ pub enum Verdict {
     },
 }
 
+/// The reason of a job whose node is being powered up (elastic workers,
+/// docs/elastic.md); the figure is the cold start measured on the stack.
+pub const COLD_START: &str = "waiting for a worker to start (it was powered down; usually 15-35 s)";
+
 /// Decides the state of a job that has no outcome file. `log` is called
 /// only when the job is over according to Slurm.
 pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
@@ -126,6 +130,13 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
             };
         }
         SlurmView::Present(j) => match j.state.phase() {
+            SlurmPhase::Queued if f.started.is_none() && j.state == SlurmState::Configuring => {
+                // Slurm gave it a node that is being powered up.
+                return Verdict::Live {
+                    state: State::Pending,
+                    reason: format!("{COLD_START}{cancel_note}"),
+                };
+            }
             SlurmPhase::Queued if f.started.is_none() => {
                 let why = match j.reason.as_str() {
                     "" | "None" => String::new(),
@@ -262,6 +273,26 @@ mod tests {
         match v {
             Verdict::Live { state, .. } | Verdict::Ended { state, .. } => *state,
         }
+    }
+
+    #[test]
+    fn a_job_whose_worker_is_powering_up_says_so() {
+        let cf = sj("CONFIGURING", "None");
+        let f = Facts {
+            submitted: true,
+            age_secs: 3,
+            started: None,
+            cancel_requested: false,
+            shared: false,
+            slurm: SlurmView::Present(&cf),
+        };
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: COLD_START.into()
+            }
+        );
     }
 
     #[test]

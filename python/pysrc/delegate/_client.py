@@ -160,6 +160,8 @@ class DelegateFuture(cf.Future):
         if state in ("running", "completed", "failed", "timed-out", "lost"):
             host = self._status.get("host")
             return "running on %s" % host if host else "running"
+        if self.reason.startswith("waiting for a worker to start"):
+            return self.reason  # an elastic worker's cold start
         return "pending"
 
     def _phase(self) -> str:
