@@ -11,6 +11,9 @@
 #   4. pytest -v tests/e2e          (end-to-end, in a venv)
 #   5. maturin build + pip install of python/, pytest -v tests/python
 #   6. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
+#   7. pytest -v tests/acceptance   (the course's day one on the stack, two
+#                                    students in a real browser; screenshots
+#                                    in $DELEGATE_ARTIFACTS/acceptance)
 # Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
 # The venv ($DELEGATE_VENV, default /var/lib/delegate/venv) gets
 # tests/requirements.txt when it exists (pip -r syntax, so it may name the
@@ -19,7 +22,7 @@
 # when the requirements change (tests/venv.sh).
 # Environment, for a local run only (CI sets neither):
 #   DELEGATE_SKIP_LINT=1    skip stage 1
-#   DELEGATE_SKIP_STACK=1   skip stage 6
+#   DELEGATE_SKIP_STACK=1   skip stages 6 and 7
 # Exits non-zero on the first failing stage.
 set -euo pipefail
 
@@ -113,6 +116,20 @@ else
     set -e
     # 5 = every test deselected by the extra arguments (-k ...).
     ((rc == 0 || rc == 5)) || fail "cluster stack tests (pytest exit $rc)"
+fi
+
+section "acceptance: pytest -v tests/acceptance (the course's day one, in a browser)"
+# deploy -> roster right after -> the instructor's test -> two students in
+# JupyterHub (chromium + Playwright) -> down. Screenshots of every step:
+# ${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}/acceptance.
+if [[ ${DELEGATE_SKIP_STACK:-0} == 1 ]]; then
+    echo "WARNING: DELEGATE_SKIP_STACK=1: acceptance suite skipped" >&2
+else
+    set +e
+    "$VENV/bin/python" -m pytest -v tests/acceptance "$@"
+    rc=$?
+    set -e
+    ((rc == 0 || rc == 5)) || fail "acceptance suite (pytest exit $rc)"
 fi
 
 section "all tests passed"

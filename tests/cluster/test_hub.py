@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 import stacklib
+from browser import URL, Student, browser_for
 from stacklib import SCRIPT, STACK, STACK_DIR, cid, run
 
 HOME = Path(stacklib.HOME)
-PORT = int(os.environ.get("DELEGATE_JUPYTER_PORT", "8888"))
-URL = f"https://127.0.0.1:{PORT}"
 WORKERS = os.environ.get("DELEGATE_TEST_HUB_WORKERS", "2")
 ARTIFACTS = Path(os.environ.get("DELEGATE_ARTIFACTS", "/var/lib/delegate/artifacts")) / "hub"
 ADA, BOB, IVY = "hub-ada", "hub-bob", "hub-ivy"
@@ -78,19 +76,6 @@ def roster_uid(user: str) -> int:
         if f and f[0] == user:
             return int(f[1])
     raise AssertionError(f"{user} is not in the roster")
-
-
-def chromium_path() -> str:
-    path = shutil.which("chromium")
-    if path is None:
-        # Debian's chromium (no browser download from the internet).
-        apt = ("apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium")
-        if run(*apt, timeout=900).returncode != 0:
-            run("apt-get", "update", "-q", timeout=600)
-            run(*apt, timeout=900, check=True)
-        path = shutil.which("chromium")
-    assert path, "chromium not installed"
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -156,97 +141,16 @@ def boom():
 boom()"""
 
 
-class Student:
-    """One student's browser context and notebook page."""
-
-    def __init__(self, browser, user: str):
-        self.user = user
-        self.ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
-        self.page = self.ctx.new_page()
-        self.page.set_default_timeout(120_000)
-        self.step = 0
-
-    def shot(self, what: str) -> None:
-        self.step += 1
-        path = ARTIFACTS / f"{self.user}-{self.step:02d}-{what}.png"
-        self.page.screenshot(path=str(path), full_page=True)
-
-    def login(self, lab: bool = True) -> None:
-        p = self.page
-        p.goto(f"{URL}/hub/login")
-        self.shot("login-page")
-        p.fill("#username_input", self.user)
-        p.fill("#password_input", initial_password(self.user))
-        p.click("#login_submit")
-        if not lab:
-            p.wait_for_url(re.compile(r"/(hub|user)/"))
-            return
-        # The hub starts the server, then JupyterLab loads.
-        p.wait_for_url(re.compile(rf"/user/{self.user}/lab"), timeout=180_000)
-        p.wait_for_selector(".jp-LauncherCard", timeout=180_000)
-        self.shot("lab")
-
-    def new_notebook(self) -> None:
-        p = self.page
-        p.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
-        p.wait_for_selector(".jp-Notebook .jp-Cell .cm-content")
-        # The kernel is up (the status bar says so once it has connected).
-        p.wait_for_selector(".jp-StatusBar-TextItem:has-text('| Idle')", timeout=120_000)
-        self.shot("notebook")
-
-    def run_cell(self, code: str, until: str, what: str, timeout=240_000) -> str:
-        """Types CODE into the last cell, runs it, waits until its output
-        holds UNTIL; returns the output's text."""
-        p = self.page
-        cells = p.locator(".jp-Notebook .jp-Cell")
-        n = cells.count()
-        cell = cells.nth(n - 1)
-        cell.locator(".cm-content").click()
-        p.keyboard.insert_text(code)
-        p.keyboard.press("Shift+Enter")
-        out = cell.locator(".jp-OutputArea")
-        prompt = cell.locator(".jp-InputArea-prompt")
-        start = time.monotonic()
-        deadline = start + timeout / 1000
-        text = ""
-        rerun = False
-        while time.monotonic() < deadline:
-            text = out.inner_text() if out.count() else ""
-            if until in text:
-                break
-            # A run sent while the kernel's connection was still settling
-            # is dropped by JupyterLab (the prompt stays "[ ]:"): as a
-            # person would, run the cell again, once.
-            if not rerun and time.monotonic() - start > 15 and prompt.inner_text().strip() == "[ ]:":
-                rerun = True
-                self.shot(what + "-not-run")
-                cell.locator(".cm-content").click()
-                p.keyboard.press("Control+Enter")
-            time.sleep(1)
-        self.shot(what)
-        assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
-        return text
-
-
 @pytest.fixture(scope="module")
 def browser(stack):
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    print(f"\nscreenshots of the browser test: {ARTIFACTS}")
-    exe = chromium_path()
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
+    with browser_for(ARTIFACTS) as b:
+        yield b
 
 
 def test_students_in_the_browser(stack, browser, capsys):
     with capsys.disabled():
         print(f"\nscreenshots of the browser test: {ARTIFACTS}")
-    ada, bob = Student(browser, ADA), Student(browser, BOB)
+    ada, bob = (Student(browser, u, initial_password(u), ARTIFACTS) for u in (ADA, BOB))
     for s in (ada, bob):
         s.login()
         s.new_notebook()
@@ -290,7 +194,7 @@ def test_students_in_the_browser(stack, browser, capsys):
     resp = bob.page.goto(f"{URL}/hub/admin")
     bob.shot("admin-page-refused")
     assert resp is not None and resp.status == 403, resp and resp.status
-    ivy = Student(browser, IVY)
+    ivy = Student(browser, IVY, initial_password(IVY), ARTIFACTS)
     ivy.login(lab=False)
     resp = ivy.page.goto(f"{URL}/hub/admin")
     ivy.page.wait_for_selector(f"text={ADA}")

@@ -1,0 +1,6 @@
+"""The acceptance suite reuses the stack tests' helpers (tests/cluster)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))

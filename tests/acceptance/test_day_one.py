@@ -1,0 +1,237 @@
+"""The course's day one on the stack, walked the way its people live it, in
+the README's order:
+
+1. the instructor deploys (`build_cluster.sh deploy`, elastic workers: one
+   always on, one started by Slurm when work waits), adds the roster right
+   after (`--stack accounts add --csv`), runs `build_cluster.sh test`;
+2. two students log in to JupyterHub in a real browser (Debian's chromium,
+   headless, Playwright) and, in a notebook, as a student would: an elastic
+   cold call, a call, a map with one failing input, the README's CFiddle
+   example with PERF_COUNT_SW_TASK_CLOCK, `delegate.jobs()`, `delegate
+   doctor` and `sacct` from a cell; the second one tries the first one's
+   files, jobs and server;
+3. `down`.
+
+The assertions read what the page shows (cell outputs and live status
+lines). Screenshots of every step: $DELEGATE_ARTIFACTS/acceptance (default
+/var/lib/delegate/artifacts/acceptance). Run by tests/run.sh (stage 7).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from browser import ARTIFACTS_ROOT, URL, Student, browser_for
+from stacklib import REPO, SCRIPT, STACK_DIR, on, run
+
+ARTIFACTS = ARTIFACTS_ROOT / "acceptance"
+ANN, BEN, PROF = "day-ann", "day-ben", "day-prof"
+ROSTER = (
+    "username,full name,email,role\n"
+    "day-ann,Ann Day,ann@example.org\n"
+    "day-ben,Ben Day,\n"
+    "day-prof,Prof Day,prof@example.org,instructor\n"
+)
+ENV = {
+    **os.environ,
+    "DELEGATE_ELASTIC": "1",
+    "DELEGATE_ELASTIC_MIN": "1",
+    "DELEGATE_ELASTIC_MAX": "2",
+    "DELEGATE_ELASTIC_IDLE": "30",
+    "DELEGATE_ELASTIC_RESUME_TIMEOUT": "120",
+    "DELEGATE_HUB_STUDENT_MEM": str(1 << 30),
+}
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
+
+
+def initial_password(user: str) -> str:
+    for line in (STACK_DIR / "secrets" / "initial-passwords").read_text().splitlines():
+        name, _, pw = line.partition(" ")
+        if name == user:
+            return pw
+    raise AssertionError(f"no initial password of {user}")
+
+
+def readme_block(after: str) -> str:
+    """The first ```python block of the README after the line AFTER."""
+    text = (REPO / "README.md").read_text()
+    rest = text[text.index(after) :]
+    m = re.search(r"```python\n(.*?)```", rest, re.S)
+    assert m, f"no python block after {after!r} in the README"
+    return m.group(1).strip()
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory):
+    roster = tmp_path_factory.mktemp("roster") / "roster.csv"
+    roster.write_text(ROSTER)
+    try:
+        r = run(SCRIPT, "deploy", "--workers", "2", env=ENV, timeout=1800)
+        assert r.returncode == 0, "deploy failed"
+        yield roster
+    finally:
+        run(SCRIPT, "down", env=ENV, timeout=600)
+        for u in (ANN, BEN, PROF):
+            run(SCRIPT, "--stack", "accounts", "remove", u, "--archive", env=ENV)
+            for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
+                f.unlink()
+
+
+def test_1_the_roster_right_after_deploy(day):
+    r = run(SCRIPT, "--stack", "accounts", "add", "--csv", str(day), env=ENV, timeout=1800)
+    assert r.returncode == 0, "the roster failed right after deploy"
+    assoc = on("head", "sacctmgr", "-n", "-P", "show", "assoc", "format=user,account").stdout
+    for u in (ANN, BEN, PROF):
+        assert f"{u}|course" in assoc, f"{u} has no Slurm association: {assoc}"
+    again = run(SCRIPT, "--stack", "accounts", "add", "--csv", str(day), env=ENV, timeout=1800)
+    assert again.returncode == 0 and "nothing changed" in again.stdout + again.stderr
+
+
+def test_2_the_instructors_check(day):
+    r = run(SCRIPT, "test", env=ENV, timeout=1800)
+    assert r.returncode == 0, "build_cluster.sh test failed"
+    assert "https://:" not in r.stdout + r.stderr, "an address without its host"
+    status = run(SCRIPT, "status", env=ENV).stdout
+    assert status.count(":8888") <= 2, status
+
+
+def powered_down(node: str, limit: float = 300) -> None:
+    """Waits until Slurm has powered NODE down (idle after the instructor's
+    check: DELEGATE_ELASTIC_IDLE, then its suspend)."""
+    deadline = time.monotonic() + limit
+    state = ""
+    while time.monotonic() < deadline:
+        state = on("head", "sinfo", "-h", "-N", "-n", node, "-o", "%T", quiet=True).stdout.strip()
+        if state == "idle~":
+            return
+        time.sleep(3)
+    raise AssertionError(f"{node} is still {state!r} after {limit} s")
+
+
+@pytest.fixture(scope="module")
+def browser(day):
+    with browser_for(ARTIFACTS) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def students(browser):
+    ann, ben = (Student(browser, u, initial_password(u), ARTIFACTS) for u in (ANN, BEN))
+    for s in (ann, ben):
+        s.login()
+        assert "Jupyter news" not in s.page.inner_text("body"), "the news popup covers the first screen"
+        s.new_notebook()
+    yield ann, ben
+    for s in (ann, ben):
+        s.ctx.close()
+
+
+COLD = """import delegate
+@delegate.remote(time="3m")
+def nap(s):
+    import socket, time
+    time.sleep(s)
+    return socket.gethostname()
+first = nap.submit(45)
+import time; time.sleep(8)
+second = nap.submit(1)
+print("hosts", sorted([first.result(), second.result()]))"""
+
+CALL = """@delegate.remote(cpus=1, time="2m")
+def where(x):
+    import os, socket, time
+    time.sleep(4)
+    return f"remote-uid={os.getuid()} on {socket.gethostname()} twice={2 * x}"
+print("caller-uid", os.getuid())
+where(21)"""
+
+MAP = """def inverse(x):
+    import time
+    time.sleep(3 if x else 6)
+    return 1 / x
+with delegate.Executor(time="2m") as ex:
+    try:
+        print(list(ex.map(inverse, [1, 2, 0, 4, 5, 6, 7, 8])))
+    except ZeroDivisionError as e:
+        print("caught", type(e).__name__)"""
+
+TABLE = "delegate.jobs()"
+DOCTOR = "!delegate doctor; echo doctor-exit=$?"
+SACCT = "!sacct -X -n --format=JobID,State%20 | tail -n 3; echo sacct-exit=$?"
+
+
+def test_3_a_students_day_in_the_browser(students):
+    ann, ben = students
+    # An elastic cold call: worker1 is busy, worker2 powered down.
+    powered_down("worker2")
+    states, text = ann.watch_cell("import os\n" + COLD, "delegate: nap", "hosts", "cold-call", timeout=420_000)
+    assert "['worker1', 'worker2']" in text, text
+    assert any("waiting for a worker to start" in s for s in states), states
+    for s in (ann, ben):
+        states, text = s.watch_cell("import os\n" + CALL, "delegate: where", "twice=42", "call")
+        uid = on("user", "id", "-u", s.user).stdout.strip()
+        assert f"caller-uid {uid}" in text and f"remote-uid={uid}" in text, text
+        assert any(re.search(r"— running on worker\d · ", x) for x in states), states
+        assert re.search(r"— done · ", text), text
+    # A map with one failing input: the line names the call that raised;
+    # the traceback has no delegate frame.
+    text = ann.run_cell(MAP, "caught ZeroDivisionError", "map-with-a-failure")
+    assert "call 2 raised ZeroDivisionError" in text, text
+    text = ann.run_cell(
+        "@delegate.remote(time='2m')\ndef boom():\n    raise ValueError('no free lunch')\nboom()",
+        "no free lunch",
+        "traceback",
+    )
+    assert "ValueError" in text and "raise ValueError('no free lunch')" in text, text
+    for internal in ("_traceback.py", "raise_remote", "_client.py", "concurrent/futures"):
+        assert internal not in text, f"{internal} in the traceback: {text}"
+    # The README's CFiddle example, unchanged.
+    ann.run_cell(readme_block("### CFiddle experiments"), "['", "cfiddle", timeout=600_000)
+    text = ann.run_cell("print(results.as_df().to_string())", "PERF_COUNT_SW_TASK_CLOCK", "cfiddle-table")
+    assert "-O3" in text and "-O0" in text, text
+    # Her jobs, in her words.
+    text = ann.run_cell(TABLE, "function or command", "jobs-table")
+    assert "raised ZeroDivisionError" in text and "raised ValueError" in text, text
+    assert "cancelled by the user" not in text, text
+    html = ann.page.locator(".delegate-jobs").last.inner_html()
+    assert "#c62828" in html, "a call that raised is not in the failure colour"
+    for s in (ann, ben):
+        text = s.run_cell(DOCTOR, "doctor-exit=", "doctor")
+        assert "doctor-exit=0" in text and "FAIL" not in text and "user node" in text, text
+        text = s.run_cell(SACCT, "sacct-exit=", "sacct")
+        assert "sacct-exit=0" in text and "COMPLETED" in text, text
+        assert "Munge" not in text and "authentication" not in text, text
+    # Ben tries Ann's files, jobs and server.
+    ann.run_cell('open(os.path.expanduser("~/notes.txt"), "w").write("ann"); print("written")', "written", "file")
+    home = os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home"))
+    text = ben.run_cell(
+        "for p in ("
+        f'"{home}/{ANN}/notes.txt", "{home}/{ANN}/.delegate/jobs", "{home}"):\n'
+        "    try:\n"
+        "        print(p, open(p).read() if p.endswith('.txt') else os.listdir(p))\n"
+        "    except OSError as e:\n"
+        "        print(p, 'refused', type(e).__name__)",
+        f"{home} refused",
+        "others-files",
+    )
+    assert text.count("refused PermissionError") == 3 and "ann" not in text.replace(ANN, ""), text
+    resp = ben.page.goto(f"{URL}/user/{ANN}/lab")
+    ben.page.wait_for_load_state("load")
+    ben.shot("others-server")
+    assert ben.page.locator(".jp-LabShell").count() == 0, "Ben got a JupyterLab at Ann's URL"
+    assert resp is not None and (resp.status == 403 or "403" in ben.page.inner_text("body"))
+
+
+def test_4_down_leaves_nothing(day):
+    r = run(SCRIPT, "down", env=ENV, timeout=600)
+    assert r.returncode == 0 and "nothing of stack" in r.stdout + r.stderr
+
+
+def test_screenshots_are_kept():
+    assert list(Path(ARTIFACTS).glob("*.png")), f"no screenshot in {ARTIFACTS}"

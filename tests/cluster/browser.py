@@ -1,0 +1,151 @@
+"""A student in JupyterHub, in a real browser: Debian's chromium, headless,
+driven by Playwright. Each step's screenshot goes to the directory the
+caller names (under $DELEGATE_ARTIFACTS, default /var/lib/delegate/artifacts).
+Shared by tests/cluster/test_hub.py and tests/acceptance/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from stacklib import run
+
+PORT = int(os.environ.get("DELEGATE_JUPYTER_PORT", "8888"))
+URL = f"https://127.0.0.1:{PORT}"
+ARTIFACTS_ROOT = Path(os.environ.get("DELEGATE_ARTIFACTS", "/var/lib/delegate/artifacts"))
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        # Debian's chromium (no browser download from the internet).
+        apt = ("apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium")
+        if run(*apt, timeout=900).returncode != 0:
+            run("apt-get", "update", "-q", timeout=600)
+            run(*apt, timeout=900, check=True)
+        path = shutil.which("chromium")
+    assert path, "chromium not installed"
+    return path
+
+
+@contextlib.contextmanager
+def browser_for(artifacts: Path) -> Iterator:
+    """A headless chromium; screenshots go to ARTIFACTS."""
+    from playwright.sync_api import sync_playwright
+
+    artifacts.mkdir(parents=True, exist_ok=True)
+    print(f"\nscreenshots of the browser test: {artifacts}")
+    exe = chromium_path()
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Student:
+    """One student's browser context and notebook page."""
+
+    def __init__(self, browser, user: str, password: str, artifacts: Path):
+        self.user = user
+        self.password = password
+        self.artifacts = artifacts
+        self.ctx = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+        self.page = self.ctx.new_page()
+        self.page.set_default_timeout(120_000)
+        self.step = 0
+
+    def shot(self, what: str) -> None:
+        self.step += 1
+        path = self.artifacts / f"{self.user}-{self.step:02d}-{what}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+
+    def login(self, lab: bool = True) -> None:
+        p = self.page
+        p.goto(f"{URL}/hub/login")
+        self.shot("login-page")
+        p.fill("#username_input", self.user)
+        p.fill("#password_input", self.password)
+        p.click("#login_submit")
+        if not lab:
+            p.wait_for_url(re.compile(r"/(hub|user)/"))
+            return
+        # The hub starts the server, then JupyterLab loads.
+        p.wait_for_url(re.compile(rf"/user/{self.user}/lab"), timeout=180_000)
+        p.wait_for_selector(".jp-LauncherCard", timeout=180_000)
+        self.shot("lab")
+
+    def new_notebook(self) -> None:
+        p = self.page
+        p.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
+        p.wait_for_selector(".jp-Notebook .jp-Cell .cm-content")
+        # The kernel is up (the status bar says so once it has connected).
+        p.wait_for_selector(".jp-StatusBar-TextItem:has-text('| Idle')", timeout=120_000)
+        self.shot("notebook")
+
+    def run_cell(self, code: str, until: str, what: str, timeout=240_000) -> str:
+        """Types CODE into the last cell, runs it, waits until its output
+        holds UNTIL; returns the output's text."""
+        p = self.page
+        cells = p.locator(".jp-Notebook .jp-Cell")
+        n = cells.count()
+        cell = cells.nth(n - 1)
+        cell.locator(".cm-content").click()
+        p.keyboard.insert_text(code)
+        p.keyboard.press("Shift+Enter")
+        out = cell.locator(".jp-OutputArea")
+        prompt = cell.locator(".jp-InputArea-prompt")
+        start = time.monotonic()
+        deadline = start + timeout / 1000
+        text = ""
+        rerun = False
+        while time.monotonic() < deadline:
+            text = out.inner_text() if out.count() else ""
+            if until in text:
+                break
+            # A run sent while the kernel's connection was still settling
+            # is dropped by JupyterLab (the prompt stays "[ ]:"): as a
+            # person would, run the cell again, once.
+            if not rerun and time.monotonic() - start > 15 and prompt.inner_text().strip() == "[ ]:":
+                rerun = True
+                self.shot(what + "-not-run")
+                cell.locator(".cm-content").click()
+                p.keyboard.press("Control+Enter")
+            time.sleep(1)
+        self.shot(what)
+        assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
+        return text
+
+    def watch_cell(self, code: str, seen: str, until: str, what: str, timeout=300_000) -> tuple[list[str], str]:
+        """Runs CODE in the last cell and samples its output every half
+        second until it holds UNTIL; returns every distinct text that held
+        SEEN on the way (the live line's states) and the final text."""
+        p = self.page
+        cells = p.locator(".jp-Notebook .jp-Cell")
+        cell = cells.nth(cells.count() - 1)
+        cell.locator(".cm-content").click()
+        p.keyboard.insert_text(code)
+        p.keyboard.press("Shift+Enter")
+        out = cell.locator(".jp-OutputArea")
+        deadline = time.monotonic() + timeout / 1000
+        states: list[str] = []
+        text = ""
+        while time.monotonic() < deadline:
+            text = out.inner_text() if out.count() else ""
+            for line in text.splitlines():
+                if seen in line and line not in states:
+                    states.append(line)
+                    if len(states) <= 6:
+                        self.shot(f"{what}-{len(states)}")
+            if until in text:
+                break
+            time.sleep(0.5)
+        self.shot(what)
+        assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
+        return states, text
