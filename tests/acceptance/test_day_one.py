@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from browser import ARTIFACTS_ROOT, URL, Student, browser_for
+
 from stacklib import REPO, SCRIPT, STACK_DIR, on, run
 
 ARTIFACTS = ARTIFACTS_ROOT / "acceptance"
@@ -170,7 +170,9 @@ def test_3_a_students_day_in_the_browser(students):
     ann, ben = students
     # An elastic cold call: worker1 is busy, worker2 powered down.
     powered_down("worker2")
-    states, text = ann.watch_cell("import os\n" + COLD, "delegate: nap", "hosts", "cold-call", timeout=420_000)
+    states, text = ann.watch_cell(
+        "import os\n" + COLD, "delegate: nap", "hosts", "cold-call", timeout=420_000
+    )
     assert "['worker1', 'worker2']" in text, text
     assert any("waiting for a worker to start" in s for s in states), states
     for s in (ann, ben):
@@ -208,7 +210,9 @@ def test_3_a_students_day_in_the_browser(students):
         assert "sacct-exit=0" in text and "COMPLETED" in text, text
         assert "Munge" not in text and "authentication" not in text, text
     # Ben tries Ann's files, jobs and server.
-    ann.run_cell('open(os.path.expanduser("~/notes.txt"), "w").write("ann"); print("written")', "written", "file")
+    ann.run_cell(
+        'open(os.path.expanduser("~/notes.txt"), "w").write("ann"); print("written")', "written", "file"
+    )
     home = os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home"))
     text = ben.run_cell(
         "for p in ("

@@ -122,7 +122,9 @@ class Student:
         assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
         return text
 
-    def watch_cell(self, code: str, seen: str, until: str, what: str, timeout=300_000) -> tuple[list[str], str]:
+    def watch_cell(
+        self, code: str, seen: str, until: str, what: str, timeout=300_000
+    ) -> tuple[list[str], str]:
         """Runs CODE in the last cell and samples its output every half
         second until it holds UNTIL; returns every distinct text that held
         SEEN on the way (the live line's states) and the final text."""

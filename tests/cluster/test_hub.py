@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 import pytest
+from browser import URL, Student, browser_for
 
 import stacklib
-from browser import URL, Student, browser_for
 from stacklib import SCRIPT, STACK, STACK_DIR, cid, run
 
 HOME = Path(stacklib.HOME)
