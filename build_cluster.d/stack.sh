@@ -647,8 +647,11 @@ stack_deploy() {
     stack_generate
     stack_staging_up
     log "stack: docker stack deploy $STACK ($DELEGATE_STACK_WORKERS workers)"
+    # (without the engine's four-line warning, per service, that local
+    # images have no registry digest: every node here is this engine)
     (cd "$STACK_GEN" && docker stack deploy --prune -c "$STACK_FILE" "$STACK" 2>&1 \
-        | grep -v 'could not be accessed on a registry' ) || true
+        | grep -v -e 'could not be accessed on a registry' -e '^its digest\. Each node will access' \
+            -e '^possibly leading to different nodes' -e '^versions of the image\.$' -e '^$') || true
     docker stack services "$STACK" >/dev/null 2>&1 || die "docker stack deploy failed"
     if ((${STACK_RESTART:-0} || (existed && STACK_IMAGES_REBUILT))); then
         # Same tags, new images: swarm does not notice without a registry.
