@@ -471,13 +471,10 @@ $(tail -n 20 "$blog")"
 stack_build_images() {
     local force=${1:-0} ctx src
     src=$(source_hash)
-    # Base and sandbox images: the single-machine functions (cached builds).
-    if ((force)) || ! docker image inspect "$DELEGATE_SANDBOX_IMAGE" >/dev/null 2>&1 \
-        || ! docker image inspect "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1; then
-        local_build_images
-    else
-        log "image $DELEGATE_SANDBOX_IMAGE: present"
-    fi
+    # Base and sandbox images: the single-machine functions (a cached
+    # build each time: a sandbox image older than the executor's sources,
+    # e.g. left by an earlier checkout, is rebuilt).
+    local_build_images
     if ((force)) || ! image_is_current "$DELEGATE_CLUSTER_IMAGE" "$src"; then
         command -v cargo >/dev/null || die "cargo not found (rustup's ~/.cargo/bin); needed to build the binaries"
         log "cargo: building the workspace (release) for the images"

@@ -159,3 +159,46 @@ ex.shutdown()
     # (A call that raised still ran to its end: its job is completed, the exception is its result.)
     assert res["states"] == ["completed"] * 3, res
     assert res["sbatch"] == 1 and len(res["sids"]) == 1 and res["sids"][0].isdigit(), res
+
+
+def test_a_maps_dropped_calls_say_why_and_a_raised_call_reads_raised(alice):
+    """A map stops at its first failing call and cancels the calls it has
+    not run: their state says which call raised (not "cancelled by the
+    user", which the student did not do), in this process and from the CLI
+    of another; the call that raised reads "raised ZeroDivisionError" in
+    `delegate list` and `delegate.jobs()` of a fresh process."""
+    res, _ = alice.result(
+        HEADER
+        + """
+def inv(x):
+    import time
+    time.sleep(2)
+    return 1 / x
+with delegate.Executor(time="1m") as ex:
+    try:
+        list(ex.map(inv, [1, 0, 2, 3, 4, 5], timeout=240))
+    except ZeroDivisionError:
+        pass
+    futs = list(ex._futures)
+st = delegate.status([f.job_id for f in futs])
+out(ids=[f.job_id for f in futs], words=[f.outcome for f in futs],
+    states=[s["state"] for s in st], reasons=[s["reason"] for s in st])
+"""
+    )
+    assert res["words"][1] == "raised ZeroDivisionError", res
+    dropped = [i for i, s in enumerate(res["states"]) if s == "cancelled"]
+    assert dropped, f"no call was dropped: {res}"
+    for i in dropped:
+        assert res["reasons"][i] == "cancelled: call 1 of this map raised ZeroDivisionError", res
+        assert res["words"][i] == "cancelled: call 1 of this map raised ZeroDivisionError", res
+    listing = alice.run(
+        "import subprocess; print(subprocess.run(['delegate', 'list'], capture_output=True, text=True).stdout)"
+    ).stdout
+    raised = [line for line in listing.splitlines() if res["ids"][1] in line]
+    assert raised and "raised ZeroDivisionError" in raised[0], listing
+    assert "cancelled by the user" not in listing, listing
+    table, _ = alice.result(
+        HEADER + "t = delegate.jobs(50)\nout(rows={r['id']: r['outcome'] for r in t}, html=t._repr_html_())\n"
+    )
+    assert table["rows"][res["ids"][1]] == "raised ZeroDivisionError", table
+    assert "#c62828" in table["html"], table["html"]
