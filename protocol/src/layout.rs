@@ -23,7 +23,9 @@ pub const RESULT: &str = "result";
 pub const RAISED: &str = "raised";
 /// Files the client writes before the runner starts; anything else present
 /// when the runner starts is refused.
-pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL];
+/// (The entries a [`crate::shipped::SHIPPED`] manifest lists are accepted
+/// too.)
+pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL, crate::shipped::SHIPPED];
 /// Upper bound on the nodes (ranks) of one job, whatever the policy says.
 pub const MAX_RANKS: u32 = 256;
 

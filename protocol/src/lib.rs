@@ -58,6 +58,7 @@ pub mod line;
 pub mod outcome;
 pub mod policy;
 pub mod record;
+pub mod shipped;
 pub mod slurm_id;
 pub mod spec;
 pub mod units;

@@ -4,15 +4,17 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use delegate_protocol::policy::Policy;
+use delegate_protocol::shipped::{parse_shipped_manifest, MAX_SHIPPED, SHIPPED};
 use delegate_protocol::{
-    check_clean_absolute, check_owner, list_entries, open_dir_nofollow, read_record_at, JobId, ProtocolError, Spec,
-    CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
+    check_clean_absolute, check_owner, list_entries, open_dir_nofollow, read_bounded_at, read_record_at, JobId,
+    ProtocolError, Spec, CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
 };
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstatat, SFlag};
 
-/// At most this many entries are listed; a job directory has four at most.
-const MAX_ENTRIES: usize = 64;
+/// At most this many entries are listed: the client's five files and the
+/// shipped entries.
+const MAX_ENTRIES: usize = 64 + MAX_SHIPPED;
 
 /// Why a job directory was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +105,11 @@ pub fn check_job_as(dir: &JobDir, uid: u32, policy: &Policy, rank: bool) -> Resu
     if entries.iter().any(|n| n == STARTED) {
         return Err(Refusal::job("the job already ran (it was started before)"));
     }
-    if let Some(bad) = entries.iter().find(|n| !CLIENT_FILES.contains(&n.as_str())) {
+    let shipped = shipped_entries(dir, uid, &entries)?;
+    if let Some(bad) = entries
+        .iter()
+        .find(|n| !CLIENT_FILES.contains(&n.as_str()) && !shipped.contains(n))
+    {
         return Err(Refusal::job(format!(
             "unexpected file {} in the job directory (only {} may exist before the job starts)",
             shown_name(bad),
@@ -111,7 +117,7 @@ pub fn check_job_as(dir: &JobDir, uid: u32, policy: &Policy, rank: bool) -> Resu
         )));
     }
     // Every client file present must be a regular file of the caller.
-    for name in &entries {
+    for name in entries.iter().filter(|n| !shipped.contains(n)) {
         let shown = dir.path.join(name).display().to_string();
         let st = fstatat(dir.fd.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| Refusal::job(format!("{shown}: {e}")))?;
@@ -146,6 +152,33 @@ pub fn check_job_as(dir: &JobDir, uid: u32, policy: &Policy, rank: bool) -> Resu
         job_id,
         cancel_requested: entries.iter().any(|n| n == CANCEL),
     })
+}
+
+/// The entries the client shipped with the job (its `shipped` manifest,
+/// none without one): each listed name must exist as a regular file or a
+/// directory of the caller (not a symlink: the agent mounts the directory
+/// itself, and nothing in it may point the sandbox elsewhere by name).
+fn shipped_entries(dir: &JobDir, uid: u32, entries: &[String]) -> Result<Vec<String>, Refusal> {
+    if !entries.iter().any(|n| n == SHIPPED) {
+        return Ok(Vec::new());
+    }
+    let raw = read_bounded_at(&dir.fd, &dir.path, SHIPPED, 64 * 1024, Some(uid))
+        .map_err(|e| Refusal::job(e.to_string()))?;
+    let text = std::str::from_utf8(&raw).map_err(|_| Refusal::job("the shipped manifest is not text"))?;
+    let names = parse_shipped_manifest(text).map_err(|e| Refusal::job(format!("the shipped manifest: {e}")))?;
+    for name in &names {
+        let shown = dir.path.join(name).display().to_string();
+        let st = fstatat(dir.fd.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| Refusal::job(format!("{shown} (a shipped file): {e}")))?;
+        let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+        if kind != SFlag::S_IFREG && kind != SFlag::S_IFDIR {
+            return Err(Refusal::job(format!("{shown} (a shipped file) is neither a file nor a directory")));
+        }
+        if st.st_uid != uid {
+            return Err(Refusal::job(format!("{shown} is owned by uid {}, expected uid {uid}", st.st_uid)));
+        }
+    }
+    Ok(names)
 }
 
 /// The gid the sandbox runs as: the spec's when it is one of the caller's
@@ -208,6 +241,32 @@ mod tests {
         assert!(!c.cancel_requested);
         std::fs::write(dir.join("cancel"), b"").unwrap();
         assert!(check_job(&jd, uid, &p).unwrap().cancel_requested);
+    }
+
+    #[test]
+    fn shipped_entries_are_accepted_exactly() {
+        let (root, dir, _spec, uid) = setup();
+        let p = policy(root.path());
+        let jd = open_job_dir(&dir, uid).unwrap();
+        std::fs::write(dir.join("train.py"), b"print(1)").unwrap();
+        std::fs::create_dir(dir.join("data")).unwrap();
+        std::fs::write(dir.join("shipped"), b"train.py\ndata\n").unwrap();
+        check_job(&jd, uid, &p).unwrap();
+        // Not listed: refused.
+        std::fs::write(dir.join("extra.py"), b"").unwrap();
+        assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("unexpected file \"extra.py\""));
+        std::fs::remove_file(dir.join("extra.py")).unwrap();
+        // Listed but missing, or a symlink: refused.
+        std::fs::write(dir.join("shipped"), b"train.py\ndata\nmissing\n").unwrap();
+        assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("missing"));
+        std::os::unix::fs::symlink("/etc", dir.join("missing")).unwrap();
+        assert!(check_job(&jd, uid, &p)
+            .unwrap_err()
+            .reason()
+            .contains("neither a file nor a directory"));
+        // A manifest naming delegate's own files is refused.
+        std::fs::write(dir.join("shipped"), b"outcome\n").unwrap();
+        assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("delegate's own files"));
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod files;
 mod list;
 mod load;
 mod reconcile;
+pub mod ship;
 mod submit;
 mod wait;
 

@@ -24,6 +24,9 @@ pub struct SubmitRequest {
     pub payload: Option<Vec<u8>>,
     /// Submit held: the job stays pending until `scontrol release <slurm-id>`.
     pub hold: bool,
+    /// Files and directories copied into the job directory before
+    /// submission (the sandbox sees `/job/<name>`; see [`crate::ship`]).
+    pub files: Vec<std::path::PathBuf>,
 }
 
 impl SubmitRequest {
@@ -41,6 +44,7 @@ impl SubmitRequest {
             env: Vec::new(),
             payload: None,
             hold: false,
+            files: Vec::new(),
         }
     }
 

@@ -77,13 +77,11 @@ impl Client {
         let specs = reqs.iter().map(|r| self.spec_for(r, &image)).collect::<Result<Vec<_>>>()?;
         let mut jobs: Vec<(JobId, PathBuf, OwnedFd)> = Vec::with_capacity(reqs.len());
         for (spec, req) in specs.into_iter().zip(reqs) {
-            match self.prepare(spec, req.payload.as_deref()) {
+            match self.prepare(spec, req.payload.as_deref(), &req.files, &policy) {
                 Ok(j) => jobs.push(j),
                 Err(e) => {
-                    self.fail_all(
-                        &jobs,
-                        &format!("another call of the same submission could not be prepared: {e}"),
-                    );
+                    // Nothing was submitted: nothing is left behind.
+                    self.withdraw_all(&jobs);
                     return Err(e);
                 }
             }
@@ -287,7 +285,15 @@ impl Client {
     /// Creates a fresh job directory (mode 0700) and writes the spec and
     /// payload into it. A collision of ids is astronomically unlikely, but
     /// retried rather than sharing a directory.
-    fn prepare(&self, mut spec: Spec, payload: Option<&[u8]>) -> Result<(JobId, PathBuf, OwnedFd)> {
+    fn prepare(
+        &self,
+        mut spec: Spec,
+        payload: Option<&[u8]>,
+        files: &[PathBuf],
+        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+    ) -> Result<(JobId, PathBuf, OwnedFd)> {
+        // The shipped files' names are checked before anything is made.
+        crate::ship::shipped_names(files)?;
         let mut attempts = 0;
         let fd = loop {
             match nix::sys::stat::mkdirat(&self.root_fd, spec.job_id.as_str(), Mode::from_bits_truncate(0o700)) {
@@ -309,6 +315,20 @@ impl Client {
         write_record_at_deferred(&fd, &dir, &spec)?;
         if let Some(p) = payload {
             atomic_write_at_deferred(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
+        }
+        if !files.is_empty() {
+            let limit = match policy {
+                // 0: no job size limit.
+                Ok(p) => match p.limits().map_err(ClientError::InvalidRequest)?.max_job_bytes {
+                    0 => u64::MAX,
+                    n => n,
+                },
+                Err(e) => return Err(ClientError::Policy(e.clone())),
+            };
+            if let Err(e) = crate::ship::ship(&dir, files, limit) {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
         }
         Ok((spec.job_id, dir, fd))
     }
