@@ -241,33 +241,14 @@ stack_roster_apply() {
     if [[ -n $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
         log "accounts: $1; redeploying stack $STACK (the nodes restart with the new accounts)"
         stack_deployed_workers   # as many workers as deployed
-        local svc before=()
-        for svc in head user $(seq -f 'worker%g' 1 "$DELEGATE_STACK_WORKERS"); do
-            before+=("$svc=$(stack_cid "$svc")")
-        done
+        # (the deploy waits until swarm has rolled every service onto the
+        # new configs, then until all is ready, then adds the associations)
         stack_deploy
-        # Swarm rolls the services onto the new configs after `deploy`
-        # returned (which may have seen the old containers ready): wait
-        # until each node is a new container, then until all is ready.
-        wait_for "$DELEGATE_STACK_WAIT" "accounts: every node restarted with the new accounts" \
-            hub_nodes_replaced "${before[@]}" \
-            || die "the stack's nodes did not restart with the new accounts: $(docker stack ps "$STACK" 2>&1 | head -n 20)"
-        stack_wait
     else
         stack_secrets
         log "accounts: $1; stack $STACK is not deployed: \`deploy\` creates them"
     fi
     log "accounts: initial passwords in $STACK_SECRETS/initial-passwords (root only); hub: $(hub_url)"
-}
-
-# hub_nodes_replaced SERVICE=CID...: each service runs a container other
-# than CID.
-hub_nodes_replaced() {
-    local p cur
-    for p in "$@"; do
-        cur=$(stack_cid "${p%%=*}")
-        [[ -n $cur && $cur != "${p#*=}" ]] || return 1
-    done
 }
 
 # stack_roster_list: every account of the stack: name, uid, role, source,

@@ -702,7 +702,9 @@ stack_status() {
     fi
     docker stack services "$STACK"
     echo
-    docker stack ps --filter desired-state=running "$STACK" 2>&1 || true
+    # (no PORTS column: a host-mode port shows once per address family)
+    docker stack ps --filter desired-state=running \
+        --format 'table {{.Name}}\t{{.Image}}\t{{.CurrentState}}\t{{.Error}}' "$STACK" 2>&1 || true
     echo
     stack_exec head sinfo -N -l 2>&1 || true
     stack_exec head squeue 2>&1 || true
