@@ -111,6 +111,7 @@ fn request(
     time: Option<&str>,
     image: Option<&str>,
     env: &[(String, String)],
+    files: &[String],
 ) -> CoreResult<SubmitRequest> {
     let mut req = SubmitRequest::new(Task::Python {
         python_version: python_version.to_owned(),
@@ -133,6 +134,7 @@ fn request(
     }
     req.image = image.map(str::to_owned);
     req.env = env.to_vec();
+    req.files = files.iter().map(std::path::PathBuf::from).collect();
     req.payload = Some(payload);
     Ok(req)
 }
@@ -142,7 +144,7 @@ fn request(
 /// run one after another), one job directory (and one fresh sandbox) per
 /// call. Returns the job ids in order.
 #[pyfunction]
-#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, gpus=None, nodes=None, mem=None, time=None, image=None, env=None))]
+#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, gpus=None, nodes=None, mem=None, time=None, image=None, env=None, files=None))]
 #[allow(clippy::too_many_arguments)]
 fn submit_python(
     py: Python<'_>,
@@ -156,7 +158,9 @@ fn submit_python(
     time: Option<String>,
     image: Option<String>,
     env: Option<HashMap<String, String>>,
+    files: Option<Vec<String>>,
 ) -> PyResult<Vec<String>> {
+    let files = files.unwrap_or_default();
     let mut env: Vec<(String, String)> = env.unwrap_or_default().into_iter().collect();
     env.sort();
     let reqs = payloads
@@ -173,6 +177,7 @@ fn submit_python(
                 time.as_deref(),
                 image.as_deref(),
                 &env,
+                &files,
             )
         })
         .collect::<CoreResult<Vec<_>>>()?;

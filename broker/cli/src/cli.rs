@@ -154,18 +154,24 @@ pub struct SubmitArgs {
     /// allocations, each in its own fresh sandbox; prints one id per line.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
+    /// A file or directory to ship with the job (repeatable): copied into
+    /// the job directory before submission, seen as /job/NAME in the
+    /// sandbox; links out of a directory are left out; all of them at most
+    /// the site's job size (max_job_bytes).
+    #[arg(long = "file", value_name = "PATH")]
+    pub files: Vec<PathBuf>,
     /// Submit every job of a jobs file (YAML; see the README), checked
     /// whole first: each problem is printed with its line and nothing is
     /// submitted. Prints each job's name and its calls' ids.
     #[arg(
         short = 'f',
-        long = "file",
+        long = "jobs-file",
         value_name = "JOBS.yml",
-        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "mem", "time", "image", "env"]
+        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "mem", "time", "image", "env", "files"]
     )]
-    pub file: Option<PathBuf>,
+    pub jobs_file: Option<PathBuf>,
     /// The command and its arguments (run without a shell).
-    #[arg(required_unless_present = "file", last = true, value_name = "CMD")]
+    #[arg(required_unless_present = "jobs_file", last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 

@@ -109,6 +109,10 @@ pub fn ship(dir: &Path, paths: &[PathBuf], limit: u64) -> Result<()> {
 /// caught too).
 fn copy_file(src: &Path, dest: &Path, mode: u32, budget: &mut Budget) -> Result<()> {
     let mut input = File::open(src).map_err(io(format!("cannot ship {}", src.display())))?;
+    let size = input.metadata().map_err(io(format!("cannot ship {}", src.display())))?.len();
+    if size > budget.bytes_left {
+        return Err(too_large(budget, src));
+    }
     let mut out = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -122,15 +126,19 @@ fn copy_file(src: &Path, dest: &Path, mode: u32, budget: &mut Budget) -> Result<
             return Ok(());
         }
         if n as u64 > budget.bytes_left {
-            return Err(refused(format!(
-                "the files to ship are larger than the site's job size limit of {} (max_job_bytes); {} was being copied",
-                delegate_protocol::units::format_size(budget.limit),
-                src.display()
-            )));
+            return Err(too_large(budget, src));
         }
         budget.bytes_left -= n as u64;
         out.write_all(&buf[..n]).map_err(io(format!("cannot write {}", dest.display())))?;
     }
+}
+
+fn too_large(budget: &Budget, at: &Path) -> ClientError {
+    refused(format!(
+        "the files to ship are larger than the site's job size limit of {} (max_job_bytes), at {}",
+        delegate_protocol::units::format_size(budget.limit),
+        at.display()
+    ))
 }
 
 /// Copies the directory `src` (inside the shipped tree `root`) to `dest`.

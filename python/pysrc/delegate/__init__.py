@@ -90,7 +90,7 @@ __all__ = [
 ]
 __version__ = _core.__version__
 
-_RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env")
+_RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env", "files")
 #: The environment variable choosing the backend when none is given:
 #: ``cluster`` (the default) or ``local``.
 BACKEND_ENV = "DELEGATE_BACKEND"
@@ -161,6 +161,10 @@ def _resources(res: dict) -> dict:
             v = str(int(v))  # bytes / seconds
         if k == "env":
             v = {str(a): str(b) for a, b in dict(v).items()}
+        if k == "files":
+            if isinstance(v, (str, bytes, os.PathLike)):
+                v = [v]
+            v = [os.path.abspath(os.fspath(p)) for p in v]  # relative to where the call is made
         out[k] = v
     return out
 
@@ -226,7 +230,17 @@ class RemoteFunction:
 
 
 def remote(
-    fn=None, *, cpus=None, gpus=None, nodes=None, mem=None, time=None, image=None, env=None, backend=None
+    fn=None,
+    *,
+    cpus=None,
+    gpus=None,
+    nodes=None,
+    mem=None,
+    time=None,
+    image=None,
+    env=None,
+    files=None,
+    backend=None,
 ):
     """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, gpus=1,
     mem="2G", time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
@@ -234,8 +248,11 @@ def remote(
     sandboxed); the default is $DELEGATE_BACKEND, else the cluster.
     ``nodes=N`` (N > 1): the function runs once per node, each with
     ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set, and the
-    call returns the list of the ranks' return values (rank order)."""
-    res = dict(cpus=cpus, gpus=gpus, nodes=nodes, mem=mem, time=time, image=image, env=env)
+    call returns the list of the ranks' return values (rank order).
+    ``files=["data", "helpers.py"]``: copied into each call's job directory
+    before submission (the call sees ``/job/data``, ``/job/helpers.py``);
+    the local backend leaves them where they are."""
+    res = dict(cpus=cpus, gpus=gpus, nodes=nodes, mem=mem, time=time, image=image, env=env, files=files)
     res = {k: v for k, v in res.items() if v is not None}
     if fn is None:
         return lambda f: RemoteFunction(f, backend=backend, **res)
@@ -249,10 +266,12 @@ class Executor(cf.Executor):
     (NOT sandboxed; for trying a notebook without a cluster); the default is
     $DELEGATE_BACKEND, else ``cluster``."""
 
-    def __init__(self, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None):
+    def __init__(
+        self, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None, files=None
+    ):
         self._resources = {
             k: v
-            for k, v in dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env).items()
+            for k, v in dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env, files=files).items()
             if v is not None
         }
         _resources(self._resources)

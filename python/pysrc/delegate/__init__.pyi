@@ -4,7 +4,8 @@ Keep in step with __init__.py, _client.py and _jobs.py;
 package (tests/python/test_stubs.py)."""
 
 import concurrent.futures as cf
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from delegate._core import DelegateError as DelegateError
@@ -96,6 +97,7 @@ def remote(
     time: _Duration | None = None,
     image: str | None = None,
     env: Mapping[str, str] | None = None,
+    files: Sequence[str | os.PathLike[str]] | None = None,
     backend: _Backend | None = None,
 ) -> RemoteFunction[_P, _R]: ...
 @overload
@@ -109,6 +111,7 @@ def remote(
     time: _Duration | None = None,
     image: str | None = None,
     env: Mapping[str, str] | None = None,
+    files: Sequence[str | os.PathLike[str]] | None = None,
     backend: _Backend | None = None,
 ) -> Callable[[Callable[_P, _R]], RemoteFunction[_P, _R]]: ...
 
@@ -124,6 +127,7 @@ class Executor(cf.Executor):
         image: str | None = None,
         env: Mapping[str, str] | None = None,
         backend: _Backend | None = None,
+        files: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None: ...
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> DelegateFuture: ...
     def map(

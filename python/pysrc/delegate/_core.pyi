@@ -70,6 +70,9 @@ class JobRecord(JobStatus):
 
     #: the command line, or the Python function's name (``square()``)
     what: str
+    #: the state in the user's words (``raised ZeroDivisionError``,
+    #: ``cancelled: call 2 of this map raised ...``, else the state)
+    outcome: str
 
 def submit_python(
     payloads: Sequence[bytes],
@@ -83,6 +86,7 @@ def submit_python(
     time: str | None = None,
     image: str | None = None,
     env: dict[str, str] | None = None,
+    files: Sequence[str] | None = None,
 ) -> list[str]:
     """Submits Python calls (each payload one pickled call): one sbatch for
     all of them. Returns the job ids in order. Raises ``SubmitError``, or

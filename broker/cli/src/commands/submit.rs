@@ -16,7 +16,7 @@ use crate::fail::{CliResult, Fail};
 use crate::output::{copy_output, print_json};
 
 pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
-    if let Some(f) = &a.file {
+    if let Some(f) = &a.jobs_file {
         return submit_file(cli, a, f);
     }
     let mut env = Vec::new();
@@ -43,6 +43,7 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     req.time_limit_secs = a.time;
     req.env = env;
     req.hold = a.hold;
+    req.files = a.files.clone();
     let reqs = req.copies(a.count);
     let c = client(&cli.root)?;
     let hs = c.submit_many(&reqs)?;

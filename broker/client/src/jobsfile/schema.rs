@@ -14,6 +14,7 @@
 //!     mem: 2G
 //!     count: 2              # copies; copy i gets DELEGATE_INDEX=i
 //!     env: {SEED: "7"}
+//!     files: [data, helpers.py]   # beside the jobs file; /job/data, /job/helpers.py
 //!   - command: [sh, -c, "echo hello > /job/hello"]   # or one string, run by sh -c
 //! ```
 //! The top level may also be the list of jobs alone.
@@ -35,8 +36,9 @@ pub const MAX_MODULE_BYTES: u64 = 1024 * 1024;
 
 const JOB_KEYS: &[&str] = &[
     "name", "command", "python", "args", "kwargs", "image", "cpus", "gpus", "nodes", "mem", "time", "count", "env",
+    "files",
 ];
-const DEFAULT_KEYS: &[&str] = &["image", "cpus", "gpus", "nodes", "mem", "time", "env"];
+const DEFAULT_KEYS: &[&str] = &["image", "cpus", "gpus", "nodes", "mem", "time", "env", "files"];
 
 /// The program a Python job runs in the sandbox: loads the module from the
 /// payload (`/job/payload`), calls the function with the JSON arguments and
@@ -167,6 +169,8 @@ struct Fields {
     time_limit_secs: u64,
     count: u32,
     env: Vec<(String, String)>,
+    /// Shipped with each call (relative paths: beside the jobs file).
+    files: Vec<PathBuf>,
     /// `command` or `python` was given but is wrong (already reported).
     task_error: bool,
 }
@@ -197,6 +201,7 @@ impl Default for Fields {
             time_limit_secs: r.time_limit_secs,
             count: 1,
             env: Vec::new(),
+            files: Vec::new(),
             task_error: false,
         }
     }
@@ -248,6 +253,7 @@ impl Fields {
         req.mem_bytes = self.mem_bytes;
         req.time_limit_secs = self.time_limit_secs;
         req.env = self.env.clone();
+        req.files = self.files.clone();
         Some(req)
     }
 }
@@ -354,10 +360,43 @@ fn read_fields(node: &Node, allowed: &[&str], base_fields: &Fields, base: &Path,
                 }
                 Err(m) => bad(errs, &m),
             },
+            "files" => match files(v, base) {
+                Ok(paths) => {
+                    // A job's files add to the defaults'.
+                    for p in paths {
+                        if !f.files.contains(&p) {
+                            f.files.push(p);
+                        }
+                    }
+                    if let Err(e) = crate::ship::shipped_names(&f.files) {
+                        bad(errs, &e.to_string());
+                    }
+                }
+                Err(m) => bad(errs, &m),
+            },
             _ => {}
         }
     }
     f
+}
+
+/// `files`: a list of paths (relative ones beside the jobs file), each of
+/// which exists.
+fn files(v: &Node, base: &Path) -> Result<Vec<PathBuf>, String> {
+    let Value::Seq(items) = &v.value else {
+        return Err("a list of files or directories to ship (beside the jobs file)".into());
+    };
+    items
+        .iter()
+        .map(|i| {
+            let text = i.scalar().map(|s| s.text.as_str()).filter(|t| !t.is_empty());
+            let text = text.ok_or_else(|| "each element is a path".to_owned())?;
+            let path = base.join(text);
+            std::fs::metadata(&path)
+                .map(|_| path.clone())
+                .map_err(|e| format!("cannot ship {}: {e}", path.display()))
+        })
+        .collect()
 }
 
 fn valid_name(s: &str) -> bool {
@@ -541,6 +580,21 @@ jobs:
             panic!()
         };
         assert_eq!(argv, &["sh", "-c", "echo hi > /job/out"]);
+    }
+
+    #[test]
+    fn files_beside_the_jobs_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("train.py"), "print(1)\n").unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let doc = "defaults:\n  files: [data]\njobs:\n  - command: [python3, /job/train.py]\n    files: [train.py]\n";
+        let e = read(doc, dir.path()).unwrap();
+        assert_eq!(e[0].requests[0].files, vec![dir.path().join("data"), dir.path().join("train.py")]);
+        let errs = read("jobs:\n  - command: [true]\n    files: [nothere]\n", dir.path()).unwrap_err();
+        assert!(errs[0].line == 3 && errs[0].message.contains("cannot ship"), "{errs:?}");
+        std::fs::write(dir.path().join("spec"), "").unwrap();
+        let errs = read("jobs:\n  - command: [true]\n    files: [spec]\n", dir.path()).unwrap_err();
+        assert!(errs[0].message.contains("delegate's own files"), "{errs:?}");
     }
 
     #[test]
