@@ -296,3 +296,37 @@ except delegate.VersionMismatchError as e:
     assert res["raised"] == "VersionMismatchError"
     for v in ("3.7.1", "0.5.0", "3.11", "3.1.2"):
         assert v in res["msg"], res["msg"]
+
+
+def test_files_are_shipped_with_each_call(alice):
+    """`files=` on @delegate.remote and Executor: each call's sandbox sees
+    them under /job (relative paths from where the call is made)."""
+    res, _ = alice.result(
+        HEADER
+        + """
+import os, tempfile
+d = tempfile.mkdtemp(dir=os.path.expanduser("~"))
+os.chdir(d)
+os.mkdir("data")
+open("data/x.txt", "w").write("shipped data")
+open("helpers.py", "w").write("def twice(x):\\n    return 2 * x\\n")
+@delegate.remote(time="2m", files=["helpers.py", "data"])
+def use(x):
+    import sys
+    sys.path.insert(0, "/job")
+    import helpers
+    return helpers.twice(x), open("/job/data/x.txt").read()
+one = use(21)
+with delegate.Executor(time="2m", files=["data"]) as ex:
+    many = list(ex.map(lambda i: (i, open("/job/data/x.txt").read()), range(3)))
+try:
+    delegate.remote(files=["no-such-file"])(len)("x")
+    refused = None
+except delegate.DelegateError as e:
+    refused = str(e)
+out(one=one, many=many, refused=refused)
+"""
+    )
+    assert res["one"] == [42, "shipped data"], res
+    assert res["many"] == [[i, "shipped data"] for i in range(3)], res
+    assert res["refused"] and "cannot ship" in res["refused"] and "no-such-file" in res["refused"], res
