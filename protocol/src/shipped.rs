@@ -16,7 +16,9 @@ pub const MAX_SHIPPED_NAME: usize = 255;
 
 /// Why a name cannot be shipped, in one sentence (None: it can).
 pub fn shipped_name_problem(name: &str) -> Option<String> {
-    let reserved = [SPEC, PAYLOAD, SLURM_ID, CANCEL, STARTED, STDOUT, STDERR, OUTCOME, RESULT, RAISED, SHIPPED];
+    let reserved = [
+        SPEC, PAYLOAD, SLURM_ID, CANCEL, STARTED, STDOUT, STDERR, OUTCOME, RESULT, RAISED, SHIPPED,
+    ];
     // A rank's copy of a file (`stdout.3`) is delegate's too.
     let rank_copy = name
         .rsplit_once('.')
@@ -65,7 +67,19 @@ mod tests {
         for ok in ["train.py", "data", "my results.csv", "spec.py", "stdout-copy"] {
             assert_eq!(shipped_name_problem(ok), None, "{ok}");
         }
-        for bad in ["", ".hidden", "a/b", "spec", "payload", "result", "stdout.3", "outcome.0", "shipped", "raised", "a\nb"] {
+        for bad in [
+            "",
+            ".hidden",
+            "a/b",
+            "spec",
+            "payload",
+            "result",
+            "stdout.3",
+            "outcome.0",
+            "shipped",
+            "raised",
+            "a\nb",
+        ] {
             assert!(shipped_name_problem(bad).is_some(), "{bad:?}");
         }
         assert!(shipped_name_problem(&"x".repeat(256)).is_some());

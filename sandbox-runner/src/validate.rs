@@ -162,8 +162,8 @@ fn shipped_entries(dir: &JobDir, uid: u32, entries: &[String]) -> Result<Vec<Str
     if !entries.iter().any(|n| n == SHIPPED) {
         return Ok(Vec::new());
     }
-    let raw = read_bounded_at(&dir.fd, &dir.path, SHIPPED, 64 * 1024, Some(uid))
-        .map_err(|e| Refusal::job(e.to_string()))?;
+    let raw =
+        read_bounded_at(&dir.fd, &dir.path, SHIPPED, 64 * 1024, Some(uid)).map_err(|e| Refusal::job(e.to_string()))?;
     let text = std::str::from_utf8(&raw).map_err(|_| Refusal::job("the shipped manifest is not text"))?;
     let names = parse_shipped_manifest(text).map_err(|e| Refusal::job(format!("the shipped manifest: {e}")))?;
     for name in &names {
@@ -172,10 +172,15 @@ fn shipped_entries(dir: &JobDir, uid: u32, entries: &[String]) -> Result<Vec<Str
             .map_err(|e| Refusal::job(format!("{shown} (a shipped file): {e}")))?;
         let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
         if kind != SFlag::S_IFREG && kind != SFlag::S_IFDIR {
-            return Err(Refusal::job(format!("{shown} (a shipped file) is neither a file nor a directory")));
+            return Err(Refusal::job(format!(
+                "{shown} (a shipped file) is neither a file nor a directory"
+            )));
         }
         if st.st_uid != uid {
-            return Err(Refusal::job(format!("{shown} is owned by uid {}, expected uid {uid}", st.st_uid)));
+            return Err(Refusal::job(format!(
+                "{shown} is owned by uid {}, expected uid {uid}",
+                st.st_uid
+            )));
         }
     }
     Ok(names)
@@ -254,7 +259,10 @@ mod tests {
         check_job(&jd, uid, &p).unwrap();
         // Not listed: refused.
         std::fs::write(dir.join("extra.py"), b"").unwrap();
-        assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("unexpected file \"extra.py\""));
+        assert!(check_job(&jd, uid, &p)
+            .unwrap_err()
+            .reason()
+            .contains("unexpected file \"extra.py\""));
         std::fs::remove_file(dir.join("extra.py")).unwrap();
         // Listed but missing, or a symlink: refused.
         std::fs::write(dir.join("shipped"), b"train.py\ndata\nmissing\n").unwrap();

@@ -80,7 +80,11 @@ pub fn ship(dir: &Path, paths: &[PathBuf], limit: u64) -> Result<()> {
         return Ok(());
     }
     let names = shipped_names(paths)?;
-    let mut budget = Budget { bytes_left: limit, limit, entries_left: MAX_ENTRIES };
+    let mut budget = Budget {
+        bytes_left: limit,
+        limit,
+        entries_left: MAX_ENTRIES,
+    };
     for (src, name) in paths.iter().zip(&names) {
         let meta = fs::metadata(src).map_err(io(format!("cannot ship {}", src.display())))?;
         let dest = dir.join(name);
@@ -90,7 +94,10 @@ pub fn ship(dir: &Path, paths: &[PathBuf], limit: u64) -> Result<()> {
             budget.take_entry(src)?;
             copy_file(src, &dest, meta.permissions().mode(), &mut budget)?;
         } else {
-            return Err(refused(format!("cannot ship {}: it is neither a file nor a directory", src.display())));
+            return Err(refused(format!(
+                "cannot ship {}: it is neither a file nor a directory",
+                src.display()
+            )));
         }
     }
     let manifest = shipped_manifest(&names);
@@ -129,7 +136,8 @@ fn copy_file(src: &Path, dest: &Path, mode: u32, budget: &mut Budget) -> Result<
             return Err(too_large(budget, src));
         }
         budget.bytes_left -= n as u64;
-        out.write_all(&buf[..n]).map_err(io(format!("cannot write {}", dest.display())))?;
+        out.write_all(&buf[..n])
+            .map_err(io(format!("cannot write {}", dest.display())))?;
     }
 }
 
@@ -170,7 +178,11 @@ fn copy_tree(src: &Path, dest: &Path, root: &Path, depth: usize, budget: &mut Bu
                 std::os::unix::fs::symlink(&target, &to).map_err(io(format!("cannot create {}", to.display())))?;
             } else {
                 tracing::warn!(link = %path.display(), target = %target.display(), "not shipped: the link leads out of the shipped directory");
-                eprintln!("delegate: {} not shipped: the link leads out of {}", path.display(), root.display());
+                eprintln!(
+                    "delegate: {} not shipped: the link leads out of {}",
+                    path.display(),
+                    root.display()
+                );
             }
         } else {
             eprintln!("delegate: {} not shipped: not a file, directory or link", path.display());
@@ -234,8 +246,14 @@ mod tests {
         ship(job.path(), &[proj.clone(), single.clone()], 1 << 20).unwrap();
         assert_eq!(fs::read(job.path().join("proj/train.py")).unwrap(), b"print('hi')");
         assert_eq!(fs::read(job.path().join("proj/link.csv")).unwrap(), b"1,2\n");
-        assert!(fs::symlink_metadata(job.path().join("proj/out")).is_err(), "an absolute link is left out");
-        assert!(fs::symlink_metadata(job.path().join("proj/data/up")).is_err(), "a link out of the tree is left out");
+        assert!(
+            fs::symlink_metadata(job.path().join("proj/out")).is_err(),
+            "an absolute link is left out"
+        );
+        assert!(
+            fs::symlink_metadata(job.path().join("proj/data/up")).is_err(),
+            "a link out of the tree is left out"
+        );
         let mode = fs::metadata(job.path().join("run.sh")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o755);
         assert_eq!(fs::read_to_string(job.path().join(SHIPPED)).unwrap(), "proj\nrun.sh\n");

@@ -589,7 +589,10 @@ jobs:
         std::fs::create_dir(dir.path().join("data")).unwrap();
         let doc = "defaults:\n  files: [data]\njobs:\n  - command: [python3, /job/train.py]\n    files: [train.py]\n";
         let e = read(doc, dir.path()).unwrap();
-        assert_eq!(e[0].requests[0].files, vec![dir.path().join("data"), dir.path().join("train.py")]);
+        assert_eq!(
+            e[0].requests[0].files,
+            vec![dir.path().join("data"), dir.path().join("train.py")]
+        );
         let errs = read("jobs:\n  - command: [true]\n    files: [nothere]\n", dir.path()).unwrap_err();
         assert!(errs[0].line == 3 && errs[0].message.contains("cannot ship"), "{errs:?}");
         std::fs::write(dir.path().join("spec"), "").unwrap();
