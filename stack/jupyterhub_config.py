@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import os
 import resource
+import secrets
 import sys
 from pathlib import Path
 
+from jupyterhub.auth import PAMAuthenticator
 from jupyterhub.spawner import LocalProcessSpawner
 
 c = get_config()  # noqa: F821  (injected by JupyterHub when it loads this file)
@@ -68,12 +70,14 @@ def env_bytes(name: str, default: str) -> int:
     raise ValueError(f"bad default size {default!r}")
 
 
-def course_accounts() -> tuple[set[str], set[str]]:
+def course_accounts() -> tuple[set[str], set[str], set[str]]:
     """Names of the accounts config ("name uid [role [full name]]" lines)
-    that log in to the hub (not the instructor's test accounts, role
-    ``test``) and those among them whose role is instructor."""
+    of the course, those among them whose role is instructor, and the
+    instructor's test accounts (role ``test``: `build_cluster.sh test` logs
+    in with one; not listed as members of the course)."""
     names: set[str] = set()
     instructors: set[str] = set()
+    tests: set[str] = set()
     path = CFG / "accounts"
     if path.stat().st_size > MAX_ACCOUNTS_BYTES:
         raise SystemExit(f"{path} is larger than {MAX_ACCOUNTS_BYTES} bytes")
@@ -82,11 +86,35 @@ def course_accounts() -> tuple[set[str], set[str]]:
         if len(fields) < 2 or fields[0].startswith("#"):
             continue
         if len(fields) > 2 and fields[2] == "test":
+            tests.add(fields[0])
             continue
         names.add(fields[0])
         if len(fields) > 2 and fields[2] == "instructor":
             instructors.add(fields[0])
-    return names, instructors
+    return names, instructors, tests
+
+
+class CourseAuthenticator(PAMAuthenticator):
+    """PAM logins of the course's accounts (``allowed_users``: listed on the
+    admin page from the start) and of the instructor's test accounts
+    (allowed, but not listed before they log in; `build_cluster.sh test`
+    removes its test login from the hub afterwards)."""
+
+    test_accounts: set[str] = set()
+
+    def check_allowed(self, username, authentication=None):
+        return username in self.test_accounts or super().check_allowed(username, authentication)
+
+
+def check_token() -> str:
+    """The API token of the `delegate-check` service (root only, made once):
+    `build_cluster.sh test` removes its test login with it."""
+    path = STATE / "check-api-token"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path.read_text().strip()
 
 
 def admin_group() -> str | None:
@@ -173,7 +201,7 @@ class LimitedSpawner(LocalProcessSpawner):
         return preexec
 
 
-accounts, instructors = course_accounts()
+accounts, instructors, test_accounts = course_accounts()
 group = admin_group()
 
 c.JupyterHub.bind_url = "https://:8888/"
@@ -189,7 +217,8 @@ c.ConfigurableHTTPProxy.pid_file = "/run/jupyterhub-proxy.pid"
 # The servers live in this container: they stop with the hub.
 c.JupyterHub.cleanup_servers = True
 
-c.JupyterHub.authenticator_class = "pam"
+CourseAuthenticator.test_accounts = test_accounts
+c.JupyterHub.authenticator_class = CourseAuthenticator
 c.PAMAuthenticator.allowed_users = accounts
 c.PAMAuthenticator.admin_users = instructors
 if group:
@@ -224,12 +253,14 @@ c.JupyterHub.services = [
             f"--timeout={IDLE_TIMEOUT}",
             "--cull-every=60",
         ],
-    }
+    },
+    {"name": "delegate-check", "api_token": check_token()},
 ]
 c.JupyterHub.load_roles = [
     {
         "name": "idle-culler",
         "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
         "services": ["idle-culler"],
-    }
+    },
+    {"name": "delegate-check", "scopes": ["admin:users"], "services": ["delegate-check"]},
 ]

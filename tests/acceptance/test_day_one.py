@@ -232,7 +232,20 @@ def test_3_a_students_day_in_the_browser(students):
     assert resp is not None and (resp.status == 403 or "403" in ben.page.inner_text("body"))
 
 
-def test_4_down_leaves_nothing(day):
+def test_4_the_instructors_admin_page_lists_the_class(browser, students):
+    prof = Student(browser, PROF, initial_password(PROF), ARTIFACTS)
+    prof.login(lab=False)
+    resp = prof.page.goto(f"{URL}/hub/admin")
+    prof.page.wait_for_selector(f"text={ANN}")
+    prof.shot("admin-page")
+    body = prof.page.inner_text("body")
+    assert resp is not None and resp.status == 200, resp and resp.status
+    assert ANN in body and BEN in body, body
+    assert "dlg-test" not in body, f"the instructor's test accounts are listed: {body}"
+    prof.ctx.close()
+
+
+def test_5_down_leaves_nothing(day):
     r = run(SCRIPT, "down", env=ENV, timeout=600)
     assert r.returncode == 0 and "nothing of stack" in r.stdout + r.stderr
 
