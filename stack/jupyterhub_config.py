@@ -100,7 +100,7 @@ class CourseAuthenticator(PAMAuthenticator):
     (allowed, but not listed before they log in; `build_cluster.sh test`
     removes its test login from the hub afterwards)."""
 
-    test_accounts: set[str] = set()
+    test_accounts: frozenset[str] = frozenset()
 
     def check_allowed(self, username, authentication=None):
         return username in self.test_accounts or super().check_allowed(username, authentication)
@@ -217,7 +217,7 @@ c.ConfigurableHTTPProxy.pid_file = "/run/jupyterhub-proxy.pid"
 # The servers live in this container: they stop with the hub.
 c.JupyterHub.cleanup_servers = True
 
-CourseAuthenticator.test_accounts = test_accounts
+CourseAuthenticator.test_accounts = frozenset(test_accounts)
 c.JupyterHub.authenticator_class = CourseAuthenticator
 c.PAMAuthenticator.allowed_users = accounts
 c.PAMAuthenticator.admin_users = instructors
