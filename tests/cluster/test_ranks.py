@@ -343,3 +343,25 @@ def test_python_remote_nodes_returns_the_ranks_values(stack):
     assert r.returncode == 0, r.stderr
     assert "VALUES [(0, 2, 'hi'), (1, 2, 'hi')]" in r.stdout, r.stdout
     assert "RAISED rank 1 says no" in r.stdout, r.stdout
+
+
+def test_every_rank_sees_the_shipped_files(stack):
+    """`delegate submit --nodes 2 --file train.py -- python3 /job/train.py`
+    (docs/ml.md): the shipped script is in every rank's /job."""
+    home = Path(HOME) / STUDENT
+    script = home / "rank_train.py"
+    script.write_text(
+        "import os\nprint('trained rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
+    )
+    st = home.stat()
+    os.chown(script, st.st_uid, st.st_gid)
+    r = on_node(
+        "user", "delegate", "submit", "--nodes", "2", "--time", "3m",
+        "--file", str(script), "--", "python3", "/job/rank_train.py",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[-1]
+    res = wait_result(job)
+    assert res["state"] == "completed", res
+    for k in (0, 1):
+        assert f"trained rank {k} of 2" in rank_log(job, k)
