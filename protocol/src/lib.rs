@@ -10,12 +10,15 @@
 //! | `spec`     | client           | [`Spec`], encoded (header + postcard), bounded        |
 //! | `payload`  | client, optional | opaque bytes (a pickled call); never parsed by Rust   |
 //! | `slurm-id` | client           | the Slurm job id, text (see [`format_slurm_id`])      |
-//! | `cancel`   | client, optional | marker: the user asked to cancel                      |
+//! | `cancel`   | client, optional | marker: the user asked to cancel; its text, if any, says why in the user's words ([`cancel`]) |
+//! | `shipped`  | client, optional | the names of the files shipped with the job, one per line ([`shipped`]) |
+//! | *shipped names* | client, optional | the files and directories the student shipped (`/job/NAME`) |
 //! | `started`  | runner           | [`Started`], encoded                                  |
 //! | `stdout`   | runner           | the container's standard output, streamed             |
 //! | `stderr`   | runner           | the container's standard error, streamed              |
 //! | `outcome`  | runner (client when the runner never ran) | [`Outcome`], encoded          |
 //! | `result`   | the sandbox      | opaque bytes (a pickled return value or exception)    |
+//! | `raised`   | the sandbox, optional | the type name of the exception a Python call raised (read bounded, shown only when a dotted name) |
 //!
 //! Slurm's own log of the batch script goes to `<delegate-root>/<job-id>.log`,
 //! beside (not inside) the directory, so a runner that refuses a directory can
@@ -41,10 +44,13 @@
 //! [`record`] (header, encoding, decoding), [`slurm_id`] (the `slurm-id` file
 //! and the lists of shared calls), [`fsio`] (symlink-proof file access),
 //! [`line`] (the lines the runner leaves in Slurm's log), [`policy`] (the
-//! site policy), [`units`] (human sizes and durations) and [`clock`].
+//! site policy), [`units`] (human sizes and durations), [`cancel`] (the
+//! cancel marker's reason), [`shipped`] (the shipped files' manifest) and
+//! [`clock`].
 //!
-//! Nothing here is CLI-only: the setgid `sandbox-runner` links this crate
-//! and nothing above it.
+//! Nothing here is CLI-only: `sandbox-runner` (an ordinary program that
+//! hands the job to the root agent `sandbox-agent`) links this crate and
+//! nothing above it.
 
 pub mod agent;
 pub mod cancel;
