@@ -176,7 +176,7 @@ def test_3_a_students_day_in_the_browser(students):
     assert "['worker1', 'worker2']" in text, text
     assert any("waiting for a worker to start" in s for s in states), states
     for s in (ann, ben):
-        states, text = s.watch_cell("import os\n" + CALL, "delegate: where", "twice=42", "call")
+        states, text = s.watch_cell("import os, delegate\n" + CALL, "delegate: where", "twice=42", "call")
         uid = on("user", "id", "-u", s.user).stdout.strip()
         assert f"caller-uid {uid}" in text and f"remote-uid={uid}" in text, text
         assert any(re.search(r"— running on worker\d · ", x) for x in states), states

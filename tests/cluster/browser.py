@@ -89,35 +89,52 @@ class Student:
         p.wait_for_selector(".jp-StatusBar-TextItem:has-text('| Idle')", timeout=120_000)
         self.shot("notebook")
 
-    def run_cell(self, code: str, until: str, what: str, timeout=240_000) -> str:
-        """Types CODE into the last cell, runs it, waits until its output
-        holds UNTIL; returns the output's text."""
+    def _run_last_cell(self, code: str):
+        """Types CODE into the last cell and runs it; returns the cell."""
         p = self.page
         cells = p.locator(".jp-Notebook .jp-Cell")
-        n = cells.count()
-        cell = cells.nth(n - 1)
+        cell = cells.nth(cells.count() - 1)
         cell.locator(".cm-content").click()
         p.keyboard.insert_text(code)
         p.keyboard.press("Shift+Enter")
-        out = cell.locator(".jp-OutputArea")
+        return cell
+
+    def _dropped(self, cell, start: float, what: str) -> bool:
+        """A run sent while the kernel's connection was still settling is
+        dropped by JupyterLab (the prompt stays "[ ]:"): as a person would,
+        run the cell again (the caller does it once)."""
         prompt = cell.locator(".jp-InputArea-prompt")
+        if time.monotonic() - start > 15 and prompt.inner_text().strip() == "[ ]:":
+            self.shot(what + "-not-run")
+            cell.locator(".cm-content").click()
+            self.page.keyboard.press("Control+Enter")
+            return True
+        return False
+
+    def _finished(self, cell) -> bool:
+        """The cell ran to its end (its prompt has a number); a last look at
+        its output, which may render a moment later."""
+        if not re.fullmatch(r"\[\d+\]:", cell.locator(".jp-InputArea-prompt").inner_text().strip()):
+            return False
+        time.sleep(1)
+        return True
+
+    def run_cell(self, code: str, until: str, what: str, timeout=240_000) -> str:
+        """Types CODE into the last cell, runs it, waits until its output
+        holds UNTIL; returns the output's text."""
+        cell = self._run_last_cell(code)
+        out = cell.locator(".jp-OutputArea")
         start = time.monotonic()
         deadline = start + timeout / 1000
         text = ""
         rerun = False
         while time.monotonic() < deadline:
             text = out.inner_text() if out.count() else ""
-            if until in text:
+            if until in text or self._finished(cell):
                 break
-            # A run sent while the kernel's connection was still settling
-            # is dropped by JupyterLab (the prompt stays "[ ]:"): as a
-            # person would, run the cell again, once.
-            if not rerun and time.monotonic() - start > 15 and prompt.inner_text().strip() == "[ ]:":
-                rerun = True
-                self.shot(what + "-not-run")
-                cell.locator(".cm-content").click()
-                p.keyboard.press("Control+Enter")
+            rerun = rerun or self._dropped(cell, start, what)
             time.sleep(1)
+        text = out.inner_text() if out.count() else ""
         self.shot(what)
         assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
         return text
@@ -126,28 +143,31 @@ class Student:
         self, code: str, seen: str, until: str, what: str, timeout=300_000
     ) -> tuple[list[str], str]:
         """Runs CODE in the last cell and samples its output every half
-        second until it holds UNTIL; returns every distinct text that held
-        SEEN on the way (the live line's states) and the final text."""
-        p = self.page
-        cells = p.locator(".jp-Notebook .jp-Cell")
-        cell = cells.nth(cells.count() - 1)
-        cell.locator(".cm-content").click()
-        p.keyboard.insert_text(code)
-        p.keyboard.press("Shift+Enter")
+        second until it holds UNTIL; returns every distinct line that held
+        SEEN on the way (the live lines' states) and the final text. A
+        screenshot is taken at each new state (its clock aside)."""
+        cell = self._run_last_cell(code)
         out = cell.locator(".jp-OutputArea")
-        deadline = time.monotonic() + timeout / 1000
+        start = time.monotonic()
+        deadline = start + timeout / 1000
         states: list[str] = []
+        kinds: set[str] = set()
         text = ""
+        rerun = False
         while time.monotonic() < deadline:
             text = out.inner_text() if out.count() else ""
             for line in text.splitlines():
                 if seen in line and line not in states:
                     states.append(line)
-                    if len(states) <= 6:
-                        self.shot(f"{what}-{len(states)}")
-            if until in text:
+                    kind = re.sub(r" · [0-9hms ]+$", "", line)
+                    if kind not in kinds:
+                        kinds.add(kind)
+                        self.shot(f"{what}-{len(kinds)}")
+            if until in text or self._finished(cell):
                 break
+            rerun = rerun or self._dropped(cell, start, what)
             time.sleep(0.5)
+        text = out.inner_text() if out.count() else ""
         self.shot(what)
         assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
         return states, text
