@@ -94,6 +94,7 @@ def check(cells):
     assert "return x / 0" in tb, "the remote frame: " + tb
     assert "student_code()" in tb and "return divide(1)" in tb, "the caller's own lines: " + tb
     assert "_client.py" not in tb and "concurrent/futures" not in tb and "__get_result" not in tb, tb
+    assert "_traceback.py" not in tb and "raise_remote" not in tb, "a delegate frame is shown: " + tb
     assert "skipping hidden" in tb, tb
     last = tb.rsplit("in divide", 1)
     assert len(last) == 2 and "return x / 0" in last[1], "the last frame is the remote line: " + tb

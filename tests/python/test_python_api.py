@@ -330,3 +330,39 @@ out(one=one, many=many, refused=refused)
     assert res["one"] == [42, "shipped data"], res
     assert res["many"] == [[i, "shipped data"] for i in range(3)], res
     assert res["refused"] and "cannot ship" in res["refused"] and "no-such-file" in res["refused"], res
+
+
+TRACEBACK_SCRIPT = """import delegate
+@delegate.remote(time="2m")
+def divide(x):
+    return x / 0
+def student_code():
+    return divide(1)
+student_code()
+"""
+
+
+def test_no_delegate_frame_in_ipython_or_plain_python(alice):
+    """The traceback a student reads, in IPython in a terminal and in plain
+    Python: their own lines and the remote line, no frame of delegate's
+    (the notebook's is checked by test_notebook.py, JupyterLab's by the
+    acceptance suite)."""
+    res, _ = alice.result(
+        HEADER
+        + f"""
+import os, subprocess, tempfile
+path = os.path.join(tempfile.mkdtemp(), "tb.py")
+open(path, "w").write({TRACEBACK_SCRIPT!r})
+texts = {{}}
+for how, cmd in (("ipython", [sys.executable, "-m", "IPython", "--colors=NoColor", path]),
+                 ("python", [sys.executable, path])):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    texts[how] = r.stdout + r.stderr
+out(**texts)
+"""
+    )
+    for how in ("ipython", "python"):
+        tb = res[how]
+        assert "ZeroDivisionError" in tb and "return x / 0" in tb and "return divide(1)" in tb, (how, tb)
+        for internal in ("_traceback.py", "raise_remote", "_client.py", "concurrent/futures", "exec(code"):
+            assert internal not in tb, (how, internal, tb)

@@ -77,6 +77,7 @@ def raise_remote(exc: BaseException) -> None:
     """Raises ``exc`` from a code object named after its innermost remote
     frame (file, line, function), so that the last frame of the traceback
     is the remote line that failed."""
+    __tracebackhide__ = hide()  # IPython and Jupyter skip this frame
     frame = getattr(exc, _FRAME, None)
     job = getattr(exc, _MARK, "?")
     if frame is None or full():
