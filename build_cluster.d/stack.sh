@@ -73,7 +73,7 @@ stack_cid() {
 
 # stack_service_settled SERVICE: swarm has rolled SERVICE onto the spec it
 # has now: no update under way, every task it wants running runs with the
-# service's current container spec, and no container of another task runs
+# service's current container spec, and no task it wants gone still runs
 # (`docker stack deploy` and `service update` return before the rollout:
 # checks made meanwhile would meet the old containers).
 stack_service_settled() {
@@ -91,9 +91,9 @@ stack_service_settled() {
         [[ $(docker inspect --type task -f "{{.Status.State}} {{with .Spec.ContainerSpec}}$fields{{end}} {{.Spec.ForceUpdate}}" "$t" 2>/dev/null) \
             == "running $spec" ]] || return 1
     done
-    have=$(docker ps --filter "label=com.docker.swarm.service.name=$svc" --filter status=running \
-        --format '{{.Label "com.docker.swarm.task.id"}}' | sort)
-    [[ $have == "$want" ]]
+    # No task swarm wants gone is still running (on any node of the swarm).
+    have=$(docker service ps --format '{{.DesiredState}} {{.CurrentState}}' "$svc" 2>/dev/null) || return 1
+    ! grep -Eq '^(Shutdown|Remove|Complete|Orphaned) Running' <<<"$have"
 }
 
 # stack_settled: every service of the stack is settled.

@@ -10,9 +10,10 @@ exits non-zero with the reason on the first failure.
           a fresh container for each call
 
 With a last argument `at-least` (elastic workers: Slurm may keep the work
-on the workers that are up rather than power another one up), N is the
-fewest workers that must be used, and a map may have fewer allocations
-than workers; no two jobs on one node at once still holds.
+on the workers that are up rather than power another one up): `excl`
+checks only that no two jobs share a node at once (N sets how many jobs:
+2N), and `map` that at least N workers were used, in any number of
+allocations; no two calls on one node at once still holds.
 """
 
 import os

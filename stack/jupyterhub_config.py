@@ -110,11 +110,15 @@ def check_token() -> str:
     """The API token of the `delegate-check` service (root only, made once):
     `build_cluster.sh test` removes its test login with it."""
     path = STATE / "check-api-token"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    token = path.read_text().strip() if path.exists() else ""
+    if len(token) != 64:
+        tmp = STATE / f".check-api-token.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
-    return path.read_text().strip()
+        os.replace(tmp, path)
+        token = path.read_text().strip()
+    return token
 
 
 def admin_group() -> str | None:
@@ -262,5 +266,10 @@ c.JupyterHub.load_roles = [
         "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
         "services": ["idle-culler"],
     },
-    {"name": "delegate-check", "scopes": ["admin:users"], "services": ["delegate-check"]},
+    # Only the test accounts: it removes its test login, no one else.
+    {
+        "name": "delegate-check",
+        "scopes": [f"delete:users!user={u}" for u in sorted(test_accounts)],
+        "services": ["delegate-check"],
+    },
 ]

@@ -22,16 +22,32 @@ pub fn cancel_reason_of(raw: &[u8]) -> Option<String> {
         .collect::<Vec<_>>()
         .join(" ")
         .chars()
-        .filter(|c| !c.is_control())
+        .filter(|&c| !c.is_control() && !is_format_char(c))
         .take(MAX_CANCEL_REASON)
         .collect();
     (!line.is_empty()).then_some(line)
+}
+
+/// Invisible characters that reorder or hide text on a terminal (Unicode
+/// format characters: bidirectional overrides, zero-width ones, BOM).
+pub fn is_format_char(c: char) -> bool {
+    matches!(c, '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
 }
 
 /// The reason of the marker in `dir` (None: absent, empty or unreadable).
 pub fn read_cancel_reason(dir: impl AsFd, dir_path: &Path) -> Option<String> {
     let raw = read_bounded_at(dir, dir_path, CANCEL, (MAX_CANCEL_REASON * 4) as u64, None).ok()?;
     cancel_reason_of(&raw)
+}
+
+/// The reason of a job cancelled before it started: `cancelled: <reason>`
+/// when the marker says why, else `cancelled before it started`.
+pub fn cancelled_before_start(reason: Option<&str>) -> String {
+    match reason {
+        Some(r) => format!("cancelled: {r}"),
+        None => "cancelled before it started".to_owned(),
+    }
 }
 
 /// A cancelled job's reason in the user's words: `cancelled: <reason>`
@@ -60,7 +76,9 @@ mod tests {
             cancel_reason_of("é".repeat(500).as_bytes()).map(|r| r.chars().count()),
             Some(MAX_CANCEL_REASON)
         );
+        assert_eq!(cancel_reason_of("a\u{202E}b\u{200B}c".as_bytes()).as_deref(), Some("abc"));
         assert_eq!(cancelled_by(None), "cancelled by the user");
+        assert_eq!(cancelled_before_start(None), "cancelled before it started");
         assert_eq!(
             cancelled_by(Some("call 2 of this map raised E")),
             "cancelled: call 2 of this map raised E"

@@ -25,7 +25,10 @@ pub fn shipped_name_problem(name: &str) -> Option<String> {
         .is_some_and(|(b, n)| reserved.contains(&b) && !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
     if name.is_empty() || name.len() > MAX_SHIPPED_NAME {
         Some(format!("the name {name:?} must be 1 to {MAX_SHIPPED_NAME} bytes"))
-    } else if name.starts_with('.') || name.contains('/') || name.chars().any(char::is_control) {
+    } else if name.starts_with('.')
+        || name.contains('/')
+        || name.chars().any(|c| c.is_control() || crate::cancel::is_format_char(c))
+    {
         Some(format!(
             "the name {name:?} cannot be shipped (no leading dot, slash or control character)"
         ))

@@ -184,7 +184,9 @@ pub async fn run_ranks(path: &Path, mut signals: SignalWatch) -> i32 {
         Err(r) => return write(&fail(State::Failed, format!("refused: {}", r.reason()), true)),
     };
     if checked.cancel_requested {
-        return write(&fail(State::Cancelled, "cancelled before it started".into(), false));
+        let why = delegate_protocol::cancel::read_cancel_reason(&dir.fd, &dir.path);
+        let reason = delegate_protocol::cancel::cancelled_before_start(why.as_deref());
+        return write(&fail(State::Cancelled, reason, false));
     }
     let nodes = checked.spec.resources.nodes;
     let Some(srun) = srun_path() else {

@@ -130,7 +130,8 @@ impl Ctx<'_> {
         }
         if exists_at(&self.dir.fd, CANCEL) || exists_at(&self.dir.fd, OUTCOME) {
             // With an outcome present the final write leaves it alone.
-            return Some(self.outcome(State::Cancelled, "cancelled before it started".into()));
+            let why = cancel::read_cancel_reason(&self.dir.fd, &self.dir.path);
+            return Some(self.outcome(State::Cancelled, cancel::cancelled_before_start(why.as_deref())));
         }
         None
     }
@@ -270,7 +271,8 @@ pub async fn run_job_as(
     };
     if checked.cancel_requested {
         tracing::info!("job {} was cancelled before it started", checked.job_id);
-        return write(&base(State::Cancelled, "cancelled before it started".into()), None);
+        let why = cancel::read_cancel_reason(&dir.fd, &dir.path);
+        return write(&base(State::Cancelled, cancel::cancelled_before_start(why.as_deref())), None);
     }
     // Signalled already (in a batch: a later call after the allocation
     // ended): end at once, without any engine call.

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from browser import ARTIFACTS_ROOT, URL, Student, browser_for
 
-from stacklib import REPO, SCRIPT, STACK_DIR, on, run
+from stacklib import REPO, SCRIPT, STACK_DIR, cid, on, run
 
 ARTIFACTS = ARTIFACTS_ROOT / "acceptance"
 ANN, BEN, PROF = "day-ann", "day-ben", "day-prof"
@@ -103,15 +103,16 @@ def test_2_the_instructors_check(day):
 
 def powered_down(node: str, limit: float = 300) -> None:
     """Waits until Slurm has powered NODE down (idle after the instructor's
-    check: DELEGATE_ELASTIC_IDLE, then its suspend)."""
+    check: DELEGATE_ELASTIC_IDLE, then its suspend) and its container is
+    gone (Slurm says idle~ as soon as it asked for the stop)."""
     deadline = time.monotonic() + limit
     state = ""
     while time.monotonic() < deadline:
         state = on("head", "sinfo", "-h", "-N", "-n", node, "-o", "%T", quiet=True).stdout.strip()
-        if state == "idle~":
+        if state == "idle~" and not cid(node):
             return
         time.sleep(3)
-    raise AssertionError(f"{node} is still {state!r} after {limit} s")
+    raise AssertionError(f"{node} is still {state!r} (container {cid(node) or 'gone'}) after {limit} s")
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ pub enum Cmd {
         #[arg(conflicts_with = "file")]
         ids: Vec<String>,
         /// The calls of the last submission of this jobs file.
-        #[arg(short = 'f', long = "file", value_name = "JOBS.yml")]
+        #[arg(short = 'f', long = "file", visible_alias = "jobs-file", value_name = "JOBS.yml")]
         file: Option<PathBuf>,
     },
     /// Wait until jobs are over; exits with the job's exit code.
@@ -59,7 +59,7 @@ pub enum Cmd {
         #[arg(required_unless_present = "file", conflicts_with = "file")]
         ids: Vec<String>,
         /// Wait for every call of the last submission of this jobs file.
-        #[arg(short = 'f', long = "file", value_name = "JOBS.yml")]
+        #[arg(short = 'f', long = "file", visible_alias = "jobs-file", value_name = "JOBS.yml")]
         file: Option<PathBuf>,
         /// Give up after this long (e.g. 30s, 5m).
         #[arg(long, value_parser = duration_arg)]

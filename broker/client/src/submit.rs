@@ -15,6 +15,10 @@ use crate::plan::{plan_allocations, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
 use crate::slurm::{self, BatchRequest, SlurmError};
 use crate::{Client, ClientError, JobHandle, Result, SubmitRequest};
 
+/// What a job directory holds besides the shipped files, kept free of
+/// them within the job size (spec, outcome, the agent's records).
+const SHIP_HEADROOM: u64 = 1 << 20;
+
 impl Client {
     /// Creates the job directory, writes the spec and payload, submits one
     /// batch job and records its Slurm id.
@@ -292,8 +296,8 @@ impl Client {
         files: &[PathBuf],
         policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
     ) -> Result<(JobId, PathBuf, OwnedFd)> {
-        // The shipped files' names are checked before anything is made.
-        crate::ship::shipped_names(files)?;
+        // The shipment is measured and refused before anything is made.
+        let shipment = self.ship_plan(files, payload.map_or(0, |p| p.len() as u64), policy)?;
         let mut attempts = 0;
         let fd = loop {
             match nix::sys::stat::mkdirat(&self.root_fd, spec.job_id.as_str(), Mode::from_bits_truncate(0o700)) {
@@ -316,21 +320,40 @@ impl Client {
         if let Some(p) = payload {
             atomic_write_at_deferred(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
         }
-        if !files.is_empty() {
-            let limit = match policy {
-                // 0: no job size limit.
-                Ok(p) => match p.limits().map_err(ClientError::InvalidRequest)?.max_job_bytes {
-                    0 => u64::MAX,
-                    n => n,
-                },
-                Err(e) => return Err(ClientError::Policy(e.clone())),
-            };
-            if let Err(e) = crate::ship::ship(&dir, files, limit) {
+        if let Some(plan) = &shipment {
+            if let Err(e) = crate::ship::execute(plan, &dir) {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
             }
         }
         Ok((spec.job_id, dir, fd))
+    }
+
+    /// The shipment of `files` measured against the site's job size, less
+    /// what the job directory holds anyway (spec, payload, headroom for the
+    /// call's own output); None when nothing is shipped.
+    fn ship_plan(
+        &self,
+        files: &[PathBuf],
+        payload_bytes: u64,
+        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+    ) -> Result<Option<crate::ship::Plan>> {
+        if files.is_empty() {
+            return Ok(None);
+        }
+        let limit = match policy {
+            // 0: no job size limit.
+            Ok(p) => match p.limits().map_err(ClientError::InvalidRequest)?.max_job_bytes {
+                0 => u64::MAX,
+                n => n.saturating_sub(payload_bytes + SHIP_HEADROOM),
+            },
+            Err(e) => return Err(ClientError::Policy(e.clone())),
+        };
+        let mut warn = |m: String| {
+            tracing::warn!("{m}");
+            eprintln!("delegate: {m}");
+        };
+        crate::ship::plan(files, limit, Some(&self.root), &mut warn).map(Some)
     }
 
     /// Removes every prepared job directory (best effort): for a submission

@@ -164,7 +164,8 @@ def _resources(res: dict) -> dict:
         if k == "files":
             if isinstance(v, (str, bytes, os.PathLike)):
                 v = [v]
-            v = [os.path.abspath(os.fspath(p)) for p in v]  # relative to where the call is made
+            # relative to where the call is made; bytes paths as the OS decodes them
+            v = [os.path.abspath(os.fsdecode(p)) for p in v]
         out[k] = v
     return out
 
@@ -252,6 +253,8 @@ def remote(
     ``files=["data", "helpers.py"]``: copied into each call's job directory
     before submission (the call sees ``/job/data``, ``/job/helpers.py``);
     the local backend leaves them where they are."""
+    if files is not None and not isinstance(files, (str, bytes, os.PathLike)):
+        files = list(files)  # a generator would be used up by the first call
     res = dict(cpus=cpus, gpus=gpus, nodes=nodes, mem=mem, time=time, image=image, env=env, files=files)
     res = {k: v for k, v in res.items() if v is not None}
     if fn is None:
@@ -269,9 +272,13 @@ class Executor(cf.Executor):
     def __init__(
         self, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None, files=None
     ):
+        if files is not None and not isinstance(files, (str, bytes, os.PathLike)):
+            files = list(files)  # a generator would be used up by the first map
         self._resources = {
             k: v
-            for k, v in dict(cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env, files=files).items()
+            for k, v in dict(
+                cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env, files=files
+            ).items()
             if v is not None
         }
         _resources(self._resources)
@@ -334,6 +341,9 @@ def _map_stopped(i: int, fut, exc: BaseException) -> str:
     of this map raised ZeroDivisionError``."""
     if isinstance(exc, cf.TimeoutError) and not fut.done():
         return "the map's timeout ran out at call %d" % i
+    if not fut.done() or fut.cancelled() or fut.exception() is not exc:
+        # Interrupted while waiting (Ctrl-C), not the call's own failure.
+        return "the map was stopped at call %d (%s)" % (i, type(exc).__name__)
     words = fut._words_now() if hasattr(fut, "_words_now") else ""
     if not words or words in ("done", "pending") or words.startswith("running"):
         words = "raised " + type(exc).__name__
