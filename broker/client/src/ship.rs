@@ -348,12 +348,13 @@ mod tests {
 
     #[test]
     fn the_delegate_root_is_never_shipped() {
-        let home = tempfile::tempdir().unwrap();
-        let root = home.path().join(".delegate/jobs");
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path().join("alice");
+        let root = home.join(".delegate/jobs");
         fs::create_dir_all(root.join("20260101T000000-00000000")).unwrap();
-        fs::write(home.path().join("notes.txt"), b"n").unwrap();
+        fs::write(home.join("notes.txt"), b"n").unwrap();
         let job = tempfile::tempdir().unwrap();
-        let e = ship(job.path(), &[home.path().to_path_buf()], 1 << 30, Some(&root))
+        let e = ship(job.path(), std::slice::from_ref(&home), 1 << 30, Some(&root))
             .unwrap_err()
             .to_string();
         assert!(e.contains("holds the delegate root"), "{e}");
