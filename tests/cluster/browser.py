@@ -35,10 +35,13 @@ def chromium_path() -> str:
 
 @contextlib.contextmanager
 def browser_for(artifacts: Path) -> Iterator:
-    """A headless chromium; screenshots go to ARTIFACTS."""
+    """A headless chromium; screenshots go to ARTIFACTS (emptied of an
+    earlier run's first)."""
     from playwright.sync_api import sync_playwright
 
     artifacts.mkdir(parents=True, exist_ok=True)
+    for old in artifacts.glob("*.png"):
+        old.unlink()
     print(f"\nscreenshots of the browser test: {artifacts}")
     exe = chromium_path()
     with sync_playwright() as pw:
