@@ -508,9 +508,19 @@ local_build_images() {
     tar --exclude=__pycache__ -c -C "$REPO" docker python/pyproject.toml python/pysrc/delegate_executor \
         python/requirements-cfiddle.txt -C "$wheels" wheels wheels-cfiddle \
         | docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
+            --label "org.delegate.source=$(sandbox_source_hash)" \
             -t "$DELEGATE_SANDBOX_IMAGE" -f docker/sandbox.Dockerfile - \
         || { rm -rf "$wheels"; die "docker build of $DELEGATE_SANDBOX_IMAGE failed"; }
     rm -rf "$wheels"
+}
+
+# sandbox_source_hash: one hash of what the sandbox image is built from
+# (its Dockerfile, the Python executor, the pins), its label
+# org.delegate.source: a deploy rebuilds an image of other sources.
+sandbox_source_hash() {
+    (cd "$REPO" && find docker/sandbox.Dockerfile python/pyproject.toml python/requirements-cfiddle.txt \
+        python/pysrc/delegate_executor -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 \
+        | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 }
 
 # sandbox_cfiddle_wheels DIR: the wheels of python/requirements-cfiddle.txt

@@ -471,10 +471,15 @@ $(tail -n 20 "$blog")"
 stack_build_images() {
     local force=${1:-0} ctx src
     src=$(source_hash)
-    # Base and sandbox images: the single-machine functions (a cached
-    # build each time: a sandbox image older than the executor's sources,
-    # e.g. left by an earlier checkout, is rebuilt).
-    local_build_images
+    # Base and sandbox images: the single-machine functions; a sandbox
+    # image built from other sources than these (e.g. by an earlier
+    # checkout: its executor would be stale) is rebuilt.
+    if ((force)) || ! docker image inspect "$DELEGATE_BASE_IMAGE" >/dev/null 2>&1 \
+        || ! image_is_current "$DELEGATE_SANDBOX_IMAGE" "$(sandbox_source_hash)"; then
+        local_build_images
+    else
+        log "image $DELEGATE_SANDBOX_IMAGE: present, built from these sources"
+    fi
     if ((force)) || ! image_is_current "$DELEGATE_CLUSTER_IMAGE" "$src"; then
         command -v cargo >/dev/null || die "cargo not found (rustup's ~/.cargo/bin); needed to build the binaries"
         log "cargo: building the workspace (release) for the images"
