@@ -175,7 +175,11 @@ def test_3_a_students_day_in_the_browser(students):
         "import os\n" + COLD, "delegate: nap", "hosts", "cold-call", timeout=420_000
     )
     assert "['worker1', 'worker2']" in text, text
-    assert any("waiting for a worker to start" in s for s in states), states
+    # The second call's line, while worker2 powers up: in the user's words
+    # (not "pending"), from its first Slurm answer (2 s) to its start.
+    second = [s for s in states if s.startswith("delegate: nap [") and "waiting for a worker" in s]
+    kinds = sorted({re.sub(r" · [0-9hms ]+$", "", s) for s in states})
+    assert second, f"no cold-start words on the way: {kinds}"
     for s in (ann, ben):
         states, text = s.watch_cell("import os, delegate\n" + CALL, "delegate: where", "twice=42", "call")
         uid = on("user", "id", "-u", s.user).stdout.strip()

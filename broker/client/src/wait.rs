@@ -98,14 +98,22 @@ impl Client {
     /// Claims this interval's Slurm query: true (and the interval restarts)
     /// when no wait of this process asked about jobs of this root within
     /// the current interval, or when `force`.
-    fn slurm_due(&self, force: bool) -> bool {
+    /// A job the last answer did not cover (`open`) makes it due after
+    /// [`SLURM_INTERVAL`] whatever the backoff (a new submission's pending
+    /// reason, e.g. a worker powering up, is shown within seconds).
+    fn slurm_due(&self, force: bool, open: &[&JobId]) -> bool {
         let mut map = pace_map();
         let pace = map.entry(self.root.clone()).or_insert_with(|| Pace {
             last: None,
             interval: SLURM_INTERVAL,
             seen: HashSet::new(),
         });
-        let due = force || pace.last.is_none_or(|t| t.elapsed() >= pace.interval);
+        let interval = if new_job_waited_for(&pace.seen, open) {
+            SLURM_INTERVAL
+        } else {
+            pace.interval
+        };
+        let due = force || pace.last.is_none_or(|t| t.elapsed() >= interval);
         if due {
             pace.last = Some(Instant::now());
         }
@@ -166,18 +174,20 @@ impl Client {
         let mut first = true;
         let mut backoff = Duration::from_millis(50);
         loop {
-            let ask = self.slurm_due(fresh && first);
-            first = false;
             // Re-read the jobs not over yet, then reconcile them together.
             let open: Vec<usize> = (0..jobs.len())
                 .filter(|&i| !statuses[i].as_ref().is_some_and(JobStatus::is_terminal))
                 .collect();
+            let open_ids: Vec<&JobId> = open.iter().map(|&i| &jobs[i].id).collect();
+            let ask = self.slurm_due(fresh && first, &open_ids);
+            first = false;
             let mut batch = Vec::with_capacity(open.len());
             for &i in &open {
                 batch.push(self.load(&jobs[i].id)?);
             }
             let fresh = self.reconcile(&mut batch, ask)?;
-            for ((&i, s), f) in open.iter().zip(fresh).zip(batch) {
+            for ((&i, mut s), f) in open.iter().zip(fresh).zip(batch) {
+                pending_reason_memo(&mut s, ask);
                 // A file-only check knows less than the last Slurm answer:
                 // keep that one unless the files show progress.
                 let keep_previous = !ask
@@ -241,6 +251,25 @@ impl Client {
     }
 }
 
+/// The pending reasons Slurm last gave, per job, for this process: a round
+/// that does not ask Slurm (most of them) knows only the job directory and
+/// would say "submitted"; the last answer's reason ("waiting for a worker
+/// to start ...") stands until the job leaves pending.
+fn pending_reason_memo(s: &mut JobStatus, asked: bool) {
+    static MEMO: OnceLock<Mutex<HashMap<JobId, String>>> = OnceLock::new();
+    let mut memo = MEMO.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if s.state != State::Pending {
+        memo.remove(&s.id);
+    } else if asked {
+        if memo.len() >= 100_000 {
+            memo.clear();
+        }
+        memo.insert(s.id.clone(), s.reason.clone());
+    } else if let Some(r) = memo.get(&s.id) {
+        s.reason = r.clone();
+    }
+}
+
 /// Whether an answer covers a job the previous one did not.
 fn new_job_waited_for(seen: &HashSet<JobId>, open: &[&JobId]) -> bool {
     open.iter().any(|id| !seen.contains(*id))
@@ -291,5 +320,43 @@ mod tests {
         // the partition query squeue always makes).
         let per_client = 2.0 / SLURM_INTERVAL_MAX.as_secs_f64();
         assert!(60.0 * per_client <= 5.0, "{}", 60.0 * per_client);
+    }
+}
+
+#[cfg(test)]
+mod memo_tests {
+    use super::*;
+
+    fn st(id: &JobId, state: State, reason: &str) -> JobStatus {
+        JobStatus {
+            id: id.clone(),
+            slurm_id: Some("1".into()),
+            state,
+            reason: reason.into(),
+            exit_code: None,
+            refused: false,
+            oom_killed: false,
+            host: None,
+            submitted_ms: None,
+            started_ms: None,
+            finished_ms: None,
+            elapsed_secs: None,
+        }
+    }
+
+    #[test]
+    fn a_pending_reason_from_slurm_outlives_file_only_rounds() {
+        let id = JobId::new();
+        let mut s = st(&id, State::Pending, "waiting for a worker to start");
+        pending_reason_memo(&mut s, true);
+        let mut s = st(&id, State::Pending, "submitted");
+        pending_reason_memo(&mut s, false);
+        assert_eq!(s.reason, "waiting for a worker to start");
+        // Running: forgotten.
+        let mut s = st(&id, State::Running, "running on w2");
+        pending_reason_memo(&mut s, false);
+        let mut s = st(&id, State::Pending, "submitted");
+        pending_reason_memo(&mut s, false);
+        assert_eq!(s.reason, "submitted");
     }
 }
