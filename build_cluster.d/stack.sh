@@ -565,27 +565,29 @@ stack_services_running() {
     done
     ((up == want))
 }
-# stack_nodes_idle: Slurm on the head says every worker is idle (elastic:
-# the always-on ones idle, the others idle or powered down, "idle~").
+# stack_nodes_idle: Slurm on the head says every worker is up and takes
+# jobs: idle, or running jobs already (a redeploy while students' jobs wait:
+# they start as soon as the workers are back); elastic: the always-on ones
+# so, the others so or powered down ("idle~").
 stack_nodes_idle() {
-    local out
+    local out up='(idle|mixed|allocated|completing)'
     out=$(stack_exec head sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
     if elastic_on; then
-        # The always-on ones idle, the others powered down ("idle~").
+        # The always-on ones up, the others powered down ("idle~").
         local i want=0
         for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
             if elastic_always_on "$i"; then
-                grep -qx "worker$i idle" <<<"$out" && want=$((want + 1))
+                grep -Eqx "worker$i $up" <<<"$out" && want=$((want + 1))
             elif grep -qx "worker$i idle~" <<<"$out"; then
                 want=$((want + 1))
-            elif grep -qx "worker$i idle" <<<"$out" \
+            elif grep -Eqx "worker$i $up" <<<"$out" \
                 && [[ $(docker service inspect -f '{{.Spec.Mode.Replicated.Replicas}}' "${STACK}_worker$i" 2>/dev/null) == 1 ]]; then
                 want=$((want + 1))   # started by Slurm, kept by this deploy
             fi
         done
         ((want == DELEGATE_STACK_WORKERS))
     else
-        [[ $(grep -c ' idle$' <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
+        [[ $(grep -Ec " $up\$" <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
     fi
 }
 # stack_wait: wait (up to DELEGATE_STACK_WAIT each) for every service, every
@@ -607,7 +609,7 @@ $(docker stack ps --no-trunc "$STACK" 2>&1 | head -n 30)"
             reset=$((SECONDS + 10))
         fi
         if ((SECONDS > deadline)); then
-            die "not every worker is idle after ${DELEGATE_STACK_WAIT}s:
+            die "not every worker is up in Slurm after ${DELEGATE_STACK_WAIT}s:
 $(stack_exec head sinfo -N -l 2>&1)
 $(docker service logs --tail 15 "${STACK}_head" 2>&1)"
         fi
@@ -620,7 +622,7 @@ $(docker service logs --tail 15 "${STACK}_head" 2>&1)"
         fi
         sleep 2
     done
-    log "stack: all $DELEGATE_STACK_WORKERS workers idle"
+    log "stack: all $DELEGATE_STACK_WORKERS workers up in Slurm"
     # JupyterHub takes a few seconds more to listen.
     wait_for "$DELEGATE_STACK_WAIT" "stack: JupyterHub" hub_answers \
         || die "JupyterHub does not answer in the user node after ${DELEGATE_STACK_WAIT}s:
