@@ -106,9 +106,12 @@ pub fn check_job_as(dir: &JobDir, uid: u32, policy: &Policy, rank: bool) -> Resu
         return Err(Refusal::job("the job already ran (it was started before)"));
     }
     let shipped = shipped_entries(dir, uid, &entries)?;
+    // A cancelled job is never started: an entry the client is writing at
+    // this moment (its outcome's temporary file) does not make it refused.
+    let cancelled = entries.iter().any(|n| n == CANCEL);
     if let Some(bad) = entries
         .iter()
-        .find(|n| !CLIENT_FILES.contains(&n.as_str()) && !shipped.contains(n))
+        .find(|n| !cancelled && !CLIENT_FILES.contains(&n.as_str()) && !shipped.contains(n))
     {
         return Err(Refusal::job(format!(
             "unexpected file {} in the job directory (only {} may exist before the job starts)",
@@ -117,7 +120,10 @@ pub fn check_job_as(dir: &JobDir, uid: u32, policy: &Policy, rank: bool) -> Resu
         )));
     }
     // Every client file present must be a regular file of the caller.
-    for name in entries.iter().filter(|n| !shipped.contains(n)) {
+    for name in entries
+        .iter()
+        .filter(|n| !shipped.contains(n) && CLIENT_FILES.contains(&n.as_str()))
+    {
         let shown = dir.path.join(name).display().to_string();
         let st = fstatat(dir.fd.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| Refusal::job(format!("{shown}: {e}")))?;
@@ -275,6 +281,17 @@ mod tests {
         // A manifest naming delegate's own files is refused.
         std::fs::write(dir.join("shipped"), b"outcome\n").unwrap();
         assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("delegate's own files"));
+    }
+
+    #[test]
+    fn a_cancelled_job_with_a_client_write_in_flight_is_cancelled_not_refused() {
+        let (root, dir, _spec, uid) = setup();
+        let p = policy(root.path());
+        let jd = open_job_dir(&dir, uid).unwrap();
+        std::fs::write(dir.join("..outcome.client-1-2.tmp-1-3"), b"").unwrap();
+        assert!(check_job(&jd, uid, &p).unwrap_err().reason().contains("unexpected file"));
+        std::fs::write(dir.join("cancel"), b"").unwrap();
+        assert!(check_job(&jd, uid, &p).unwrap().cancel_requested);
     }
 
     #[test]

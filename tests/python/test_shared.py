@@ -194,9 +194,11 @@ out(ids=[f.job_id for f in futs], words=[f.outcome for f in futs],
     listing = alice.run(
         "import subprocess; print(subprocess.run(['delegate', 'list'], capture_output=True, text=True).stdout)"
     ).stdout
-    raised = [line for line in listing.splitlines() if res["ids"][1] in line]
-    assert raised and "raised ZeroDivisionError" in raised[0], listing
-    assert "cancelled by the user" not in listing, listing
+    mine = {i: line for line in listing.splitlines() for i in res["ids"] if line.startswith(i)}
+    assert "raised ZeroDivisionError" in mine[res["ids"][1]], listing
+    for i in dropped:
+        assert "cancelled: call 1 of this map raised ZeroDivisionError" in mine[res["ids"][i]], listing
+    assert not any("cancelled by the user" in line for line in mine.values()), listing
     table, _ = alice.result(
         HEADER + "t = delegate.jobs(50)\nout(rows={r['id']: r['outcome'] for r in t}, html=t._repr_html_())\n"
     )
