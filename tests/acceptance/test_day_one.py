@@ -241,9 +241,15 @@ def test_3_a_students_day_in_the_browser(students):
     assert resp is not None and (resp.status == 403 or "403" in ben.page.inner_text("body"))
 
 
-def test_4_the_instructors_admin_page_lists_the_class(browser, students):
+def test_4_the_instructor_in_the_browser(browser, students):
+    """The roster's instructor: `delegate doctor` from a notebook (an admin
+    on the user node: the shared munged) and the hub's admin page, which
+    lists the class and no test account."""
     prof = Student(browser, PROF, initial_password(PROF), ARTIFACTS)
-    prof.login(lab=False)
+    prof.login()
+    prof.new_notebook()
+    text = prof.run_cell(DOCTOR, "doctor-exit=", "doctor")
+    assert "doctor-exit=0" in text and "FAIL" not in text and "user node" in text, text
     resp = prof.page.goto(f"{URL}/hub/admin")
     prof.page.wait_for_selector(f"text={ANN}")
     prof.shot("admin-page")
@@ -254,7 +260,17 @@ def test_4_the_instructors_admin_page_lists_the_class(browser, students):
     prof.ctx.close()
 
 
-def test_5_down_leaves_nothing(day):
+def test_5_a_students_shell_on_the_hub(day):
+    """`./build_cluster.sh shell NAME` (the README's way to a student's
+    shell): Slurm, sacct and delegate work there as in the hub's terminal."""
+    script = "sacct -X -n --format=State%20 | tail -n 2; echo sacct-exit=$?\ndelegate doctor; echo doctor-exit=$?\n"
+    r = run(SCRIPT, "shell", BEN, input=script, env=ENV, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "sacct-exit=0" in out and "COMPLETED" in out, out
+    assert "doctor-exit=0" in out and "FAIL" not in out, out
+
+
+def test_6_down_leaves_nothing(day):
     r = run(SCRIPT, "down", env=ENV, timeout=600)
     assert r.returncode == 0 and "nothing of stack" in r.stdout + r.stderr
 
