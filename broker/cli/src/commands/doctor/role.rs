@@ -51,8 +51,8 @@ impl NodeRole {
             NodeRole::Single => "single machine: Slurm, the root agent and the sandboxes all run here",
             NodeRole::Worker => "worker: Slurm runs jobs here, the root agent starts their sandboxes",
             NodeRole::User => {
-                "user node: Slurm's commands and your own munged; the sandboxes run on the workers \
-                 (the instructor's `build_cluster.sh test` checks them)"
+                "user node: Slurm's commands (each student with a munged of their own); the sandboxes run \
+                 on the workers (the instructor's `build_cluster.sh test` checks them)"
             }
             NodeRole::Head => "head: slurmctld; the sandboxes run on the workers",
         }
