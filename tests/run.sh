@@ -103,34 +103,34 @@ rc=$?
 set -e
 ((rc == 0)) || fail "Python package tests (pytest exit $rc)"
 
+# stack_stage DIR WHAT ARGS...: pytest DIR (a stage on the multi-node stack),
+# unless DELEGATE_SKIP_STACK=1; exit 5 (every test deselected by the extra
+# arguments, -k ...) is a pass.
+stack_stage() {
+    local dir=$1 what=$2 rc
+    shift 2
+    if [[ ${DELEGATE_SKIP_STACK:-0} == 1 ]]; then
+        echo "WARNING: DELEGATE_SKIP_STACK=1: $what skipped" >&2
+        return 0
+    fi
+    set +e
+    "$VENV/bin/python" -m pytest -v "$dir" "$@"
+    rc=$?
+    set -e
+    ((rc == 0 || rc == 5)) || fail "$what (pytest exit $rc)"
+}
+
 section "cluster stack: pytest -v tests/cluster (build_cluster.sh deploy, test, down)"
 # The multi-node deployment as containers on this machine (head, 2 workers,
 # user node with JupyterLab), beside the single-machine cluster. Images are
-# reused when present. DELEGATE_SKIP_STACK=1 skips this stage.
-if [[ ${DELEGATE_SKIP_STACK:-0} == 1 ]]; then
-    echo "WARNING: DELEGATE_SKIP_STACK=1: cluster stack tests skipped" >&2
-else
-    set +e
-    "$VENV/bin/python" -m pytest -v tests/cluster "$@"
-    rc=$?
-    set -e
-    # 5 = every test deselected by the extra arguments (-k ...).
-    ((rc == 0 || rc == 5)) || fail "cluster stack tests (pytest exit $rc)"
-fi
+# reused when present.
+stack_stage tests/cluster "cluster stack tests" "$@"
 
 section "acceptance: pytest -v tests/acceptance (the course's day one, in a browser)"
 # deploy -> roster right after -> the instructor's test -> two students in
 # JupyterHub (chromium + Playwright) -> down. Screenshots of every step:
 # ${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}/acceptance.
-if [[ ${DELEGATE_SKIP_STACK:-0} == 1 ]]; then
-    echo "WARNING: DELEGATE_SKIP_STACK=1: acceptance suite skipped" >&2
-else
-    set +e
-    "$VENV/bin/python" -m pytest -v tests/acceptance "$@"
-    rc=$?
-    set -e
-    ((rc == 0 || rc == 5)) || fail "acceptance suite (pytest exit $rc)"
-fi
+stack_stage tests/acceptance "acceptance suite" "$@"
 
 section "all tests passed"
 printf 'total %ds\n' "$((SECONDS - T0))"

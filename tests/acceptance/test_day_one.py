@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from browser import ARTIFACTS_ROOT, URL, Student, browser_for
 
-from stacklib import REPO, SCRIPT, STACK_DIR, cid, on, run
+from stacklib import REPO, SCRIPT, STACK_DIR, cid, initial_password, on, run
 
 ARTIFACTS = ARTIFACTS_ROOT / "acceptance"
 ANN, BEN, PROF = "day-ann", "day-ben", "day-prof"
@@ -48,14 +48,6 @@ ENV = {
 }
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
-
-
-def initial_password(user: str) -> str:
-    for line in (STACK_DIR / "secrets" / "initial-passwords").read_text().splitlines():
-        name, _, pw = line.partition(" ")
-        if name == user:
-            return pw
-    raise AssertionError(f"no initial password of {user}")
 
 
 def readme_block(after: str) -> str:

@@ -122,25 +122,32 @@ class Student:
         time.sleep(1)
         return True
 
-    def run_cell(self, code: str, until: str, what: str, timeout=240_000) -> str:
-        """Types CODE into the last cell, runs it, waits until its output
-        holds UNTIL; returns the output's text."""
+    def _run_until(self, code: str, until: str, what: str, timeout: float, period: float, sample=None) -> str:
+        """Types CODE into the last cell, runs it, reads its output every
+        PERIOD seconds (each reading given to SAMPLE) until it holds UNTIL
+        or the cell ran to its end; returns the output's text."""
         cell = self._run_last_cell(code)
         out = cell.locator(".jp-OutputArea")
         start = time.monotonic()
         deadline = start + timeout / 1000
-        text = ""
         rerun = False
         while time.monotonic() < deadline:
             text = out.inner_text() if out.count() else ""
+            if sample is not None:
+                sample(text)
             if until in text or self._finished(cell):
                 break
             rerun = rerun or self._dropped(cell, start, what)
-            time.sleep(1)
+            time.sleep(period)
         text = out.inner_text() if out.count() else ""
         self.shot(what)
         assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
         return text
+
+    def run_cell(self, code: str, until: str, what: str, timeout=240_000) -> str:
+        """Types CODE into the last cell, runs it, waits until its output
+        holds UNTIL; returns the output's text."""
+        return self._run_until(code, until, what, timeout, 1.0)
 
     def watch_cell(
         self, code: str, seen: str, until: str, what: str, timeout=300_000
@@ -149,16 +156,10 @@ class Student:
         second until it holds UNTIL; returns every distinct line that held
         SEEN on the way (the live lines' states) and the final text. A
         screenshot is taken at each new state (its clock aside)."""
-        cell = self._run_last_cell(code)
-        out = cell.locator(".jp-OutputArea")
-        start = time.monotonic()
-        deadline = start + timeout / 1000
         states: list[str] = []
         kinds: set[str] = set()
-        text = ""
-        rerun = False
-        while time.monotonic() < deadline:
-            text = out.inner_text() if out.count() else ""
+
+        def sample(text: str) -> None:
             for line in text.splitlines():
                 if seen in line and line not in states:
                     states.append(line)
@@ -166,11 +167,6 @@ class Student:
                     if kind not in kinds:
                         kinds.add(kind)
                         self.shot(f"{what}-{len(kinds)}")
-            if until in text or self._finished(cell):
-                break
-            rerun = rerun or self._dropped(cell, start, what)
-            time.sleep(0.5)
-        text = out.inner_text() if out.count() else ""
-        self.shot(what)
-        assert until in text, f"{self.user}: cell output without {until!r}: {text!r}"
+
+        text = self._run_until(code, until, what, timeout, 0.5, sample)
         return states, text

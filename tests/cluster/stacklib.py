@@ -49,6 +49,15 @@ def run(*args, timeout=1800, quiet=False, check=False, **kw) -> subprocess.Compl
     return r
 
 
+def initial_password(user: str) -> str:
+    """USER's initial hub password (the roster's secrets file, root only)."""
+    for line in (STACK_DIR / "secrets" / "initial-passwords").read_text().splitlines():
+        name, _, pw = line.partition(" ")
+        if name == user:
+            return pw
+    raise AssertionError(f"no initial password of {user}")
+
+
 def cid(service: str) -> str:
     """The running container of the stack's SERVICE, "" when none runs."""
     ids = run(

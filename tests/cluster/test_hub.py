@@ -29,7 +29,7 @@ import pytest
 from browser import URL, Student, browser_for
 
 import stacklib
-from stacklib import SCRIPT, STACK, STACK_DIR, cid, run
+from stacklib import SCRIPT, STACK, STACK_DIR, cid, initial_password, run
 
 HOME = Path(stacklib.HOME)
 WORKERS = os.environ.get("DELEGATE_TEST_HUB_WORKERS", "2")
@@ -60,14 +60,6 @@ def on_user_node(*cmd, timeout=120, user=None):
     """CMD on the user node: as `user`, or as root (whose CAP_SYS_PTRACE
     sees every process through hidepid, as an operator's shell does)."""
     return stacklib.on("user", *cmd, user=user, timeout=timeout)
-
-
-def initial_password(user: str) -> str:
-    for line in (STACK_DIR / "secrets" / "initial-passwords").read_text().splitlines():
-        name, _, pw = line.partition(" ")
-        if name == user:
-            return pw
-    raise AssertionError(f"no initial password of {user}")
 
 
 def roster_uid(user: str) -> int:

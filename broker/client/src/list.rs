@@ -2,6 +2,8 @@
 //! command, or the name of the Python function).
 
 use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::Path;
 
 use delegate_protocol::{
     list_entries, open_regular_at, read_bounded_at, read_record_at, JobId, Spec, State, Task, PAYLOAD, RAISED,
@@ -90,8 +92,11 @@ impl Client {
         Ok(jobs
             .into_iter()
             .map(|status| {
-                let what = self.what(&status.id);
-                let outcome = self.outcome_words(&status);
+                // One open of the job directory for both.
+                let dir = self.job_dir(&status.id);
+                let fd = self.open_job_dir(&status.id).ok();
+                let what = fd.as_ref().map_or_else(|| "?".to_owned(), |fd| what_at(fd, &dir));
+                let outcome = words(&status, || fd.as_ref().and_then(|fd| self.raised_at(fd, &dir)));
                 JobSummary { status, what, outcome }
             })
             .collect())
@@ -123,50 +128,59 @@ impl Client {
     /// the user's own (untrusted) data: bounded, control characters
     /// replaced; `?` when the spec cannot be read.
     pub fn what(&self, id: &JobId) -> String {
-        let Ok(fd) = self.open_job_dir(id) else {
-            return "?".to_owned();
-        };
-        let dir = self.job_dir(id);
-        let spec: Spec = match read_record_at(&fd, &dir, None) {
-            Ok(s) => s,
-            Err(_) => return "?".to_owned(),
-        };
-        match spec.task {
-            Task::Command { argv } => describe_argv(&argv),
-            Task::Python { .. } => {
-                let header = open_regular_at(&fd, &dir, PAYLOAD).ok().flatten().and_then(|f| {
-                    let mut buf = Vec::new();
-                    f.take((PAYLOAD_MAGIC.len() + MAX_PAYLOAD_HEADER) as u64)
-                        .read_to_end(&mut buf)
-                        .ok()?;
-                    python_function(&buf)
-                });
-                match header {
-                    Some(name) => format!("{}()", clean(&name)),
-                    None => "python call".to_owned(),
-                }
+        match self.open_job_dir(id) {
+            Ok(fd) => what_at(&fd, &self.job_dir(id)),
+            Err(_) => "?".to_owned(),
+        }
+    }
+
+    /// A job's state in the user's words (see [`JobSummary::outcome`]).
+    pub fn outcome_words(&self, s: &JobStatus) -> String {
+        words(s, || {
+            let fd = self.open_job_dir(&s.id).ok()?;
+            self.raised_at(&fd, &self.job_dir(&s.id))
+        })
+    }
+
+    /// The type name in the `raised` file of the job directory `fd`
+    /// (`dir`), when it holds one.
+    fn raised_at(&self, fd: &OwnedFd, dir: &Path) -> Option<String> {
+        let raw = read_bounded_at(fd, dir, RAISED, 256, Some(self.uid)).ok()?;
+        exception_name(&raw)
+    }
+}
+
+/// What the job in directory `fd` (`dir`) runs (see [`Client::what`]).
+fn what_at(fd: &OwnedFd, dir: &Path) -> String {
+    let spec: Spec = match read_record_at(fd, dir, None) {
+        Ok(s) => s,
+        Err(_) => return "?".to_owned(),
+    };
+    match spec.task {
+        Task::Command { argv } => describe_argv(&argv),
+        Task::Python { .. } => {
+            let header = open_regular_at(fd, dir, PAYLOAD).ok().flatten().and_then(|f| {
+                let mut buf = Vec::new();
+                f.take((PAYLOAD_MAGIC.len() + MAX_PAYLOAD_HEADER) as u64)
+                    .read_to_end(&mut buf)
+                    .ok()?;
+                python_function(&buf)
+            });
+            match header {
+                Some(name) => format!("{}()", clean(&name)),
+                None => "python call".to_owned(),
             }
         }
     }
 }
 
-impl Client {
-    /// A job's state in the user's words (see [`JobSummary::outcome`]).
-    pub fn outcome_words(&self, s: &JobStatus) -> String {
-        match s.state {
-            State::Completed => self
-                .raised(&s.id)
-                .map_or_else(|| "completed".to_owned(), |t| format!("raised {t}")),
-            State::Cancelled if s.reason.starts_with("cancelled: ") => s.reason.clone(),
-            other => other.as_str().to_owned(),
-        }
-    }
-
-    /// The type name in the job's `raised` file, when it holds one.
-    fn raised(&self, id: &JobId) -> Option<String> {
-        let fd = self.open_job_dir(id).ok()?;
-        let raw = read_bounded_at(&fd, &self.job_dir(id), RAISED, 256, Some(self.uid)).ok()?;
-        exception_name(&raw)
+/// A job's state in the user's words; `raised` reads the `raised` file
+/// (only for a completed job).
+fn words(s: &JobStatus, raised: impl FnOnce() -> Option<String>) -> String {
+    match s.state {
+        State::Completed => raised().map_or_else(|| "completed".to_owned(), |t| format!("raised {t}")),
+        State::Cancelled if s.reason.starts_with("cancelled: ") => s.reason.clone(),
+        other => other.as_str().to_owned(),
     }
 }
 

@@ -237,18 +237,10 @@ pub fn execute(plan: &Plan, dir: &Path) -> Result<()> {
         .map_err(io(format!("cannot write {}", path.display())))
 }
 
-/// Both passes: `paths` shipped into the job directory `dir` within
-/// `limit` bytes; `root`: the delegate root (never shipped).
-pub fn ship(dir: &Path, paths: &[PathBuf], limit: u64, root: Option<&Path>) -> Result<()> {
-    if paths.is_empty() {
-        return Ok(());
-    }
-    let mut warn = |m: String| {
-        tracing::warn!("{m}");
-        eprintln!("delegate: {m}");
-    };
-    let p = plan(paths, limit, root, &mut warn)?;
-    execute(&p, dir)
+/// What a shipment leaves out, told to the user (stderr) and the log.
+pub fn say_left_out(m: String) {
+    tracing::warn!("{m}");
+    eprintln!("delegate: {m}");
 }
 
 /// Copies one regular file (executable or not), its bytes counted against
@@ -287,6 +279,16 @@ fn stays_inside(root: &Path, link: &Path) -> bool {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// Both passes: `paths` shipped into the job directory `dir` within
+    /// `limit` bytes; `root`: the delegate root (never shipped).
+    pub fn ship(dir: &Path, paths: &[PathBuf], limit: u64, root: Option<&Path>) -> Result<()> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        let p = plan(paths, limit, root, &mut say_left_out)?;
+        execute(&p, dir)
+    }
 
     fn quiet() -> impl FnMut(String) {
         |_| {}

@@ -79,9 +79,19 @@ impl Client {
         let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
         let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
         let specs = reqs.iter().map(|r| self.spec_for(r, &image)).collect::<Result<Vec<_>>>()?;
+        // Each distinct shipment measured (and refused) once, before any
+        // job directory is made: a map's calls share theirs.
+        let payload_max = reqs.iter().map(|r| r.payload.as_ref().map_or(0, |p| p.len() as u64)).max();
+        let mut shipments: Vec<(&[PathBuf], crate::ship::Plan)> = Vec::new();
+        for r in reqs.iter().filter(|r| !r.files.is_empty()) {
+            if !shipments.iter().any(|(f, _)| *f == r.files.as_slice()) {
+                shipments.push((&r.files, self.ship_plan(&r.files, payload_max.unwrap_or(0), &policy)?));
+            }
+        }
         let mut jobs: Vec<(JobId, PathBuf, OwnedFd)> = Vec::with_capacity(reqs.len());
         for (spec, req) in specs.into_iter().zip(reqs) {
-            match self.prepare(spec, req.payload.as_deref(), &req.files, &policy) {
+            let shipment = shipments.iter().find(|(f, _)| *f == req.files.as_slice()).map(|(_, p)| p);
+            match self.prepare(spec, req.payload.as_deref(), shipment) {
                 Ok(j) => jobs.push(j),
                 Err(e) => {
                     // Nothing was submitted: nothing is left behind.
@@ -293,11 +303,8 @@ impl Client {
         &self,
         mut spec: Spec,
         payload: Option<&[u8]>,
-        files: &[PathBuf],
-        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+        shipment: Option<&crate::ship::Plan>,
     ) -> Result<(JobId, PathBuf, OwnedFd)> {
-        // The shipment is measured and refused before anything is made.
-        let shipment = self.ship_plan(files, payload.map_or(0, |p| p.len() as u64), policy)?;
         let mut attempts = 0;
         let fd = loop {
             match nix::sys::stat::mkdirat(&self.root_fd, spec.job_id.as_str(), Mode::from_bits_truncate(0o700)) {
@@ -320,7 +327,7 @@ impl Client {
         if let Some(p) = payload {
             atomic_write_at_deferred(&fd, &dir, protocol::PAYLOAD, p, 0o600)?;
         }
-        if let Some(plan) = &shipment {
+        if let Some(plan) = shipment {
             if let Err(e) = crate::ship::execute(plan, &dir) {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
@@ -331,16 +338,13 @@ impl Client {
 
     /// The shipment of `files` measured against the site's job size, less
     /// what the job directory holds anyway (spec, payload, headroom for the
-    /// call's own output); None when nothing is shipped.
+    /// call's own output).
     fn ship_plan(
         &self,
         files: &[PathBuf],
         payload_bytes: u64,
         policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
-    ) -> Result<Option<crate::ship::Plan>> {
-        if files.is_empty() {
-            return Ok(None);
-        }
+    ) -> Result<crate::ship::Plan> {
         let limit = match policy {
             // 0: no job size limit.
             Ok(p) => match p.limits().map_err(ClientError::InvalidRequest)?.max_job_bytes {
@@ -349,11 +353,7 @@ impl Client {
             },
             Err(e) => return Err(ClientError::Policy(e.clone())),
         };
-        let mut warn = |m: String| {
-            tracing::warn!("{m}");
-            eprintln!("delegate: {m}");
-        };
-        crate::ship::plan(files, limit, Some(&self.root), &mut warn).map(Some)
+        crate::ship::plan(files, limit, Some(&self.root), &mut crate::ship::say_left_out)
     }
 
     /// Removes every prepared job directory (best effort): for a submission

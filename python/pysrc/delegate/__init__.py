@@ -170,6 +170,14 @@ def _resources(res: dict) -> dict:
     return out
 
 
+def _files_list(files):
+    """``files=`` kept as a list (a generator would be used up by the first
+    submission); one path stays as it is."""
+    if files is None or isinstance(files, (str, bytes, os.PathLike)):
+        return files
+    return list(files)
+
+
 def _submit_many(fn, calls, res: dict, backend: str | None = None) -> list:
     """Submits every (args, kwargs) of ``calls`` in one sbatch (or runs each
     in a local subprocess); returns futures, under one live line."""
@@ -253,8 +261,7 @@ def remote(
     ``files=["data", "helpers.py"]``: copied into each call's job directory
     before submission (the call sees ``/job/data``, ``/job/helpers.py``);
     the local backend leaves them where they are."""
-    if files is not None and not isinstance(files, (str, bytes, os.PathLike)):
-        files = list(files)  # a generator would be used up by the first call
+    files = _files_list(files)
     res = dict(cpus=cpus, gpus=gpus, nodes=nodes, mem=mem, time=time, image=image, env=env, files=files)
     res = {k: v for k, v in res.items() if v is not None}
     if fn is None:
@@ -272,8 +279,7 @@ class Executor(cf.Executor):
     def __init__(
         self, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None, files=None
     ):
-        if files is not None and not isinstance(files, (str, bytes, os.PathLike)):
-            files = list(files)  # a generator would be used up by the first map
+        files = _files_list(files)
         self._resources = {
             k: v
             for k, v in dict(

@@ -87,12 +87,11 @@ const T: Duration = Duration::from_secs(20);
 
 /// The controller answers, a node is usable; elastic workers explained.
 fn slurm_checks(checks: &mut Vec<Check>) {
-    let t = T;
     let slurm_fix = "start Slurm (build_cluster.sh --local on a single machine) and check that slurmctld is running and SLURM_CONF points at its configuration";
 
     checks.push(check(
         "slurm controller",
-        match run_cmd("scontrol", &["ping"], None, t) {
+        match run_cmd("scontrol", &["ping"], None, T) {
             Ok(o) if o.ok && o.stdout.contains("UP") => Ok(o.stdout.lines().next().unwrap_or("").trim().to_owned()),
             Ok(o) => Err((format!("scontrol ping: {}", o.first_line()), slurm_fix.into())),
             Err(e) => Err((e, slurm_fix.into())),
@@ -100,7 +99,7 @@ fn slurm_checks(checks: &mut Vec<Check>) {
     ));
     checks.push(check(
         "slurm nodes",
-        match run_cmd("sinfo", &["--noheader", "--format=%P %a %D %T"], None, t) {
+        match run_cmd("sinfo", &["--noheader", "--format=%P %a %D %T"], None, T) {
             Ok(o) if o.ok => {
                 let lines: Vec<&str> = o.stdout.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
                 let usable = lines.iter().any(|l| {
@@ -128,12 +127,12 @@ fn slurm_checks(checks: &mut Vec<Check>) {
     // Elastic workers (docs/elastic.md): a job waiting for a worker Slurm
     // is powering up, or a worker that failed to start.
     if let (Ok(n), Ok(q)) = (
-        run_cmd("sinfo", &["--noheader", "--Node", "--format=%N|%T|%E"], None, t),
+        run_cmd("sinfo", &["--noheader", "--Node", "--format=%N|%T|%E"], None, T),
         run_cmd(
             "squeue",
             &["--me", "--noheader", "--states=PD,CF", "--format=%i|%T|%r"],
             None,
-            t,
+            T,
         ),
     ) {
         if let Some(res) =
@@ -148,7 +147,6 @@ fn slurm_checks(checks: &mut Vec<Check>) {
 /// use (`socket`: the one their slurm.conf's AuthInfo names, else munged's
 /// default).
 fn munge_check(socket: Option<String>) -> Check {
-    let t = T;
     let (args, what) = match &socket {
         Some(s) => (vec!["-S", s.as_str()], format!("your munged ({s})")),
         None => (Vec::new(), "munged".to_owned()),
@@ -159,8 +157,8 @@ fn munge_check(socket: Option<String>) -> Check {
     };
     let mut encode = args.clone();
     encode.push("-n");
-    let res = match run_cmd("munge", &encode, None, t) {
-        Ok(o) if o.ok => match run_cmd("unmunge", &args, Some(o.stdout.into_bytes()), t) {
+    let res = match run_cmd("munge", &encode, None, T) {
+        Ok(o) if o.ok => match run_cmd("unmunge", &args, Some(o.stdout.into_bytes()), T) {
             Ok(u) if u.ok => Ok(format!("a credential round-trips through {what}")),
             Ok(u) => Err((format!("unmunge: {}", u.first_line()), munge_fix)),
             Err(e) => Err((e, munge_fix)),
