@@ -63,7 +63,7 @@ pub enum Verdict {
 
 /// The reason of a job whose node is being powered up (elastic workers,
 /// docs/elastic.md); the figure is the cold start measured on the stack.
-pub const COLD_START: &str = "waiting for a worker to start (it was powered down; usually 15-35 s)";
+pub const COLD_START: &str = "waiting for a worker to start (it was powered down; usually 5-25 s)";
 
 /// Decides the state of a job that has no outcome file. `log` is called
 /// only when the job is over according to Slurm.
