@@ -317,6 +317,13 @@ impl Policy {
         if !self.allowed_images.iter().any(|i| i == &spec.image) {
             return Err(Violation::Image(spec.image.clone(), self.allowed_images.join(", ")));
         }
+        self.check_resources(&spec.resources)
+    }
+
+    /// Checks what a job asks for (CPUs, memory, time, GPUs, nodes)
+    /// against the site's maxima: the runner for every job, the client
+    /// before it submits (one sentence instead of Slurm's own refusal).
+    pub fn check_resources(&self, r: &crate::Resources) -> Result<(), Violation> {
         // Limits were validated at load; a policy that fails here allows nothing.
         let lim = self.limits().unwrap_or(Limits {
             max_mem_bytes: 0,
@@ -325,7 +332,6 @@ impl Policy {
             max_output_bytes: 0,
             max_job_bytes: 0,
         });
-        let r = &spec.resources;
         let over = |what, asked: String, max: String| Err(Violation::Limit { what, asked, max });
         if r.cpus > self.max_cpus {
             return over("cpus", r.cpus.to_string(), self.max_cpus.to_string());

@@ -224,6 +224,9 @@ pub fn place_in(hostnames: &str, node: &str) -> Result<RankPlace, String> {
     if names.is_empty() || names.len() > delegate_protocol::MAX_RANKS as usize {
         return Err("the job's node list is empty or too long".into());
     }
+    if names.len() < 2 {
+        return Err("rank sandboxes are only for multi-node delegate jobs, and this Slurm job has one node".into());
+    }
     let rank = names
         .iter()
         .position(|n| *n == node)
@@ -380,6 +383,7 @@ mod tests {
         assert!(check_squeue_rank("42|RUNNING|2001|a|b\n", "42", 2001).is_err());
         assert_eq!(place_in("w1\nw2\n", "w2"), Ok(RankPlace { rank: 1, world: 2 }));
         assert_eq!(place_in("w1\nw2\n", "w1"), Ok(RankPlace { rank: 0, world: 2 }));
+        assert!(place_in("w1\n", "w1").unwrap_err().contains("only for multi-node"));
         assert!(place_in("w1\nw2\n", "w3").is_err());
         assert!(place_in("", "w1").is_err());
     }

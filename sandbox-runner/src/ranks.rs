@@ -69,10 +69,27 @@ pub async fn run_rank(dir: &Path, signals: SignalWatch) -> i32 {
     }
 }
 
-/// The argv of the rank step: srun, then exactly the form the SPANK
+/// `SLURM_JOB_ID` of this batch step (set by slurmstepd, which overrides
+/// whatever the submitter's environment said).
+fn slurm_job_id() -> Option<String> {
+    let id = std::env::var("SLURM_JOB_ID").ok()?;
+    (!id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit())).then_some(id)
+}
+
+/// The only environment srun gets: the submitter's `SLURM_*` variables
+/// are srun's options (`SLURM_PROLOG` is `--prolog`, run by srun as the
+/// student outside any sandbox), so srun starts from nothing but a PATH;
+/// the job comes from `--jobid`.
+pub const SRUN_ENV: &[(&str, &str)] = &[("PATH", "/usr/bin:/bin")];
+
+/// The argv of the rank step: srun with every option that runs a program
+/// pinned (no srun prolog or epilog), then exactly the form the SPANK
 /// plugin admits (`<runner> rank <dir>`).
-pub fn srun_args(runner: &str, dir: &Path, nodes: u32) -> Vec<String> {
+pub fn srun_args(runner: &str, dir: &Path, nodes: u32, job: &str) -> Vec<String> {
     vec![
+        format!("--jobid={job}"),
+        "--prolog=none".into(),
+        "--epilog=none".into(),
         "--kill-on-bad-exit=1".into(),
         format!("--nodes={nodes}"),
         format!("--ntasks={nodes}"),
@@ -202,9 +219,18 @@ pub async fn run_ranks(path: &Path, mut signals: SignalWatch) -> i32 {
             false,
         ));
     }
+    let Some(slurm_job) = slurm_job_id() else {
+        return write(&fail(
+            State::Failed,
+            "sandbox-runner ranks runs only as the batch step of a Slurm job (no SLURM_JOB_ID)".into(),
+            false,
+        ));
+    };
     tracing::info!("job {}: starting {nodes} ranks with {}", checked.job_id, srun.display());
     let child = tokio::process::Command::new(&srun)
-        .args(srun_args(&runner, &dir.path, nodes))
+        .env_clear()
+        .envs(SRUN_ENV.iter().copied())
+        .args(srun_args(&runner, &dir.path, nodes, &slurm_job))
         .kill_on_drop(false)
         .spawn();
     let mut child = match child {
@@ -291,8 +317,11 @@ mod tests {
 
     #[test]
     fn srun_argv_is_the_spank_form() {
-        let a = srun_args("/usr/local/bin/sandbox-runner", Path::new("/home/a/j"), 2);
+        let a = srun_args("/usr/local/bin/sandbox-runner", Path::new("/home/a/j"), 2, "42");
         assert_eq!(&a[a.len() - 3..], ["/usr/local/bin/sandbox-runner", "rank", "/home/a/j"]);
-        assert!(a.contains(&"--kill-on-bad-exit=1".to_string()));
+        for pinned in ["--kill-on-bad-exit=1", "--jobid=42", "--prolog=none", "--epilog=none"] {
+            assert!(a.contains(&pinned.to_string()), "{pinned} missing from {a:?}");
+        }
+        assert!(SRUN_ENV.iter().all(|(k, _)| !k.starts_with("SLURM")));
     }
 }

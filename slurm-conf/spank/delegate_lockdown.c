@@ -29,7 +29,11 @@
  *  - slurm_spank_task_init (remote, in the batch or rank task after setuid,
  *    just before the exec of the batch script or the runner) replaces the job's environment by
  *    an allowlist, so LD_PRELOAD, LD_AUDIT, GCONV_PATH, BASH_ENV, ... from
- *    the submitting shell never reach /bin/sh before it execs the runner.
+ *    the submitting shell never reach /bin/sh before it execs the runner,
+ *    and of SLURM_* only what slurmstepd sets itself survives (the
+ *    submitter's SLURM_PROLOG etc. are options of the srun the runner
+ *    starts for a rank job; the runner also starts srun with an empty
+ *    environment and those options pinned).
  * Root and admins keep full Slurm. Students cannot reach this code: it runs
  * inside slurmstepd, root-owned and not dumpable.
  */
@@ -80,13 +84,20 @@ static int safe_path(const char *p)
 	return !strstr(p, "//") && !strstr(p, "/./") && !strstr(p, "/../");
 }
 
-/* Is this step delegate's rank step: argv exactly { runner, "rank", <dir> }? */
+/* Is this step delegate's rank step: a job of two nodes or more, argv
+ * exactly { runner, "rank", <dir> }? */
 static int is_rank_step(spank_t sp)
 {
 	int argc = 0;
 	char **argv = NULL;
 
 	if (!runner)
+		return 0;
+	uint32_t nnodes = 0;
+
+	/* Only a multi-node job has ranks (job_submit.lua admits more than
+	 * one node only in delegate's rank form). */
+	if (spank_get_item(sp, S_JOB_NNODES, &nnodes) != ESPANK_SUCCESS || nnodes < 2)
 		return 0;
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || !argv)
 		return 0;
@@ -203,17 +214,47 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return -1;
 }
 
+/*
+ * The SLURM_* variables slurmstepd itself sets for a batch or rank task
+ * (seen with `env` in a 22.05 batch step and srun task). Every other
+ * SLURM_* name in the job's environment came from the submitter's shell
+ * and is an option of the Slurm commands a task may run: SLURM_PROLOG,
+ * SLURM_EPILOG, SLURM_TASK_PROLOG and SLURM_TASK_EPILOG are srun's
+ * --prolog/--epilog/--task-prolog/--task-epilog (programs srun or
+ * slurmstepd runs as the user, outside any sandbox), SLURM_CONTAINER is
+ * --container, SLURM_CONF names another configuration. They are dropped.
+ */
+static int slurm_owned(const char *e)
+{
+	static const char *prefixes[] = {
+		"SLURM_JOB_", "SLURM_ARRAY_", "SLURM_STEP_", "SLURM_TOPOLOGY_", "SLURMD_", NULL
+	};
+	static const char *exact[] = {
+		"SLURM_JOBID", "SLURM_STEPID", "SLURM_CLUSTER_NAME", "SLURM_WORKING_CLUSTER",
+		"SLURM_NODEID", "SLURM_NODELIST", "SLURM_NNODES", "SLURM_NODE_ALIASES",
+		"SLURM_PROCID", "SLURM_LOCALID", "SLURM_GTIDS", "SLURM_TASK_PID",
+		"SLURM_CPUS_ON_NODE", "SLURM_GPUS_ON_NODE", "SLURM_TASKS_PER_NODE",
+		"SLURM_PRIO_PROCESS", "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST",
+		"SLURM_LAUNCH_NODE_IPADDR", "SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT",
+		NULL
+	};
+	const char *eq = strchr(e, '=');
+	size_t n = eq ? (size_t)(eq - e) : strlen(e);
+
+	for (int i = 0; prefixes[i]; i++)
+		if (!strncmp(e, prefixes[i], strlen(prefixes[i])))
+			return 1;
+	for (int i = 0; exact[i]; i++)
+		if (strlen(exact[i]) == n && !strncmp(e, exact[i], n))
+			return 1;
+	return 0;
+}
+
 static int allowed_name(const char *e)
 {
 	static const char *exact[] = { "HOME=", "USER=", "LOGNAME=", "LANG=", "TZ=", NULL };
 
-	/* SLURM_CONF is the submitting node's client setting (on the stack's
-	 * user node each student's own, naming their munged): the node's
-	 * commands use the node's configuration. */
-	if (!strncmp(e, "SLURM_CONF=", 11))
-		return 0;
-	/* SLURM_* and SLURMD_* are what slurmstepd sets for the task. */
-	if (!strncmp(e, "SLURM_", 6) || !strncmp(e, "SLURMD_", 7))
+	if (slurm_owned(e))
 		return 1;
 	for (int i = 0; exact[i]; i++)
 		if (!strncmp(e, exact[i], strlen(exact[i])))

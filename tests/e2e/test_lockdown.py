@@ -342,6 +342,85 @@ def test_batch_step_environment_is_scrubbed(alice, tmp_path):
         (alice.home / "lockdown-preload.log").unlink(missing_ok=True)
 
 
+# srun's options as environment variables (sbatch reads none of them).
+SRUN_OPTION_VARS = (
+    "SLURM_PROLOG", "SLURM_EPILOG", "SLURM_TASK_PROLOG", "SLURM_TASK_EPILOG",
+    "SLURM_MPI_TYPE", "SLURM_CPU_BIND", "SLURM_OVERLAP",
+)  # fmt: skip
+
+
+def runner_environ(uid: int, job_dir: Path) -> dict[str, str]:
+    """The environment of the batch step's runner (the student's process
+    on the node that runs `<runner> <job_dir>`)."""
+    want = (RUNNER.encode(), str(job_dir).encode())
+    for p in Path("/proc").iterdir():
+        try:
+            if not p.name.isdigit() or p.stat().st_uid != uid:
+                continue
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+            if argv[0] != want[0] or want[1] not in argv:
+                continue
+            raw = (p / "environ").read_bytes().decode()
+        except OSError:
+            continue
+        return dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+    raise AssertionError(f"no runner process for {job_dir}")
+
+
+def test_srun_options_in_the_environment_never_reach_the_batch_step(alice):
+    """`SLURM_PROLOG=~/p.sh delegate submit ...`: srun reads SLURM_PROLOG
+    as --prolog (and SLURM_TASK_PROLOG, ...) and would run it as the
+    student outside the sandbox when a rank job's runner starts srun. The
+    plugin keeps only the SLURM_* variables slurmstepd sets."""
+    m = marker(alice)
+    script = alice.home / f"lockdown-prolog-{uuid.uuid4().hex[:8]}.sh"
+    script.write_text(f"#!/bin/sh\ntouch {m}\n")
+    script.chmod(0o755)
+    shutil.chown(script, alice.uid, alice.gid)
+    forged = {v: str(script) for v in SRUN_OPTION_VARS}
+    try:
+        r = alice.run("submit", "--", "sleep", "30", env_extra=forged)
+        assert r.returncode == 0, r.stderr
+        job = r.stdout.strip().splitlines()[-1]
+        alice.wait_started(job)
+        env = runner_environ(alice.uid, alice.job_dir(job))
+        assert env.get("SLURM_JOB_ID", "").isdigit(), sorted(env)
+        leaked = sorted(set(env) & set(SRUN_OPTION_VARS))
+        assert not leaked, f"srun options from the submitter reached the batch step: {leaked}"
+        alice.run("cancel", job)
+        alice.wait(job)
+        assert not m.exists()
+    finally:
+        script.unlink(missing_ok=True)
+        m.unlink(missing_ok=True)
+
+
+def test_no_rank_step_in_a_one_node_job(alice):
+    """`srun --jobid=<own job> --overlap <runner> rank <dir>` into one's own
+    single-node job: the plugin admits the rank form only in a job of two
+    nodes or more (and the agent serves ranks only to those)."""
+    job = alice.submit("sleep", "60")
+    try:
+        alice.wait_started(job)
+        sid = slurm_id(alice, job)
+        r = slurm_as(
+            alice, "srun", f"--jobid={sid}", "--overlap", RUNNER, "rank", str(alice.job_dir(job)), timeout=60
+        )
+        assert "Plugin initialization failed" in r.stderr or "launch failed" in r.stderr, r.stderr
+        assert not (alice.job_dir(job) / "started.0").exists()
+    finally:
+        alice.run("cancel", job)
+        alice.wait(job)
+
+
+def test_more_nodes_than_the_site_allows_is_one_sentence(alice):
+    r = alice.run("submit", "--nodes", "2", "--", "true")
+    assert r.returncode != 0
+    err = r.stderr.strip()
+    assert "nodes 2 is more than the site maximum of 1" in err, err
+    assert "Node count specification" not in err and len(err.splitlines()) == 1, err
+
+
 def test_client_refuses_a_root_the_gate_would_refuse(alice):
     """A delegate root with a quote in its path: shell_quote would write
     '\\'' into the script and the job gate would refuse every job; the client

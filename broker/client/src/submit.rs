@@ -79,6 +79,11 @@ impl Client {
         let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
         let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
         let specs = reqs.iter().map(|r| self.spec_for(r, &image)).collect::<Result<Vec<_>>>()?;
+        if let (Ok(p), Some(spec)) = (&policy, specs.first()) {
+            // (the calls of one submission ask for the same resources)
+            p.check_resources(&spec.resources)
+                .map_err(|v| ClientError::InvalidRequest(format!("the site does not allow this job: {v}")))?;
+        }
         // Each distinct shipment measured (and refused) once, before any
         // job directory is made: a map's calls share theirs.
         let payload_max = reqs.iter().map(|r| r.payload.as_ref().map_or(0, |p| p.len() as u64)).max();
