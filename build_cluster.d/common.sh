@@ -73,6 +73,20 @@ need_root() {
 
 # docker_ok: the Docker engine answers (bounded: a hung engine must not
 # hang the script).
+# private_logs DIR [NAME...]: the logs name every student's jobs, uids,
+# refusals and kills (what PrivateData and hidepid hide): DIR is not
+# listable (0711), each NAME is created, and every file in it is readable
+# by its owner and group adm only (0640). Daemons that write as another
+# user keep their file's owner.
+private_logs() {
+    local dir=$1 f
+    shift
+    install -d -m 0711 "$dir"
+    chmod 0711 "$dir"
+    for f in "$@"; do touch "$dir/$f"; done
+    find "$dir" -maxdepth 1 -type f -exec chgrp adm {} + -exec chmod 0640 {} +
+}
+
 docker_ok() { timeout 10 docker info >/dev/null 2>&1; }
 
 # --- lockdown (docs/security.md): shared by local.sh and stack.sh

@@ -245,10 +245,10 @@ local_write_slurm_conf() {
     rm -f "$tmp"
 
     # Private state and log directories (slurmctld writes as SlurmUser).
-    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_STATE_DIR/slurm" "$DELEGATE_LOG_DIR" "$DELEGATE_RUN_DIR"
+    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_STATE_DIR/slurm" "$DELEGATE_RUN_DIR"
     install -d -m 0755 "$DELEGATE_STATE_DIR/slurm/d"
     install -d -m 0700 -o "$slurmuser" "$DELEGATE_STATE_DIR/slurm/ctld"
-    touch "$DELEGATE_LOG_DIR/slurmctld.log" "$DELEGATE_LOG_DIR/epilog.log"
+    private_logs "$DELEGATE_LOG_DIR" slurmctld.log epilog.log slurmd.log dockerd.log agent.log
     chown "$slurmuser" "$DELEGATE_LOG_DIR/slurmctld.log"
 }
 
@@ -700,7 +700,8 @@ $out
 # local_up: `--local up`, steps 1-7 (see the top of this file).
 local_up() {
     need_root up
-    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_LOG_DIR" "$DELEGATE_RUN_DIR"
+    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_RUN_DIR"
+    private_logs "$DELEGATE_LOG_DIR"
     local_install_packages
     local_write_slurm_conf
     local_install_lockdown
@@ -710,6 +711,7 @@ local_up() {
     local_install_policy
     local_start_agent
     local_demo
+    private_logs "$DELEGATE_LOG_DIR"
     log "up: done in $((SECONDS - T0)) s"
 }
 

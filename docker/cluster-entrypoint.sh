@@ -27,7 +27,16 @@ log() { printf '%s [%s %s] %s\n' "$(date '+%H:%M:%S')" "$role" "$(hostname)" "$*
 die() { log "ERROR: $*" >&2; exit 1; }
 
 # --- configuration
-install -d -m 0755 /etc/slurm /etc/delegate /var/lib/delegate /var/log/delegate /run/delegate
+install -d -m 0755 /etc/slurm /etc/delegate /var/lib/delegate /run/delegate
+# The logs name every student's jobs, uids, refusals and kills: readable by
+# root and group adm only (0640), the directory not listable (0711).
+install -d -m 0711 /var/log/delegate
+chmod 0711 /var/log/delegate
+private_log() {
+    touch "$1"
+    chown "${2:-root}:adm" "$1"
+    chmod 0640 "$1"
+}
 install -o root -g root -m 0644 "$CFG/slurm.conf" /etc/slurm/slurm.conf
 install -o root -g root -m 0644 "$CFG/gres.conf" /etc/slurm/gres.conf
 # The site policy: root-owned, not writable by others (the runner checks).
@@ -116,8 +125,8 @@ install -d -m 0700 -o "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
 # (on the head a named volume: what an older image's slurm uid left is
 # handed to this one's)
 chown -R "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
-touch /var/log/delegate/slurmctld.log /var/log/delegate/epilog.log
-chown "${slurmuser:-root}" /var/log/delegate/slurmctld.log
+private_log /var/log/delegate/slurmctld.log "${slurmuser:-root}"
+for f in epilog slurmd agent; do private_log "/var/log/delegate/$f.log"; done
 
 # students: "name uid" of each account that is not in the admin group.
 students() {
@@ -266,8 +275,7 @@ head)
         chown "${slurmuser:-root}:" /run/delegate-power
         chmod 0700 /run/delegate-power
     fi
-    touch /var/log/delegate/power.log
-    chown "${slurmuser:-root}" /var/log/delegate/power.log
+    private_log /var/log/delegate/power.log "${slurmuser:-root}"
     # slurmctld needs slurmdbd (the "dbd" service) on its first start: with
     # AccountingStorageEnforce and no saved state it cannot start without
     # the associations. With state on the volume (a restart) it starts from
@@ -297,8 +305,7 @@ dbd)
     # slurmdbd.conf holds the database password: SlurmUser's, 0600.
     install -o "${slurmuser:-root}" -g root -m 0600 /run/secrets/slurmdbd.conf /etc/slurm/slurmdbd.conf
     install -d -o "${slurmuser:-root}" -m 0755 /run/slurmdbd
-    touch /var/log/delegate/slurmdbd.log
-    chown "${slurmuser:-root}" /var/log/delegate/slurmdbd.log
+    private_log /var/log/delegate/slurmdbd.log "${slurmuser:-root}"
     dbhost=$(sed -n 's/^StorageHost=//p' /etc/slurm/slurmdbd.conf)
     dbport=$(sed -n 's/^StoragePort=//p' /etc/slurm/slurmdbd.conf)
     # The database may still be starting (or be down): wait for its port
@@ -342,8 +349,6 @@ worker)
         || log "WARNING: the sandbox image is not present on this host's Docker engine"
     # The root agent, before slurmd: restarted if it ever exits (a job's
     # runner fails with "cannot reach the delegate agent" meanwhile).
-    touch /var/log/delegate/agent.log
-    chmod 0640 /var/log/delegate/agent.log
     (
         while :; do
             rc=0

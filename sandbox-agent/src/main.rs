@@ -34,7 +34,7 @@ mod stage;
 mod supervise;
 
 use std::collections::HashSet;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -47,7 +47,13 @@ fn init_logging() {
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
-    let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+    // 0640: the log names every student's jobs and uids (root and group
+    // adm read it; build_cluster.sh makes it root:adm).
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(&path);
     let builder = tracing_subscriber::fmt()
         .log_internal_errors(false)
         .with_ansi(false)

@@ -312,6 +312,29 @@ def test_other_steps_in_a_rank_job_are_refused(stack):
     wait_until_clean(sid)
 
 
+def test_srun_options_from_the_students_environment_run_nothing(stack):
+    """Security round 3, item 1: `SLURM_PROLOG=~/p.sh delegate submit
+    --nodes 2` had p.sh run as the student on the batch worker, outside any
+    sandbox (srun reads SLURM_PROLOG as --prolog). The plugin drops the
+    submitter's srun options from the batch step and the runner starts
+    srun from an empty environment with the prolog and epilog pinned."""
+    marker = Path(HOME) / STUDENT / "srun-option-marker"
+    script = Path(HOME) / STUDENT / "srun-option.sh"
+    on_node("user", "sh", "-c", f"printf '#!/bin/sh\\nhostname >>{marker}\\n' >{script}; chmod 755 {script}")
+    assert script.read_text().startswith("#!/bin/sh\n")
+    forged = [
+        f"{v}={script}" for v in ("SLURM_PROLOG", "SLURM_EPILOG", "SLURM_TASK_PROLOG", "SLURM_TASK_EPILOG")
+    ]
+    r = on(
+        "user", "delegate", "submit", "--nodes", "2", "--time", "3m", "--", "true", user=STUDENT, env=forged
+    )
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[-1]
+    res = wait_result(job)
+    assert res["state"] == "completed", res
+    assert not marker.exists(), f"a srun option from the environment ran on {marker.read_text()}"
+
+
 def test_more_nodes_than_the_stack_has_are_refused(stack):
     # (max_nodes = the number of workers: Slurm refuses the allocation
     # before the policy is asked; the policy's own check is unit-tested)

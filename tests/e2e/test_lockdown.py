@@ -526,3 +526,18 @@ def test_protected_links_and_files():
     for k in ("symlinks", "hardlinks", "fifos", "regular"):
         v = Path(f"/proc/sys/fs/protected_{k}").read_text().strip()
         assert int(v) >= 1, f"fs.protected_{k} = {v}"
+
+
+def test_students_read_no_log(alice):
+    """Security round 3, item 5: the logs (agent, slurmctld, slurmdbd,
+    epilog, dockerd, ...) name every student's jobs, uids, refusals and
+    kills; readable by root and group adm only, the directory not listable."""
+    logs = Path("/var/log/delegate")
+    files = sorted(p for p in logs.iterdir() if p.is_file())
+    assert any(p.name == "agent.log" for p in files), files
+    assert alice.as_user("ls", str(logs), check=False).returncode != 0
+    for p in files:
+        r = alice.as_user("head", "-c1", str(p), check=False)
+        assert r.returncode != 0 and "Permission denied" in r.stderr, f"{p} is readable by a student"
+        st = p.stat()
+        assert st.st_mode & 0o007 == 0 and grp.getgrgid(st.st_gid).gr_name == "adm", (p, oct(st.st_mode))
