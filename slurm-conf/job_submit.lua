@@ -321,6 +321,21 @@ local function check_gres(job_desc, gpus)
    return "the job's --gres must be the script's own (gpu:" .. gpus .. ")"
 end
 
+-- nil when a job name is plain text, else the reason. A name is shown
+-- raw by squeue, sacct and scontrol: '|' forges fields of their parsable
+-- output (and newlines whole records of other students, in the
+-- instructor's usage report); control characters (C0, DEL, and C1 as
+-- UTF-8, e.g. CSI) are terminal escape sequences in everyone's terminal.
+local MAX_NAME = 200
+local function name_refusal(name)
+   if name == nil then return nil end
+   if #name > MAX_NAME then return "a job name has at most " .. MAX_NAME .. " bytes" end
+   if name:find("[%c|]") or name:find("\194[\128-\159]") then
+      return "a job name may not hold '|', newlines or other control characters"
+   end
+   return nil
+end
+
 -- nil and the script's number of calls when the job may run, else the
 -- reason it may not.
 local function refuse_reason(job_desc, submit_uid)
@@ -337,6 +352,8 @@ local function refuse_reason(job_desc, submit_uid)
    end
    if job_desc.container ~= nil and job_desc.container ~= "" then return "--container is not allowed" end
    if job_desc.argc ~= nil and job_desc.argc > 1 then return "script arguments are not allowed" end
+   local nwhy = name_refusal(job_desc.name)
+   if nwhy then return nwhy end
    local env = job_desc.environment
    if env == nil then return "a batch job without its environment" end
    -- Set by sbatch for --get-user-env, --export=NONE and any --export but
@@ -418,6 +435,8 @@ local function modify_refusal(job_desc)
    if set(job_desc.comment) or job_desc.comment == "" then
       return "a job's comment is delegate's record of its calls; only administrators change it"
    end
+   local nwhy = name_refusal(job_desc.name)
+   if nwhy then return nwhy end
    if set(job_desc.min_nodes) or set(job_desc.max_nodes) then
       return "a job's node count is its script's own; submit it again through delegate with --nodes"
    end
@@ -454,6 +473,7 @@ _delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reaso
                        batch_script = batch_script, array_script = array_script,
                        shared_script = shared_script, safe_path = safe_path,
                        with_gpus = with_gpus, check_gres = check_gres,
+                       name_refusal = name_refusal, modify_refusal = modify_refusal,
                        ranks_script = ranks_script, uid_is_admin = uid_is_admin,
                        set_account_files = function(g, p)
                           GROUP_FILE, PASSWD_FILE, cache = g, p, { t = -1 }

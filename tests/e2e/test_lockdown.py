@@ -541,3 +541,29 @@ def test_students_read_no_log(alice):
         assert r.returncode != 0 and "Permission denied" in r.stderr, f"{p} is readable by a student"
         st = p.stat()
         assert st.st_mode & 0o007 == 0 and grp.getgrgid(st.st_gid).gr_name == "adm", (p, oct(st.st_mode))
+
+
+FORGED_NAME = "x|COMPLETED|0|1|vm|delegate:calls=77777\n99999|other|y|FAILED|86400|1|vm|delegate:calls=5000"
+
+
+@pytest.mark.parametrize("name", [FORGED_NAME, "a|b", "red\x1b[31m", "csi\u009b31m"])
+def test_job_names_that_forge_fields_or_escape_are_refused(alice, name):
+    """Security round 3, item 4: a job name is shown raw by squeue, sacct
+    and scontrol; '|' and newlines forged the instructor's usage rows of
+    another student, escapes reach everyone's terminal. Refused on submit
+    and on a later `scontrol update JobName=`."""
+    r = slurm_as(
+        alice, "sbatch", "--parsable", "--hold", "--output=/dev/null", f"--job-name={name}",
+        input=delegate_script(fresh_job_dir(alice)),
+    )  # fmt: skip
+    assert_refused(r, "a job name may not hold")
+    sid = held_delegate_job(alice)
+    try:
+        r = slurm_as(alice, "scontrol", "update", f"jobid={sid}", f"JobName={name}")
+        assert r.returncode != 0, r.stdout
+        assert "|" not in job_field(sid, "%j") and "\x1b" not in job_field(sid, "%j")
+        ok = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "JobName=mon-essai")
+        assert ok.returncode == 0 and job_field(sid, "%j") == "mon-essai", ok.stderr
+    finally:
+        sh("scancel", sid)
+        gone_from_queue(sid)

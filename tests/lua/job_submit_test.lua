@@ -177,6 +177,16 @@ check("a student may not grow a job's node count", modify(1001, { min_nodes = 4 
   and last_info_msg:find("node count", 1, true) ~= nil)
 check("nor its maximum", modify(1001, { max_nodes = 4 }) ~= 0)
 check("NO_VAL node counts are no change", modify(1001, { min_nodes = 4294967294, max_nodes = 4294967294 }) == 0)
+-- job names: shown raw by squeue/sacct/scontrol (security round 3, item 4)
+local forged = "x|COMPLETED|0|1|vm|delegate:calls=77777\n99999|bob|y|FAILED|86400|1|vm|delegate:calls=5000"
+for label, name in pairs({ ["'|'"] = "a|b", newline = "a\nb", forged = forged, escape = "a\27[31mred",
+                           DEL = "a\127", ["C1 CSI as UTF-8"] = "a\194\155" .. "31m", long = string.rep("n", 201) }) do
+  expect("a job name with " .. label .. " is refused", false, job(single, { name = name }))
+  check("and may not be set later (" .. label .. ")", modify(1001, { name = name }) ~= 0)
+end
+expect("a plain job name", true, job(single, { name = "20261123T103000-abcdef01-shared" }))
+expect("a UTF-8 job name", true, job(single, { name = "m\195\169trique" }))
+check("a plain name may be set later", modify(1001, { name = "mon-essai" }) == 0)
 for _, f in ipairs({ "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }) do
   check("a student may not change " .. f, modify(1001, { [f] = "gres:gpu:2" }) ~= 0
     and last_info_msg:find("GPUs", 1, true) ~= nil)

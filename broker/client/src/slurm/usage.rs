@@ -10,8 +10,15 @@
 use std::collections::BTreeMap;
 
 /// The `sacct` fields [`parse_sacct`] reads, in order (`--parsable2`:
-/// `|`-separated, no trailing `|`). Comment is last: it is free text.
-pub const SACCT_FORMAT: &str = "JobID,User,JobName,State,ElapsedRaw,NNodes,NodeList,Comment";
+/// `|`-separated, no trailing `|`). None of them is text a student chooses:
+/// not JobName (`sbatch -J 'x|COMPLETED|...'`, or `scontrol update
+/// JobName=` later, would forge fields and whole lines of other students);
+/// Comment, last, is set by the site's gate (job_submit.lua) and no user
+/// may change it.
+pub const SACCT_FORMAT: &str = "JobID,User,State,ElapsedRaw,NNodes,NodeList,Comment";
+
+/// Fields of [`SACCT_FORMAT`].
+const SACCT_FIELDS: usize = 7;
 
 /// The `squeue` format [`parse_queue`] reads: job id, user, state, reason,
 /// priority, time waited or run, time limit, submit time.
@@ -28,7 +35,6 @@ pub struct AcctJob {
     /// `123`, or `123_4` for an array element.
     pub job_id: String,
     pub user: String,
-    pub name: String,
     /// First word of Slurm's state (`CANCELLED by 0` -> `CANCELLED`).
     pub state: String,
     pub elapsed_secs: u64,
@@ -56,32 +62,43 @@ pub fn parse_sacct(out: &str) -> Vec<AcctJob> {
         if line.trim().is_empty() {
             continue;
         }
-        let f: Vec<&str> = line.splitn(8, '|').collect();
-        if f.len() < 8 {
-            tracing::warn!(line, "sacct: skipping a line with too few fields");
-            continue;
+        match parse_sacct_line(line) {
+            Some(j) => jobs.push(j),
+            None => tracing::warn!(line, "sacct: skipping a line it cannot read"),
         }
-        let (Ok(elapsed_secs), Ok(nodes)) = (f[4].trim().parse::<u64>(), f[5].trim().parse::<u64>()) else {
-            tracing::warn!(line, "sacct: skipping a line with a bad number");
-            continue;
-        };
-        let nodes_list = f[6].trim();
-        jobs.push(AcctJob {
-            job_id: f[0].trim().to_owned(),
-            user: f[1].trim().to_owned(),
-            name: f[2].trim().to_owned(),
-            state: f[3].split_whitespace().next().unwrap_or("UNKNOWN").to_owned(),
-            elapsed_secs,
-            nodes,
-            started: !matches!(nodes_list, "" | "None assigned"),
-            calls: f[7]
-                .trim()
-                .strip_prefix(CALLS_COMMENT)
-                .map(|n| n.split(|c: char| !c.is_ascii_digit()).next().unwrap_or(""))
-                .and_then(|n| n.parse().ok()),
-        });
     }
     jobs
+}
+
+/// One `sacct` line, or `None` when a field is not what Slurm writes there
+/// (a job id of digits and `_`, a user name without spaces, numbers).
+fn parse_sacct_line(line: &str) -> Option<AcctJob> {
+    let f: Vec<&str> = line.splitn(SACCT_FIELDS, '|').collect();
+    if f.len() < SACCT_FIELDS {
+        return None;
+    }
+    let job_id = f[0].trim();
+    let user = f[1].trim();
+    let id_ok = !job_id.is_empty() && job_id.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+    if !id_ok || user.is_empty() || user.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return None;
+    }
+    let elapsed_secs = f[3].trim().parse::<u64>().ok()?;
+    let nodes = f[4].trim().parse::<u64>().ok()?;
+    let nodes_list = f[5].trim();
+    Some(AcctJob {
+        job_id: job_id.to_owned(),
+        user: user.to_owned(),
+        state: f[2].split_whitespace().next().unwrap_or("UNKNOWN").to_owned(),
+        elapsed_secs,
+        nodes,
+        started: !matches!(nodes_list, "" | "None assigned"),
+        calls: f[6]
+            .trim()
+            .strip_prefix(CALLS_COMMENT)
+            .map(|n| n.split(|c: char| !c.is_ascii_digit()).next().unwrap_or(""))
+            .and_then(|n| n.parse().ok()),
+    })
 }
 
 /// One student's use of the cluster.
@@ -215,15 +232,17 @@ mod tests {
     // Real `sacct --allusers -X --noheader --parsable2 --format=...` output
     // of the development cluster, plus odd lines.
     const SACCT: &str = "\
-50000000|root|wrap|COMPLETED|1|1|acctnode|
-50000001|delegate-alice|wrap|FAILED|0|1|None assigned|
-50000007|delegate-alice|wrap|CANCELLED by 0|12|1|acctnode|
-50000010_0|acct-stud1|20261123T190513-7dda1a5f-shared|COMPLETED|30|1|acctnode|delegate:calls=3
-50000010_1|acct-stud1|20261123T190513-7dda1a5f-shared|TIMEOUT|60|1|acctnode|delegate:calls=3
-50000011|acct-stud1|20261123T190520-e5fd1bda|NODE_FAIL|5|2|worker[1-2]|delegate:calls=1
-50000012|acct-stud1|x|PENDING|0|1|None assigned|delegate:calls=1|with|bars
+50000000|root|COMPLETED|1|1|acctnode|
+50000001|delegate-alice|FAILED|0|1|None assigned|
+50000007|delegate-alice|CANCELLED by 0|12|1|acctnode|
+50000010_0|acct-stud1|COMPLETED|30|1|acctnode|delegate:calls=3
+50000010_1|acct-stud1|TIMEOUT|60|1|acctnode|delegate:calls=3
+50000011|acct-stud1|NODE_FAIL|5|2|worker[1-2]|delegate:calls=1
+50000012|acct-stud1|PENDING|0|1|None assigned|delegate:calls=1|with|bars
 garbage
-50000013|acct-stud1|x|RUNNING|notanumber|1|acctnode|
+50000013|acct-stud1|RUNNING|notanumber|1|acctnode|
+x y|acct-stud1|RUNNING|1|1|acctnode|
+50000014|acct stud1|RUNNING|1|1|acctnode|
 ";
 
     #[test]
