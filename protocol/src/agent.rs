@@ -26,6 +26,10 @@ pub const DEFAULT_AGENT_SOCKET: &str = "/run/delegate/agent.sock";
 pub const MAX_FRAME_BYTES: u64 = 128 * 1024;
 /// The number of descriptors a [`Request::Run`] frame carries.
 pub const RUN_FDS: usize = 3;
+/// The agent closes a connection that waits this long for its next
+/// request while none of its calls runs; a runner reconnects rather than
+/// reuse a connection idle for half of it.
+pub const IDLE_SECS: u64 = 60;
 
 /// What the runner asks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

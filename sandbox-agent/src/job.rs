@@ -60,7 +60,8 @@ fn hostname() -> String {
 }
 
 /// Serves one connection until the runner closes it.
-pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
+/// `_ticket` keeps the connection's place in the agent's bounds.
+pub async fn serve(stream: UnixStream, shared: Arc<Shared>, _ticket: crate::admit::Ticket) {
     let cred = match stream.peer_cred() {
         Ok(c) => c,
         Err(e) => {
@@ -73,7 +74,8 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>) {
     let mut rx = conn::spawn_reader(stream.clone());
     let mut caller: Option<Caller> = None;
     let mut engine: Option<EngineConn> = None;
-    while let Some(Incoming { request, fds }) = rx.recv().await {
+    // A connection idle for crate::admit::IDLE between requests is closed.
+    while let Ok(Some(Incoming { request, fds })) = tokio::time::timeout(crate::admit::IDLE, rx.recv()).await {
         let answer = match request {
             Request::Probe => {
                 let report = match load_policy() {

@@ -19,6 +19,7 @@
 //! `/var/log/delegate/agent.log`), a file the agent opens itself in append
 //! mode: nothing the student controls can block or break them.
 
+mod admit;
 mod config;
 mod conn;
 mod engine;
@@ -33,7 +34,7 @@ mod seccomp;
 mod stage;
 mod supervise;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -49,11 +50,7 @@ fn init_logging() {
     }
     // 0640: the log names every student's jobs and uids (root and group
     // adm read it; build_cluster.sh makes it root:adm).
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o640)
-        .open(&path);
+    let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o640).open(&path);
     let builder = tracing_subscriber::fmt()
         .log_internal_errors(false)
         .with_ansi(false)
@@ -120,6 +117,39 @@ fn main() {
     }
 }
 
+/// Serves a new connection if its user is within the bounds of
+/// [`admit`]; else closes it at once (logged once a minute per user).
+fn admit_one(
+    stream: tokio::net::UnixStream,
+    admission: &Arc<admit::Admission>,
+    shared: &Arc<job::Shared>,
+    logged: &mut HashMap<u32, std::time::Instant>,
+) {
+    let uid = match stream.peer_cred() {
+        Ok(c) => c.uid(),
+        Err(e) => {
+            tracing::warn!("no peer credentials: {e}");
+            return;
+        }
+    };
+    match admission.admit(uid) {
+        Ok(ticket) => {
+            tokio::spawn(job::serve(stream, shared.clone(), ticket));
+        }
+        Err(why) => {
+            let now = std::time::Instant::now();
+            if logged.len() > 4096 {
+                logged.clear();
+            }
+            let last = logged.get(&uid).copied();
+            if last.is_none_or(|t| now.duration_since(t) > std::time::Duration::from_secs(60)) {
+                tracing::warn!("closing a new connection: {why} (logged once a minute per user)");
+                logged.insert(uid, now);
+            }
+        }
+    }
+}
+
 async fn serve() -> Result<(), String> {
     let policy = job::load_policy().map_err(|e| e.to_string())?;
     let socket = policy.agent_socket.clone();
@@ -150,14 +180,14 @@ async fn serve() -> Result<(), String> {
         shared.node,
         shared.stepds
     );
+    let admission = Arc::new(admit::Admission::default());
+    let mut refusals_logged: HashMap<u32, std::time::Instant> = HashMap::new();
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     loop {
         tokio::select! {
             a = listener.accept() => match a {
-                Ok((stream, _)) => {
-                    tokio::spawn(job::serve(stream, shared.clone()));
-                }
+                Ok((stream, _)) => admit_one(stream, &admission, &shared, &mut refusals_logged),
                 Err(e) => {
                     tracing::warn!("accept: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -6,7 +6,9 @@ use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 
-use delegate_protocol::agent::{frame, Answer, FrameBuf, Request};
+use std::time::{Duration, Instant};
+
+use delegate_protocol::agent::{frame, Answer, FrameBuf, Request, IDLE_SECS};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
@@ -15,6 +17,8 @@ pub struct Agent {
     stream: UnixStream,
     frames: FrameBuf,
     socket: String,
+    /// When the last answer came (or the connection was made).
+    last_answer: Instant,
 }
 
 impl Agent {
@@ -27,7 +31,14 @@ impl Agent {
             stream,
             frames: FrameBuf::default(),
             socket: shown,
+            last_answer: Instant::now(),
         })
+    }
+
+    /// Whether the agent may close this connection soon for being idle
+    /// (`IDLE_SECS`): the runner then makes a new one.
+    pub fn nearly_idle(&self) -> bool {
+        self.last_answer.elapsed() > Duration::from_secs(IDLE_SECS / 2)
     }
 
     /// Sends a request, with descriptors when given (one `sendmsg`).
@@ -59,6 +70,7 @@ impl Agent {
         let mut buf = [0u8; 8192];
         loop {
             if let Some(a) = self.frames.next_frame::<Answer>().map_err(|e| e.to_string())? {
+                self.last_answer = Instant::now();
                 return Ok(a);
             }
             let n = self.stream.read(&mut buf).await.map_err(|e| self.broken(e))?;

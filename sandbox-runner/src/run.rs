@@ -386,6 +386,9 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
             (Ok(o), Ok(e)) => (o, e),
             (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
         };
+    if agent.as_ref().is_some_and(Agent::nearly_idle) {
+        *agent = None;
+    }
     if agent.is_none() {
         match Agent::connect(&ctx.policy.agent_socket).await {
             Ok(a) => *agent = Some(a),

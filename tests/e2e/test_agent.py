@@ -317,3 +317,44 @@ def test_leftover_of_an_earlier_attempt_is_swept(alice, bob):
         assert sh("docker", "ps", "-aq", "--no-trunc", "--filter", f"id={other}").stdout.split() == [other]
     finally:
         sh("docker", "rm", "-f", left, other, check=False)
+
+
+FLOOD = f"""
+import socket, sys, time
+held, closed = [], 0
+for _ in range(200):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect({AGENT_SOCKET!r})
+    held.append(s)
+time.sleep(2)
+for s in held:
+    s.setblocking(False)
+    try:
+        closed += s.recv(1) == b""
+    except BlockingIOError:
+        pass
+print("closed", closed, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_one_students_idle_connections_stall_nobody(alice, bob):
+    """Security round 3, item 3: the socket is 0666 and every connection
+    holds a descriptor of the agent's; one student's thousands of idle
+    connections filled its file table and another student's call waited.
+    Each user gets at most 16 connections at once (the rest are closed at
+    once); idle ones are closed after a minute (agent unit tests)."""
+    flood = subprocess.Popen(
+        ["/usr/sbin/runuser", "-u", bob.name, "--", "python3", "-c", FLOOD],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = flood.stdout.readline()
+        assert line.startswith("closed "), line
+        assert int(line.split()[1]) == 200 - 16, line
+        r = alice.run("submit", "--wait", "--", "echo", "hi", timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("hi"), r.stdout + r.stderr
+        assert "connections to the agent" in AGENT_LOG.read_text()[-200_000:]
+    finally:
+        flood.stdin.close()
+        flood.wait(timeout=30)
