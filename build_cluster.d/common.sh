@@ -109,15 +109,37 @@ lockdown_job_roots() {
     printf '%s\n' "$roots"
 }
 
-# lockdown_lua RUNNER JOB_ROOTS ADMIN_GROUP SLURM_UID: slurm-conf/job_submit.lua
-# with its settings filled in, on stdout.
+# lockdown_shared_minutes POLICY_FILE: the longest Slurm time limit (minutes)
+# of an allocation that runs several calls: the policy's max_allocation_time
+# ("10m" when the file or key is missing; one number with s, m, h or d)
+# rounded up, plus the client's minute of slack.
+lockdown_shared_minutes() {
+    local t="" n secs
+    [[ -r $1 ]] && t=$(sed -n 's/^max_allocation_time *= *"\(.*\)" *$/\1/p' "$1" | head -n1)
+    t=${t:-10m}
+    [[ $t =~ ^([0-9]{1,6})([smhd]?)$ ]] || die "max_allocation_time in $1 ($t) must be one number with s, m, h or d"
+    n=${BASH_REMATCH[1]}
+    case ${BASH_REMATCH[2]} in
+        s | "") secs=$n ;;
+        m) secs=$((n * 60)) ;;
+        h) secs=$((n * 3600)) ;;
+        d) secs=$((n * 86400)) ;;
+    esac
+    ((secs > 0)) || die "max_allocation_time in $1 must be more than 0"
+    echo $(((secs + 59) / 60 + 1))
+}
+
+# lockdown_lua RUNNER JOB_ROOTS ADMIN_GROUP SLURM_UID SHARED_MINUTES:
+# slurm-conf/job_submit.lua with its settings filled in, on stdout.
 lockdown_lua() {
-    local runner=$1 roots=$2 group=$3 slurm_uid=$4 out
+    local runner=$1 roots=$2 group=$3 slurm_uid=$4 shared=$5 out
     [[ $runner =~ ^/[A-Za-z0-9._/+@=,:-]+$ ]] || die "the runner path $runner has bytes the job gate refuses"
     [[ $group =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad admin group name '$group'"
     [[ $slurm_uid =~ ^[0-9]+$ ]] || die "bad SlurmUser uid '$slurm_uid'"
+    [[ $shared =~ ^[0-9]+$ ]] || die "bad shared allocation minutes '$shared'"
     out=$(sed -e "s|@MARKER@|$MARKER|" -e "s|@RUNNER@|$runner|" -e "s|@JOB_ROOTS@|$roots|" \
-              -e "s|@ADMIN_GROUP@|$group|" -e "s|@SLURM_UID@|$slurm_uid|" "$REPO/slurm-conf/job_submit.lua")
+              -e "s|@ADMIN_GROUP@|$group|" -e "s|@SLURM_UID@|$slurm_uid|" \
+              -e "s|@MAX_SHARED_MINUTES@|$shared|" "$REPO/slurm-conf/job_submit.lua")
     grep -q '@[A-Z_]*@' <<<"$out" && die "slurm-conf/job_submit.lua has unfilled placeholders"
     printf '%s\n' "$out"
 }

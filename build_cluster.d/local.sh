@@ -267,7 +267,8 @@ local_install_lockdown() {
     id slurm >/dev/null 2>&1 && slurm_uid=$(id -u slurm)
     roots=$(lockdown_job_roots "$DELEGATE_POLICY_FILE")
     tmp=$(mktemp)
-    lockdown_lua "$DELEGATE_PREFIX/sandbox-runner" "$roots" "$DELEGATE_ADMIN_GROUP" "$slurm_uid" >"$tmp"
+    lockdown_lua "$DELEGATE_PREFIX/sandbox-runner" "$roots" "$DELEGATE_ADMIN_GROUP" "$slurm_uid" \
+        "$(lockdown_shared_minutes "$DELEGATE_POLICY_FILE")" >"$tmp"
     if install_generated "$tmp" "$(dirname "$SLURM_CONF")/job_submit.lua" 0644; then
         log "lockdown: installed $(dirname "$SLURM_CONF")/job_submit.lua (runner $DELEGATE_PREFIX/sandbox-runner, job roots $roots, admin group $DELEGATE_ADMIN_GROUP)"
     fi

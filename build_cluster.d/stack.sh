@@ -342,7 +342,8 @@ CONF
     local slurm_uid
     slurm_uid=$(docker run --rm --entrypoint id "$DELEGATE_CLUSTER_IMAGE" -u slurm) \
         || die "cannot read the uid of user slurm in $DELEGATE_CLUSTER_IMAGE"
-    lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" "$slurm_uid" >"$STACK_GEN/job_submit.lua"
+    lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" "$slurm_uid" \
+        "$(lockdown_shared_minutes "$STACK_GEN/policy.toml")" >"$STACK_GEN/job_submit.lua"
     lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" /usr/local/bin/sandbox-runner >"$STACK_GEN/plugstack.conf"
     echo "$agroup $agid $members" >"$STACK_GEN/admins"
 

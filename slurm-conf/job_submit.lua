@@ -53,6 +53,9 @@ local ADMIN_UIDS  = { [0] = true, [@SLURM_UID@] = true }
 -- this hook, so the hook bounds the script itself before it parses it.
 local MAX_SCRIPT  = 1024 * 1024
 local MAX_ARRAY   = 100000
+-- The site policy's max_allocation_time in minutes, plus Slurm's minute of
+-- slack the client adds (script.rs: time_limit_minutes).
+local MAX_SHARED_MINUTES = @MAX_SHARED_MINUTES@
 -- -------------------------------------------------------------------------------
 
 local NO_VAL = 4294967294  -- 0xfffffffe
@@ -243,12 +246,13 @@ end
 
 -- nil when the script is one of delegate's forms, else the reason; second
 -- value: the GPUs its own line asks for; third: the nodes (1 but for the
--- multi-node form); fourth: the calls it runs (its job directories).
+-- multi-node form); fourth: the calls it runs (its job directories);
+-- fifth: the most calls one of its allocations runs.
 local function check_script(whole, array_inx)
    if #whole > MAX_SCRIPT then return "the script is larger than a delegate script can be" end
    local rwhy, rnodes = check_ranks(whole, array_inx)
    if rwhy then return rwhy end
-   if rwhy == false then return nil, 0, rnodes, 1 end
+   if rwhy == false then return nil, 0, rnodes, 1, 1 end
    local gpus, script = split_gpus(whole)
    if gpus == nil then return "too many GPUs in the script's --gres line" end
    if script:sub(-1) ~= "\n" then return "not a delegate script" end
@@ -257,11 +261,12 @@ local function check_script(whole, array_inx)
    if lines[1] ~= "#!/bin/sh" or #lines < 2 then return "not a delegate script" end
 
    local expected, dirs
+   local per_alloc = 1   -- the most job directories one allocation runs
    if lines[2]:sub(1, 5) == "exec " then
       if array_inx ~= nil and array_inx ~= "" then return "--array is not allowed with this script" end
       local kind, d = parse_exec(lines[2]:sub(6))
       if kind == "single" then expected = batch_script(RUNNER, d[1])
-      elseif kind == "shared" then expected = shared_script(RUNNER, { d })
+      elseif kind == "shared" then expected = shared_script(RUNNER, { d }); per_alloc = #d
       else return "not a delegate script" end
       dirs = d
    else
@@ -290,6 +295,7 @@ local function check_script(whole, array_inx)
             local kind, d = parse_exec(body)
             if kind ~= "shared" then return "not a delegate script" end
             groups[i] = d
+            per_alloc = math.max(per_alloc, #d)
             for _, x in ipairs(d) do dirs[#dirs + 1] = x end
          end
          expected = shared_script(RUNNER, groups)
@@ -302,7 +308,7 @@ local function check_script(whole, array_inx)
       end
    end
    if with_gpus(expected, gpus) ~= whole then return "not a delegate script" end
-   return nil, gpus, 1, #dirs
+   return nil, gpus, 1, #dirs, per_alloc
 end
 
 -- nil when the job's generic-resource request is exactly the script's GPU
@@ -361,8 +367,18 @@ local function refuse_reason(job_desc, submit_uid)
    if env.SLURM_GET_USER_ENV ~= nil then
       return "--get-user-env and --export other than ALL are not allowed"
    end
-   local why, gpus, nodes, calls = check_script(script, job_desc.array_inx)
+   local why, gpus, nodes, calls, per_alloc = check_script(script, job_desc.array_inx)
    if why then return why end
+   -- An allocation that runs several calls holds its node at most the
+   -- site's max_allocation_time (the client plans maps so): another
+   -- student's call waits at most one such allocation.
+   if per_alloc > 1 then
+      local t = job_desc.time_limit
+      if t == nil or t == NO_VAL or t == 0 or t > MAX_SHARED_MINUTES then
+         return "an allocation that runs several calls has a time limit of at most "
+                .. MAX_SHARED_MINUTES .. " minutes on this cluster"
+      end
+   end
    -- The node count is the script's own: 1, or the multi-node form's N
    -- (sbatch sets min_nodes from the script's "#SBATCH --nodes=N").
    local function over(v)

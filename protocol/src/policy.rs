@@ -113,6 +113,13 @@ pub struct Policy {
     /// Read by the client when it submits (fairness towards other users of
     /// the partition is the site's call).
     pub calls_per_allocation: u32,
+    /// The longest a shared allocation of one submission may hold its node
+    /// (Slurm's time limit of the allocation, minus Slurm's minute of
+    /// slack): a map becomes several allocations of at most this long, so
+    /// another student's call waits at most one of them. Calls longer than
+    /// this run one per allocation. The site's job gate refuses longer
+    /// shared allocations.
+    pub max_allocation_time: String,
     /// Bytes of stdout plus stderr one call may produce (`0`: no limit).
     pub max_output: String,
     pub output_limit: OutputLimit,
@@ -157,6 +164,7 @@ impl Default for Policy {
             docker_socket: PathBuf::from("/var/run/docker.sock"),
             allow_root: false,
             calls_per_allocation: 100,
+            max_allocation_time: "10m".into(),
             max_output: "256M".into(),
             output_limit: OutputLimit::Truncate,
             max_job_bytes: "1G".into(),
@@ -214,6 +222,7 @@ pub struct Limits {
     pub tmp_bytes: u64,
     pub max_output_bytes: u64,
     pub max_job_bytes: u64,
+    pub max_allocation_secs: u64,
 }
 
 impl Policy {
@@ -292,6 +301,11 @@ impl Policy {
             tmp_bytes: parse_size(&self.tmp_size).map_err(|e| format!("tmp_size: {e}"))?,
             max_output_bytes: parse_limit(&self.max_output).map_err(|e| format!("max_output: {e}"))?,
             max_job_bytes: parse_limit(&self.max_job_bytes).map_err(|e| format!("max_job_bytes: {e}"))?,
+            max_allocation_secs: match parse_duration(&self.max_allocation_time) {
+                Ok(0) => return Err("max_allocation_time: must be more than 0".into()),
+                Ok(s) => s,
+                Err(e) => return Err(format!("max_allocation_time: {e}")),
+            },
         })
     }
 
@@ -331,6 +345,7 @@ impl Policy {
             tmp_bytes: 0,
             max_output_bytes: 0,
             max_job_bytes: 0,
+            max_allocation_secs: 0,
         });
         let over = |what, asked: String, max: String| Err(Violation::Limit { what, asked, max });
         if r.cpus > self.max_cpus {

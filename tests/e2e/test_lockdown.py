@@ -417,7 +417,9 @@ def test_more_nodes_than_the_site_allows_is_one_sentence(alice):
     r = alice.run("submit", "--nodes", "2", "--", "true")
     assert r.returncode != 0
     err = r.stderr.strip()
-    assert "nodes 2 is more than the site maximum of 1" in err, err
+    assert (
+        err == "delegate: error: the site does not allow this job: nodes 2 is more than the site maximum of 1"
+    ), err
     assert "Node count specification" not in err and len(err.splitlines()) == 1, err
 
 

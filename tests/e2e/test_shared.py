@@ -44,7 +44,11 @@ def _no_leftover_allocations():
 
 
 def submit_count(user, n, *cmd, opts=(), env=None):
-    """`delegate submit --json --count n`; returns the job ids in order."""
+    """`delegate submit --json --count n`; returns the job ids in order.
+    The calls get `--time 1m` unless opts say otherwise: (60 + 30) s each,
+    six share one allocation within the site's 10-minute bound."""
+    if "--time" not in opts:
+        opts = ("--time", "1m", *opts)
     r = run_env(user, env, "submit", "--json", "--count", str(n), *opts, "--", *cmd)
     assert r.returncode == 0, f"submit failed: {r.stderr}"
     handles = json.loads(r.stdout)
@@ -133,6 +137,8 @@ def test_count_is_one_slurm_job_and_every_call_runs_in_its_own_container(alice):
     n = 3
     r = alice.run(
         "submit",
+        "--time",
+        "1m",
         "--count",
         str(n),
         "--",
@@ -188,6 +194,8 @@ def test_count_is_one_slurm_job_and_every_call_runs_in_its_own_container(alice):
 def test_count_wait_prints_every_output_in_order(alice):
     r = alice.run(
         "submit",
+        "--time",
+        "1m",
         "--count",
         "4",
         "--wait",
@@ -207,6 +215,8 @@ def test_count_wait_exit_code_is_that_of_a_failing_call(alice):
     t0 = time.time() - 2
     r = alice.run(
         "submit",
+        "--time",
+        "1m",
         "--count",
         "3",
         "--wait",
@@ -498,3 +508,30 @@ def test_calls_per_allocation_2_splits_into_an_array_of_allocations(alice):
     st = wait_all(alice, jobs)
     assert [s["state"] for s in st] == ["completed"] * 5, st
     assert [stdout_of(alice, j) for j in jobs] == [f"idx={i}\n" for i in range(5)]
+
+
+def test_a_map_holds_its_node_at_most_the_sites_allocation_time(alice):
+    """Security round 3, item 6: `--count 60 -- sleep 3` was one allocation
+    of 1:31:00 and another student's call waited behind it. The site's
+    max_allocation_time (10 minutes by default) bounds every shared
+    allocation: 60 calls of the default one-minute limit are 10
+    allocations of 6 calls ((60 + 30) s each), at most 11 minutes each
+    (Slurm's minute of slack), still one submission."""
+    jobs, handles = submit_count(alice, 60, "true", opts=("--hold", "--time", "1m"))
+    sids = sorted({h["slurm_id"] for h in handles})
+    assert len(sids) == 10 and len({s.split("_")[0] for s in sids}) == 1, sids
+    limits = sh("squeue", "-h", "-r", "-j", sids[0].split("_")[0], "-o", "%l").stdout.split()
+    assert len(limits) == 10 and all(t in ("9:00", "10:00", "11:00") for t in limits), limits
+    alice.run("cancel", *jobs, timeout=120)
+
+
+def test_the_gate_refuses_a_longer_shared_allocation_by_hand(alice, tmp_path):
+    """The same bound when a student writes the shared form by hand with
+    `sbatch --time=90`: refused at submission."""
+    runner = "/usr/local/bin/sandbox-runner"
+    dirs = [str(alice.root / (time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8])) for _ in range(2)]
+    script = f"#!/bin/sh\nexec '{runner}' batch " + " ".join(f"'{d}'" for d in dirs) + "\n"
+    r = alice.as_user(
+        "sh", "-c", f"cd && sbatch --hold --time=90 --output=/dev/null <<'EOF'\n{script}EOF", check=False
+    )
+    assert r.returncode != 0 and "has a time limit of at most 11 minutes" in r.stderr, r.stderr

@@ -10,7 +10,8 @@ local path = arg[1] or (here .. "/../../slurm-conf/job_submit.lua")
 local f = assert(io.open(path, "r"))
 local text = f:read("*a"); f:close()
 local settings = { ["@MARKER@"] = "# marker", ["@RUNNER@"] = "/usr/local/bin/sandbox-runner",
-  ["@JOB_ROOTS@"] = '"/home"', ["@ADMIN_GROUP@"] = "delegate-admin", ["@SLURM_UID@"] = "64030" }
+  ["@JOB_ROOTS@"] = '"/home"', ["@ADMIN_GROUP@"] = "delegate-admin", ["@SLURM_UID@"] = "64030",
+  ["@MAX_SHARED_MINUTES@"] = "11" }
 text = text:gsub("@[A-Z_]+@", function(p) return assert(settings[p], "unknown placeholder " .. p) end)
 text = text:gsub("^#[^\n]*", "")  -- luaL_loadfile skips a first line starting with '#'
 assert(loadstring(text, "=job_submit.lua"))()
@@ -20,7 +21,7 @@ local D2 = "/home/alice/.delegate/jobs/20261123T103001-abcdef02"
 local R = "/usr/local/bin/sandbox-runner"
 local function job(script, extra)
   local j = { user_id = 1001, group_id = 1001, user_name = "alice", script = script,
-              argc = 1, min_nodes = 1, max_nodes = NOVAL, environment = { PATH = "/bin" },
+              argc = 1, min_nodes = 1, max_nodes = NOVAL, time_limit = 5, environment = { PATH = "/bin" },
               het_job_offset = 4294967294 }
   for k, v in pairs(extra or {}) do j[k] = v end
   return j
@@ -55,6 +56,12 @@ expect("single form", true, job(single))
 expect("array form", true, job(arr, { array_inx = "0-1" }))
 expect("shared form", true, job(sh1))
 expect("shared array form", true, job(sh2, { array_inx = "0-1" }))
+-- a shared allocation holds its node at most max_allocation_time (+1 min)
+expect("shared form at the bound", true, job(sh1, { time_limit = 11 }))
+expect("shared form over the bound", false, job(sh1, { time_limit = 12 }))
+expect("shared form without a time limit", false, job(sh1, { time_limit = 4294967294 }))
+expect("shared array of one call each: no bound", true, job(sh2, { array_inx = "0-1", time_limit = 600 }))
+expect("a single call keeps its own limit", true, job(single, { time_limit = 600 }))
 -- GPUs: the script's own "#SBATCH --gres=gpu:N" line (script.rs: with_gpus),
 -- and the job's request (tres_per_node) must be exactly that line's.
 local g1 = "#!/bin/sh\n#SBATCH --gres=gpu:1\nexec '" .. R .. "' '" .. D1 .. "'\n"

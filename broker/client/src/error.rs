@@ -15,6 +15,10 @@ pub enum ClientError {
     NoSuchJob { id: String, root: String },
     #[error("invalid job request: {0}")]
     InvalidRequest(String),
+    /// The request asks for more than the site policy allows; nothing was
+    /// submitted.
+    #[error("the site does not allow this job: {0}")]
+    NotAllowed(#[from] delegate_protocol::policy::Violation),
     #[error("{0}")]
     Protocol(#[from] ProtocolError),
     #[error("{0}")]

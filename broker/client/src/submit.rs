@@ -11,7 +11,7 @@ use delegate_protocol::{
 use nix::errno::Errno;
 use nix::sys::stat::Mode;
 
-use crate::plan::{plan_allocations, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
+use crate::plan::{plan_allocations, DEFAULT_MAX_ALLOCATION_SECS, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
 use crate::slurm::{self, BatchRequest, SlurmError};
 use crate::{Client, ClientError, JobHandle, Result, SubmitRequest};
 
@@ -77,12 +77,16 @@ impl Client {
                 .clone(),
         };
         let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
+        let max_allocation = policy
+            .as_ref()
+            .ok()
+            .and_then(|p| p.limits().ok())
+            .map_or(DEFAULT_MAX_ALLOCATION_SECS, |l| l.max_allocation_secs);
         let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
         let specs = reqs.iter().map(|r| self.spec_for(r, &image)).collect::<Result<Vec<_>>>()?;
         if let (Ok(p), Some(spec)) = (&policy, specs.first()) {
             // (the calls of one submission ask for the same resources)
-            p.check_resources(&spec.resources)
-                .map_err(|v| ClientError::InvalidRequest(format!("the site does not allow this job: {v}")))?;
+            p.check_resources(&spec.resources)?;
         }
         // Each distinct shipment measured (and refused) once, before any
         // job directory is made: a map's calls share theirs.
@@ -116,7 +120,7 @@ impl Client {
         let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
         let groups = if jobs.len() > 1 && per_allocation > 1 {
             match self.config.slurm.partition_info() {
-                Ok(info) => plan_allocations(jobs.len(), per_allocation, first.time_limit_secs, &info),
+                Ok(info) => plan_allocations(jobs.len(), per_allocation, first.time_limit_secs, &info, max_allocation),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
                     None
