@@ -393,10 +393,6 @@ pub(crate) struct Ctx<'a> {
     pub(crate) place: Option<ident::RankPlace>,
 }
 
-pub(crate) fn file(fd: OwnedFd) -> tokio::fs::File {
-    tokio::fs::File::from_std(std::fs::File::from(fd))
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn engine_phase(
     ctx: &Ctx<'_>,

@@ -21,8 +21,8 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Perf;
 use crate::conn::{self, Incoming};
 use crate::engine;
-use crate::job::{file, Ctx};
-use crate::output::{pump, Pumped};
+use crate::job::Ctx;
+use crate::output::{pump, Owner, Pumped};
 
 /// Time allowed for the output to drain after the container ended.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(30);
@@ -103,7 +103,8 @@ pub(crate) async fn supervise(
         Err(e) => return fail(ended, classify(&e, "attach to the sandbox")),
     };
     let (over_tx, mut over_rx) = watch::channel(false);
-    let mut pump_task = tokio::spawn(pump(attached.output, file(out), file(err), ctx.max_output, over_tx));
+    let owner = Owner { uid: ctx.uid, gid: ctx.gid };
+    let mut pump_task = tokio::spawn(pump(attached.output, owner, out, err, ctx.max_output, over_tx));
     drop(attached.input);
     if let Err(e) = docker
         .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)

@@ -358,3 +358,41 @@ def test_one_students_idle_connections_stall_nobody(alice, bob):
     finally:
         flood.stdin.close()
         flood.wait(timeout=30)
+
+
+def _agent_pid() -> int:
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and (p / "comm").read_text().strip() == "sandbox-agent":
+                return int(p.name)
+        except OSError:
+            continue
+    raise AssertionError("no sandbox-agent process")
+
+
+def test_output_is_written_with_the_students_identity_and_no_capability(alice):
+    """Security round 3, item 7: the root agent wrote each call's output
+    itself, and root's CAP_SYS_RESOURCE writes past a full disk quota. The
+    writing thread holds the student's filesystem uid and gid and no
+    capability (the kernel checks both per thread)."""
+    job = alice.submit("sh", "-c", "for i in $(seq 200); do echo line $i; sleep 0.1; done")
+    try:
+        alice.wait_started(job)
+        pid, seen = _agent_pid(), None
+        deadline = time.monotonic() + 30
+        while seen is None and time.monotonic() < deadline:
+            for t in Path(f"/proc/{pid}/task").iterdir():
+                try:
+                    if (t / "comm").read_text().strip() == "output-writer":
+                        seen = (t / "status").read_text()
+                except OSError:
+                    continue
+            time.sleep(0.2)
+        assert seen, "no output-writer thread while the call printed"
+        fields = dict(line.split(":", 1) for line in seen.splitlines() if ":" in line)
+        uids, gids = fields["Uid"].split(), fields["Gid"].split()
+        assert uids[3] == str(alice.uid) and gids[3] == str(alice.gid), (uids, gids)
+        assert int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0, seen
+    finally:
+        alice.run("cancel", job)
+        alice.wait(job)

@@ -114,3 +114,15 @@ def test_a_job_past_the_quota_ends_with_a_reason_and_the_next_runs(student):
     st2 = student.wait(job2, timeout=180)
     assert st2["state"] == "completed", st2
     assert "fits" in student.run("logs", job2).stdout
+
+
+def test_a_calls_output_stops_at_the_quota(student):
+    """Security round 3, item 7: the output is written with the student's
+    identity, so it counts against and stops at their quota like any
+    write of theirs (100 MB of output, 48 MB of quota)."""
+    job = student.submit("sh", "-c", "head -c 100M /dev/zero; echo done")
+    st = student.wait(job, timeout=180)
+    assert st["state"] != "completed" or "quota" in st["reason"].lower(), st
+    used = sh("du", "-sb", str(student.home)).stdout.split()[0]
+    assert int(used) <= 48 << 20, used
+    shutil.rmtree(student.job_dir(job))
