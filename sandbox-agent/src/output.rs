@@ -77,13 +77,14 @@ fn become_owner(owner: Owner) -> Result<(), String> {
     Ok(())
 }
 
-/// The writer thread: `(is_stderr, bytes)` chunks in, the first error out.
-fn spawn_writer(
-    owner: Owner,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
-) -> Result<(mpsc::Sender<(bool, Vec<u8>)>, oneshot::Receiver<Option<String>>), String> {
-    let (tx, mut rx) = mpsc::channel::<(bool, Vec<u8>)>(IN_FLIGHT);
+/// A chunk for the writer: whether it is stderr's, and its bytes.
+type Chunk = (bool, Vec<u8>);
+/// The writer's first error, when it is done.
+type Done = oneshot::Receiver<Option<String>>;
+
+/// The writer thread: chunks in, the first error out.
+fn spawn_writer(owner: Owner, stdout: OwnedFd, stderr: OwnedFd) -> Result<(mpsc::Sender<Chunk>, Done), String> {
+    let (tx, mut rx) = mpsc::channel::<Chunk>(IN_FLIGHT);
     let (done_tx, done_rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("output-writer".into())
