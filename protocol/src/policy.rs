@@ -126,6 +126,9 @@ pub struct Policy {
     /// Bytes the job directory may hold while a call runs (the agent
     /// watches; it is also each file's RLIMIT_FSIZE). `0`: no limit.
     pub max_job_bytes: String,
+    /// Files and directories the job directory may hold while a call runs
+    /// (the agent counts them with the bytes). `0`: no limit.
+    pub max_job_files: u64,
     /// RLIMIT_NOFILE of the sandbox.
     pub max_open_files: u32,
     /// After each job, the Slurm epilog (`slurm-conf/epilog.sh`, which
@@ -168,6 +171,7 @@ impl Default for Policy {
             max_output: "256M".into(),
             output_limit: OutputLimit::Truncate,
             max_job_bytes: "1G".into(),
+            max_job_files: 100_000,
             max_open_files: 1024,
             clean_scratch: false,
             agent_socket: PathBuf::from(crate::agent::DEFAULT_AGENT_SOCKET),

@@ -354,6 +354,7 @@ async fn run(
         tmp_bytes: limits.tmp_bytes,
         max_output: limits.max_output_bytes,
         max_job_bytes: limits.max_job_bytes,
+        max_job_files: policy.max_job_files,
         caller,
         node: shared.node.clone(),
         alone,
@@ -384,6 +385,7 @@ pub(crate) struct Ctx<'a> {
     pub(crate) tmp_bytes: u64,
     pub(crate) max_output: u64,
     pub(crate) max_job_bytes: u64,
+    pub(crate) max_job_files: u64,
     pub(crate) caller: &'a Caller,
     pub(crate) node: String,
     /// The only sandbox on this node right now (the agent may then keep

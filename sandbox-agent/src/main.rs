@@ -26,6 +26,7 @@ mod engine;
 mod gpu;
 mod ident;
 mod job;
+mod jobdisk;
 mod output;
 mod pin;
 mod probe;

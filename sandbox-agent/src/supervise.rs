@@ -3,7 +3,7 @@
 //! the batch task, the output or disk limits; kill if needed, drain the
 //! output and inspect what the container left.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
@@ -13,7 +13,6 @@ use delegate_protocol::now_ms;
 use delegate_protocol::policy::OutputLimit;
 use delegate_protocol::units::format_size;
 use futures_util::StreamExt;
-use nix::sys::stat::SFlag;
 use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
@@ -22,6 +21,7 @@ use crate::config::Perf;
 use crate::conn::{self, Incoming};
 use crate::engine;
 use crate::job::Ctx;
+use crate::jobdisk::{self, Budget};
 use crate::output::{pump, Owner, Pumped};
 
 /// Time allowed for the output to drain after the container ended.
@@ -164,31 +164,7 @@ pub(crate) async fn supervise(
                     Err(_) => std::future::pending::<()>().await,
                 }
             } => End::Killed,
-            why = async {
-                if ctx.max_job_bytes == 0 {
-                    std::future::pending::<()>().await;
-                }
-                let mut pause = DISK_POLL_MIN;
-                loop {
-                    tokio::time::sleep(pause).await;
-                    let t0 = std::time::Instant::now();
-                    let d = dir.try_clone();
-                    let used = match d {
-                        Ok(d) => tokio::task::spawn_blocking(move || usage(&d)).await.ok().and_then(Result::ok),
-                        Err(_) => None,
-                    };
-                    pause = disk_poll_after(t0.elapsed());
-                    if let Some(u) = used {
-                        if u > ctx.max_job_bytes {
-                            return format!(
-                                "stopped: the job directory holds {}, more than the site limit of {} (max_job_bytes)",
-                                format_size(u),
-                                format_size(ctx.max_job_bytes)
-                            );
-                        }
-                    }
-                }
-            } => End::Stopped(why),
+            why = watch_job_dir(ctx, docker, id, dir) => End::Stopped(why),
             () = async {
                 if !output_stop {
                     std::future::pending::<()>().await;
@@ -279,48 +255,45 @@ pub(crate) async fn supervise(
     ended
 }
 
-/// Sums the bytes the directory holds (allocated blocks), through the
-/// descriptor (never a path), bounded in depth and entries.
-fn usage(dir: &OwnedFd) -> std::io::Result<u64> {
-    fn walk(fd: std::os::fd::BorrowedFd<'_>, depth: u32, budget: &mut u32) -> std::io::Result<u64> {
-        use nix::fcntl::{openat, AtFlags, OFlag};
-        use nix::sys::stat::{fstatat, Mode};
-        let own = nix::unistd::dup(fd)?;
-        let mut d = nix::dir::Dir::from_fd(own)?;
-        let mut total = 0u64;
-        let mut subdirs = Vec::new();
-        for e in d.iter() {
-            let e = e?;
-            let name = e.file_name().to_owned();
-            if name.as_bytes() == b"." || name.as_bytes() == b".." {
-                continue;
-            }
-            if *budget == 0 {
-                break;
-            }
-            *budget -= 1;
-            let Ok(st) = fstatat(fd, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
-                continue;
-            };
-            total += (st.st_blocks as u64).saturating_mul(512);
-            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR && depth < 64 {
-                subdirs.push(name);
-            }
-        }
-        for name in subdirs {
-            if let Ok(sub) = openat(
-                fd,
-                name.as_c_str(),
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            ) {
-                total += walk(sub.as_fd(), depth + 1, budget)?;
-            }
-        }
-        Ok(total)
+/// Watches the job directory's budget (crate::jobdisk) until the call
+/// passes it; returns why. Never returns when there is no budget.
+async fn watch_job_dir(ctx: &Ctx<'_>, docker: &Docker, id: &str, dir: &OwnedFd) -> String {
+    let budget = Budget {
+        bytes: ctx.max_job_bytes,
+        files: ctx.max_job_files,
+    };
+    if budget.bytes == 0 && budget.files == 0 {
+        return std::future::pending().await;
     }
-    let mut budget = 200_000;
-    walk(dir.as_fd(), 0, &mut budget)
+    // The sandbox's processes, for its deleted-but-open files: only where
+    // this agent's /proc shows them (not from another pid namespace).
+    let init = docker
+        .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
+        .await
+        .ok()
+        .and_then(|c| c.state?.pid);
+    let dev = jobdisk::device(dir);
+    let mut pause = DISK_POLL_MIN;
+    loop {
+        tokio::time::sleep(pause).await;
+        let t0 = std::time::Instant::now();
+        let Ok(d) = dir.try_clone() else { continue };
+        let id = id.to_string();
+        let measured = tokio::task::spawn_blocking(move || {
+            let mut m = jobdisk::measure(&d, budget).ok()?;
+            if let (Some(pids), Some(dev)) = (init.and_then(|p| jobdisk::sandbox_pids(p, &id)), dev) {
+                m.deleted_bytes = jobdisk::deleted_bytes(&pids, dev);
+            }
+            Some(m)
+        })
+        .await
+        .ok()
+        .flatten();
+        pause = disk_poll_after(t0.elapsed());
+        if let Some(why) = measured.and_then(|m| jobdisk::verdict(&m, budget)) {
+            return why;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -332,16 +305,5 @@ mod tests {
         assert_eq!(disk_poll_after(Duration::from_micros(40)), DISK_POLL_MIN);
         assert_eq!(disk_poll_after(Duration::from_millis(30)), Duration::from_millis(300));
         assert_eq!(disk_poll_after(Duration::from_secs(5)), DISK_POLL_MAX);
-    }
-
-    #[test]
-    fn usage_counts_nested_files() {
-        let t = tempfile::tempdir().unwrap();
-        std::fs::create_dir(t.path().join("a")).unwrap();
-        std::fs::write(t.path().join("a/f"), vec![1u8; 1 << 20]).unwrap();
-        std::fs::write(t.path().join("g"), vec![1u8; 1 << 20]).unwrap();
-        let fd: OwnedFd = std::fs::File::open(t.path()).unwrap().into();
-        let u = usage(&fd).unwrap();
-        assert!(u >= 2 << 20, "{u}");
     }
 }

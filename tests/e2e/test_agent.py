@@ -225,11 +225,17 @@ def test_pause_and_swap_never_mounts_another_students_dir(alice, bob, agent_paus
 def small_disk_limits():
     old = POLICY.read_text()
     keep = [
-        ln for ln in old.splitlines() if not re.match(r"\s*(max_output|max_job_bytes|output_limit)\s*=", ln)
+        ln
+        for ln in old.splitlines()
+        if not re.match(r"\s*(max_output|max_job_bytes|max_job_files|output_limit)\s*=", ln)
     ]
-    POLICY.write_text(
-        "\n".join([*keep, 'max_output = "32M"', 'max_job_bytes = "64M"', 'output_limit = "truncate"']) + "\n"
-    )
+    limits = [
+        'max_output = "32M"',
+        'max_job_bytes = "64M"',
+        "max_job_files = 2000",
+        'output_limit = "truncate"',
+    ]
+    POLICY.write_text("\n".join([*keep, *limits]) + "\n")
     try:
         yield
     finally:
@@ -267,6 +273,35 @@ def test_two_gib_of_job_data_is_stopped_at_max_job_bytes(alice, small_disk_limit
     assert "max_job_bytes" in st["reason"], st
     used = sum(p.stat().st_size for p in alice.job_dir(job).glob("f*"))
     assert used < 1 << 30, used
+
+
+# Security round 3, item 2: what escaped the old sum of the job directory.
+UNLINKED = (
+    'for i in 1 2 3 4; do eval "exec $((i + 2))>/job/gone$i"; rm /job/gone$i;'
+    " head -c 40M /dev/zero >&$((i + 2)); done; sleep 60"
+)
+DEEP = "mkdir -p /job/$(printf 'd/%.0s' $(seq 66)) && sleep 60"
+FLOOD = (
+    "mkdir /job/many && cd /job/many && i=0; while [ $i -lt 5000 ]; do : > f$i; i=$((i+1)); done; sleep 60"
+)
+
+
+@pytest.mark.parametrize(
+    "script,reason",
+    [
+        (UNLINKED, "in deleted files still open"),
+        (DEEP, "nested more than 64 directories deep"),
+        (FLOOD, "more than 2000 files"),
+    ],
+    ids=["unlinked-files", "depth-66", "file-flood"],
+)
+def test_the_job_directory_budget_has_no_way_around(alice, small_disk_limits, script, reason):
+    """Four deleted files of 40M held open (each under the 64M per-file
+    limit, 160M together), directories 66 deep, and 5000 empty files
+    (budget 2000): each call is stopped with the reason."""
+    job = alice.submit("sh", "-c", script, opts=("--time", "120"))
+    st = alice.wait(job, timeout=240)
+    assert st["state"] == "failed" and reason in st["reason"], st
 
 
 def test_core_dumps_off_and_sane_nofile(alice):
