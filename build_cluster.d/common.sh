@@ -172,13 +172,18 @@ fs.protected_symlinks = 1
 fs.protected_hardlinks = 1
 fs.protected_fifos = 1
 fs.protected_regular = 1
+# What a sandbox's perf_event_open may watch (it holds no capability): its
+# own processes, in user space; not the kernel (1), not every CPU (0, -1).
+kernel.perf_event_paranoid = 2
 CONF
     mv "$conf.tmp" "$conf"
     for k in symlinks hardlinks fifos regular; do
         sysctl -q -w "fs.protected_$k=1" >/dev/null 2>&1 \
             || warn "lockdown: cannot set fs.protected_$k=1 (set it on the host)"
     done
-    log "lockdown: fs.protected_{symlinks,hardlinks,fifos,regular}=1 ($conf)"
+    sysctl -q -w kernel.perf_event_paranoid=2 >/dev/null 2>&1 \
+        || warn "lockdown: cannot set kernel.perf_event_paranoid=2 (set it on the host; the agent turns perf off below 2)"
+    log "lockdown: fs.protected_{symlinks,hardlinks,fifos,regular}=1, kernel.perf_event_paranoid=2 ($conf)"
 }
 
 # --- accounting (build_cluster.d/accounting.sh): shared by local.sh and

@@ -44,9 +44,13 @@ const MAX_POLICY_BYTES: u64 = 64 * 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PerfMode {
-    /// CAP_PERFMON where the engine accepts it, else the seccomp profile.
+    /// The seccomp profile (no capability) where the node's
+    /// `kernel.perf_event_paranoid` is 2 or more, else no perf access.
+    /// Never CAP_PERFMON (kernel profiling, every CPU of the node).
     Auto,
-    /// CAP_PERFMON only; fail when the engine rejects it.
+    /// CAP_PERFMON (Docker 24+): the sandbox may also profile the kernel
+    /// and watch the whole node; only where the site wants that. Jobs fail
+    /// where the engine rejects it.
     Perfmon,
     /// The seccomp profile that permits perf_event_open, no capability.
     Seccomp,

@@ -35,6 +35,45 @@ pub enum Perf {
     Off,
 }
 
+/// The lowest `kernel.perf_event_paranoid` at which a sandbox without a
+/// capability gets perf counters: 2 lets a process count its own threads,
+/// in user space only. Below it a process may profile the kernel (1) or
+/// every CPU of the node (0, -1).
+pub const MIN_PERF_PARANOID: i32 = 2;
+
+/// How the sandbox reaches perf counters, from the site's `perf_mode` and
+/// the node's `kernel.perf_event_paranoid` (`None`: unreadable). `auto`
+/// never adds CAP_PERFMON: with it (Docker 24+) a sandbox could profile
+/// the kernel and watch the whole node, whatever the paranoid level; only
+/// an explicit `perf_mode = "perfmon"` asks for it. Without the capability
+/// the kernel's level decides what the sandbox may watch: below
+/// [`MIN_PERF_PARANOID`] perf is off (and the reason says so).
+pub fn perf_for(mode: delegate_protocol::policy::PerfMode, paranoid: Option<i32>) -> (Perf, Option<String>) {
+    use delegate_protocol::policy::PerfMode;
+    match mode {
+        PerfMode::Off => (Perf::Off, None),
+        PerfMode::Perfmon => (Perf::Perfmon, None),
+        PerfMode::Auto | PerfMode::Seccomp => match paranoid {
+            Some(p) if p >= MIN_PERF_PARANOID => (Perf::Seccomp, None),
+            Some(p) => (
+                Perf::Off,
+                Some(format!(
+                    "perf counters are off: this node's kernel.perf_event_paranoid is {p} (below {MIN_PERF_PARANOID} a sandbox could watch the kernel or the whole node)"
+                )),
+            ),
+            None => (
+                Perf::Off,
+                Some("perf counters are off: this node's kernel.perf_event_paranoid cannot be read".into()),
+            ),
+        },
+    }
+}
+
+/// This node's `kernel.perf_event_paranoid`.
+pub fn perf_paranoid() -> Option<i32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
+}
+
 impl Perf {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -373,5 +412,19 @@ mod tests {
             cloudpickle_version: "3".into(),
         });
         assert_eq!(py, ["python3", "-m", "delegate_executor", "/job"]);
+    }
+
+    #[test]
+    fn auto_never_asks_for_perfmon_and_needs_paranoid_2() {
+        use delegate_protocol::policy::PerfMode;
+        assert_eq!(perf_for(PerfMode::Auto, Some(2)), (Perf::Seccomp, None));
+        assert_eq!(perf_for(PerfMode::Auto, Some(3)).0, Perf::Seccomp);
+        assert_eq!(perf_for(PerfMode::Seccomp, Some(2)).0, Perf::Seccomp);
+        let (p, why) = perf_for(PerfMode::Auto, Some(-1));
+        assert_eq!(p, Perf::Off);
+        assert!(why.expect("a reason").contains("perf_event_paranoid is -1"));
+        assert_eq!(perf_for(PerfMode::Auto, None).0, Perf::Off);
+        assert_eq!(perf_for(PerfMode::Perfmon, Some(-1)).0, Perf::Perfmon);
+        assert_eq!(perf_for(PerfMode::Off, Some(2)).0, Perf::Off);
     }
 }

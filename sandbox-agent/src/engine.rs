@@ -95,27 +95,6 @@ pub fn classify(e: &BollardError, action: &'static str, socket: &Path, host: &st
     }
 }
 
-/// The first engine API version that accepts CAP_PERFMON by name (Docker 24).
-pub const PERFMON_API: (u64, u64) = (1, 43);
-
-/// Whether the engine may accept CAP_PERFMON, from the API version
-/// negotiated at connect time (the lower of the engine's and bollard's).
-/// False for Docker 20.10 (API 1.41): `perf_mode = auto` then goes straight
-/// to the seccomp profile, with no failed create per job.
-pub fn may_accept_perfmon(docker: &Docker) -> bool {
-    api_accepts_perfmon(&docker.client_version().to_string())
-}
-
-/// `"1.41"` -> false, `"1.43"` -> true; an unparsable version -> true (try,
-/// and fall back on rejection as before).
-pub fn api_accepts_perfmon(version: &str) -> bool {
-    let mut it = version.trim().split('.').map(|p| p.parse::<u64>());
-    match (it.next(), it.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= PERFMON_API,
-        _ => true,
-    }
-}
-
 /// True when the engine rejected CAP_PERFMON by name (Docker before 24).
 pub fn is_unknown_capability(e: &BollardError) -> bool {
     matches!(e, BollardError::DockerResponseServerError { message, .. }
@@ -244,23 +223,10 @@ impl Perf {
     pub fn detail(self) -> &'static str {
         match self {
             Perf::Perfmon => "CAP_PERFMON is added to the sandbox",
-            Perf::Seccomp => "delegate's seccomp profile permits perf_event_open (the engine rejects CAP_PERFMON)",
+            Perf::Seccomp => {
+                "delegate's seccomp profile permits perf_event_open, no capability (kernel.perf_event_paranoid 2 or more: the sandbox's own processes, user space only)"
+            }
             Perf::Off => "perf counters are off by site policy",
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::api_accepts_perfmon;
-
-    #[test]
-    fn perfmon_by_api_version() {
-        assert!(!api_accepts_perfmon("1.41")); // Docker 20.10 (Debian 12)
-        assert!(!api_accepts_perfmon("1.42"));
-        assert!(api_accepts_perfmon("1.43")); // Docker 24
-        assert!(api_accepts_perfmon("1.47"));
-        assert!(api_accepts_perfmon("2.0"));
-        assert!(api_accepts_perfmon("garbage")); // unknown: try, fall back
     }
 }

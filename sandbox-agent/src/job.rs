@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bollard::Docker;
 use delegate_protocol::agent::{Answer, Ended, EndedHow, Request, RunRequest};
-use delegate_protocol::policy::{PerfMode, Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
+use delegate_protocol::policy::{Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
 use delegate_protocol::{check_clean_absolute, JobId};
 use futures_util::FutureExt;
 use nix::sys::stat::{fstat, SFlag};
@@ -468,12 +468,10 @@ async fn engine_phase(
         gpus: &gpus,
         cpuset: cpuset.as_deref(),
     };
-    let mut perf = match ctx.policy.perf_mode {
-        PerfMode::Auto if !engine::may_accept_perfmon(&docker) => Perf::Seccomp,
-        PerfMode::Auto | PerfMode::Perfmon => Perf::Perfmon,
-        PerfMode::Seccomp => Perf::Seccomp,
-        PerfMode::Off => Perf::Off,
-    };
+    let (perf, perf_off) = config::perf_for(ctx.policy.perf_mode, config::perf_paranoid());
+    if let Some(why) = &perf_off {
+        tracing::warn!("job {job}: {why}");
+    }
     let name = match &network {
         Some((_, place)) => rank::container_name(job, place.rank),
         None => format!("delegate-{job}"),
@@ -498,15 +496,7 @@ async fn engine_phase(
     }
     if let Err(e) = &created {
         if perf == Perf::Perfmon && engine::is_unknown_capability(e) {
-            if ctx.policy.perf_mode == PerfMode::Perfmon {
-                return Answer::Failed(EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string());
-            }
-            tracing::warn!(
-                "the Docker engine rejects CAP_PERFMON ({}); falling back to delegate's seccomp profile",
-                engine::short_reason(e)
-            );
-            perf = Perf::Seccomp;
-            created = engine::create(&docker, Some(&name), body(perf)).await;
+            return Answer::Failed(EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string());
         }
     }
     let id = match created {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use bollard::models::ContainerCreateBody;
 use delegate_protocol::agent::ProbeReport as Report;
-use delegate_protocol::policy::{PerfMode, Policy};
+use delegate_protocol::policy::Policy;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -60,28 +60,22 @@ pub async fn probe(policy: &Policy) -> Report {
     r.api_version = docker.client_version().to_string();
     r.image_present = docker.inspect_image(&policy.default_image).await.is_ok();
     let tmp_bytes = policy.limits().map(|l| l.tmp_bytes).unwrap_or(64 << 20);
-    let (mode, detail) = match policy.perf_mode {
-        PerfMode::Off => (Perf::Off.as_str().to_string(), Perf::Off.detail().to_string()),
-        PerfMode::Seccomp => (
-            Perf::Seccomp.as_str().to_string(),
-            "delegate's seccomp profile permits perf_event_open (perf_mode = \"seccomp\" in the site policy)".into(),
-        ),
-        PerfMode::Auto | PerfMode::Perfmon => match perfmon_cached(&docker, policy, tmp_bytes).await {
+    let (perf, off_reason) = config::perf_for(policy.perf_mode, config::perf_paranoid());
+    let (mode, detail) = match (perf, off_reason) {
+        (Perf::Off, Some(why)) => (Perf::Off.as_str().to_string(), why),
+        (Perf::Perfmon, _) => match perfmon_cached(&docker, policy, tmp_bytes).await {
             Ok(true) => ("perfmon".to_string(), Perf::Perfmon.detail().to_string()),
-            Ok(false) if policy.perf_mode == PerfMode::Perfmon => (
+            Ok(false) => (
                 "off".to_string(),
                 "the engine rejects CAP_PERFMON and the site policy asks for perf_mode = \"perfmon\": jobs will fail"
                     .to_string(),
-            ),
-            Ok(false) => (
-                "seccomp".to_string(),
-                "engine rejects CAP_PERFMON; delegate's seccomp profile permits perf_event_open".to_string(),
             ),
             Err(e) => (
                 "unknown".to_string(),
                 format!("could not test CAP_PERFMON: {}", engine::short_reason(&e)),
             ),
         },
+        (p, _) => (p.as_str().to_string(), p.detail().to_string()),
     };
     r.perf_mode = mode;
     r.perf_detail = detail;

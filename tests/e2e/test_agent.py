@@ -431,3 +431,27 @@ def test_output_is_written_with_the_students_identity_and_no_capability(alice):
     finally:
         alice.run("cancel", job)
         alice.wait(job)
+
+
+def test_perf_never_gets_a_capability_and_needs_paranoid_2(alice):
+    """Security round 3 (CAP_PERFMON): `perf_mode = auto` never adds
+    CAP_PERFMON (with Docker 24+ it would let a sandbox profile the kernel
+    and watch the whole node); the sandbox gets perf_event_open by seccomp
+    only while the node's kernel.perf_event_paranoid is 2 or more, and
+    nothing below it."""
+    path = Path("/proc/sys/kernel/perf_event_paranoid")
+    old = path.read_text().strip()
+    assert old == "2", f"build_cluster.sh sets 2, found {old}"
+    r = alice.as_user(RUNNER, "probe", "--json")
+    assert '"perf_mode":"seccomp"' in r.stdout.replace(" ", ""), r.stdout
+    try:
+        path.write_text("1\n")
+        r = alice.as_user(RUNNER, "probe", "--json")
+        assert '"perf_mode":"off"' in r.stdout.replace(" ", ""), r.stdout
+        assert "perf_event_paranoid is 1" in r.stdout, r.stdout
+        job = alice.submit("sh", "-c", "grep CapEff /proc/self/status")
+        st = alice.wait(job)
+        assert st["state"] == "completed", st
+        assert "0000000000000000" in (alice.job_dir(job) / "stdout").read_text()
+    finally:
+        path.write_text(old + "\n")
