@@ -452,6 +452,20 @@ def test_the_user_nodes_scratch_cannot_fill_the_hosts_disk(stack):
     assert r.returncode != 0 and "No space left on device" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("node", ["user", "worker1"])
+def test_students_read_no_log_on_the_stack(stack, node):
+    """Security round 3, item 5: the logs name every student's jobs, uids,
+    refusals and kills; on every node a student can neither list the
+    directory nor read a log."""
+    names = on(node, "sh", "-c", "ls /var/log/delegate").stdout.split()
+    assert "slurmd.log" in names and "agent.log" in names, names
+    r = on(node, "ls", "/var/log/delegate", user=STUDENT)
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r.stdout + r.stderr
+    for name in names:
+        r = on(node, "head", "-c1", f"/var/log/delegate/{name}", user=STUDENT)
+        assert r.returncode != 0 and "Permission denied" in r.stderr, f"{node}: {name} is readable"
+
+
 def test_stack_root_can_still_srun(stack):
     r = on_user_node("srun", "-w", "worker1", "-t", "1", "hostname")
     assert r.returncode == 0 and "worker1" in r.stdout
