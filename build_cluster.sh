@@ -41,8 +41,8 @@
 #   3. starts munged, MariaDB, slurmdbd, slurmctld, slurmd and dockerd
 #      when not running (accounting: the cluster, the course account and
 #      the student QOS in slurmdbd), and waits until the node is idle,
-#   4. builds the Rust workspace and installs `delegate` and the setgid
-#      `sandbox-runner`,
+#   4. builds the Rust workspace and installs `delegate`, `sandbox-runner`
+#      (an ordinary root:root 0755 program) and the root `sandbox-agent`,
 #   5. builds the base and sandbox images,
 #   6. installs the site policy /etc/delegate/policy.toml (unless present)
 #      and (re)starts the root agent sandbox-agent (the Docker socket's only

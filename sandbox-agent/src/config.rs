@@ -71,7 +71,11 @@ pub fn perf_for(mode: delegate_protocol::policy::PerfMode, paranoid: Option<i32>
 
 /// This node's `kernel.perf_event_paranoid`.
 pub fn perf_paranoid() -> Option<i32> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Perf {

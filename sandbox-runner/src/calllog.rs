@@ -33,19 +33,12 @@ pub fn open_log(job_dir: &Path, uid: u32) -> Result<(OwnedFd, PathBuf), String> 
     let pfd = open_dir_nofollow(&parent).map_err(|e| e.to_string())?;
     // O_NONBLOCK: a FIFO planted under the name must not block the runner
     // (ENXIO without a reader; with one, the type check refuses it).
-    let fd = crate::run::as_user_group(|| {
-        openat(
-            pfd.as_fd(),
-            name.as_str(),
-            OFlag::O_WRONLY
-                | OFlag::O_APPEND
-                | OFlag::O_CREAT
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_CLOEXEC
-                | OFlag::O_NONBLOCK,
-            Mode::from_bits_truncate(0o644),
-        )
-    })
+    let fd = openat(
+        pfd.as_fd(),
+        name.as_str(),
+        OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::from_bits_truncate(0o644),
+    )
     .map_err(|e| match e {
         nix::errno::Errno::ELOOP => format!("{} is a symbolic link", shown.display()),
         e => format!("cannot open {}: {e}", shown.display()),

@@ -8,14 +8,13 @@
 //! sandbox-runner rank <JOB_DIR>            one rank (the task of that srun step; see `ranks`)
 //! ```
 //!
-//! Installed `root:docker`, mode `2755` (setgid docker): that is how it
-//! reaches the Docker socket, so everything from the caller is hostile. It
-//! ignores `DOCKER_HOST` and the rest of the environment (only
-//! `SLURM_JOB_ID` is read, sanitised, and only used to label and sweep the
-//! caller's own containers), connects only to the socket named by the site
-//! policy, and reads the policy only from `/etc/delegate/policy.toml`
-//! (root-owned). `DELEGATE_POLICY` names another policy file only when the
-//! real uid is 0 (tests).
+//! Installed `root:root`, mode `0755`: an ordinary program of the student's,
+//! holding no privilege and no Docker socket. It checks the job directory,
+//! hands it to the node's root agent (`sandbox-agent`, over
+//! `/run/delegate/agent.sock`) as a descriptor, and records the outcome as
+//! the student. The agent trusts nothing it says. It reads the policy only
+//! from `/etc/delegate/policy.toml` (root-owned); `DELEGATE_POLICY` names
+//! another policy file only when the real uid is 0 (tests).
 //!
 //! Exit codes of `sandbox-runner <JOB_DIR>`:
 //! - `0`: an outcome was written into the job directory (whatever the job's
@@ -150,10 +149,9 @@ fn init_logging() {
         .init();
 }
 
-/// The runner needs no capability: it reaches the Docker socket through its
-/// setgid group. Whatever it was started with (run by root, installed with
-/// file capabilities by mistake) is dropped before anything else, so no
-/// capability can leak into what it does for the user.
+/// The runner needs no capability. Whatever it was started with (run by
+/// root, installed with file capabilities by mistake) is dropped before
+/// anything else, so no capability can leak into what it does for the user.
 fn drop_capabilities() -> Result<(), caps::errors::CapsError> {
     use caps::CapSet;
     for set in [

@@ -23,7 +23,7 @@ use delegate_protocol::{
     decode, now_ms, rank_file, read_bounded_at, refused_line, state_line, Outcome, Record, State, Writer, OUTCOME,
 };
 
-use crate::run::{self, as_user_group, SignalWatch, EXIT_INTERNAL, EXIT_OUTCOME, EXIT_REFUSED};
+use crate::run::{self, SignalWatch, EXIT_INTERNAL, EXIT_OUTCOME, EXIT_REFUSED};
 use crate::validate::{self, Refusal};
 
 /// Where srun may be (root-owned files only).
@@ -170,7 +170,7 @@ pub async fn run_ranks(path: &Path, mut signals: SignalWatch) -> i32 {
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "unknown".into());
     let write = |o: &Outcome| -> i32 {
-        match as_user_group(|| delegate_protocol::write_record_at(&dir.fd, &dir.path, o)) {
+        match delegate_protocol::write_record_at(&dir.fd, &dir.path, o) {
             Ok(()) => {
                 if o.state != State::Completed {
                     say!("{}", state_line(o.state, &o.reason));

@@ -65,26 +65,6 @@ pub fn install_signal_handlers() -> std::io::Result<SignalWatch> {
     Ok(rx)
 }
 
-/// Runs `f` with the effective gid switched to the real gid, so files the
-/// runner creates in the job directory belong to the user's group rather
-/// than to `docker` (the setgid group). Only called where no connection to
-/// the engine is being opened (the engine socket needs the docker group).
-pub(crate) fn as_user_group<T>(f: impl FnOnce() -> T) -> T {
-    let real = nix::unistd::getgid();
-    let effective = nix::unistd::getegid();
-    if real == effective {
-        return f();
-    }
-    let switched = nix::unistd::setegid(real).is_ok();
-    let out = f();
-    if switched {
-        if let Err(e) = nix::unistd::setegid(effective) {
-            tracing::error!("cannot restore the effective gid: {e}");
-        }
-    }
-    out
-}
-
 fn hostname() -> String {
     nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
@@ -216,7 +196,7 @@ pub async fn run_job_as(
                 already_ended: true,
             };
         }
-        match as_user_group(|| write_ranked(&dir, o, rank)) {
+        match write_ranked(&dir, o, rank) {
             Ok(()) => Finish {
                 code: EXIT_OUTCOME,
                 final_line: line,
@@ -381,11 +361,10 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
         return o;
     }
     let (out_name, err_name) = (rank_name(STDOUT, ctx.rank), rank_name(STDERR, ctx.rank));
-    let (stdout, stderr) =
-        match as_user_group(|| (create_output(ctx.dir, &out_name), create_output(ctx.dir, &err_name))) {
-            (Ok(o), Ok(e)) => (o, e),
-            (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
-        };
+    let (stdout, stderr) = match (create_output(ctx.dir, &out_name), create_output(ctx.dir, &err_name)) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
+    };
     if agent.as_ref().is_some_and(Agent::nearly_idle) {
         *agent = None;
     }
@@ -479,7 +458,7 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
                     perf_mode,
                 };
                 // A job whose start cannot be recorded is stopped: the directory is broken.
-                if let Err(e) = as_user_group(|| write_ranked(ctx.dir, &rec, ctx.rank)) {
+                if let Err(e) = write_ranked(ctx.dir, &rec, ctx.rank) {
                     if kill.is_none() {
                         kill = Some(KillWhy::Record(format!("cannot record the start: {e}")));
                         let _ = a.send(&Request::Kill, &[]).await;
