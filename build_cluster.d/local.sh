@@ -24,21 +24,22 @@
 # SLURM_CONF).
 
 # The node's GPUs (Slurm GRES "gpu", gres.conf beside slurm.conf):
-#   standin:N      N stand-in character devices /dev/delegate-gpu0..N-1 (N <= 4),
-#                  made here with mknod as copies of /dev/null, zero, full and
-#                  urandom (devices every container has anyway): Slurm
-#                  allocates them like GPUs and the root agent passes exactly
-#                  the allocated ones into the sandbox. The default, so that
-#                  CI runs tests/e2e/test_gpu.py on machines without GPUs;
-#                  jobs that ask for no GPU are unaffected (the node is
-#                  exclusive, the sandbox gets none).
+#   auto           the default: the machine's NVIDIA GPUs (as nvidia below)
+#                  when it has any, else none.
+#   standin:N      test scaffolding: N stand-in character devices
+#                  /dev/delegate-gpu0..N-1 (N <= 4), made here with mknod as
+#                  copies of /dev/null, zero, full and urandom (devices every
+#                  container has anyway): Slurm allocates them like GPUs and
+#                  the root agent passes exactly the allocated ones into the
+#                  sandbox. tests/run.sh asks for standin:2, so that CI runs
+#                  tests/e2e/test_gpu.py on machines without GPUs.
 #   nvidia         the GPU worker profile: every /dev/nvidia<N> of this machine
 #                  (NVIDIA driver loaded; the NVIDIA container toolkit, where
 #                  installed, also brings the driver's libraries into the
 #                  sandbox). A new policy gets max_gpus = their number.
 #   /dev/x[0-1]    these device files (a Slurm File= expression).
 #   none           no GPUs.
-: "${DELEGATE_LOCAL_GPUS:=standin:2}"
+: "${DELEGATE_LOCAL_GPUS:=auto}"
 STANDIN_GPU_PREFIX=/dev/delegate-gpu
 # The minors of major 1 the stand-ins copy: null, zero, full, urandom.
 STANDIN_GPU_MINORS=(3 5 7 9)
@@ -131,6 +132,12 @@ install_generated() {
 # after making the stand-in devices when DELEGATE_LOCAL_GPUS asks for them.
 local_gpu_files() {
     local spec=$DELEGATE_LOCAL_GPUS n i dev want have
+    if [[ $spec == auto ]]; then
+        spec=none
+        for dev in /dev/nvidia[0-9]*; do
+            [[ -c $dev ]] && spec=nvidia
+        done
+    fi
     case $spec in
         "" | none) return 0 ;;
         standin:*)
@@ -158,7 +165,7 @@ local_gpu_files() {
             echo "/dev/nvidia[$(printf '%s\n' "${devs[@]}" | sort -n | paste -sd,)]"
             ;;
         /*) echo "$spec" ;;
-        *) die "DELEGATE_LOCAL_GPUS=$spec: expected standin:N, nvidia, a device file expression or none" ;;
+        *) die "DELEGATE_LOCAL_GPUS=$spec: expected auto, standin:N, nvidia, a device file expression or none" ;;
     esac
 }
 
@@ -596,7 +603,7 @@ local_install_policy() {
     local mem=$DELEGATE_MAX_MEM tmp max_gpus=0
     # Real GPUs (the GPU worker profile, or device files named): jobs may
     # use them all. Stand-ins are for tests, which set max_gpus themselves.
-    if [[ $DELEGATE_LOCAL_GPUS == nvidia || $DELEGATE_LOCAL_GPUS == /* ]]; then
+    if [[ $DELEGATE_LOCAL_GPUS == nvidia || $DELEGATE_LOCAL_GPUS == auto || $DELEGATE_LOCAL_GPUS == /* ]]; then
         max_gpus=$(local_gpu_count "$(local_gpu_files)")
     fi
     if [[ -z $mem ]]; then

@@ -61,7 +61,9 @@ else
 fi
 
 section "build_cluster.sh --local (set up and start the cluster)"
-./build_cluster.sh --local up || fail "build_cluster.sh --local"
+# Two stand-in GPUs (test scaffolding: tests/e2e/test_gpu.py runs without
+# real GPUs); a plain `--local` gives the machine's real GPUs or none.
+DELEGATE_LOCAL_GPUS=${DELEGATE_LOCAL_GPUS:-standin:2} ./build_cluster.sh --local up || fail "build_cluster.sh --local"
 
 section "cargo test --workspace --release (unit tests)"
 cargo test --workspace --release || fail "unit tests"

@@ -247,7 +247,8 @@ def local_cluster(repo: Path, problem, more=lambda: None) -> Iterable[None]:
 
     why = problem()
     if why and os.geteuid() == 0:
-        subprocess.run([str(repo / "build_cluster.sh"), "--local"], timeout=1800)
+        env = {**os.environ, "DELEGATE_LOCAL_GPUS": os.environ.get("DELEGATE_LOCAL_GPUS", "standin:2")}
+        subprocess.run([str(repo / "build_cluster.sh"), "--local"], timeout=1800, env=env)
         why = problem()
     why = why or more()
     if why:

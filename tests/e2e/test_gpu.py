@@ -1,6 +1,6 @@
 """GPUs end to end on the local cluster, with stand-in devices.
 
-build_cluster.sh --local (DELEGATE_LOCAL_GPUS=standin:2, the default) makes
+build_cluster.sh --local (DELEGATE_LOCAL_GPUS=standin:2, which tests/run.sh sets) makes
 two character devices /dev/delegate-gpu0 and 1 and declares them as the
 node's GRES gpu in gres.conf. The tests raise the site policy's max_gpus to
 1 while they run, then:
@@ -58,7 +58,7 @@ def standins():
     if len(files) < 2 or not all(f.startswith(PREFIX) for f in files):
         pytest.fail(
             f"the local cluster declares no stand-in GPUs in {GRES_CONF} "
-            "(build_cluster.sh --local up with DELEGATE_LOCAL_GPUS=standin:2, the default)",
+            "(build_cluster.sh --local up with DELEGATE_LOCAL_GPUS=standin:2, as tests/run.sh runs it)",
             pytrace=False,
         )
     return files
