@@ -488,4 +488,46 @@ mod tests {
         assert!(Policy::parse("gpu_mode = \"magic\"", "t").is_err());
         assert!(Policy::parse("gres_conf = \"etc/gres.conf\"", "t").is_err());
     }
+
+    /// Docs that are true (issue 31): every key of the policy is in the
+    /// README's configuration block and in the template build_cluster.sh
+    /// installs, and every key the README's block names exists.
+    #[test]
+    fn every_policy_key_is_documented_and_no_documented_key_is_absent() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let keys: Vec<String> = toml::to_string(&Policy::default())
+            .expect("the default policy serializes")
+            .lines()
+            .filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim().to_string()))
+            .collect();
+        assert!(keys.len() > 20, "{keys:?}");
+        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        let block = readme
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("the README's ```toml configuration block");
+        let template = std::fs::read_to_string(root.join("slurm-conf/policy.toml.in")).expect("policy.toml.in");
+        let key_of = |l: &str| {
+            let l = l.trim_start_matches("# ");
+            l.split_once('=')
+                .map(|(k, _)| k.trim().to_string())
+                .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        };
+        let documented: Vec<String> = block.lines().filter_map(key_of).collect();
+        let templated: Vec<String> = template.lines().filter_map(key_of).collect();
+        for k in &keys {
+            assert!(
+                documented.contains(k),
+                "policy key {k} is missing from the README's configuration block"
+            );
+            assert!(
+                templated.contains(k),
+                "policy key {k} is missing from slurm-conf/policy.toml.in"
+            );
+        }
+        for k in &documented {
+            assert!(keys.contains(k), "the README documents a policy key {k} that does not exist");
+        }
+    }
 }

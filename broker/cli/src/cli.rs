@@ -182,3 +182,63 @@ fn size_arg(s: &str) -> Result<u64, String> {
 fn duration_arg(s: &str) -> Result<u64, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
+
+/// Docs that are true (issue 31): every long flag of every command is in
+/// the README's CLI reference, and every flag written there exists.
+#[cfg(test)]
+mod docs_tests {
+    use clap::CommandFactory;
+
+    fn long_flags(cmd: &clap::Command, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            out.extend(a.get_long().map(str::to_string));
+            out.extend(a.get_visible_aliases().into_iter().flatten().map(str::to_string));
+        }
+        for sub in cmd.get_subcommands() {
+            long_flags(sub, out);
+        }
+    }
+
+    /// Every `--word` of `text` (words of a-z and '-').
+    fn written_flags(text: &str) -> Vec<String> {
+        text.split("--")
+            .skip(1)
+            .map(|rest| {
+                rest.chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '-')
+                    .collect::<String>()
+            })
+            .filter(|w| !w.is_empty() && !w.starts_with('-'))
+            .collect()
+    }
+
+    #[test]
+    fn every_flag_is_documented_and_every_documented_flag_exists() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("### CLI reference").expect("the README's CLI reference");
+        let end = start + readme[start..].find("\n## ").expect("the section after it");
+        let section = &readme[start..end];
+        let mut flags = Vec::new();
+        long_flags(&super::Cli::command(), &mut flags);
+        flags.retain(|f| f != "help" && f != "version");
+        for f in &flags {
+            assert!(
+                section.contains(&format!("--{f}")),
+                "--{f} is missing from the README's CLI reference"
+            );
+        }
+        // The syntax column of the table (the prose may quote sbatch's).
+        let syntax: String = section
+            .lines()
+            .filter(|l| l.starts_with("| `delegate"))
+            .filter_map(|l| l.split(" | ").next())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for w in written_flags(&syntax) {
+            assert!(
+                flags.contains(&w),
+                "the README's CLI reference names --{w}, which no command has"
+            );
+        }
+    }
+}
