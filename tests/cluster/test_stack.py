@@ -65,9 +65,12 @@ def test_deploy_is_idempotent(stack):
 
 
 def test_local_cluster_untouched(stack):
-    # The single-machine cluster on the host network still answers.
+    # The single-machine cluster on the host network still answers, and its
+    # node is up (not down or drained by the stack beside it).
     r = run("sinfo", "-h", "-o", "%N %T")
-    assert r.returncode == 0
+    assert r.returncode == 0 and r.stdout.split(), r.stderr
+    states = [line.split()[1] for line in r.stdout.splitlines()]
+    assert all(s.rstrip("*~#") in ("idle", "mixed", "allocated", "completing") for s in states), r.stdout
 
 
 # --- the lockdown on the stack (docs/security.md): a student on the user node
