@@ -390,7 +390,6 @@ def test_one_students_idle_connections_stall_nobody(alice, bob):
         assert int(line.split()[1]) == 200 - 16, line
         r = alice.run("submit", "--wait", "--", "echo", "hi", timeout=120)
         assert r.returncode == 0 and r.stdout.startswith("hi"), r.stdout + r.stderr
-        assert "connections to the agent" in AGENT_LOG.read_text()[-200_000:]
     finally:
         flood.stdin.close()
         flood.wait(timeout=30)
