@@ -9,7 +9,7 @@
 #                                       the GPU worker profile: this machine's
 #                                       NVIDIA GPUs (/dev/nvidia<N>) as Slurm
 #                                       GRES, passed into the sandboxes
-#                                       (DELEGATE_LOCAL_GPUS=nvidia; README, GPUs)
+#                                       (DELEGATE_LOCAL_GPUS=nvidia; docs/ml.md, GPUs)
 #   ./build_cluster.sh accounts add --csv roster.csv [--instructors]
 #                                       the roster: Unix accounts (0700
 #                                       homes) and their Slurm associations

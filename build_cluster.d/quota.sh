@@ -14,7 +14,7 @@
 #           filesystem when off. Existing homes that are plain
 #           directories are reported, not converted.
 #   ext4/xfs with user quotas on (`quotaon -p` says so): `setquota -u`.
-#   nfs     the limit belongs on the file server (README, "Disk quotas").
+#   nfs     the limit belongs on the file server (docs/instructors.md, "Disk quotas").
 #   other, or quotas off (this VM's kernel has no CONFIG_QUOTA): a warning
 #           naming the filesystem; the per-job cap still holds.
 # Settings:
@@ -106,7 +106,7 @@ home_quota_apply() {
                 || die "quota: setquota for $u on $mnt failed"
             ;;
         nfs | nfs4)
-            quota_warn_once "$fs" "$mnt" "the shared home $mnt is NFS: set per-student quotas on the file server (README, \"Disk quotas\")"
+            quota_warn_once "$fs" "$mnt" "the shared home $mnt is NFS: set per-student quotas on the file server (docs/instructors.md, \"Disk quotas\")"
             return 0
             ;;
         *)

@@ -490,7 +490,7 @@ mod tests {
     }
 
     /// Docs that are true (issue 31): every key of the policy is in the
-    /// README's configuration block and in the template build_cluster.sh
+    /// configuration block of docs/configuration.md and in the template build_cluster.sh
     /// installs, and every key the README's block names exists.
     #[test]
     fn every_policy_key_is_documented_and_no_documented_key_is_absent() {
@@ -501,12 +501,12 @@ mod tests {
             .filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim().to_string()))
             .collect();
         assert!(keys.len() > 20, "{keys:?}");
-        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        let readme = std::fs::read_to_string(root.join("docs/configuration.md")).expect("docs/configuration.md");
         let block = readme
             .split("```toml\n")
             .nth(1)
             .and_then(|b| b.split("```").next())
-            .expect("the README's ```toml configuration block");
+            .expect("the ```toml block of docs/configuration.md");
         let template = std::fs::read_to_string(root.join("slurm-conf/policy.toml.in")).expect("policy.toml.in");
         let key_of = |l: &str| {
             let l = l.trim_start_matches("# ");
@@ -517,17 +517,17 @@ mod tests {
         let documented: Vec<String> = block.lines().filter_map(key_of).collect();
         let templated: Vec<String> = template.lines().filter_map(key_of).collect();
         for k in &keys {
-            assert!(
-                documented.contains(k),
-                "policy key {k} is missing from the README's configuration block"
-            );
+            assert!(documented.contains(k), "policy key {k} is missing from docs/configuration.md");
             assert!(
                 templated.contains(k),
                 "policy key {k} is missing from slurm-conf/policy.toml.in"
             );
         }
         for k in &documented {
-            assert!(keys.contains(k), "the README documents a policy key {k} that does not exist");
+            assert!(
+                keys.contains(k),
+                "docs/configuration.md documents a policy key {k} that does not exist"
+            );
         }
     }
 }

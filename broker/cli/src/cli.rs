@@ -160,7 +160,7 @@ pub struct SubmitArgs {
     /// the site's job size (max_job_bytes).
     #[arg(long = "file", value_name = "PATH")]
     pub files: Vec<PathBuf>,
-    /// Submit every job of a jobs file (YAML; see the README), checked
+    /// Submit every job of a jobs file (YAML; see docs/ml.md), checked
     /// whole first: each problem is printed with its line and nothing is
     /// submitted. Prints each job's name and its calls' ids.
     #[arg(
