@@ -5,9 +5,10 @@
 #   1. tests/lint.sh                (cargo fmt --check, cargo clippy -D
 #                                    warnings, shellcheck, ruff check, ruff
 #                                    format --check; see there)
-#   2. ./build_cluster.sh --local   (packages, Slurm, Docker, build, images;
+#   2. cargo test --workspace --release   (unit and property tests: with
+#                                    stage 1 the fast tier, no cluster needed)
+#   3. ./build_cluster.sh --local   (packages, Slurm, Docker, build, images;
 #                                    idempotent, fast when already up)
-#   3. cargo test --workspace --release   (unit tests)
 #   4. pytest -v tests/e2e          (end-to-end, in a venv)
 #   5. maturin build + pip install of python/, pytest -v tests/python
 #   6. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
@@ -60,13 +61,15 @@ else
     DELEGATE_VENV=$VENV tests/lint.sh || fail "lint (tests/lint.sh; fix the findings above)"
 fi
 
+# The fast tier: nothing above or here needs the cluster or root's daemons
+# (unit and property tests, the gate's Lua tests run in e2e).
+section "cargo test --workspace --release (unit tests)"
+cargo test --workspace --release || fail "unit tests"
+
 section "build_cluster.sh --local (set up and start the cluster)"
 # Two stand-in GPUs (test scaffolding: tests/e2e/test_gpu.py runs without
 # real GPUs); a plain `--local` gives the machine's real GPUs or none.
 DELEGATE_LOCAL_GPUS=${DELEGATE_LOCAL_GPUS:-standin:2} ./build_cluster.sh --local up || fail "build_cluster.sh --local"
-
-section "cargo test --workspace --release (unit tests)"
-cargo test --workspace --release || fail "unit tests"
 
 section "pytest -v tests/e2e (end-to-end tests)"
 # Made by the lint stage already, unless it was skipped; the test
