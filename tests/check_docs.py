@@ -41,8 +41,35 @@ def broken_links() -> list[str]:
     return bad
 
 
+SETTING = re.compile(r'(?:: "\$\{(DELEGATE_[A-Z0-9_]+):=|^\s*(DELEGATE_[A-Z0-9_]+)=\$\{\2:-)', re.M)
+NAME = re.compile(r"\bDELEGATE_[A-Z0-9_]*[A-Z0-9]\b")
+CODE = ("*.sh", "*.rs", "*.py", "*.pyi", "*.conf", "*.yml", "*.in", "*Dockerfile", "build_cluster.sh")
+
+
+def settings_problems() -> list[str]:
+    """Every build_cluster.sh setting (a DELEGATE_* with a default) is in
+    docs/configuration.md or cluster.conf (each there with its comment);
+    every DELEGATE_* name the docs mention exists in the code."""
+    parts = [REPO / "build_cluster.sh", *sorted((REPO / "build_cluster.d").glob("*.sh"))]
+    settings = {a or b for p in parts for a, b in SETTING.findall(p.read_text())}
+    documented = (REPO / "docs" / "configuration.md").read_text() + (REPO / "cluster.conf").read_text()
+    bad = [f"build_cluster.sh setting {n} is in neither docs/configuration.md nor cluster.conf"
+           for n in sorted(settings) if n not in documented]  # fmt: skip
+    code = ""
+    for pattern in CODE:
+        for f in REPO.rglob(pattern):
+            if not {"target", ".git", "node_modules", ".pytest_cache"} & set(f.parts) and f.is_file():
+                code += f.read_text(errors="replace")
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    for doc in docs:
+        for n in sorted(set(NAME.findall(doc.read_text()))):
+            if n not in code:
+                bad.append(f"{doc.relative_to(REPO)} names {n}, which nothing in the code reads")
+    return bad
+
+
 if __name__ == "__main__":
-    problems = broken_links()
+    problems = broken_links() + settings_problems()
     for p in problems:
         print(p, file=sys.stderr)
     sys.exit(1 if problems else 0)
