@@ -203,6 +203,17 @@ def tight_qos(name: str):
         _sacctmgr("delete", "qos", TIGHT_QOS, check=False)
 
 
+def containers_with_label(job: str) -> list[str]:
+    """Containers (running or not) of delegate job `job`."""
+    r = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=delegate.job={job}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return r.stdout.split()
+
+
 def cancel_jobs(*names: str) -> None:
     """Cancels every Slurm job of the given test accounts (held ones too), so
     a suite leaves no pending job behind for the next one to wait on."""

@@ -79,6 +79,13 @@ class User:
             cwd="/",
         )
 
+    def held(self):
+        """A held job of `true` (it waits until released): its id, its job
+        directory, and a time just before it was submitted."""
+        t0 = time.time() - 1
+        job = self.submit("true", opts=("--hold",))
+        return job, self.job_dir(job), t0
+
     def submit(self, *cmd, opts=()):
         r = self.run("submit", *opts, "--", *cmd)
         assert r.returncode == 0, f"submit failed: {r.stderr}"
@@ -128,9 +135,7 @@ def bob():
     return User("delegate-bob")
 
 
-def containers_with_label(job: str) -> list[str]:
-    r = sh("docker", "ps", "-aq", "--filter", f"label=delegate.job={job}")
-    return r.stdout.split()
+containers_with_label = testlib.containers_with_label
 
 
 def container_creates_since(since: float, label: str) -> list[str]:

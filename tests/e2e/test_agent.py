@@ -40,12 +40,6 @@ def slurm_id(user, job: str) -> str:
     return (user.job_dir(job) / "slurm-id").read_text().split()[0]
 
 
-def held(user):
-    t0 = float(int(time.time()))
-    job = user.submit("true", opts=("--hold",))
-    return job, user.job_dir(job), t0
-
-
 def cancel(user, job):
     user.run("cancel", job)
 
@@ -68,7 +62,7 @@ def test_runner_by_hand_with_forged_job_id_is_refused(alice, bob, forged):
         victim = bob.submit("sleep", "60")
         bob.wait_started(victim)
         env = [f"SLURM_JOB_ID={slurm_id(bob, victim)}", f"SLURM_JOBID={slurm_id(bob, victim)}"]
-    job, d, t0 = held(alice)
+    job, d, t0 = alice.held()
     try:
         time.sleep(max(0.0, t0 + 1 - time.time()))
         r = alice.as_user("env", *env, RUNNER, str(d), check=False, timeout=60)
@@ -134,7 +128,7 @@ print("fds-no-run", talk(frame(b"Q", b"\\x02"), (fd, fd, fd)))
 
 
 def test_runner_with_closed_or_full_stderr_does_not_panic(alice):
-    job, d, t0 = held(alice)
+    job, d, t0 = alice.held()
     try:
         time.sleep(max(0.0, t0 + 1 - time.time()))
         # stderr closed
@@ -326,7 +320,7 @@ def test_leftover_of_an_earlier_attempt_is_swept(alice, bob):
     agent does not list containers before every create; it sweeps on the
     name conflict: the call runs, the leftover is gone, and a container of
     another student with a clashing name is never touched."""
-    job, _, _ = held(alice)
+    job, _, _ = alice.held()
     image = "delegate-sandbox:latest"
     sid = slurm_id(alice, job)
     left = sh(
@@ -335,7 +329,7 @@ def test_leftover_of_an_earlier_attempt_is_swept(alice, bob):
         "--label", "delegate.slurm-job=1", image, "true",
     ).stdout.strip()  # fmt: skip
     # Another student's container with this student's next name: not theirs to remove.
-    job2, _, _ = held(alice)
+    job2, _, _ = alice.held()
     other = sh(
         "docker", "create", "--name", f"delegate-{job2}",
         "--label", f"delegate.job={job2}", "--label", f"delegate.uid={bob.uid}", image, "true",

@@ -169,12 +169,6 @@ def test_time_limit(alice):
 # ---------------------------------------------------------------------------
 
 
-def _held(user):
-    t0 = time.time() - 1
-    job = user.submit("true", opts=("--hold",))
-    return job, user.job_dir(job), t0
-
-
 def _release_and_check(user, job, t0, expect):
     slurm_id = (
         (user.job_dir(job) / "slurm-id").read_text().strip()
@@ -191,7 +185,7 @@ def _release_and_check(user, job, t0, expect):
 
 
 def test_refuses_unknown_spec_version(alice):
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     spec = bytearray((d / "spec").read_bytes())
     spec[6:8] = (99).to_bytes(2, "little")
     (d / "spec").write_bytes(bytes(spec))
@@ -199,14 +193,14 @@ def test_refuses_unknown_spec_version(alice):
 
 
 def test_refuses_oversized_spec(alice):
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     with open(d / "spec", "ab") as f:
         f.write(b"\0" * (70 * 1024))
     _release_and_check(alice, job, t0, "more than the limit")
 
 
 def test_refuses_job_dir_that_is_a_symlink(alice):
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     real = d.with_name(job + ".real")
     alice.as_user("mv", str(d), str(real))
     alice.as_user("ln", "-s", str(real), str(d))
@@ -214,7 +208,7 @@ def test_refuses_job_dir_that_is_a_symlink(alice):
 
 
 def test_refuses_job_dir_owned_by_another_uid(alice, bob):
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     sh("chown", f"{bob.uid}:{bob.gid}", str(d))
     try:
         _release_and_check(alice, job, t0, f"owned by uid {bob.uid}")

@@ -354,12 +354,6 @@ def test_cannot_read_another_users_job_dir(alice, bob):
 # ---------------------------------------------------------------------------
 
 
-def _held(user):
-    t0 = time.time() - 1
-    job = user.submit("true", opts=("--hold",))
-    return job, user.job_dir(job), t0
-
-
 def _release_refused(user, job, t0, expect):
     user.as_user("scontrol", "release", (user.job_dir(job) / "slurm-id").read_text().strip())
     st = user.wait(job, timeout=120)
@@ -376,14 +370,14 @@ def test_spec_with_extra_fields_is_refused(alice):
     # capabilities, host mounts, devices or privileged mode: a forged spec
     # carrying anything beyond its known fields is refused whole (see also
     # protocol::proptests::any_trailing_bytes_are_refused).
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     with open(d / "spec", "ab") as f:
         f.write(b"\x01privileged\x01CAP_SYS_ADMIN/:/host")
     _release_refused(alice, job, t0, "trailing bytes")
 
 
 def test_spec_with_garbage_body_is_refused(alice):
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     spec = bytearray((d / "spec").read_bytes())
     spec[8:] = b"\xff" * (len(spec) - 8)
     (d / "spec").write_bytes(bytes(spec))
@@ -391,7 +385,7 @@ def test_spec_with_garbage_body_is_refused(alice):
 
 
 def test_huge_payload_is_refused(alice):
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     # Sparse: 256 MiB + 1 byte without writing them.
     alice.as_user("truncate", "-s", str(256 * 1024 * 1024 + 1), str(d / "payload"))
     _release_refused(alice, job, t0, "more than the limit")
@@ -399,7 +393,7 @@ def test_huge_payload_is_refused(alice):
 
 @pytest.mark.parametrize("name", ["evil", "..hidden", "stdout"])
 def test_unexpected_files_in_the_job_dir_are_refused(alice, name):
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     alice.as_user("touch", str(d / name))
     _release_refused(alice, job, t0, "unexpected file")
 
@@ -409,7 +403,7 @@ def test_forged_runner_records_are_refused(alice, name):
     # A student forging the runner's own records in their own job dir: the
     # runner refuses to run the job (no container), and the client never
     # takes the forged bytes for a record: it names the bad file.
-    job, d, t0 = _held(alice)
+    job, d, t0 = alice.held()
     alice.as_user("sh", "-c", f"printf 'completed, exit 0' > {d / name}")
     alice.as_user("scontrol", "release", (d / "slurm-id").read_text().strip())
     time.sleep(3)

@@ -99,11 +99,4 @@ def alice():
     s.cleanup()
 
 
-def containers_with_label(job: str) -> list[str]:
-    r = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=delegate.job={job}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return r.stdout.split()
+containers_with_label = testlib.containers_with_label

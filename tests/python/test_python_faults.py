@@ -41,10 +41,6 @@ def sh(*args, check=True):
     return subprocess.run(list(args), check=check, capture_output=True, text=True, timeout=120)
 
 
-def containers_with_label(job):
-    return sh("docker", "ps", "-aq", "--filter", f"label=delegate.job={job}").stdout.split()
-
-
 def script_dir():
     d = Path(tempfile.mkdtemp(prefix="delegate-pyfaults-"))
     os.chmod(d, 0o755)
