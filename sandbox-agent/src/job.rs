@@ -18,6 +18,7 @@ use nix::sys::stat::{fstat, SFlag};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
+use crate::call::Ctx;
 use crate::config::{self, Params, Perf};
 use crate::conn::{self, Incoming};
 use crate::engine::{self, EngineError};
@@ -373,26 +374,6 @@ async fn run(
         });
     drop(staged);
     answer
-}
-
-pub(crate) struct Ctx<'a> {
-    pub(crate) policy: &'a Policy,
-    pub(crate) host: String,
-    pub(crate) uid: u32,
-    pub(crate) gid: u32,
-    pub(crate) slurm_job: &'a str,
-    pub(crate) spec: &'a delegate_protocol::Spec,
-    pub(crate) tmp_bytes: u64,
-    pub(crate) max_output: u64,
-    pub(crate) max_job_bytes: u64,
-    pub(crate) max_job_files: u64,
-    pub(crate) caller: &'a Caller,
-    pub(crate) node: String,
-    /// The only sandbox on this node right now (the agent may then keep
-    /// itself off its cores).
-    pub(crate) alone: bool,
-    /// A rank of a multi-node job (crate::rank), or `None`.
-    pub(crate) place: Option<ident::RankPlace>,
 }
 
 #[allow(clippy::too_many_arguments)]

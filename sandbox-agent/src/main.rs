@@ -20,6 +20,7 @@
 //! mode: nothing the student controls can block or break them.
 
 mod admit;
+mod call;
 mod config;
 mod conn;
 mod engine;

@@ -17,10 +17,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::call::Ctx;
 use crate::config::Perf;
 use crate::conn::{self, Incoming};
 use crate::engine;
-use crate::job::Ctx;
 use crate::jobdisk::{self, Budget};
 use crate::output::{pump, Owner, Pumped};
 
