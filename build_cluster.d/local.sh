@@ -513,7 +513,7 @@ local_build_images() {
     python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheels/wheels" "$pin" \
         || die "cannot download $pin (pip download)"
     sandbox_cfiddle_wheels "$wheels/wheels-cfiddle" || { rm -rf "$wheels"; die "cannot download the CFiddle wheels"; }
-    tar --exclude=__pycache__ -c -C "$REPO" docker python/pyproject.toml python/pysrc/delegate_executor \
+    tar --exclude=__pycache__ -c -C "$REPO" docker python/pyproject.toml python/pysrc/delegate_sandbox \
         python/requirements-cfiddle.txt -C "$wheels" wheels wheels-cfiddle \
         | docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
             --label "org.delegate.source=$(sandbox_source_hash)" \
@@ -527,7 +527,7 @@ local_build_images() {
 # org.delegate.source: a deploy rebuilds an image of other sources.
 sandbox_source_hash() {
     (cd "$REPO" && find docker/sandbox.Dockerfile python/pyproject.toml python/requirements-cfiddle.txt \
-        python/pysrc/delegate_executor -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 \
+        python/pysrc/delegate_sandbox -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 \
         | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 }
 

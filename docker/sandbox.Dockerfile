@@ -27,9 +27,9 @@ RUN apt-get update \
 # so the wheel and the sandbox cannot drift; its pure-Python wheel is
 # downloaded on the host and unpacked here, no pip or network in the image --
 # and the executor module the runner starts for a Python job
-# (python3 -m delegate_executor /job).
+# (python3 -m delegate_sandbox /job).
 COPY python/pyproject.toml /tmp/delegate/pyproject.toml
-COPY python/pysrc/delegate_executor /tmp/delegate/delegate_executor
+COPY python/pysrc/delegate_sandbox /tmp/delegate/delegate_sandbox
 COPY wheels /tmp/delegate/wheels
 RUN set -e; \
     pin=$(python3 -c 'import tomllib; d = tomllib.load(open("/tmp/delegate/pyproject.toml", "rb")); print(*[r for r in d["project"]["dependencies"] if r.startswith("cloudpickle==")])'); \
@@ -39,11 +39,11 @@ RUN set -e; \
     site=$(python3 -c 'import site; print([p for p in site.getsitepackages() if p.startswith("/usr/local/")][0])'); \
     mkdir -p "$site"; \
     python3 -m zipfile -e "$whl" "$site"; \
-    cp -r /tmp/delegate/delegate_executor "$site/"; rm -rf /tmp/delegate; \
+    cp -r /tmp/delegate/delegate_sandbox "$site/"; rm -rf /tmp/delegate; \
     find "$site" -name __pycache__ -prune -exec rm -rf {} +; \
     chmod -R a+rX "$site"; \
     python3 -m compileall -q "$site"; \
-    python3 -c 'import cloudpickle, delegate_executor; assert cloudpickle.__version__ == "'"$ver"'"; print("cloudpickle", cloudpickle.__version__)'
+    python3 -c 'import cloudpickle, delegate_sandbox; assert cloudpickle.__version__ == "'"$ver"'"; print("cloudpickle", cloudpickle.__version__)'
 
 # CFiddle and its run-time needs (delegate.cfiddle runs cfiddle-run here on
 # the executables CFiddle built on the caller's side), at exactly the versions

@@ -120,7 +120,7 @@ pub struct Params<'a> {
 pub fn command(task: &Task) -> Vec<String> {
     match task {
         Task::Command { argv } => argv.clone(),
-        Task::Python { .. } => ["python3", "-m", "delegate_executor", SANDBOX_JOB_DIR]
+        Task::Python { .. } => ["python3", "-m", "delegate_sandbox", SANDBOX_JOB_DIR]
             .iter()
             .map(|s| s.to_string())
             .collect(),
@@ -415,7 +415,7 @@ mod tests {
             python_version: "3.11".into(),
             cloudpickle_version: "3".into(),
         });
-        assert_eq!(py, ["python3", "-m", "delegate_executor", "/job"]);
+        assert_eq!(py, ["python3", "-m", "delegate_sandbox", "/job"]);
     }
 
     #[test]

@@ -192,7 +192,7 @@ def test_3_a_students_day_in_the_browser(students):
         "traceback",
     )
     assert "ValueError" in text and "raise ValueError('no free lunch')" in text, text
-    for internal in ("_traceback.py", "raise_remote", "_client.py", "concurrent/futures"):
+    for internal in ("_traceback.py", "raise_remote", "_futures.py", "concurrent/futures"):
         assert internal not in text, f"{internal} in the traceback: {text}"
     # The README's CFiddle example, unchanged.
     ann.run_cell(readme_block("### CFiddle experiments"), "['", "cfiddle", timeout=600_000)

@@ -166,7 +166,7 @@ def test_plain_interpreter_traceback_hides_delegate_frames(run):
     assert "delegate/" not in tb.replace("delegate job", ""), tb
     assert "concurrent/futures" not in tb, tb
     full = run(TRACEBACK, env={"DELEGATE_TRACEBACK": "full"}).stderr
-    assert "delegate/_client.py" in full and "ZeroDivisionError" in full, full
+    assert "delegate/_futures.py" in full and "ZeroDivisionError" in full, full
 
 
 def test_terminal_gets_one_carriage_return_line(run, tmp_path):

@@ -93,7 +93,7 @@ def check(cells):
     tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err["traceback"]))
     assert "return x / 0" in tb, "the remote frame: " + tb
     assert "student_code()" in tb and "return divide(1)" in tb, "the caller's own lines: " + tb
-    assert "_client.py" not in tb and "concurrent/futures" not in tb and "__get_result" not in tb, tb
+    assert "_futures.py" not in tb and "concurrent/futures" not in tb and "__get_result" not in tb, tb
     assert "_traceback.py" not in tb and "raise_remote" not in tb, "a delegate frame is shown: " + tb
     assert "skipping hidden" in tb, tb
     last = tb.rsplit("in divide", 1)

@@ -280,9 +280,9 @@ def test_version_mismatch_is_named(alice):
     res, _ = alice.result(
         HEADER
         + """
-import cloudpickle, delegate_executor as fmt
+import cloudpickle, delegate_sandbox as fmt
 from delegate import _core
-from delegate._client import attach
+from delegate._futures import attach
 body = cloudpickle.dumps((len, ("abc",), {}))
 payload = fmt.encode_payload(body, "3.7.1", "0.5.0")
 (jid,) = _core.submit_python([payload], "3.7.1", "0.5.0", time="1m")
@@ -364,5 +364,5 @@ out(**texts)
     for how in ("ipython", "python"):
         tb = res[how]
         assert "ZeroDivisionError" in tb and "return x / 0" in tb and "return divide(1)" in tb, (how, tb)
-        for internal in ("_traceback.py", "raise_remote", "_client.py", "concurrent/futures", "exec(code"):
+        for internal in ("_traceback.py", "raise_remote", "_futures.py", "concurrent/futures", "exec(code"):
             assert internal not in tb, (how, internal, tb)

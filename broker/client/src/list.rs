@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Client, JobStatus, Result};
 
 const MAX_JOBS_LISTED: usize = 100_000;
-/// The magic of a Python payload (python/pysrc/delegate_executor): the
+/// The magic of a Python payload (python/pysrc/delegate_sandbox): the
 /// header that follows it is one line of JSON, at most
 /// [`MAX_PAYLOAD_HEADER`] bytes.
 const PAYLOAD_MAGIC: &[u8] = b"DLGTPY1\n";

@@ -49,9 +49,8 @@ import time as _time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import delegate_executor as _fmt  # type: ignore[import-untyped]
+import delegate_sandbox as _fmt  # type: ignore[import-untyped]
 from delegate import _core, _local
-from delegate._client import DelegateFuture, attach, attach_many, mark_cancelled
 from delegate._errors import (
     DelegateError,
     JobFailed,
@@ -62,6 +61,7 @@ from delegate._errors import (
     SubmitError,
     VersionMismatchError,
 )
+from delegate._futures import DelegateFuture, attach, attach_many, mark_cancelled
 from delegate._jobs import JobTable, jobs
 from delegate._traceback import hide as _hide_frames
 

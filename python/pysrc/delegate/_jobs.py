@@ -10,8 +10,8 @@ import os
 import time
 
 from delegate import _core, _local
-from delegate._client import known_future
 from delegate._display import seconds
+from delegate._futures import known_future
 
 #: The colour of each state in the HTML table (the CLI's `delegate list`
 #: uses the same on a terminal).

@@ -2,7 +2,7 @@
 
 ``delegate.Executor(backend="local")``, ``@delegate.remote(backend="local")``
 or ``DELEGATE_BACKEND=local`` in the environment (which switches a whole
-notebook) run each call as ``python -m delegate_executor <job-dir>``: the
+notebook) run each call as ``python -m delegate_sandbox <job-dir>``: the
 same payload file, the same executor and the same result file as in the
 sandbox, so pickling problems, exceptions and the printed output behave as
 on the cluster. The job directories are private temporary directories,
@@ -28,10 +28,10 @@ import threading
 import time
 import uuid
 
-import delegate_executor as fmt  # type: ignore[import-untyped]
+import delegate_sandbox as fmt  # type: ignore[import-untyped]
 from delegate import _core
-from delegate._client import DelegateFuture, mark_cancelled, watch
 from delegate._errors import NoSuchJobError
+from delegate._futures import DelegateFuture, mark_cancelled, watch
 
 ENV_WORKERS = "DELEGATE_LOCAL_WORKERS"
 #: Time limit when none is given (the cluster's default).
@@ -140,7 +140,7 @@ class LocalFuture(DelegateFuture):
             open(os.path.join(self.directory, "stderr"), "wb") as err,
         ):
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "delegate_executor", self.directory],
+                [sys.executable, "-m", "delegate_sandbox", self.directory],
                 cwd=self.directory,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

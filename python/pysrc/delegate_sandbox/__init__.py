@@ -1,6 +1,7 @@
-"""The executor that runs a pickled Python call inside a delegate sandbox.
+"""The sandbox side of the Python package: runs one pickled call inside a
+delegate sandbox (not to be confused with the user side's ``delegate.Executor``).
 
-It is started by sandbox-runner as ``python3 -m delegate_executor /job``
+It is started by sandbox-runner as ``python3 -m delegate_sandbox /job``
 (working directory ``/job``, the submitting user's uid, no network, a
 read-only root filesystem). It reads ``payload``, checks that the caller's
 Python (major.minor) and cloudpickle (exact) versions match this sandbox's,
@@ -279,7 +280,7 @@ def main(argv=None) -> int:
     try:
         os.chdir(job_dir)
     except OSError as e:
-        print("delegate_executor: cannot enter %s: %s" % (job_dir, e), file=sys.stderr)
+        print("delegate_sandbox: cannot enter %s: %s" % (job_dir, e), file=sys.stderr)
         return 2
     rec = run(job_dir)
     try:
@@ -302,7 +303,7 @@ def main(argv=None) -> int:
     try:
         _write_atomic(job_dir, name, out)
     except OSError as e:
-        print("delegate_executor: cannot write the result: %s" % e, file=sys.stderr)
+        print("delegate_sandbox: cannot write the result: %s" % e, file=sys.stderr)
         if rec.get("traceback"):
             sys.stderr.write(rec["traceback"])
         return 3
@@ -314,7 +315,7 @@ def main(argv=None) -> int:
         except OSError:
             pass
     if rec["status"] == "raw" and rec["kind"] in ("version-mismatch", "bad-payload"):
-        print("delegate_executor: %s" % rec["summary"], file=sys.stderr)
+        print("delegate_sandbox: %s" % rec["summary"], file=sys.stderr)
     if name != RESULT and rec["status"] != "ok":
         return 1
     return 0

@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Any, Literal
 
-import delegate_executor as fmt  # type: ignore[import-untyped]
+import delegate_sandbox as fmt  # type: ignore[import-untyped]
 from delegate import _core, _traceback
 from delegate._display import TERMINAL, Progress, outcome_words
 from delegate._errors import (

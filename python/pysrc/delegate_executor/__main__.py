@@ -1,5 +1,0 @@
-import sys
-
-from delegate_executor import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from delegate_sandbox import main
+
+sys.exit(main())
