@@ -345,6 +345,17 @@ worker)
         printf '# Set by the entrypoint: this worker'"'"'s staging directory as the host'"'"'s engine sees it.\nstaging_host_dir = "%s"\n' \
             "$host_stage" >>/etc/delegate/policy.toml
     fi
+    # The host's /proc, read-only in the same root-only directory: the
+    # sandboxes are the host engine's, in the host's pid namespace, and the
+    # agent counts their deleted-but-open files in the job directory's
+    # budget there (policy host_proc; docs/security.md, "Disk").
+    if [[ $(findmnt -n -o FSTYPE --mountpoint "$engine/proc" 2>/dev/null) == proc ]]; then
+        grep -q '^host_proc *=' /etc/delegate/policy.toml \
+            || printf '# Set by the entrypoint: the host'"'"'s /proc, where the sandboxes'"'"' processes are.\nhost_proc = "%s"\n' \
+                "$engine/proc" >>/etc/delegate/policy.toml
+    else
+        log "WARNING: the host's /proc is not mounted at $engine/proc: deleted-but-open files of sandboxes are not counted"
+    fi
     docker image inspect "$(sed -n 's/^default_image *= *"\(.*\)"/\1/p' /etc/delegate/policy.toml)" >/dev/null 2>&1 \
         || log "WARNING: the sandbox image is not present on this host's Docker engine"
     # The root agent, before slurmd: restarted if it ever exits (a job's

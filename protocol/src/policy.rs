@@ -149,6 +149,12 @@ pub struct Policy {
     /// another mount namespace (the stack's workers use the host's engine);
     /// empty: the same as `staging_dir`.
     pub staging_host_dir: PathBuf,
+    /// The /proc that shows the engine's containers' processes, when the
+    /// agent runs in another pid namespace than the engine (the stack's
+    /// workers: the host's /proc bound read-only into a root-only
+    /// directory); empty: the agent's own /proc. The agent reads the
+    /// sandbox's deleted-but-open files there (the job directory's budget).
+    pub host_proc: PathBuf,
 }
 
 impl Default for Policy {
@@ -181,6 +187,7 @@ impl Default for Policy {
             agent_socket: PathBuf::from(crate::agent::DEFAULT_AGENT_SOCKET),
             staging_dir: PathBuf::from("/run/delegate/jobs"),
             staging_host_dir: PathBuf::new(),
+            host_proc: PathBuf::new(),
         }
     }
 }

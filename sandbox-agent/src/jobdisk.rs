@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use delegate_protocol::units::format_size;
 
@@ -113,34 +114,34 @@ pub fn verdict(m: &Measured, budget: Budget) -> Option<String> {
     None
 }
 
-/// The processes of the container whose first process is `init` (from the
-/// engine's inspect), as this agent's /proc shows them: `None` when `init`
-/// is not that container's process here (the agent runs in another pid
-/// namespace than the engine, as on the stack's workers).
-pub fn sandbox_pids(init: i64, container_id: &str) -> Option<Vec<i32>> {
+/// The processes of the container whose first process is `init` (the
+/// engine's pid, from its inspect), as the /proc at `proc` shows them:
+/// `None` when `init` is not that container's process there (the agent
+/// runs in another pid namespace than the engine and `proc` is its own).
+pub fn sandbox_pids(proc: &Path, init: i64, container_id: &str) -> Option<Vec<i32>> {
     let init = i32::try_from(init).ok().filter(|p| *p > 1)?;
-    let cgroup = std::fs::read_to_string(format!("/proc/{init}/cgroup")).ok()?;
+    let cgroup = std::fs::read_to_string(proc.join(format!("{init}/cgroup"))).ok()?;
     if container_id.len() < 12 || !cgroup.contains(container_id) {
         return None;
     }
-    let ns = std::fs::read_link(format!("/proc/{init}/ns/pid")).ok()?;
-    let pids = std::fs::read_dir("/proc")
+    let ns = std::fs::read_link(proc.join(format!("{init}/ns/pid"))).ok()?;
+    let pids = std::fs::read_dir(proc)
         .ok()?
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|n| n == ns))
+        .filter(|p| std::fs::read_link(proc.join(format!("{p}/ns/pid"))).is_ok_and(|n| n == ns))
         .collect();
     Some(pids)
 }
 
-/// Bytes of deleted regular files on device `dev` that `pids` hold open
-/// or mapped (each file once).
-pub fn deleted_bytes(pids: &[i32], dev: u64) -> u64 {
+/// Bytes of deleted regular files on device `dev` that `pids` (of the
+/// /proc at `proc`) hold open or mapped (each file once).
+pub fn deleted_bytes(proc: &Path, pids: &[i32], dev: u64) -> u64 {
     let mut seen = HashSet::new();
     let mut total = 0u64;
     for pid in pids {
         for sub in ["fd", "map_files"] {
-            let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/{sub}")) else {
+            let Ok(entries) = std::fs::read_dir(proc.join(format!("{pid}/{sub}"))) else {
                 continue;
             };
             for e in entries.flatten() {
@@ -163,7 +164,6 @@ pub fn device(dir: &OwnedFd) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     fn open(p: &Path) -> OwnedFd {
         std::fs::File::open(p).expect("open").into()
@@ -215,7 +215,8 @@ mod tests {
         std::fs::remove_file(&path).expect("unlink");
         let dev = device(&open(t.path())).expect("dev");
         let me = std::process::id() as i32;
-        assert!(deleted_bytes(&[me], dev) >= 3 << 20);
+        let proc = Path::new("/proc");
+        assert!(deleted_bytes(proc, &[me], dev) >= 3 << 20);
         let m = Measured {
             deleted_bytes: 3 << 20,
             ..Measured::default()
@@ -223,12 +224,13 @@ mod tests {
         let why = verdict(&m, Budget { bytes: 1 << 20, files: 0 }).expect("over");
         assert!(why.contains("in deleted files still open"), "{why}");
         drop(f);
-        assert_eq!(deleted_bytes(&[me], dev), 0);
+        assert_eq!(deleted_bytes(proc, &[me], dev), 0);
     }
 
     #[test]
     fn a_pid_that_is_not_the_containers_is_not_used() {
-        assert_eq!(sandbox_pids(std::process::id() as i64, "0123456789abcdef"), None);
-        assert_eq!(sandbox_pids(1, "0123456789abcdef"), None);
+        let proc = Path::new("/proc");
+        assert_eq!(sandbox_pids(proc, std::process::id() as i64, "0123456789abcdef"), None);
+        assert_eq!(sandbox_pids(proc, 1, "0123456789abcdef"), None);
     }
 }

@@ -273,16 +273,20 @@ async fn watch_job_dir(ctx: &Ctx<'_>, docker: &Docker, id: &str, dir: &OwnedFd) 
         .ok()
         .and_then(|c| c.state?.pid);
     let dev = jobdisk::device(dir);
+    let proc = match &ctx.policy.host_proc {
+        p if p.as_os_str().is_empty() => std::path::PathBuf::from("/proc"),
+        p => p.clone(),
+    };
     let mut pause = DISK_POLL_MIN;
     loop {
         tokio::time::sleep(pause).await;
         let t0 = std::time::Instant::now();
         let Ok(d) = dir.try_clone() else { continue };
-        let id = id.to_string();
+        let (id, proc) = (id.to_string(), proc.clone());
         let measured = tokio::task::spawn_blocking(move || {
             let mut m = jobdisk::measure(&d, budget).ok()?;
-            if let (Some(pids), Some(dev)) = (init.and_then(|p| jobdisk::sandbox_pids(p, &id)), dev) {
-                m.deleted_bytes = jobdisk::deleted_bytes(&pids, dev);
+            if let (Some(pids), Some(dev)) = (init.and_then(|p| jobdisk::sandbox_pids(&proc, p, &id)), dev) {
+                m.deleted_bytes = jobdisk::deleted_bytes(&proc, &pids, dev);
             }
             Some(m)
         })

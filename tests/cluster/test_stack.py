@@ -9,6 +9,7 @@ cluster keeps running beside the stack and must still work afterwards.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import time
@@ -467,6 +468,26 @@ def test_students_read_no_log_on_the_stack(stack, node):
     for name in names:
         r = on(node, "head", "-c1", f"/var/log/delegate/{name}", user=STUDENT)
         assert r.returncode != 0 and "Permission denied" in r.stderr, f"{node}: {name} is readable"
+
+
+def test_deleted_open_files_count_on_a_stack_worker(stack):
+    """Security round 3, item 2, on the stack: the sandboxes are the host
+    engine's, outside the worker's pid namespace; the worker's agent reads
+    their deleted-but-open files through the host's /proc (policy
+    host_proc). Four deleted 300M files held open (under the 1G per-file
+    limit, 1.2G together) stop the call."""
+    script = (
+        'for i in 1 2 3 4; do eval "exec $((i + 2))>/job/gone$i"; rm /job/gone$i;'
+        " head -c 300M /dev/zero >&$((i + 2)); done; sleep 60"
+    )
+    r = on("user", "delegate", "submit", "--time", "2m", "--", "sh", "-c", script, user=STUDENT)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[-1]
+    on("user", "delegate", "wait", job, user=STUDENT, timeout=300)
+    r = on("user", "delegate", "--json", "status", job, user=STUDENT)
+    st = json.loads(r.stdout)
+    st = st[0] if isinstance(st, list) else st
+    assert st["state"] == "failed" and "in deleted files still open" in st["reason"], st
 
 
 def test_stack_root_can_still_srun(stack):
