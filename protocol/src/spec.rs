@@ -27,7 +27,8 @@ pub enum Task {
 }
 
 /// Resources asked for. The runner checks each against the site policy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// (Ordered only so that callers may group requests by them.)
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Resources {
     pub cpus: u32,
     pub mem_bytes: u64,

@@ -118,19 +118,20 @@ fn request(
         cloudpickle_version: cloudpickle_version.to_owned(),
     });
     if let Some(c) = cpus {
-        req.cpus = c;
+        req.resources.cpus = c;
     }
     if let Some(g) = gpus {
-        req.gpus = g;
+        req.resources.gpus = g;
     }
     if let Some(n) = nodes {
-        req.nodes = n;
+        req.resources.nodes = n;
     }
     if let Some(m) = mem {
-        req.mem_bytes = parse_size(m).map_err(|e| CoreError::Invalid(format!("mem={m:?}: {e}")))?;
+        req.resources.mem_bytes = parse_size(m).map_err(|e| CoreError::Invalid(format!("mem={m:?}: {e}")))?;
     }
     if let Some(t) = time {
-        req.time_limit_secs = parse_duration(t).map_err(|e| CoreError::Invalid(format!("time={t:?}: {e}")))?;
+        req.resources.time_limit_secs =
+            parse_duration(t).map_err(|e| CoreError::Invalid(format!("time={t:?}: {e}")))?;
     }
     req.image = image.map(str::to_owned);
     req.env = env.to_vec();

@@ -11,14 +11,10 @@ pub struct SubmitRequest {
     pub task: Task,
     /// `None`: the site policy's default image.
     pub image: Option<String>,
-    pub cpus: u32,
-    /// GPUs (Slurm GRES `gpu`); 0: none.
-    pub gpus: u32,
-    /// Nodes: more than 1 makes a multi-node rank job (one sandbox per
-    /// node, `RANK`/`WORLD_SIZE`/`MASTER_ADDR`...), submitted alone.
-    pub nodes: u32,
-    pub mem_bytes: u64,
-    pub time_limit_secs: u64,
+    /// CPUs, memory, time, GPUs and nodes (the spec's own type). More than
+    /// one node makes a multi-node rank job (one sandbox per node,
+    /// `RANK`/`WORLD_SIZE`/`MASTER_ADDR`...), submitted alone.
+    pub resources: Resources,
     pub env: Vec<(String, String)>,
     /// Opaque bytes for the sandbox (a pickled call); at most [`MAX_PAYLOAD_BYTES`].
     pub payload: Option<Vec<u8>>,
@@ -32,15 +28,10 @@ pub struct SubmitRequest {
 impl SubmitRequest {
     /// A request with the default resources (1 CPU, 1G, 10 minutes).
     pub fn new(task: Task) -> SubmitRequest {
-        let r = Resources::default();
         SubmitRequest {
             task,
             image: None,
-            cpus: r.cpus,
-            gpus: r.gpus,
-            nodes: r.nodes,
-            mem_bytes: r.mem_bytes,
-            time_limit_secs: r.time_limit_secs,
+            resources: Resources::default(),
             env: Vec::new(),
             payload: None,
             hold: false,

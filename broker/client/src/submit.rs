@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use delegate_protocol::{
     self as protocol, atomic_write_at_deferred, encode, now_ms, policy::Policy, sync_filesystem,
-    write_record_at_deferred, JobId, ProtocolError, Resources, Spec, State, MAX_PAYLOAD_BYTES,
+    write_record_at_deferred, JobId, ProtocolError, Spec, State, MAX_PAYLOAD_BYTES,
 };
 use nix::errno::Errno;
 use nix::sys::stat::Mode;
@@ -40,7 +40,7 @@ impl Client {
         let Some(first) = reqs.first() else {
             return Ok(Vec::new());
         };
-        if first.nodes > 1 && reqs.len() > 1 {
+        if first.resources.nodes > 1 && reqs.len() > 1 {
             return Err(ClientError::InvalidRequest(
                 "a multi-node job is submitted alone (no count, map or jobs-file sharing)".into(),
             ));
@@ -51,17 +51,7 @@ impl Client {
                 reqs.len()
             )));
         }
-        let same = |r: &SubmitRequest| {
-            (r.cpus, r.gpus, r.mem_bytes, r.time_limit_secs, &r.image, r.hold)
-                == (
-                    first.cpus,
-                    first.gpus,
-                    first.mem_bytes,
-                    first.time_limit_secs,
-                    &first.image,
-                    first.hold,
-                )
-        };
+        let same = |r: &SubmitRequest| (&r.resources, &r.image, r.hold) == (&first.resources, &first.image, first.hold);
         if !reqs.iter().all(same) {
             return Err(ClientError::InvalidRequest(
                 "the calls of one job array must ask for the same resources and image".into(),
@@ -120,7 +110,13 @@ impl Client {
         let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
         let groups = if jobs.len() > 1 && per_allocation > 1 {
             match self.config.slurm.partition_info() {
-                Ok(info) => plan_allocations(jobs.len(), per_allocation, first.time_limit_secs, &info, max_allocation),
+                Ok(info) => plan_allocations(
+                    jobs.len(),
+                    per_allocation,
+                    first.resources.time_limit_secs,
+                    &info,
+                    max_allocation,
+                ),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
                     None
@@ -148,21 +144,21 @@ impl Client {
                 } else {
                     format!("{}.shared-%a.log", ids[0])
                 }),
-                cpus: first.cpus,
+                cpus: first.resources.cpus,
                 time_limit_secs: longest
-                    .saturating_mul(first.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
-                script: slurm::with_gpus(slurm::shared_script(&self.config.runner, &dir_groups), first.gpus),
+                    .saturating_mul(first.resources.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
+                script: slurm::with_gpus(slurm::shared_script(&self.config.runner, &dir_groups), first.resources.gpus),
                 hold: first.hold,
                 calls: jobs.len(),
             }
-        } else if jobs.len() == 1 && first.nodes > 1 {
+        } else if jobs.len() == 1 && first.resources.nodes > 1 {
             BatchRequest {
                 job_name: ids[0].to_string(),
                 chdir: self.root.clone(),
                 output: self.log_path(&ids[0]),
-                cpus: first.cpus,
-                time_limit_secs: first.time_limit_secs,
-                script: slurm::ranks_script(&self.config.runner, &dirs[0], first.nodes),
+                cpus: first.resources.cpus,
+                time_limit_secs: first.resources.time_limit_secs,
+                script: slurm::ranks_script(&self.config.runner, &dirs[0], first.resources.nodes),
                 hold: first.hold,
                 calls: jobs.len(),
             }
@@ -171,9 +167,9 @@ impl Client {
                 job_name: ids[0].to_string(),
                 chdir: self.root.clone(),
                 output: self.log_path(&ids[0]),
-                cpus: first.cpus,
-                time_limit_secs: first.time_limit_secs,
-                script: slurm::with_gpus(slurm::batch_script(&self.config.runner, &dirs[0]), first.gpus),
+                cpus: first.resources.cpus,
+                time_limit_secs: first.resources.time_limit_secs,
+                script: slurm::with_gpus(slurm::batch_script(&self.config.runner, &dirs[0]), first.resources.gpus),
                 hold: first.hold,
                 calls: jobs.len(),
             }
@@ -183,9 +179,9 @@ impl Client {
                 job_name: format!("{}-array", ids[0]),
                 chdir: self.root.clone(),
                 output: self.root.join(format!("{}.array.log", ids[0])),
-                cpus: first.cpus,
-                time_limit_secs: first.time_limit_secs,
-                script: slurm::with_gpus(slurm::array_script(&self.config.runner, &dirs, &logs), first.gpus),
+                cpus: first.resources.cpus,
+                time_limit_secs: first.resources.time_limit_secs,
+                script: slurm::with_gpus(slurm::array_script(&self.config.runner, &dirs, &logs), first.resources.gpus),
                 hold: first.hold,
                 calls: jobs.len(),
             }
@@ -288,13 +284,7 @@ impl Client {
             created_ms: now_ms(),
             image: image.to_owned(),
             task: req.task.clone(),
-            resources: Resources {
-                cpus: req.cpus,
-                gpus: req.gpus,
-                nodes: req.nodes,
-                mem_bytes: req.mem_bytes,
-                time_limit_secs: req.time_limit_secs,
-            },
+            resources: req.resources.clone(),
             env: req.env.clone(),
         };
         spec.validate().map_err(|e| match e {

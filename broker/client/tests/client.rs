@@ -106,7 +106,7 @@ fn submit_many_is_one_sbatch_of_an_array() {
         assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), format!("77_{i}\n"));
     }
     // Mixed resources cannot share one array.
-    reqs[1].cpus = 2;
+    reqs[1].resources.cpus = 2;
     assert!(matches!(c.submit_many(&reqs), Err(ClientError::InvalidRequest(_))));
     assert_eq!(std::fs::read_to_string(&calls).unwrap(), "x\n");
 }
@@ -129,7 +129,7 @@ fn shared_submission_and_cancel() {
         .map(|i| {
             let mut r = SubmitRequest::command(vec!["echo".into(), i.to_string()]);
             r.image = Some("img:1".into());
-            r.time_limit_secs = 60;
+            r.resources.time_limit_secs = 60;
             r
         })
         .collect();

@@ -36,11 +36,13 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     }
     let mut req = SubmitRequest::command(a.command.clone());
     req.image = a.image.clone();
-    req.cpus = a.cpus;
-    req.gpus = a.gpus;
-    req.nodes = a.nodes;
-    req.mem_bytes = a.mem;
-    req.time_limit_secs = a.time;
+    req.resources = delegate_protocol::Resources {
+        cpus: a.cpus,
+        gpus: a.gpus,
+        nodes: a.nodes,
+        mem_bytes: a.mem,
+        time_limit_secs: a.time,
+    };
     req.env = env;
     req.hold = a.hold;
     req.files = a.files.clone();

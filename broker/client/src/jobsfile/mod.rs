@@ -141,12 +141,12 @@ impl Client {
     pub fn submit_jobs_file(&self, file: &JobsFile) -> Result<Submitted> {
         self.check_jobs_file(file)?;
         // Group the calls by what a submission must share, keeping file order.
-        type Key = (u32, u32, u32, u64, u64, Option<String>);
+        type Key = (delegate_protocol::Resources, Option<String>);
         let mut groups: BTreeMap<Key, Vec<(usize, usize)>> = BTreeMap::new();
         let mut order: Vec<Key> = Vec::new();
         for (ei, e) in file.entries.iter().enumerate() {
             for (ci, r) in e.requests.iter().enumerate() {
-                let k = (r.cpus, r.gpus, r.nodes, r.mem_bytes, r.time_limit_secs, r.image.clone());
+                let k = (r.resources.clone(), r.image.clone());
                 if !groups.contains_key(&k) {
                     order.push(k.clone());
                 }
@@ -159,7 +159,7 @@ impl Client {
         for k in &order {
             let members = &groups[k];
             // A multi-node call is submitted alone (its own allocation).
-            let per = if k.2 > 1 { 1 } else { crate::MAX_ARRAY };
+            let per = if k.0.nodes > 1 { 1 } else { crate::MAX_ARRAY };
             for chunk in members.chunks(per) {
                 let reqs: Vec<SubmitRequest> =
                     chunk.iter().map(|&(e, c)| file.entries[e].requests[c].clone()).collect();

@@ -247,11 +247,13 @@ impl Fields {
             }
         };
         req.image = self.image.clone();
-        req.cpus = self.cpus;
-        req.gpus = self.gpus;
-        req.nodes = self.nodes;
-        req.mem_bytes = self.mem_bytes;
-        req.time_limit_secs = self.time_limit_secs;
+        req.resources = Resources {
+            cpus: self.cpus,
+            gpus: self.gpus,
+            nodes: self.nodes,
+            mem_bytes: self.mem_bytes,
+            time_limit_secs: self.time_limit_secs,
+        };
         req.env = self.env.clone();
         req.files = self.files.clone();
         Some(req)
@@ -565,7 +567,7 @@ jobs:
             py[1].payload.as_deref(),
             Some(&b"def main(lr, epochs=1):\n    return lr * epochs\n"[..])
         );
-        assert_eq!(py[1].time_limit_secs, 300);
+        assert_eq!(py[1].resources.time_limit_secs, 300);
         assert_eq!(
             py[1].env,
             vec![
@@ -575,7 +577,7 @@ jobs:
             ]
         );
         let sh = &e[1].requests[0];
-        assert_eq!((sh.cpus, sh.mem_bytes), (2, 512 << 20));
+        assert_eq!((sh.resources.cpus, sh.resources.mem_bytes), (2, 512 << 20));
         let delegate_protocol::Task::Command { argv } = &sh.task else {
             panic!()
         };
@@ -643,8 +645,8 @@ jobs:
             dir.path(),
         )
         .unwrap();
-        assert_eq!(e[0].requests[0].nodes, 2);
-        assert_eq!(e[1].requests[0].nodes, 1);
+        assert_eq!(e[0].requests[0].resources.nodes, 2);
+        assert_eq!(e[1].requests[0].resources.nodes, 1);
         let errs = read("- command: [true]\n  nodes: 0\n", dir.path()).unwrap_err();
         assert!(errs[0].message.contains("from 1 to 256"), "{errs:?}");
     }
