@@ -126,8 +126,26 @@ impl Client {
             None
         };
         // For each call: its allocation (array element) and how many calls share it.
-        let mut placement: Vec<(usize, Option<u32>)> = (0..jobs.len()).map(|i| (i, None)).collect();
-        let batch = if let Some(groups) = &groups {
+        let (batch, placement) = self.batch_request(first, &ids, &dirs, groups.as_deref());
+        let slurm_id = self.sbatch(&batch, &jobs, &ids[0])?;
+        let handles = self.record_slurm_ids(&slurm_id, &jobs, &ids, groups.as_deref(), &placement)?;
+        Ok(handles)
+    }
+
+    /// The one sbatch of a submission: a shared allocation (or an array of
+    /// them) when `groups` says so, a multi-node rank job, one plain job,
+    /// or an array of one job per call; and for each call, its allocation
+    /// (array element) and how many calls share it.
+    fn batch_request(
+        &self,
+        first: &SubmitRequest,
+        ids: &[JobId],
+        dirs: &[PathBuf],
+        groups: Option<&[Vec<usize>]>,
+    ) -> (BatchRequest, Vec<(usize, Option<u32>)>) {
+        let calls = ids.len();
+        let mut placement: Vec<(usize, Option<u32>)> = (0..calls).map(|i| (i, None)).collect();
+        let batch = if let Some(groups) = groups {
             for (k, g) in groups.iter().enumerate() {
                 for &i in g {
                     placement[i] = (k, Some(g.len() as u32));
@@ -149,9 +167,9 @@ impl Client {
                     .saturating_mul(first.resources.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
                 script: slurm::with_gpus(slurm::shared_script(&self.config.runner, &dir_groups), first.resources.gpus),
                 hold: first.hold,
-                calls: jobs.len(),
+                calls,
             }
-        } else if jobs.len() == 1 && first.resources.nodes > 1 {
+        } else if calls == 1 && first.resources.nodes > 1 {
             BatchRequest {
                 job_name: ids[0].to_string(),
                 chdir: self.root.clone(),
@@ -160,9 +178,9 @@ impl Client {
                 time_limit_secs: first.resources.time_limit_secs,
                 script: slurm::ranks_script(&self.config.runner, &dirs[0], first.resources.nodes),
                 hold: first.hold,
-                calls: jobs.len(),
+                calls,
             }
-        } else if jobs.len() == 1 {
+        } else if calls == 1 {
             BatchRequest {
                 job_name: ids[0].to_string(),
                 chdir: self.root.clone(),
@@ -171,7 +189,7 @@ impl Client {
                 time_limit_secs: first.resources.time_limit_secs,
                 script: slurm::with_gpus(slurm::batch_script(&self.config.runner, &dirs[0]), first.resources.gpus),
                 hold: first.hold,
-                calls: jobs.len(),
+                calls,
             }
         } else {
             let logs: Vec<PathBuf> = ids.iter().map(|id| self.log_path(id)).collect();
@@ -181,49 +199,67 @@ impl Client {
                 output: self.root.join(format!("{}.array.log", ids[0])),
                 cpus: first.resources.cpus,
                 time_limit_secs: first.resources.time_limit_secs,
-                script: slurm::with_gpus(slurm::array_script(&self.config.runner, &dirs, &logs), first.resources.gpus),
+                script: slurm::with_gpus(slurm::array_script(&self.config.runner, dirs, &logs), first.resources.gpus),
                 hold: first.hold,
-                calls: jobs.len(),
+                calls,
             }
         };
-        let slurm_id = match self.config.slurm.submit(&batch) {
-            Ok(s) => s,
+        (batch, placement)
+    }
+
+    /// Runs sbatch; on failure nothing of the submission is left behind
+    /// (or, when a Slurm job may exist, its directories say why they failed).
+    fn sbatch(&self, batch: &BatchRequest, jobs: &[(JobId, PathBuf, OwnedFd)], first_id: &JobId) -> Result<String> {
+        match self.config.slurm.submit(batch) {
+            Ok(s) => Ok(s),
             // Slurm said no (or sbatch could not even start): no Slurm job
             // exists, so no job directory may stay behind either.
             Err(SlurmError::Refused(r)) => {
-                self.withdraw_all(&jobs);
-                return Err(ClientError::Refused(r));
+                self.withdraw_all(jobs);
+                Err(ClientError::Refused(r))
             }
             Err(e @ (SlurmError::Failed { .. } | SlurmError::Spawn { .. })) => {
-                self.withdraw_all(&jobs);
+                self.withdraw_all(jobs);
                 let why = match &e {
                     SlurmError::Failed { message, .. } => message.clone(),
                     other => other.to_string(),
                 };
-                return Err(ClientError::SubmitFailed {
-                    id: ids[0].clone(),
+                Err(ClientError::SubmitFailed {
+                    id: first_id.clone(),
                     reason: format!("sbatch failed: {why}"),
-                });
+                })
             }
             // No answer, or no id: a Slurm job may exist; the directories
             // stay, marked failed with the reason, for whoever looks.
             Err(e) => {
                 let reason = format!("sbatch failed: {e}");
-                self.fail_all(&jobs, &reason);
-                return Err(ClientError::SubmitFailed { id: ids[0].clone(), reason });
+                self.fail_all(jobs, &reason);
+                Err(ClientError::SubmitFailed { id: first_id.clone(), reason })
             }
-        };
+        }
+    }
+
+    /// Writes each call's `slurm-id` (and each shared allocation's list of
+    /// calls), synced together; the handles in the order of the calls.
+    fn record_slurm_ids(
+        &self,
+        slurm_id: &str,
+        jobs: &[(JobId, PathBuf, OwnedFd)],
+        ids: &[JobId],
+        groups: Option<&[Vec<usize>]>,
+        placement: &[(usize, Option<u32>)],
+    ) -> Result<Vec<JobHandle>> {
         let mut handles = Vec::with_capacity(jobs.len());
-        let elements = groups.as_ref().map_or(jobs.len(), Vec::len);
+        let elements = groups.map_or(jobs.len(), <[_]>::len);
         // The Slurm id of allocation (array element) `k`.
         let sid_of = |k: usize| {
             if elements == 1 {
-                slurm_id.clone()
+                slurm_id.to_string()
             } else {
                 format!("{slurm_id}_{k}")
             }
         };
-        if let Some(groups) = &groups {
+        if let Some(groups) = groups {
             // The calls of each allocation, for a cancel that reaches its
             // last live call one by one. Best effort: without the list only
             // a cancel of all its calls at once cancels the allocation.
@@ -247,9 +283,9 @@ impl Client {
             let text = protocol::format_slurm_id(&sid, shared);
             if let Err(e) = atomic_write_at_deferred(fd, dir, protocol::SLURM_ID, text.as_bytes(), 0o644) {
                 // Without the id nobody can follow the job: withdraw it.
-                let _ = self.config.slurm.cancel(std::slice::from_ref(&slurm_id));
+                let _ = self.config.slurm.cancel(&[slurm_id.to_string()]);
                 let reason = format!("its Slurm id could not be recorded ({e}); Slurm job {slurm_id} was cancelled");
-                self.fail_all(&jobs, &reason);
+                self.fail_all(jobs, &reason);
                 return Err(ClientError::SubmitFailed { id: id.clone(), reason });
             }
             handles.push(JobHandle {
