@@ -484,6 +484,30 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
 }
 
 /// The outcome of a call the agent ran.
+/// What the user reads about a sandbox that exited: the state and the
+/// reason, from its exit code, the OOM killer's mark and whether the
+/// engine went away (a pure function of the agent's report).
+fn exited_words(e: &Ended, mem_bytes: u64) -> (State, String) {
+    let failed = |r: String| (State::Failed, r);
+    match e.exit_code {
+        // The main process survived, a child of it was the one killed.
+        Some(c) if e.oom_killed && c != 137 => failed(format!(
+            "a process in the sandbox was killed: out of memory (limit {}); the main process exited with code {c}",
+            format_size(mem_bytes)
+        )),
+        _ if e.oom_killed => failed(format!("killed: out of memory (limit {})", format_size(mem_bytes))),
+        Some(0) => (State::Completed, "exited with code 0".into()),
+        Some(c) if (129..160).contains(&c) => failed(format!("exited with code {c} (killed by signal {})", c - 128)),
+        Some(c) => failed(format!("exited with code {c}")),
+        None => match &e.engine_gone {
+            Some(why) => failed(format!(
+                "the Docker engine stopped during the job and the sandbox ended with it ({why})"
+            )),
+            None => failed("the sandbox ended but its exit code is unknown".into()),
+        },
+    }
+}
+
 fn ended_outcome(ctx: &Ctx<'_>, e: Ended, kill: Option<KillWhy>) -> Outcome {
     let spec = &ctx.checked.spec;
     let mut o = ctx.outcome(State::Failed, String::new());
@@ -512,34 +536,7 @@ fn ended_outcome(ctx: &Ctx<'_>, e: Ended, kill: Option<KillWhy>) -> Outcome {
         EndedHow::WaitFailed(r) | EndedHow::Stopped(r) | EndedHow::Failed(r) => o.reason = r,
         EndedHow::Exited => {
             o.exit_code = e.exit_code;
-            let oom = e.oom_killed;
-            match e.exit_code {
-                // The main process survived, a child of it was the one killed.
-                Some(c) if oom && c != 137 => {
-                    o.reason = format!(
-                        "a process in the sandbox was killed: out of memory (limit {}); the main process exited with code {c}",
-                        format_size(spec.resources.mem_bytes)
-                    );
-                }
-                _ if oom => {
-                    o.reason = format!("killed: out of memory (limit {})", format_size(spec.resources.mem_bytes));
-                }
-                Some(0) => {
-                    o.state = State::Completed;
-                    o.reason = "exited with code 0".into();
-                }
-                Some(c) if (129..160).contains(&c) => {
-                    o.reason = format!("exited with code {c} (killed by signal {})", c - 128);
-                }
-                Some(c) => o.reason = format!("exited with code {c}"),
-                None => match e.engine_gone {
-                    Some(why) => {
-                        o.reason =
-                            format!("the Docker engine stopped during the job and the sandbox ended with it ({why})")
-                    }
-                    None => o.reason = "the sandbox ended but its exit code is unknown".into(),
-                },
-            }
+            (o.state, o.reason) = exited_words(&e, spec.resources.mem_bytes);
         }
     }
     if let Some(note) = e.output_note {
@@ -550,4 +547,48 @@ fn ended_outcome(ctx: &Ctx<'_>, e: Ended, kill: Option<KillWhy>) -> Outcome {
     }
     o.finished_ms = now_ms();
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited(code: Option<i32>, oom: bool, engine_gone: Option<&str>) -> Ended {
+        Ended {
+            how: EndedHow::Exited,
+            exit_code: code,
+            oom_killed: oom,
+            engine_gone: engine_gone.map(str::to_string),
+            output_note: None,
+            removal_error: None,
+            started_ms: Some(1),
+        }
+    }
+
+    #[test]
+    fn what_the_user_reads_about_an_exit() {
+        let m = 64 << 20;
+        let w = |code, oom, gone| exited_words(&exited(code, oom, gone), m);
+        assert_eq!(w(Some(0), false, None), (State::Completed, "exited with code 0".into()));
+        assert_eq!(w(Some(3), false, None), (State::Failed, "exited with code 3".into()));
+        assert_eq!(
+            w(Some(137), false, None),
+            (State::Failed, "exited with code 137 (killed by signal 9)".into())
+        );
+        assert_eq!(
+            w(Some(137), true, None),
+            (State::Failed, "killed: out of memory (limit 64M)".into())
+        );
+        let (state, why) = w(Some(0), true, None);
+        assert_eq!(state, State::Failed);
+        assert!(
+            why.starts_with("a process in the sandbox was killed: out of memory (limit 64M)"),
+            "{why}"
+        );
+        assert!(why.ends_with("the main process exited with code 0"), "{why}");
+        assert!(w(None, false, Some("engine restarted"))
+            .1
+            .contains("Docker engine stopped during the job"));
+        assert_eq!(w(None, false, None).1, "the sandbox ended but its exit code is unknown");
+    }
 }
