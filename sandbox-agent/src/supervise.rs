@@ -189,21 +189,7 @@ pub(crate) async fn supervise(
         let _ = tokio::time::timeout(KILL_PATH_CALL, wait.next()).await;
     }
     drop(wait);
-    let drain = if killing { DRAIN_AFTER_KILL } else { DRAIN_AFTER_EXIT };
-    let pumped = match tokio::time::timeout(drain, &mut pump_task).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => Pumped {
-            error: Some(format!("the output copier failed: {e}")),
-            dropped: 0,
-        },
-        Err(_) => {
-            pump_task.abort();
-            Pumped {
-                error: Some("the output did not finish draining in time and may be incomplete".into()),
-                dropped: 0,
-            }
-        }
-    };
+    let pumped = drain(&mut pump_task, killing).await;
     let inspect_timeout = if killing {
         KILL_PATH_CALL
     } else {
@@ -230,29 +216,59 @@ pub(crate) async fn supervise(
     };
     ended.exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
     ended.oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
-    ended.how = match end {
-        End::Exited => EndedHow::Exited,
-        End::TimedOut => EndedHow::TimedOut,
-        End::Killed => EndedHow::Killed,
-        End::WaitFailed(r) => EndedHow::WaitFailed(r),
-        End::Stopped(r) => EndedHow::Stopped(r),
-    };
+    ended.how = end.into();
+    ended.output_note = output_note(pumped, ctx.max_output);
+    tracing::info!("container {id} ended: {:?} exit {:?}", ended.how, ended.exit_code);
+    ended
+}
+
+impl From<End> for EndedHow {
+    fn from(end: End) -> EndedHow {
+        match end {
+            End::Exited => EndedHow::Exited,
+            End::TimedOut => EndedHow::TimedOut,
+            End::Killed => EndedHow::Killed,
+            End::WaitFailed(r) => EndedHow::WaitFailed(r),
+            End::Stopped(r) => EndedHow::Stopped(r),
+        }
+    }
+}
+
+/// Waits for the output copier to finish (briefly after a kill); a copier
+/// that does not finish in time is aborted and says so.
+async fn drain(pump_task: &mut tokio::task::JoinHandle<Pumped>, killing: bool) -> Pumped {
+    let patience = if killing { DRAIN_AFTER_KILL } else { DRAIN_AFTER_EXIT };
+    match tokio::time::timeout(patience, &mut *pump_task).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => Pumped {
+            error: Some(format!("the output copier failed: {e}")),
+            dropped: 0,
+        },
+        Err(_) => {
+            pump_task.abort();
+            Pumped {
+                error: Some("the output did not finish draining in time and may be incomplete".into()),
+                dropped: 0,
+            }
+        }
+    }
+}
+
+/// What the outcome's reason says about the output, if anything: bytes
+/// dropped past `max_output`, and the copier's error.
+fn output_note(pumped: Pumped, max_output: u64) -> Option<String> {
     let mut notes = Vec::new();
     if pumped.dropped > 0 {
         notes.push(format!(
             "the output was truncated at the site limit of {} (max_output): {} bytes were dropped",
-            format_size(ctx.max_output),
+            format_size(max_output),
             pumped.dropped
         ));
     }
     if let Some(e) = pumped.error {
         notes.push(format!("the output may be incomplete: {e}"));
     }
-    if !notes.is_empty() {
-        ended.output_note = Some(notes.join("; "));
-    }
-    tracing::info!("container {id} ended: {:?} exit {:?}", ended.how, ended.exit_code);
-    ended
+    (!notes.is_empty()).then(|| notes.join("; "))
 }
 
 /// Watches the job directory's budget (crate::jobdisk) until the call
@@ -303,6 +319,21 @@ async fn watch_job_dir(ctx: &Ctx<'_>, docker: &Docker, id: &str, dir: &OwnedFd) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_output_note_says_what_was_dropped_and_what_failed() {
+        let p = |dropped, error: Option<&str>| Pumped {
+            dropped,
+            error: error.map(str::to_string),
+        };
+        assert_eq!(output_note(p(0, None), 32 << 20), None);
+        assert_eq!(
+            output_note(p(10, None), 32 << 20).as_deref(),
+            Some("the output was truncated at the site limit of 32M (max_output): 10 bytes were dropped")
+        );
+        let both = output_note(p(10, Some("disk full")), 32 << 20).expect("a note");
+        assert!(both.ends_with("; the output may be incomplete: disk full"), "{both}");
+    }
 
     #[test]
     fn disk_poll_is_fast_unless_summing_is_slow() {
