@@ -131,7 +131,7 @@ CONF
 # owned by SlurmUser, as slurmdbd demands); returns 0 when it changed.
 write_slurmdbd_conf() {
     local slurmuser=$1 tmp rc=1
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     slurmdbd_conf "$slurmuser" 127.0.0.1 localhost 127.0.0.1 "$(db_password)" \
         "$DELEGATE_LOG_DIR" "$DELEGATE_RUN_DIR" \
         "for the single-machine cluster: MariaDB on 127.0.0.1:$DELEGATE_DB_PORT, datadir $DELEGATE_DB_DIR (started by build_cluster.sh)" \

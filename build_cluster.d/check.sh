@@ -155,7 +155,7 @@ t_hub() {
     [[ -n $want && $served == "$want" ]] || { echo "the hub serves another certificate than $STACK_SECRETS/hub-tls.crt: '${served:-none}'"; return 1; }
     pw=$(awk -v u="$u" '$1 == u { print $2; exit }' "$STACK_SECRETS/initial-passwords")
     [[ -n $pw ]] || { echo "no initial password of $u in $STACK_SECRETS/initial-passwords"; return 1; }
-    jar=$(mktemp)
+    jar=$(mktemp -p "$BC_TMP")
     # hub_login PASSWORD: the HTTP code and redirect of the login form's POST.
     hub_login() {
         : >"$jar"

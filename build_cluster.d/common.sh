@@ -23,6 +23,12 @@ export DEBIAN_FRONTEND=noninteractive
 # Start of the run: log lines and the closing "done in N s" count from it.
 T0=$SECONDS
 
+# Every temporary file and directory of this run lives in BC_TMP (mktemp -p
+# "$BC_TMP"), removed when the script exits, whatever way it exits (die
+# included): nothing is left in /tmp.
+BC_TMP=$(mktemp -d "${TMPDIR:-/tmp}/build_cluster.XXXXXX")
+trap 'rm -rf -- "$BC_TMP"' EXIT
+
 # First line of every file this script generates; only such files are ever
 # replaced.
 # shellcheck disable=SC2034  # used by local.sh and stack.sh (sourced beside this file)

@@ -141,7 +141,7 @@ hub_secrets() {
 
     local pw=$STACK_SECRETS/hub-passwords init=$STACK_SECRETS/initial-passwords tmp name p hash n=0
     (umask 077; touch "$pw" "$init")
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     for name in $(hub_all_names); do
         hash=$(awk -F: -v n="$name" '$1 == n { print $2; exit }' "$pw")
         if [[ -z $hash ]]; then
@@ -196,7 +196,7 @@ stack_roster_add() {
     f=$(hub_roster_file)
     install -d -m 0755 "$DELEGATE_STACK_DIR"
     (umask 077; touch "$f")
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     cp "$f" "$tmp"
     while IFS='|' read -r line u name email role; do
         [[ -n $u ]] || continue

@@ -205,7 +205,7 @@ local_write_slurm_conf() {
     fi
     slurmuser=root
     id slurm >/dev/null 2>&1 && slurmuser=slurm
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     sed -e "s|@MARKER@|$MARKER|" \
         -e "s|@NODENAME@|$node|g" \
         -e "s|@NODEHW@|$(node_hardware)$node_gres|" \
@@ -231,7 +231,7 @@ local_write_slurm_conf() {
     # gres.conf beside slurm.conf: the device file of each GPU, in the
     # order Slurm numbers them (the root agent maps the job's GPU indexes
     # through this file; the site policy's gres_conf names it).
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     {
         echo "$MARKER"
         echo "# The node's GPUs (build_cluster.sh, DELEGATE_LOCAL_GPUS=$DELEGATE_LOCAL_GPUS)."
@@ -244,7 +244,7 @@ local_write_slurm_conf() {
     rm -f "$tmp"
 
     # The epilog: the marker is on its second line (after the #! line).
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     { head -n1 "$REPO/slurm-conf/epilog.sh"; echo "$MARKER"; tail -n +2 "$REPO/slurm-conf/epilog.sh"; } >"$tmp"
     if install_generated "$tmp" /etc/slurm/delegate-epilog.sh 0755; then
         log "slurm: installed /etc/slurm/delegate-epilog.sh"
@@ -273,7 +273,7 @@ local_install_lockdown() {
     gid=$(getent group "$DELEGATE_ADMIN_GROUP" | cut -d: -f3)
     id slurm >/dev/null 2>&1 && slurm_uid=$(id -u slurm)
     roots=$(lockdown_job_roots "$DELEGATE_POLICY_FILE")
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     lockdown_lua "$DELEGATE_PREFIX/sandbox-runner" "$roots" "$DELEGATE_ADMIN_GROUP" "$slurm_uid" \
         "$(lockdown_shared_minutes "$DELEGATE_POLICY_FILE")" >"$tmp"
     if install_generated "$tmp" "$(dirname "$SLURM_CONF")/job_submit.lua" 0644; then
@@ -282,7 +282,7 @@ local_install_lockdown() {
     rm -f "$tmp"
 
     # The SPANK plugin, built against this machine's Slurm headers.
-    tmp=$(mktemp -d)
+    tmp=$(mktemp -d -p "$BC_TMP")
     lockdown_build_spank "$REPO/slurm-conf/spank/delegate_lockdown.c" "$tmp/delegate_lockdown.so"
     if ! cmp -s "$tmp/delegate_lockdown.so" "$DELEGATE_SPANK_PLUGIN"; then
         install -D -o root -g root -m 0755 "$tmp/delegate_lockdown.so" "$DELEGATE_SPANK_PLUGIN"
@@ -509,7 +509,7 @@ local_build_images() {
     local pin wheels
     pin=$(python3 -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb")); print(*[r for r in d["project"]["dependencies"] if r.startswith("cloudpickle==")])' \
         "$REPO/python/pyproject.toml") || die "cannot read the cloudpickle pin from python/pyproject.toml"
-    wheels=$(mktemp -d)
+    wheels=$(mktemp -d -p "$BC_TMP")
     python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheels/wheels" "$pin" \
         || die "cannot download $pin (pip download)"
     sandbox_cfiddle_wheels "$wheels/wheels-cfiddle" || { rm -rf "$wheels"; die "cannot download the CFiddle wheels"; }
@@ -610,7 +610,7 @@ local_install_policy() {
         mem=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 3 / 4 / 1024 / 1024 ))G
         [[ $mem == 0G ]] && mem=512M
     fi
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     sed -e "s|@SANDBOX_IMAGE@|$DELEGATE_SANDBOX_IMAGE|g" \
         -e "s|@MAX_CPUS@|$DELEGATE_MAX_CPUS|" \
         -e "s|@MAX_MEM@|$mem|" \

@@ -248,7 +248,7 @@ stack_generate() {
     # exclusive partition, quick turnover, epilog) with the stack's
     # controller, nodes and job id range.
     ((DELEGATE_STACK_WORKER_GPUS > 0)) && gres=" Gres=gpu:$DELEGATE_STACK_WORKER_GPUS"
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     sed -e "s|@MARKER@|$MARKER|" \
         -e "s|^ClusterName=.*|ClusterName=$STACK-stack|" \
         -e "s|^SlurmctldHost=.*|SlurmctldHost=head|" \
@@ -380,7 +380,7 @@ CONF
     local scratch uscratch
     scratch=$(quota_bytes "$DELEGATE_STACK_WORKER_SCRATCH" DELEGATE_STACK_WORKER_SCRATCH) || exit 1
     uscratch=$(quota_bytes "$DELEGATE_USER_NODE_SCRATCH" DELEGATE_USER_NODE_SCRATCH) || exit 1
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     elastic_stack_sed
     awk -v n="$n" -v reps="$(elastic_replicas)" '
         BEGIN { split(reps, rep, " ") }
@@ -485,7 +485,7 @@ stack_build_images() {
         command -v cargo >/dev/null || die "cargo not found (rustup's ~/.cargo/bin); needed to build the binaries"
         log "cargo: building the workspace (release) for the images"
         (cd "$REPO" && cargo build --release --workspace -q) || die "cargo build failed"
-        ctx=$(mktemp -d)
+        ctx=$(mktemp -d -p "$BC_TMP")
         mkdir -p "$ctx/bin" "$ctx/docker" "$ctx/slurm-conf/spank"
         cp "$REPO/docker/cluster.Dockerfile" "$REPO/docker/cluster-entrypoint.sh" "$ctx/docker/"
         cp "$REPO/slurm-conf/epilog.sh" "$ctx/slurm-conf/"
@@ -502,7 +502,7 @@ stack_build_images() {
         log "image $DELEGATE_CLUSTER_IMAGE: present, built from these sources ($src)"
     fi
     if ((force)) || ! image_is_current "$DELEGATE_USER_IMAGE" "$src"; then
-        ctx=$(mktemp -d)
+        ctx=$(mktemp -d -p "$BC_TMP")
         mkdir -p "$ctx/docker" "$ctx/wheels"
         cp "$REPO/docker/user.Dockerfile" "$ctx/docker/"
         stack_wheels "$ctx/wheels"

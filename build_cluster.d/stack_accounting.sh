@@ -55,7 +55,7 @@ stack_build_db_image() {
         log "image $DELEGATE_DB_IMAGE: present"
         return 0
     fi
-    ctx=$(mktemp -d)
+    ctx=$(mktemp -d -p "$BC_TMP")
     mkdir -p "$ctx/docker"
     cp "$REPO/docker/db.Dockerfile" "$REPO/docker/db-entrypoint.sh" "$ctx/docker/"
     build_image "$DELEGATE_DB_IMAGE" "$src" "$ctx" db "BASE_IMAGE=$DELEGATE_BASE_IMAGE"
@@ -74,7 +74,7 @@ stack_accounting_secrets() {
     fi
     pass=$(cat "$STACK_SECRETS/db-password")
     [[ $pass =~ ^[A-Za-z0-9]{16,200}$ ]] || die "$STACK_SECRETS/db-password must be 16+ letters and digits"
-    tmp=$(mktemp)
+    tmp=$(mktemp -p "$BC_TMP")
     # The database listens on 3306 of its own container (docker/db-entrypoint.sh).
     DELEGATE_DB_PORT=3306 slurmdbd_conf slurm "" dbd db "$pass" /var/log/delegate /run/slurmdbd \
         "for the stack $STACK: service dbd, database in service db ($(stack_db_volume) volume)" >"$tmp"
