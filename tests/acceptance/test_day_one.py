@@ -1,5 +1,5 @@
 """The course's day one on the stack, walked the way its people live it, in
-the README's order:
+the order of docs/instructors.md ("The course on the stack"):
 
 1. the instructor deploys (`build_cluster.sh deploy`, elastic workers: one
    always on, one started by Slurm when work waits), adds the roster right
@@ -253,7 +253,7 @@ def test_4_the_instructor_in_the_browser(browser, students):
 
 
 def test_5_a_students_shell_on_the_hub(day):
-    """`./build_cluster.sh shell NAME` (the README's way to a student's
+    """`./build_cluster.sh shell NAME` (docs/instructors.md's way to a student's
     shell): Slurm, sacct and delegate work there as in the hub's terminal."""
     script = "sacct -X -n --format=State%20 | tail -n 2; echo sacct-exit=$?\ndelegate doctor; echo doctor-exit=$?\n"
     r = run(SCRIPT, "shell", BEN, input=script, env=ENV, timeout=300)
