@@ -376,6 +376,51 @@ async fn run(
     answer
 }
 
+/// The GPUs slurmctld allocated to this job on this node: exactly what the
+/// spec asks for (checked against max_gpus with the rest of it), or the
+/// answer that refuses or fails the call.
+async fn sandbox_gpus(ctx: &Ctx<'_>, docker: &Docker) -> Result<gpu::Passthrough, Answer> {
+    let spec = ctx.spec;
+    let gpus = match gpu::for_job(ctx.policy, docker, ctx.slurm_job, &ctx.node, spec.resources.gpus).await {
+        Ok(g) => g,
+        Err(e @ (GpuError::Mismatch { .. } | GpuError::NoGpus { .. } | GpuError::Short { .. })) => {
+            return Err(Answer::Refused(e.to_string()))
+        }
+        Err(e) => return Err(Answer::Failed(format!("{e}; ask the cluster's administrators"))),
+    };
+    if !gpus.devices.is_empty() {
+        tracing::info!(
+            "job {} (Slurm job {}): GPUs {:?} ({})",
+            spec.job_id,
+            ctx.slurm_job,
+            gpus.devices,
+            gpus.mode.as_str()
+        );
+    }
+    Ok(gpus)
+}
+
+/// Creates the call's container. A name already taken is a container of
+/// an earlier attempt of this job: swept, then created again (not for a
+/// rank, `sweep_ok` false: its engine may hold the other ranks' sandboxes;
+/// the epilog sweeps those).
+async fn create_sandbox(
+    ctx: &Ctx<'_>,
+    docker: &Docker,
+    name: &str,
+    body: bollard::models::ContainerCreateBody,
+    sweep_ok: bool,
+) -> Result<String, bollard::errors::Error> {
+    let created = engine::create(docker, Some(name), body.clone()).await;
+    if !(sweep_ok && created.as_ref().is_err_and(engine::is_name_conflict)) {
+        return created;
+    }
+    if let Err(e) = engine::sweep(docker, engine::Leftovers::Job(ctx.spec.job_id.as_str()), ctx.uid).await {
+        tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
+    }
+    engine::create(docker, Some(name), body).await
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn engine_phase(
     ctx: &Ctx<'_>,
@@ -400,8 +445,6 @@ async fn engine_phase(
         Err(e) => return Answer::Failed(e.to_string()),
     };
     let job = spec.job_id.as_str();
-    // A rank's engine may hold the other ranks' sandboxes (one engine for
-    // several workers): no sweep by job there (the epilog sweeps).
     let network = match ctx.place {
         Some(place) => match rank::ensure_network(&docker, ctx.caller, place).await {
             Ok(n) => Some((n, place)),
@@ -409,23 +452,10 @@ async fn engine_phase(
         },
         None => None,
     };
-    // The GPUs slurmctld allocated to this job on this node: exactly what
-    // the spec asks for (checked against max_gpus with the rest of it).
-    let gpus = match gpu::for_job(ctx.policy, &docker, ctx.slurm_job, &ctx.node, spec.resources.gpus).await {
+    let gpus = match sandbox_gpus(ctx, &docker).await {
         Ok(g) => g,
-        Err(e @ (GpuError::Mismatch { .. } | GpuError::NoGpus { .. } | GpuError::Short { .. })) => {
-            return Answer::Refused(e.to_string())
-        }
-        Err(e) => return Answer::Failed(format!("{e}; ask the cluster's administrators")),
+        Err(answer) => return answer,
     };
-    if !gpus.devices.is_empty() {
-        tracing::info!(
-            "job {job} (Slurm job {}): GPUs {:?} ({})",
-            ctx.slurm_job,
-            gpus.devices,
-            gpus.mode.as_str()
-        );
-    }
     let source = staged.engine_path();
     // Cores of its own on an exclusive node (delegate_protocol::cpus).
     let placement = if ctx.policy.pin_cpus {
@@ -464,22 +494,7 @@ async fn engine_phase(
         }
         b
     };
-    let classify = |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image);
-    let mut created = engine::create(&docker, Some(&name), body(perf)).await;
-    // The name is taken: a container of an earlier attempt of this job
-    // (swept here, not looked for before every create). Not for a rank:
-    // its engine may hold the other ranks' sandboxes (the epilog sweeps).
-    if network.is_none() && created.as_ref().is_err_and(engine::is_name_conflict) {
-        if let Err(e) = engine::sweep(&docker, engine::Leftovers::Job(job), ctx.uid).await {
-            tracing::warn!("could not sweep leftover containers: {}", engine::short_reason(&e));
-        }
-        created = engine::create(&docker, Some(&name), body(perf)).await;
-    }
-    if let Err(e) = &created {
-        if perf == Perf::Perfmon && engine::is_unknown_capability(e) {
-            return Answer::Failed(EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string());
-        }
-    }
+    let created = create_sandbox(ctx, &docker, &name, body(perf), network.is_none()).await;
     let id = match created {
         Ok(id) => id,
         Err(e) => {
@@ -490,7 +505,11 @@ async fn engine_phase(
             if let Some((net, _)) = &network {
                 rank::release_network(&docker, net).await;
             }
-            return Answer::Failed(classify(&e, "create the sandbox").to_string());
+            if perf == Perf::Perfmon && engine::is_unknown_capability(&e) {
+                return Answer::Failed(EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string());
+            }
+            let why = engine::classify(&e, "create the sandbox", socket, &ctx.host, &spec.image);
+            return Answer::Failed(why.to_string());
         }
     };
     let mut guard = ContainerGuard {
