@@ -68,136 +68,39 @@ pub const COLD_START: &str = "waiting for a worker to start (it was powered down
 /// Decides the state of a job that has no outcome file. `log` is called
 /// only when the job is over according to Slurm.
 pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
-    let cancel_note = if f.cancel_requested {
+    let note = if f.cancel_requested {
         "; cancellation requested"
     } else {
         ""
     };
-    let live_running = || Verdict::Live {
-        state: State::Running,
-        reason: match f.started {
-            Some(h) if !h.is_empty() => format!("running on {h}{cancel_note}"),
-            _ => format!("running{cancel_note}"),
-        },
-    };
     if !f.submitted {
-        if f.age_secs > SUBMIT_GRACE_SECS {
-            return if f.cancel_requested {
-                Verdict::Ended {
-                    state: State::Cancelled,
-                    reason: "cancelled by the user before it was submitted to Slurm".into(),
-                    refused: false,
-                }
-            } else {
-                Verdict::Ended {
-                    state: State::Failed,
-                    reason: format!(
-                        "the job was never submitted (no Slurm job id was recorded within {SUBMIT_GRACE_SECS} s)"
-                    ),
-                    refused: false,
-                }
-            };
-        }
-        return Verdict::Live {
-            state: State::Pending,
-            reason: format!("being submitted to Slurm{cancel_note}"),
-        };
+        return unsubmitted(f, note);
     }
     if f.shared && f.started.is_none() && f.cancel_requested {
         // Its allocation runs other calls too, so Slurm is not asked to
         // cancel it: the call is over now. (A runner reaching it later
         // skips it; one starting it at this moment sees the marker and
         // stops it.)
-        return Verdict::Ended {
-            state: State::Cancelled,
-            reason: "cancelled by the user before it started".into(),
-            refused: false,
-        };
+        return ended(State::Cancelled, "cancelled by the user before it started".into());
     }
     let (slurm_state, slurm_reason) = match f.slurm {
-        SlurmView::NotAsked | SlurmView::Unavailable => {
-            return if f.started.is_some() {
-                live_running()
-            } else {
-                Verdict::Live {
-                    state: State::Pending,
-                    reason: if f.slurm == SlurmView::Unavailable {
-                        format!("submitted; Slurm could not be asked about it{cancel_note}")
-                    } else {
-                        format!("submitted{cancel_note}")
-                    },
-                }
-            };
+        SlurmView::NotAsked | SlurmView::Unavailable if f.started.is_some() => return running(f, note),
+        SlurmView::NotAsked => return live(State::Pending, format!("submitted{note}")),
+        SlurmView::Unavailable => {
+            return live(State::Pending, format!("submitted; Slurm could not be asked about it{note}"))
         }
-        SlurmView::Present(j) => match j.state.phase() {
-            SlurmPhase::Queued if f.started.is_none() && j.state == SlurmState::Configuring => {
-                // Slurm gave it a node that is being powered up.
-                return Verdict::Live {
-                    state: State::Pending,
-                    reason: format!("{COLD_START}{cancel_note}"),
-                };
-            }
-            SlurmPhase::Queued if f.started.is_none() => {
-                let why = match j.reason.as_str() {
-                    "" | "None" => String::new(),
-                    r => format!(" ({r})"),
-                };
-                return Verdict::Live {
-                    state: State::Pending,
-                    reason: format!("waiting in Slurm's queue{why}{cancel_note}"),
-                };
-            }
-            SlurmPhase::Active if f.shared && f.started.is_none() => {
-                return Verdict::Live {
-                    state: State::Pending,
-                    reason: "waiting for its turn in its shared allocation".into(),
-                };
-            }
-            SlurmPhase::Queued | SlurmPhase::Active => return live_running(),
-            SlurmPhase::Ended => (Some(&j.state), j.reason.as_str()),
-        },
+        SlurmView::Present(j) if j.state.phase() != SlurmPhase::Ended => return in_slurm(f, j, note),
+        SlurmView::Present(j) => (Some(&j.state), j.reason.as_str()),
         // Gone from Slurm's queue: no state at all.
         SlurmView::Absent => (None, ""),
     };
     // Over according to Slurm, and the runner wrote no outcome.
     if f.cancel_requested {
-        return Verdict::Ended {
-            state: State::Cancelled,
-            reason: "cancelled by the user".into(),
-            refused: false,
-        };
+        return ended(State::Cancelled, "cancelled by the user".into());
     }
     let before_start = f.shared && f.started.is_none();
-    match slurm_state {
-        Some(SlurmState::Cancelled) if before_start => {
-            return Verdict::Ended {
-                state: State::Cancelled,
-                reason: "cancelled by Slurm: its allocation was cancelled before this call started".into(),
-                refused: false,
-            }
-        }
-        Some(SlurmState::Timeout) if before_start => {
-            return Verdict::Ended {
-                state: State::Cancelled,
-                reason: "its allocation reached Slurm's time limit before this call started".into(),
-                refused: false,
-            }
-        }
-        Some(SlurmState::Cancelled) => {
-            return Verdict::Ended {
-                state: State::Cancelled,
-                reason: "cancelled by Slurm".into(),
-                refused: false,
-            }
-        }
-        Some(SlurmState::Timeout) => {
-            return Verdict::Ended {
-                state: State::TimedOut,
-                reason: "Slurm's time limit was reached before the runner wrote an outcome".into(),
-                refused: false,
-            }
-        }
-        _ => {}
+    if let Some(v) = slurm_ended(slurm_state, before_start) {
+        return v;
     }
     let log = log();
     if let Some(r) = log.refusal {
@@ -207,25 +110,101 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
             refused: true,
         };
     }
+    lost(slurm_state, slurm_reason, before_start, log.last_line)
+}
+
+fn live(state: State, reason: String) -> Verdict {
+    Verdict::Live { state, reason }
+}
+
+fn ended(state: State, reason: String) -> Verdict {
+    Verdict::Ended { state, reason, refused: false }
+}
+
+fn running(f: &Facts<'_>, note: &str) -> Verdict {
+    match f.started {
+        Some(h) if !h.is_empty() => live(State::Running, format!("running on {h}{note}")),
+        _ => live(State::Running, format!("running{note}")),
+    }
+}
+
+/// A job whose Slurm id was never recorded: being submitted, or never was.
+fn unsubmitted(f: &Facts<'_>, note: &str) -> Verdict {
+    if f.age_secs <= SUBMIT_GRACE_SECS {
+        return live(State::Pending, format!("being submitted to Slurm{note}"));
+    }
+    if f.cancel_requested {
+        return ended(
+            State::Cancelled,
+            "cancelled by the user before it was submitted to Slurm".into(),
+        );
+    }
+    ended(
+        State::Failed,
+        format!("the job was never submitted (no Slurm job id was recorded within {SUBMIT_GRACE_SECS} s)"),
+    )
+}
+
+/// A job Slurm still holds (queued or active).
+fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
+    match j.state.phase() {
+        // Slurm gave it a node that is being powered up.
+        SlurmPhase::Queued if f.started.is_none() && j.state == SlurmState::Configuring => {
+            live(State::Pending, format!("{COLD_START}{note}"))
+        }
+        SlurmPhase::Queued if f.started.is_none() => {
+            let why = match j.reason.as_str() {
+                "" | "None" => String::new(),
+                r => format!(" ({r})"),
+            };
+            live(State::Pending, format!("waiting in Slurm's queue{why}{note}"))
+        }
+        SlurmPhase::Active if f.shared && f.started.is_none() => {
+            live(State::Pending, "waiting for its turn in its shared allocation".into())
+        }
+        _ => running(f, note),
+    }
+}
+
+/// Slurm's own end of a job the runner wrote no outcome for, when it
+/// explains it (cancelled, timed out).
+fn slurm_ended(state: Option<&SlurmState>, before_start: bool) -> Option<Verdict> {
+    Some(match state? {
+        SlurmState::Cancelled if before_start => ended(
+            State::Cancelled,
+            "cancelled by Slurm: its allocation was cancelled before this call started".into(),
+        ),
+        SlurmState::Timeout if before_start => ended(
+            State::Cancelled,
+            "its allocation reached Slurm's time limit before this call started".into(),
+        ),
+        SlurmState::Cancelled => ended(State::Cancelled, "cancelled by Slurm".into()),
+        SlurmState::Timeout => ended(
+            State::TimedOut,
+            "Slurm's time limit was reached before the runner wrote an outcome".into(),
+        ),
+        _ => return None,
+    })
+}
+
+/// Over, with no outcome and no explanation from Slurm: lost, with what
+/// Slurm and its log of the job say.
+fn lost(state: Option<&SlurmState>, slurm_reason: &str, before_start: bool, last_line: Option<String>) -> Verdict {
     let why = match slurm_reason {
-        "" if slurm_state.is_none() => "it is no longer in Slurm's queue",
+        "" if state.is_none() => "it is no longer in Slurm's queue",
         "" | "None" => "Slurm gives no reason",
         r => r,
     };
-    let slurm_state = slurm_state.map_or("gone", SlurmState::as_str);
+    let slurm_state = state.map_or("gone", SlurmState::as_str);
     let mut reason = if before_start {
         format!("Slurm reports its allocation {slurm_state} and this call never started ({why})")
     } else {
         format!("Slurm reports the job {slurm_state} and the runner wrote no outcome ({why})")
     };
-    if let Some(l) = log.last_line {
+    if let Some(l) = last_line {
         reason.push_str(&format!("; Slurm's log of the job ends with: {l}"));
     }
-    Verdict::Ended {
-        state: State::Lost,
-        reason,
-        refused: false,
-    }
+    ended(State::Lost, reason)
 }
 
 /// Extracts the refusal and the last line from the tail of a Slurm log.
