@@ -350,20 +350,17 @@ fn keep_off_sandbox_cores(want: u32) {
     });
 }
 
-/// The agent part: the agent creates, starts, watches and removes the
-/// container; the runner records the start and the outcome, as the user.
-/// Always returns an outcome; the container never outlives the call (the
-/// agent removes it, also when this process dies).
-async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
+/// Makes the call's output files (as the student), connects to the
+/// node's agent (afresh when the connection is nearly idle), checks the
+/// directory a last time and asks the agent to run the call, handing it
+/// the directory and the output files as descriptors. `Err`: the outcome
+/// the call ends with instead.
+async fn request_run(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Result<(), Outcome> {
     let spec = &ctx.checked.spec;
-    let job = ctx.checked.job_id.as_str();
-    if let Some(o) = ctx.must_not_start() {
-        return o;
-    }
     let (out_name, err_name) = (rank_name(STDOUT, ctx.rank), rank_name(STDERR, ctx.rank));
     let (stdout, stderr) = match (create_output(ctx.dir, &out_name), create_output(ctx.dir, &err_name)) {
         (Ok(o), Ok(e)) => (o, e),
-        (Err(e), _) | (_, Err(e)) => return ctx.outcome(State::Failed, e),
+        (Err(e), _) | (_, Err(e)) => return Err(ctx.outcome(State::Failed, e)),
     };
     if agent.as_ref().is_some_and(Agent::nearly_idle) {
         *agent = None;
@@ -371,18 +368,18 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
     if agent.is_none() {
         match Agent::connect(&ctx.policy.agent_socket).await {
             Ok(a) => *agent = Some(a),
-            Err(e) => return ctx.outcome(State::Failed, e),
+            Err(e) => return Err(ctx.outcome(State::Failed, e)),
         }
     }
     let Some(a) = agent.as_mut() else {
-        return ctx.outcome(State::Failed, "internal error: no agent connection".into());
+        return Err(ctx.outcome(State::Failed, "internal error: no agent connection".into()));
     };
     if !still_same_dir(ctx.dir) {
-        return ctx.outcome(State::Failed, REPLACED.into());
+        return Err(ctx.outcome(State::Failed, REPLACED.into()));
     }
     // Last look before the container exists.
     if let Some(o) = ctx.must_not_start() {
-        return o;
+        return Err(o);
     }
     // On an exclusive node the sandbox gets the allocation's highest cores
     // (the agent applies the same rule): this process keeps to the others.
@@ -400,9 +397,26 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
     };
     if let Err(e) = a.send(&req, &[ctx.dir.fd.as_fd(), stdout.as_fd(), stderr.as_fd()]).await {
         *agent = None;
-        return ctx.outcome(State::Failed, e);
+        return Err(ctx.outcome(State::Failed, e));
     }
-    drop((stdout, stderr));
+    Ok(())
+}
+
+/// The agent part: the agent creates, starts, watches and removes the
+/// container; the runner records the start and the outcome, as the user.
+/// Always returns an outcome; the container never outlives the call (the
+/// agent removes it, also when this process dies).
+async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
+    let job = ctx.checked.job_id.as_str();
+    if let Some(o) = ctx.must_not_start() {
+        return o;
+    }
+    if let Err(o) = request_run(ctx, agent).await {
+        return o;
+    }
+    let Some(a) = agent.as_mut() else {
+        return ctx.outcome(State::Failed, "internal error: no agent connection".into());
+    };
     let mut signals = ctx.signals.clone();
     let mut marker_poll = tokio::time::interval(CANCEL_POLL);
     marker_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
