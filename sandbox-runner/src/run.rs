@@ -159,6 +159,44 @@ pub(crate) fn write_ranked<R: Record>(dir: &JobDir, r: &R, rank: Option<u32>) ->
     atomic_write_at(&dir.fd, &dir.path, &rank_name(R::NAME, rank), &bytes, 0o644)
 }
 
+/// Writes the job's (or rank's) outcome as the student and says how the
+/// runner ends. An outcome that appeared while the job had not started is
+/// the client's (a cancel): it is never replaced by the runner's.
+fn write_outcome(dir: &JobDir, path: &Path, o: &Outcome, line: Option<String>, rank: Option<u32>) -> Finish {
+    if o.started_ms.is_none() && exists_at(&dir.fd, OUTCOME) {
+        tracing::info!(
+            "{}: an outcome already exists (the job was cancelled before it started); left as it is",
+            path.display()
+        );
+        return Finish {
+            code: EXIT_OUTCOME,
+            final_line: None,
+            already_ended: true,
+        };
+    }
+    match write_ranked(dir, o, rank) {
+        Ok(()) => Finish {
+            code: EXIT_OUTCOME,
+            final_line: line,
+            already_ended: false,
+        },
+        Err(e) => {
+            tracing::error!("cannot write the outcome: {e}");
+            Finish {
+                code: if o.refused { EXIT_REFUSED } else { EXIT_INTERNAL },
+                final_line: Some(line.unwrap_or_else(|| {
+                    format!(
+                        "delegate: error: cannot write the outcome ({e}); the job {}: {}",
+                        o.state,
+                        one_line(&o.reason)
+                    )
+                })),
+                already_ended: false,
+            }
+        }
+    }
+}
+
 /// [`run_job`] for one rank of a multi-node job (`rank`: what Slurm says
 /// this task's node index is; the agent checks it against slurmctld).
 pub async fn run_job_as(
@@ -182,42 +220,7 @@ pub async fn run_job_as(
         }
     };
     let host = hostname();
-    let write = |o: &Outcome, line: Option<String>| -> Finish {
-        // An outcome that appeared while the job had not started is the
-        // client's (a cancel): it is never replaced by the runner's.
-        if o.started_ms.is_none() && exists_at(&dir.fd, OUTCOME) {
-            tracing::info!(
-                "{}: an outcome already exists (the job was cancelled before it started); left as it is",
-                path.display()
-            );
-            return Finish {
-                code: EXIT_OUTCOME,
-                final_line: None,
-                already_ended: true,
-            };
-        }
-        match write_ranked(&dir, o, rank) {
-            Ok(()) => Finish {
-                code: EXIT_OUTCOME,
-                final_line: line,
-                already_ended: false,
-            },
-            Err(e) => {
-                tracing::error!("cannot write the outcome: {e}");
-                Finish {
-                    code: if o.refused { EXIT_REFUSED } else { EXIT_INTERNAL },
-                    final_line: Some(line.unwrap_or_else(|| {
-                        format!(
-                            "delegate: error: cannot write the outcome ({e}); the job {}: {}",
-                            o.state,
-                            one_line(&o.reason)
-                        )
-                    })),
-                    already_ended: false,
-                }
-            }
-        }
-    };
+    let write = |o: &Outcome, line: Option<String>| write_outcome(&dir, path, o, line, rank);
     let base = |state, reason: String| Outcome::ended(state, reason, host.clone(), Writer::Runner);
 
     let policy = match policy {
