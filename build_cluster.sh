@@ -36,7 +36,7 @@
 #
 # `--local up` on a fresh Debian 12 machine, as root:
 #   1. installs the missing Debian packages (Slurm, munge, Docker, build deps),
-#   2. writes /etc/slurm/slurm.conf from slurm-conf/slurm.conf.in (only a
+#   2. writes /etc/slurm/slurm.conf from slurm-conf/slurm.conf.j2 (only a
 #      file this script wrote before is ever replaced) and the epilog,
 #   3. starts munged, MariaDB, slurmdbd, slurmctld, slurmd and dockerd
 #      when not running (accounting: the cluster, the course account and

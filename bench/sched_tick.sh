@@ -6,7 +6,7 @@
 #   bench/sched_tick.sh [--rounds N] [--calls N] [--a SECONDS] [--b SECONDS]
 #
 # Defaults: 3 rounds of 8 calls per setting, A = 5 (the value before issue
-# 18), B = 1 (slurm-conf/slurm.conf.in now). Each call waits 1.7 s after the
+# 18), B = 1 (slurm-conf/slurm.conf.j2 now). Each call waits 1.7 s after the
 # previous one's result, so the calls fall at different phases of
 # slurmctld's once-a-second background loop. Run as root on the
 # single-machine cluster after bench/run.sh has made its account and venv

@@ -95,6 +95,29 @@ private_logs() {
 
 docker_ok() { timeout 10 docker info >/dev/null 2>&1; }
 
+# --- configuration files: rendered by delegate-deploy (deploy/), which
+# checks every setting and fills the templates slurm-conf/*.j2.
+# deploy_build: build delegate-deploy once per run (cargo skips the work
+# when it is current).
+deploy_build() {
+    [[ -n ${DEPLOY_BUILT:-} ]] && return 0
+    command -v cargo >/dev/null || die "cargo not found (rustup's ~/.cargo/bin): needed to build delegate-deploy"
+    (cd "$REPO" && cargo build --release -q -p delegate-deploy) \
+        || die "cannot build delegate-deploy (cargo build --release -p delegate-deploy)"
+    DEPLOY_BUILT=1
+}
+
+# deploy_render OUT FILE [ARGS...]: `delegate-deploy FILE ARGS...` with
+# every DELEGATE_* setting of this run in its environment, written to OUT;
+# dies with its one-line error (which names the setting).
+deploy_render() {
+    local out=$1
+    shift
+    deploy_build
+    (export "${!DELEGATE_@}"; exec "$REPO/target/release/delegate-deploy" "$@") >"$out" \
+        || die "cannot render $1 (delegate-deploy's error above)"
+}
+
 # --- lockdown (docs/security.md): shared by local.sh and stack.sh
 # Settings (environment): the group whose members keep full Slurm (salloc,
 # srun, any script, steps) beside root and SlurmUser; where the SPANK plugin
@@ -102,61 +125,6 @@ docker_ok() { timeout 10 docker info >/dev/null 2>&1; }
 : "${DELEGATE_ADMIN_GROUP:=delegate-admin}"
 : "${DELEGATE_SPANK_PLUGIN:=/usr/local/lib/delegate/delegate_lockdown.so}"
 : "${DELEGATE_HIDEPID:=1}"
-
-# lockdown_job_roots POLICY_FILE: the policy's job_roots as Lua table items
-# ("/home", "/scratch"); "/home" when the file or the key is missing. Dies on
-# a list the gate could not use safely.
-lockdown_job_roots() {
-    local roots=""
-    [[ -r $1 ]] && roots=$(sed -n 's/^job_roots *= *\[\(.*\)\] *$/\1/p' "$1" | head -n1)
-    roots=${roots:-'"/home"'}
-    [[ $roots =~ ^\ *\"/[A-Za-z0-9._/+@=,:-]*\"(\ *,\ *\"/[A-Za-z0-9._/+@=,:-]*\")*\ *,?\ *$ ]] \
-        || die "job_roots in $1 ($roots) must be absolute paths of the bytes A-Z a-z 0-9 . _ / + @ = , : -"
-    printf '%s\n' "$roots"
-}
-
-# lockdown_shared_minutes POLICY_FILE: the longest Slurm time limit (minutes)
-# of an allocation that runs several calls: the policy's max_allocation_time
-# ("10m" when the file or key is missing; one number with s, m, h or d)
-# rounded up, plus the client's minute of slack.
-lockdown_shared_minutes() {
-    local t="" n secs
-    [[ -r $1 ]] && t=$(sed -n 's/^max_allocation_time *= *"\(.*\)" *$/\1/p' "$1" | head -n1)
-    t=${t:-10m}
-    [[ $t =~ ^([0-9]{1,6})([smhd]?)$ ]] || die "max_allocation_time in $1 ($t) must be one number with s, m, h or d"
-    n=${BASH_REMATCH[1]}
-    case ${BASH_REMATCH[2]} in
-        s | "") secs=$n ;;
-        m) secs=$((n * 60)) ;;
-        h) secs=$((n * 3600)) ;;
-        d) secs=$((n * 86400)) ;;
-    esac
-    ((secs > 0)) || die "max_allocation_time in $1 must be more than 0"
-    echo $(((secs + 59) / 60 + 1))
-}
-
-# lockdown_lua RUNNER JOB_ROOTS ADMIN_GROUP SLURM_UID SHARED_MINUTES:
-# slurm-conf/job_submit.lua with its settings filled in, on stdout.
-lockdown_lua() {
-    local runner=$1 roots=$2 group=$3 slurm_uid=$4 shared=$5 out
-    [[ $runner =~ ^/[A-Za-z0-9._/+@=,:-]+$ ]] || die "the runner path $runner has bytes the job gate refuses"
-    [[ $group =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad admin group name '$group'"
-    [[ $slurm_uid =~ ^[0-9]+$ ]] || die "bad SlurmUser uid '$slurm_uid'"
-    [[ $shared =~ ^[0-9]+$ ]] || die "bad shared allocation minutes '$shared'"
-    out=$(sed -e "s|@MARKER@|$MARKER|" -e "s|@RUNNER@|$runner|" -e "s|@JOB_ROOTS@|$roots|" \
-              -e "s|@ADMIN_GROUP@|$group|" -e "s|@SLURM_UID@|$slurm_uid|" \
-              -e "s|@MAX_SHARED_MINUTES@|$shared|" "$REPO/slurm-conf/job_submit.lua")
-    grep -q '@[A-Z_]*@' <<<"$out" && die "slurm-conf/job_submit.lua has unfilled placeholders"
-    printf '%s\n' "$out"
-}
-
-# lockdown_plugstack PLUGIN ADMIN_GID RUNNER: the SPANK stack file, on stdout.
-lockdown_plugstack() {
-    [[ $2 =~ ^[0-9]+$ ]] || die "bad admin gid '$2'"
-    [[ $3 =~ ^/[A-Za-z0-9._/+@=,:-]+$ ]] || die "the runner path $3 has bytes the SPANK plugin refuses"
-    sed -e "s|@MARKER@|$MARKER|" -e "s|@SPANK_PLUGIN@|$1|" -e "s|@ADMIN_GID@|$2|" -e "s|@RUNNER@|$3|" \
-        "$REPO/slurm-conf/plugstack.conf.in"
-}
 
 # lockdown_build_spank SOURCE OUT: compile the SPANK plugin against the
 # installed Slurm headers (libslurm-dev).

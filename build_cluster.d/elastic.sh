@@ -4,10 +4,11 @@
 # stops them when idle. cluster.conf DELEGATE_ELASTIC=1 turns it on.
 #
 # What it adds to the stack (stack.sh calls these):
-#   - slurm.conf: ResumeProgram/SuspendProgram/ResumeFailProgram (the
-#     head's /usr/local/lib/delegate/power-*, slurm-conf/power.sh),
-#     SuspendTime, ResumeTimeout; workers above DELEGATE_ELASTIC_MIN are
-#     State=CLOUD (powered down until a job needs them);
+#   - slurm.conf (rendered by delegate-deploy, slurm-conf/slurm.conf.j2):
+#     ResumeProgram/SuspendProgram/ResumeFailProgram (the head's
+#     /usr/local/lib/delegate/power-*, slurm-conf/power.sh), SuspendTime,
+#     ResumeTimeout; workers above DELEGATE_ELASTIC_MIN are State=CLOUD
+#     (powered down until a job needs them);
 #   - the "power" service (manager node, the Docker socket, root): it alone
 #     scales worker services, on requests slurmctld's programs write into
 #     a root/SlurmUser-only spool directory ($DELEGATE_STACK_DIR/power)
@@ -41,61 +42,6 @@ elastic_load_config() {
         && warn "elastic workers: --workers $STACK_WORKERS_ARG ignored, the stack has DELEGATE_ELASTIC_MAX=$DELEGATE_ELASTIC_MAX"
     DELEGATE_STACK_WORKERS=$DELEGATE_ELASTIC_MAX
     ELASTIC_SPOOL=$DELEGATE_STACK_DIR/power
-}
-
-# elastic_range A B: Slurm's name of workers A..B ("" when B < A).
-elastic_range() {
-    if (($2 < $1)); then echo ""; elif (($1 == $2)); then echo "worker$1"; else echo "worker[$1-$2]"; fi
-}
-
-# elastic_node_lines CPUS MEM GRES: the NodeName lines of slurm.conf.
-elastic_node_lines() {
-    local hw="CPUs=$1 RealMemory=$2$3" on off
-    if ! elastic_on; then
-        echo "NodeName=$(elastic_range 1 "$DELEGATE_STACK_WORKERS") $hw State=UNKNOWN"
-        return
-    fi
-    on=$(elastic_range 1 "$DELEGATE_ELASTIC_MIN")
-    off=$(elastic_range $((DELEGATE_ELASTIC_MIN + 1)) "$DELEGATE_ELASTIC_MAX")
-    [[ -n $on ]] && echo "NodeName=$on $hw State=UNKNOWN"
-    [[ -n $off ]] && echo "NodeName=$off $hw State=CLOUD"
-    return 0
-}
-
-# elastic_slurm_conf: the power saving settings (nothing when off).
-elastic_slurm_conf() {
-    elastic_on || return 0
-    local exc
-    exc=$(elastic_range 1 "$DELEGATE_ELASTIC_MIN")
-    cat <<CONF
-# --- Elastic workers (cluster.conf DELEGATE_ELASTIC=1, docs/elastic.md) ---
-# Slurm's power saving: workers above DELEGATE_ELASTIC_MIN are CLOUD nodes,
-# powered down until a job is allocated to them. slurmctld then runs
-# ResumeProgram (as SlurmUser) with their names; the job waits in state
-# CONFIGURING until their slurmd registers (at most ResumeTimeout, else the
-# node goes DOWN with a reason and, delegate's jobs being --no-requeue, the
-# job ends with it). A node idle for SuspendTime seconds is stopped by
-# SuspendProgram and counts as powered down after SuspendTimeout.
-ResumeProgram=/usr/local/lib/delegate/power-resume
-SuspendProgram=/usr/local/lib/delegate/power-suspend
-ResumeFailProgram=/usr/local/lib/delegate/power-resume-fail
-SuspendTime=$DELEGATE_ELASTIC_IDLE
-SuspendTimeout=30
-ResumeTimeout=$DELEGATE_ELASTIC_RESUME_TIMEOUT
-# No rate limit (nodes per minute; 0 = unlimited): a course has few workers.
-ResumeRate=0
-SuspendRate=0
-${exc:+# The minimum: never powered down.
-SuspendExcNodes=$exc
-}# idle_on_node_suspend: a node that is stopped is idle again afterwards
-# (not left DOWN), so it can be started for the next job.
-# power_save_interval=5: look for idle nodes every 5 s (default 10).
-SlurmctldParameters=idle_on_node_suspend,power_save_interval=5
-# slurmd of a CLOUD node has no fixed address (a new container each time):
-# messages go straight from slurmctld to each node, not through a tree of
-# slurmds that may not know each other.
-TreeWidth=65533
-CONF
 }
 
 # elastic_stack_sed: ELASTIC_SED, sed arguments that keep (elastic on) or

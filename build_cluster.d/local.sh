@@ -192,37 +192,19 @@ SLURM_CONF_CHANGED=0
 # node) and the epilog, both only over files this script wrote; the private
 # state and log directories the Slurm daemons use.
 local_write_slurm_conf() {
-    local node slurmuser tmp gpu_files gpus gres_types="" node_gres=""
+    local node slurmuser tmp gpu_files gpus
     node=$(hostname -s)
     [[ -n $node ]] || die "hostname -s is empty"
     gpu_files=$(local_gpu_files) || exit 1
     gpus=$(local_gpu_count "$gpu_files")
-    if ((gpus > 0)); then
-        gres_types="GresTypes=gpu"
-        node_gres=" Gres=gpu:$gpus"
-    else
-        gres_types="# GresTypes: none (no GPUs: DELEGATE_LOCAL_GPUS=$DELEGATE_LOCAL_GPUS)"
-    fi
     slurmuser=root
     id slurm >/dev/null 2>&1 && slurmuser=slurm
     tmp=$(mktemp -p "$BC_TMP")
-    sed -e "s|@MARKER@|$MARKER|" \
-        -e "s|@NODENAME@|$node|g" \
-        -e "s|@NODEHW@|$(node_hardware)$node_gres|" \
-        -e "s|@GRES_TYPES@|$gres_types|" \
-        -e "s|@SLURMUSER@|$slurmuser|" \
-        -e "s|@PART_MAXTIME@|$DELEGATE_PART_MAXTIME|g" \
-        -e "s|@DBD_PORT@|$DELEGATE_DBD_PORT|" \
-        -e "s|@STATE_DIR@|$DELEGATE_STATE_DIR|g" \
-        -e "s|@LOG_DIR@|$DELEGATE_LOG_DIR|g" \
-        -e "s|@RUN_DIR@|$DELEGATE_RUN_DIR|g" \
-        "$REPO/slurm-conf/slurm.conf.in" >"$tmp"
-    if grep -q '@[A-Z_]*@' "$tmp"; then
-        rm -f "$tmp"; die "slurm.conf.in has unfilled placeholders"
-    fi
+    deploy_render "$tmp" slurm-conf --shape local --node "$node" --hardware "$(node_hardware)" \
+        --gpus "$gpus" --slurm-user "$slurmuser"
     if install_generated "$tmp" "$SLURM_CONF" 0644; then
         SLURM_CONF_CHANGED=1
-        log "slurm: wrote $SLURM_CONF (node $node: $(node_hardware)$node_gres)"
+        log "slurm: wrote $SLURM_CONF (node $node: $(node_hardware), $gpus GPU(s))"
     else
         log "slurm: $SLURM_CONF up to date"
     fi
@@ -232,11 +214,7 @@ local_write_slurm_conf() {
     # order Slurm numbers them (the root agent maps the job's GPU indexes
     # through this file; the site policy's gres_conf names it).
     tmp=$(mktemp -p "$BC_TMP")
-    {
-        echo "$MARKER"
-        echo "# The node's GPUs (build_cluster.sh, DELEGATE_LOCAL_GPUS=$DELEGATE_LOCAL_GPUS)."
-        ((gpus > 0)) && echo "NodeName=$node Name=gpu File=$gpu_files"
-    } >"$tmp"
+    deploy_render "$tmp" gres-conf --shape local --node "$node" --gpus "$gpus" --files "$gpu_files"
     if install_generated "$tmp" "$(dirname "$SLURM_CONF")/gres.conf" 0644; then
         SLURM_CONF_CHANGED=1
         log "slurm: wrote $(dirname "$SLURM_CONF")/gres.conf (${gpus} GPU(s)${gpu_files:+: $gpu_files})"
@@ -266,18 +244,17 @@ local_write_slurm_conf() {
 # plugin built against this Slurm and its plugstack file, the fs.protected_*
 # sysctls, and /proc mounted hidepid=invisible (gid = the admin group).
 local_install_lockdown() {
-    local gid slurm_uid=0 roots tmp
+    local gid slurm_uid=0 tmp
     getent group "$DELEGATE_ADMIN_GROUP" >/dev/null \
         || groupadd --system "$DELEGATE_ADMIN_GROUP" \
         || die "cannot create the admin group $DELEGATE_ADMIN_GROUP"
     gid=$(getent group "$DELEGATE_ADMIN_GROUP" | cut -d: -f3)
     id slurm >/dev/null 2>&1 && slurm_uid=$(id -u slurm)
-    roots=$(lockdown_job_roots "$DELEGATE_POLICY_FILE")
     tmp=$(mktemp -p "$BC_TMP")
-    lockdown_lua "$DELEGATE_PREFIX/sandbox-runner" "$roots" "$DELEGATE_ADMIN_GROUP" "$slurm_uid" \
-        "$(lockdown_shared_minutes "$DELEGATE_POLICY_FILE")" >"$tmp"
+    deploy_render "$tmp" gate --runner "$DELEGATE_PREFIX/sandbox-runner" --policy "$DELEGATE_POLICY_FILE" \
+        --admin-group "$DELEGATE_ADMIN_GROUP" --slurm-uid "$slurm_uid"
     if install_generated "$tmp" "$(dirname "$SLURM_CONF")/job_submit.lua" 0644; then
-        log "lockdown: installed $(dirname "$SLURM_CONF")/job_submit.lua (runner $DELEGATE_PREFIX/sandbox-runner, job roots $roots, admin group $DELEGATE_ADMIN_GROUP)"
+        log "lockdown: installed $(dirname "$SLURM_CONF")/job_submit.lua (runner $DELEGATE_PREFIX/sandbox-runner, job roots of $DELEGATE_POLICY_FILE, admin group $DELEGATE_ADMIN_GROUP)"
     fi
     rm -f "$tmp"
 
@@ -288,7 +265,8 @@ local_install_lockdown() {
         install -D -o root -g root -m 0755 "$tmp/delegate_lockdown.so" "$DELEGATE_SPANK_PLUGIN"
         log "lockdown: installed $DELEGATE_SPANK_PLUGIN"
     fi
-    lockdown_plugstack "$DELEGATE_SPANK_PLUGIN" "$gid" "$DELEGATE_PREFIX/sandbox-runner" >"$tmp/plugstack.conf"
+    deploy_render "$tmp/plugstack.conf" plugstack --plugin "$DELEGATE_SPANK_PLUGIN" --admin-gid "$gid" \
+        --runner "$DELEGATE_PREFIX/sandbox-runner"
     if install_generated "$tmp/plugstack.conf" "$(dirname "$SLURM_CONF")/delegate-plugstack.conf" 0644; then
         log "lockdown: installed $(dirname "$SLURM_CONF")/delegate-plugstack.conf (admin gid $gid)"
     fi
@@ -600,30 +578,18 @@ local_install_policy() {
         log "policy: $DELEGATE_POLICY_FILE exists, left as it is"
         return
     fi
-    local mem=$DELEGATE_MAX_MEM tmp max_gpus=0
+    local tmp max_gpus=0
     # Real GPUs (the GPU worker profile, or device files named): jobs may
     # use them all. Stand-ins are for tests, which set max_gpus themselves.
     if [[ $DELEGATE_LOCAL_GPUS == nvidia || $DELEGATE_LOCAL_GPUS == auto || $DELEGATE_LOCAL_GPUS == /* ]]; then
         max_gpus=$(local_gpu_count "$(local_gpu_files)")
     fi
-    if [[ -z $mem ]]; then
-        mem=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 3 / 4 / 1024 / 1024 ))G
-        [[ $mem == 0G ]] && mem=512M
-    fi
     tmp=$(mktemp -p "$BC_TMP")
-    sed -e "s|@SANDBOX_IMAGE@|$DELEGATE_SANDBOX_IMAGE|g" \
-        -e "s|@MAX_CPUS@|$DELEGATE_MAX_CPUS|" \
-        -e "s|@MAX_MEM@|$mem|" \
-        -e "s|@MAX_TIME@|$DELEGATE_MAX_TIME|" \
-        -e "s|@MAX_PIDS@|$DELEGATE_MAX_PIDS|" \
-        -e "s|@PIN_CPUS@|true|" \
-        -e "s|@CLEAN_SCRATCH@|false|" \
-        -e "s|@TMP_SIZE@|$DELEGATE_TMP_SIZE|" \
-        -e "s|@MAX_GPUS@|$max_gpus|" \
-        "$REPO/slurm-conf/policy.toml.in" >"$tmp"
+    # max_mem: DELEGATE_MAX_MEM, else 3/4 of the machine's memory.
+    deploy_render "$tmp" policy --shape local --max-gpus "$max_gpus"
     install -D -o root -g root -m 0644 "$tmp" "$DELEGATE_POLICY_FILE"
     rm -f "$tmp"
-    log "policy: wrote $DELEGATE_POLICY_FILE (max_cpus=$DELEGATE_MAX_CPUS max_mem=$mem max_time=$DELEGATE_MAX_TIME max_gpus=$max_gpus)"
+    log "policy: wrote $DELEGATE_POLICY_FILE ($(grep -E '^max_(cpus|mem|time|gpus) =' "$DELEGATE_POLICY_FILE" | tr -d '"' | tr '\n' ' '))"
 }
 
 # --------------------------------------------------------- 7. demo job

@@ -235,92 +235,20 @@ stack_secrets() {
 # job_submit.lua, plugstack.conf and admins, accounts and the stack file, in
 # STACK_GEN.
 stack_generate() {
-    local n=$DELEGATE_STACK_WORKERS tmp gres="" nodes
-    nodes="worker[1-$n]"
-    ((n == 1)) && nodes=worker1
+    local n=$DELEGATE_STACK_WORKERS tmp
     install -d -m 0755 "$STACK_GEN"
     install -d -m 0755 "$DELEGATE_STACK_DIR"
     # The shared home: entered by all, listed by none (a student does not
     # learn the class's account names from it).
     install -d -m 0711 "$DELEGATE_STACK_HOME"
 
-    # slurm.conf: the single-machine template (its commented settings: the
-    # exclusive partition, quick turnover, epilog) with the stack's
-    # controller, nodes and job id range.
-    ((DELEGATE_STACK_WORKER_GPUS > 0)) && gres=" Gres=gpu:$DELEGATE_STACK_WORKER_GPUS"
-    tmp=$(mktemp -p "$BC_TMP")
-    sed -e "s|@MARKER@|$MARKER|" \
-        -e "s|^ClusterName=.*|ClusterName=$STACK-stack|" \
-        -e "s|^SlurmctldHost=.*|SlurmctldHost=head|" \
-        -e "/^NodeName=/d" \
-        -e "/^@GRES_TYPES@\$/d" \
-        -e "s|^PartitionName=delegate Nodes=@NODENAME@ |PartitionName=delegate Nodes=$nodes |" \
-        -e "s|@SLURMUSER@|slurm|" \
-        -e "s|@PART_MAXTIME@|$DELEGATE_STACK_PART_MAXTIME|g" \
-        -e "s|^AccountingStorageHost=.*|AccountingStorageHost=dbd|" \
-        -e "s|@DBD_PORT@|$DELEGATE_DBD_PORT|" \
-        -e "s|@STATE_DIR@|/var/lib/delegate|g" \
-        -e "s|@LOG_DIR@|/var/log/delegate|g" \
-        -e "s|@RUN_DIR@|/run/delegate|g" \
-        "$REPO/slurm-conf/slurm.conf.in" >"$tmp"
-    {
-        cat <<CONF
-
-# --- The stack (build_cluster.sh deploy, from cluster.conf) --------------
-# This file is slurm-conf/slurm.conf.in adapted to the multi-node stack
-# (accounting, fair share and the QOS as above: slurmdbd is the "dbd"
-# service, its MariaDB the "db" service, build_cluster.d/stack_accounting.sh):
-# the controller is the "head" node, the nodes are worker1..worker$n (their
-# hostnames on the stack's network), the comments above about 127.0.0.1
-# apply to the single-machine mode only.
-# Job ids start at $DELEGATE_STACK_FIRST_JOB_ID: sandbox containers are labelled with the
-# Slurm job id and the epilog removes leftovers by that label; another
-# cluster on the same Docker engine (the --local one) counts from 1, so the
-# two epilogs never match each other's containers.
-FirstJobId=$DELEGATE_STACK_FIRST_JOB_ID
-# Look a node's address up on every connection instead of caching it: a
-# restarted node container (swarm restarts it after a crash or an engine
-# restart) comes back with a new IP under the same name; with the cache
-# slurmctld would keep calling the old one and mark the node not responding.
-CommunicationParameters=NoAddrCache
-CONF
-        ((DELEGATE_STACK_WORKER_GPUS > 0)) && printf '# GPUs per worker (gres.conf).\nGresTypes=gpu\n'
-        echo "# Node hardware from cluster.conf (must not exceed what slurmd detects)."
-        elastic_node_lines "$DELEGATE_STACK_WORKER_CPUS" "$DELEGATE_STACK_WORKER_MEM_MB" "$gres"
-        elastic_slurm_conf
-    } >>"$tmp"
-    # Powered-down (CLOUD) nodes are listed by sinfo for everyone only with
-    # PrivateData's "cloud" (else they vanish while down).
-    elastic_on && sed -i 's/^PrivateData=\(.*\)$/PrivateData=\1,cloud/' "$tmp"
-    if grep -q '@[A-Z_]*@' "$tmp" || ! grep -qF "PartitionName=delegate Nodes=$nodes " "$tmp"; then
-        rm -f "$tmp"; die "cannot adapt slurm-conf/slurm.conf.in for the stack (placeholders or the partition line changed)"
-    fi
-    mv "$tmp" "$STACK_GEN/slurm.conf"
-
-    # gres.conf: one line per GPU kind (empty without GPUs).
-    {
-        echo "$MARKER"
-        echo "# GPUs of the workers (cluster.conf DELEGATE_STACK_WORKER_GPUS)."
-        if ((DELEGATE_STACK_WORKER_GPUS > 0)); then
-            echo "NodeName=$nodes Name=gpu File=/dev/nvidia[0-$((DELEGATE_STACK_WORKER_GPUS - 1))]"
-        fi
-    } >"$STACK_GEN/gres.conf"
-
-    # The site policy of the workers: job directories live in the shared home.
-    sed -e "s|@SANDBOX_IMAGE@|$DELEGATE_SANDBOX_IMAGE|g" \
-        -e "s|@MAX_CPUS@|$DELEGATE_STACK_MAX_CPUS|" \
-        -e "s|@MAX_MEM@|$DELEGATE_STACK_MAX_MEM|" \
-        -e "s|@MAX_TIME@|$DELEGATE_STACK_MAX_TIME|" \
-        -e "s|@MAX_PIDS@|$DELEGATE_STACK_MAX_PIDS|" \
-        -e "s|@PIN_CPUS@|false|" \
-        -e "s|@CLEAN_SCRATCH@|true|" \
-        -e "s|@TMP_SIZE@|$DELEGATE_STACK_TMP_SIZE|" \
-        -e "s|@MAX_GPUS@|0|" \
-        -e "s|^max_nodes = .*|max_nodes = $DELEGATE_STACK_WORKERS|" \
-        -e "s|^job_roots = .*|job_roots = [\"$DELEGATE_STACK_HOME\"]|" \
-        "$REPO/slurm-conf/policy.toml.in" >"$STACK_GEN/policy.toml"
-    grep -q "^job_roots = \[\"$DELEGATE_STACK_HOME\"\]" "$STACK_GEN/policy.toml" \
-        || die "cannot set job_roots in the stack's policy"
+    # slurm.conf (slurm-conf/slurm.conf.j2: the single machine's settings
+    # with the stack's controller, workers, job id range and, when elastic,
+    # power saving), gres.conf and the workers' site policy (job
+    # directories live in the shared home), each setting checked.
+    deploy_render "$STACK_GEN/slurm.conf" slurm-conf --shape stack
+    deploy_render "$STACK_GEN/gres.conf" gres-conf --shape stack
+    deploy_render "$STACK_GEN/policy.toml" policy --shape stack
 
     # The lockdown (docs/security.md): slurmctld's job gate for the stack's
     # runner and home, the SPANK stack with the admin gid, and the admin
@@ -342,9 +270,10 @@ CONF
     local slurm_uid
     slurm_uid=$(docker run --rm --entrypoint id "$DELEGATE_CLUSTER_IMAGE" -u slurm) \
         || die "cannot read the uid of user slurm in $DELEGATE_CLUSTER_IMAGE"
-    lockdown_lua /usr/local/bin/sandbox-runner "\"$DELEGATE_STACK_HOME\"" "$agroup" "$slurm_uid" \
-        "$(lockdown_shared_minutes "$STACK_GEN/policy.toml")" >"$STACK_GEN/job_submit.lua"
-    lockdown_plugstack /usr/local/lib/delegate/delegate_lockdown.so "$agid" /usr/local/bin/sandbox-runner >"$STACK_GEN/plugstack.conf"
+    deploy_render "$STACK_GEN/job_submit.lua" gate --runner /usr/local/bin/sandbox-runner \
+        --policy "$STACK_GEN/policy.toml" --admin-group "$agroup" --slurm-uid "$slurm_uid"
+    deploy_render "$STACK_GEN/plugstack.conf" plugstack --plugin /usr/local/lib/delegate/delegate_lockdown.so \
+        --admin-gid "$agid" --runner /usr/local/bin/sandbox-runner
     echo "$agroup $agid $members" >"$STACK_GEN/admins"
 
     # Accounts: "name uid" lines; the instructor's test accounts (`test`)

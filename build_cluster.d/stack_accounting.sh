@@ -6,7 +6,7 @@
 # on a volume, and the course's account, QOS and associations.
 #
 # slurm.conf's accounting, priority and QOS settings are --local's
-# (slurm-conf/slurm.conf.in, adapted by stack_generate), slurmdbd.conf comes
+# (slurm-conf/slurm.conf.j2, rendered by delegate-deploy), slurmdbd.conf comes
 # from the same generator (slurmdbd_conf), and the course setup from the
 # same functions (accounting_cluster, accounting_course, add_association in
 # accounting.sh), run through `docker exec` in the head's container.

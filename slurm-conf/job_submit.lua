@@ -1,9 +1,10 @@
-@MARKER@
 --[[
 delegate's slurmctld gate (JobSubmitPlugins=lua; Slurm 22.05 reads
 job_submit.lua from the directory of slurm.conf). Installed by
-build_cluster.sh from slurm-conf/job_submit.lua with the @...@ settings
-filled in (root-owned, 0644). Unit tests: tests/lua/job_submit_test.lua.
+build_cluster.sh as `delegate-deploy gate` renders it: the site's settings
+(slurm-conf/job_submit.settings.lua.j2: RUNNER, JOB_ROOTS, ADMIN_GROUP,
+ADMIN_UIDS, MAX_SHARED_MINUTES) followed by this file (root-owned, 0644).
+Unit tests: tests/lua/job_submit_test.lua.
 
 Users who are not cluster admins (root, SlurmUser, members of the admin
 group) may only submit batch jobs whose script is byte for byte one of the
@@ -41,21 +42,13 @@ refusal. A script that fails to load keeps the previously loaded one
 every submission fails.
 --]]
 
--- ---- site settings (filled in by build_cluster.sh) ---------------------------
--- The runner the scripts exec: the client's DEFAULT_RUNNER / DELEGATE_PREFIX.
-local RUNNER      = "@RUNNER@"
--- The site policy's job_roots: job directories live below one of these.
-local JOB_ROOTS   = { @JOB_ROOTS@ }
--- Members of this group (and root, SlurmUser) keep full Slurm.
-local ADMIN_GROUP = "@ADMIN_GROUP@"
-local ADMIN_UIDS  = { [0] = true, [@SLURM_UID@] = true }
+-- ---- bounds of the gate itself ---------------------------------------------
 -- Bytes; Slurm's own bound (max_script_size) is 4 MiB and is checked after
 -- this hook, so the hook bounds the script itself before it parses it.
 local MAX_SCRIPT  = 1024 * 1024
 local MAX_ARRAY   = 100000
--- The site policy's max_allocation_time in minutes, plus Slurm's minute of
--- slack the client adds (script.rs: time_limit_minutes).
-local MAX_SHARED_MINUTES = @MAX_SHARED_MINUTES@
+-- The site's settings (RUNNER, JOB_ROOTS, ADMIN_GROUP, ADMIN_UIDS,
+-- MAX_SHARED_MINUTES) are locals defined above this file by the renderer.
 -- -------------------------------------------------------------------------------
 
 local NO_VAL = 4294967294  -- 0xfffffffe

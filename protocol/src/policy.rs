@@ -424,29 +424,6 @@ mod tests {
         assert!(Policy::parse("staging_dir = \"rel\"", "t").is_err());
     }
 
-    /// The template build_cluster.sh fills (slurm-conf/policy.toml.in) has
-    /// exactly this struct's keys: filled as the local and the stack setups
-    /// fill it, it parses.
-    #[test]
-    fn the_sites_template_parses() {
-        let text = include_str!("../../slurm-conf/policy.toml.in");
-        for (clean, pin) in [("false", "true"), ("true", "false")] {
-            let filled = text
-                .replace("@SANDBOX_IMAGE@", "delegate-sandbox:latest")
-                .replace("@MAX_CPUS@", "2")
-                .replace("@MAX_MEM@", "1G")
-                .replace("@MAX_TIME@", "1h")
-                .replace("@MAX_PIDS@", "512")
-                .replace("@MAX_GPUS@", "0")
-                .replace("@TMP_SIZE@", "256M")
-                .replace("@PIN_CPUS@", pin)
-                .replace("@CLEAN_SCRATCH@", clean);
-            assert!(!filled.contains('@'), "a placeholder is left: {filled}");
-            let p = Policy::parse(&filled, "policy.toml.in").unwrap();
-            assert_eq!(p.clean_scratch, clean == "true");
-        }
-    }
-
     #[test]
     fn checks() {
         let p = Policy::parse("max_cpus = 2\nmax_mem = \"2G\"\nmax_time = \"10m\"", "t").unwrap();
@@ -514,7 +491,7 @@ mod tests {
             .nth(1)
             .and_then(|b| b.split("```").next())
             .expect("the ```toml block of docs/configuration.md");
-        let template = std::fs::read_to_string(root.join("slurm-conf/policy.toml.in")).expect("policy.toml.in");
+        let template = std::fs::read_to_string(root.join("slurm-conf/policy.toml.j2")).expect("policy.toml.j2");
         let key_of = |l: &str| {
             let l = l.trim_start_matches("# ");
             l.split_once('=')
@@ -527,7 +504,7 @@ mod tests {
             assert!(documented.contains(k), "policy key {k} is missing from docs/configuration.md");
             assert!(
                 templated.contains(k),
-                "policy key {k} is missing from slurm-conf/policy.toml.in"
+                "policy key {k} is missing from slurm-conf/policy.toml.j2"
             );
         }
         for k in &documented {

@@ -2,7 +2,7 @@
  * delegate_lockdown.so -- delegate's slurmstepd gate, a SPANK plugin for
  * Slurm 22.05. Built by build_cluster.sh (gcc against libslurm-dev's
  * <slurm/spank.h>); loaded through the PlugStackConfig that slurm.conf names
- * (slurm-conf/plugstack.conf.in):
+ * (slurm-conf/plugstack.conf.j2):
  *
  *   required /usr/local/lib/delegate/delegate_lockdown.so admin_gid=<gid> runner=<path>
  *

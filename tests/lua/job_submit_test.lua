@@ -1,7 +1,7 @@
 -- Unit tests of slurm-conf/job_submit.lua (delegate's slurmctld gate), with a
 -- stub `slurm` table. Run: lua5.1 tests/lua/job_submit_test.lua [job_submit.lua]
 -- (tests/e2e/test_lockdown.py runs it). Lua 5.1: what job_submit_lua.so links.
--- The script's @...@ settings are filled in here as build_cluster.sh would.
+-- The site's settings are put above the body here as `delegate-deploy gate` would.
 slurm = { SUCCESS = 0, ERROR = -1, ESLURM_ACCESS_DENIED = 2002,
   log_info = function(fmt, ...) last_info_msg = string.format(fmt, ...) end, log_error = function(...) end,
   log_user = function(fmt, ...) last_user_msg = string.format(fmt, ...) end }
@@ -9,11 +9,18 @@ local here = arg[0]:match("^(.*)/[^/]*$") or "."
 local path = arg[1] or (here .. "/../../slurm-conf/job_submit.lua")
 local f = assert(io.open(path, "r"))
 local text = f:read("*a"); f:close()
-local settings = { ["@MARKER@"] = "# marker", ["@RUNNER@"] = "/usr/local/bin/sandbox-runner",
-  ["@JOB_ROOTS@"] = '"/home"', ["@ADMIN_GROUP@"] = "delegate-admin", ["@SLURM_UID@"] = "64030",
-  ["@MAX_SHARED_MINUTES@"] = "11" }
-text = text:gsub("@[A-Z_]+@", function(p) return assert(settings[p], "unknown placeholder " .. p) end)
-text = text:gsub("^#[^\n]*", "")  -- luaL_loadfile skips a first line starting with '#'
+-- The site's settings as `delegate-deploy gate` renders them above the body
+-- (slurm-conf/job_submit.settings.lua.j2); a rendered file (arg[1] from an
+-- installed gate, first line a comment) is used as it is.
+if not text:match("^%-%-%[%[") then
+  text = text:gsub("^#[^\n]*", "")  -- luaL_loadfile skips a first line starting with '#'
+else
+  text = 'local RUNNER = "/usr/local/bin/sandbox-runner"\n'
+    .. 'local JOB_ROOTS = { "/home" }\n'
+    .. 'local ADMIN_GROUP = "delegate-admin"\n'
+    .. 'local ADMIN_UIDS = { [0] = true, [64030] = true }\n'
+    .. 'local MAX_SHARED_MINUTES = 11\n' .. text
+end
 assert(loadstring(text, "=job_submit.lua"))()
 local L = _delegate_lockdown
 local D1 = "/home/alice/.delegate/jobs/20261123T103000-abcdef01"

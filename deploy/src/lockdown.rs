@@ -1,0 +1,139 @@
+//! The lockdown's two files: slurmctld's job gate (job_submit.lua: the
+//! site's settings, then the gate's body) and slurmstepd's SPANK stack.
+
+use std::path::Path;
+
+use delegate_protocol::policy::Policy;
+use delegate_protocol::units;
+use serde::Serialize;
+
+use crate::settings::{is_safe_path, is_unix_name};
+use crate::{templates, RenderError, MARKER};
+
+#[derive(Serialize)]
+struct GateContext {
+    marker: &'static str,
+    runner: String,
+    job_roots: Vec<String>,
+    admin_group: String,
+    slurm_uid: u32,
+    max_shared_minutes: u64,
+}
+
+/// The site policy the gate follows: the file when it exists, else the
+/// policy's defaults (the local setup installs the gate before the policy).
+fn read_policy(path: &Path) -> Result<Policy, RenderError> {
+    let fail = |reason: String| RenderError::Policy { path: path.display().to_string(), reason };
+    match std::fs::read_to_string(path) {
+        Ok(text) => Policy::parse(&text, &path.display().to_string()).map_err(|e| fail(e.to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Policy::default()),
+        Err(e) => Err(fail(e.to_string())),
+    }
+}
+
+fn checked_path(what: &str, p: &str) -> Result<String, RenderError> {
+    if is_safe_path(p) {
+        Ok(p.to_owned())
+    } else {
+        Err(RenderError::Invalid(format!(
+            "{what} '{p}' must be an absolute path of the bytes A-Z a-z 0-9 . _ / + @ = , : - (what the gate and the SPANK plugin accept)"
+        )))
+    }
+}
+
+/// The gate's Slurm time limit for a shared allocation: the policy's
+/// max_allocation_time in minutes, rounded up, plus the minute the client
+/// adds (delegate-client `time_limit_minutes`).
+pub fn shared_minutes(max_allocation_time: &str) -> Result<u64, RenderError> {
+    match units::parse_duration(max_allocation_time) {
+        Ok(secs) if secs > 0 => Ok(secs.saturating_add(60).div_ceil(60)),
+        _ => Err(RenderError::Invalid(format!(
+            "max_allocation_time '{max_allocation_time}' is not a duration above 0"
+        ))),
+    }
+}
+
+/// job_submit.lua for `runner`, the policy at `policy`, the admin group
+/// and SlurmUser's uid.
+pub fn gate(runner: &str, policy: &Path, admin_group: &str, slurm_uid: u32) -> Result<String, RenderError> {
+    let p = read_policy(policy)?;
+    if !is_unix_name(admin_group) {
+        return Err(RenderError::Invalid(format!(
+            "the admin group '{admin_group}' is not a group name"
+        )));
+    }
+    let job_roots = p
+        .job_roots
+        .iter()
+        .map(|r| checked_path("job_roots entry", &r.to_string_lossy()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if job_roots.is_empty() {
+        return Err(RenderError::Invalid(
+            "the policy's job_roots is empty: the gate would refuse every job".into(),
+        ));
+    }
+    let ctx = GateContext {
+        marker: MARKER,
+        runner: checked_path("the runner path", runner)?,
+        job_roots,
+        admin_group: admin_group.into(),
+        slurm_uid,
+        max_shared_minutes: shared_minutes(&p.max_allocation_time)?,
+    };
+    Ok(templates::render("job_submit.settings.lua", &ctx)? + templates::GATE_BODY)
+}
+
+#[derive(Serialize)]
+struct PlugstackContext {
+    marker: &'static str,
+    plugin: String,
+    admin_gid: u32,
+    runner: String,
+}
+
+/// The SPANK stack: the lockdown plugin with the admin gid and the runner.
+pub fn plugstack(plugin: &str, admin_gid: u32, runner: &str) -> Result<String, RenderError> {
+    let ctx = PlugstackContext {
+        marker: MARKER,
+        plugin: checked_path("the SPANK plugin path", plugin)?,
+        admin_gid,
+        runner: checked_path("the runner path", runner)?,
+    };
+    templates::render("plugstack.conf", &ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_minutes_match_the_clients_time_limit() {
+        assert_eq!(shared_minutes("10m").unwrap(), 11);
+        assert_eq!(shared_minutes("90s").unwrap(), 3);
+        assert!(shared_minutes("0").is_err());
+    }
+
+    #[test]
+    fn unsafe_values_are_refused_with_their_name() {
+        let err = plugstack("/lib/x.so", 3990, "/bin/run ner").unwrap_err().to_string();
+        assert!(err.starts_with("the runner path '/bin/run ner'"), "{err}");
+        let err = gate("/r", Path::new("/nonexistent/policy.toml"), "Bad Group", 64030)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("admin group"), "{err}");
+    }
+
+    #[test]
+    fn a_policy_that_does_not_parse_stops_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("policy.toml");
+        std::fs::write(&p, "job_roots = \"/home\"\n").unwrap();
+        let err = gate("/usr/local/bin/sandbox-runner", &p, "delegate-admin", 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!("cannot read the site policy {}", p.display())),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Golden files: each configuration file as the deployment renders it for
+//! fixed settings, compared whole with `tests/golden/<name>`. After an
+//! intended change: `UPDATE_GOLDEN=1 cargo test -p delegate-deploy`, then
+//! read the diff.
+
+#![allow(clippy::unwrap_used)] // a test: a failure is a panic with its message
+
+use std::path::{Path, PathBuf};
+
+use delegate_deploy::slurm_conf::LocalNode;
+use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, Settings, Shape, MARKER};
+
+fn golden(name: &str, text: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+    if want != text {
+        let line = want
+            .lines()
+            .zip(text.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(want.lines().count().min(text.lines().count()));
+        panic!(
+            "{name} differs from its golden file at line {}:\n  golden:   {:?}\n  rendered: {:?}\n(UPDATE_GOLDEN=1 rewrites it)",
+            line + 1,
+            want.lines().nth(line),
+            text.lines().nth(line)
+        );
+    }
+}
+
+/// The local settings build_cluster.sh has by default.
+fn local_settings() -> Settings {
+    Settings::from_pairs([
+        ("DELEGATE_STATE_DIR", "/var/lib/delegate"),
+        ("DELEGATE_LOG_DIR", "/var/log/delegate"),
+        ("DELEGATE_RUN_DIR", "/run/delegate"),
+        ("DELEGATE_DBD_PORT", "6819"),
+        ("DELEGATE_PART_MAXTIME", "02:00:00"),
+        ("DELEGATE_LOCAL_GPUS", "auto"),
+        ("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest"),
+        ("DELEGATE_MAX_CPUS", "2"),
+        ("DELEGATE_MAX_MEM", ""),
+        ("DELEGATE_MAX_TIME", "1h"),
+        ("DELEGATE_MAX_PIDS", "512"),
+        ("DELEGATE_TMP_SIZE", "256M"),
+    ])
+}
+
+/// cluster.conf's defaults (two workers), elastic on or off.
+fn stack_settings(elastic: bool) -> Settings {
+    Settings::from_pairs([
+        ("DELEGATE_STACK_NAME", "delegate"),
+        ("DELEGATE_STACK_WORKERS", "2"),
+        ("DELEGATE_STACK_HOME", "/srv/delegate-stack/home"),
+        ("DELEGATE_STACK_WORKER_CPUS", "2"),
+        ("DELEGATE_STACK_WORKER_MEM_MB", "1024"),
+        ("DELEGATE_STACK_WORKER_GPUS", if elastic { "0" } else { "2" }),
+        ("DELEGATE_STACK_FIRST_JOB_ID", "30000000"),
+        ("DELEGATE_STACK_PART_MAXTIME", "02:00:00"),
+        ("DELEGATE_STACK_MAX_CPUS", "2"),
+        ("DELEGATE_STACK_MAX_MEM", "1024M"),
+        ("DELEGATE_STACK_MAX_TIME", "1h"),
+        ("DELEGATE_STACK_MAX_PIDS", "512"),
+        ("DELEGATE_STACK_TMP_SIZE", "256M"),
+        ("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest"),
+        ("DELEGATE_DBD_PORT", "6819"),
+        ("DELEGATE_ELASTIC", if elastic { "1" } else { "0" }),
+        ("DELEGATE_ELASTIC_MIN", "1"),
+        ("DELEGATE_ELASTIC_MAX", "3"),
+        ("DELEGATE_ELASTIC_IDLE", "600"),
+        ("DELEGATE_ELASTIC_RESUME_TIMEOUT", "180"),
+    ])
+}
+
+fn node(gpus: u64) -> LocalNode {
+    LocalNode {
+        node: "vm".into(),
+        hardware: "CPUs=2 RealMemory=24000".into(),
+        gpus,
+        slurm_user: "slurm".into(),
+    }
+}
+
+#[test]
+fn slurm_conf_of_each_shape() {
+    golden(
+        "slurm.conf.local",
+        &slurm_conf::render(&local_settings(), Shape::Local, Some(&node(0))).unwrap(),
+    );
+    golden(
+        "slurm.conf.local-gpus",
+        &slurm_conf::render(&local_settings(), Shape::Local, Some(&node(2))).unwrap(),
+    );
+    golden(
+        "slurm.conf.stack",
+        &slurm_conf::render(&stack_settings(false), Shape::Stack, None).unwrap(),
+    );
+    golden(
+        "slurm.conf.stack-elastic",
+        &slurm_conf::render(&stack_settings(true), Shape::Stack, None).unwrap(),
+    );
+}
+
+#[test]
+fn gres_conf_of_each_shape() {
+    golden(
+        "gres.conf.local",
+        &gres::render(&local_settings(), Shape::Local, "vm", 2, "/dev/nvidia[0-1]").unwrap(),
+    );
+    golden(
+        "gres.conf.local-none",
+        &gres::render(&local_settings(), Shape::Local, "vm", 0, "").unwrap(),
+    );
+    golden(
+        "gres.conf.stack",
+        &gres::render(&stack_settings(false), Shape::Stack, "", 0, "").unwrap(),
+    );
+}
+
+#[test]
+fn policy_of_each_shape() {
+    golden(
+        "policy.toml.local",
+        &site_policy::render(&local_settings(), Shape::Local, 0, 24 * 1024 * 1024).unwrap(),
+    );
+    golden(
+        "policy.toml.stack",
+        &site_policy::render(&stack_settings(true), Shape::Stack, 0, 0).unwrap(),
+    );
+}
+
+#[test]
+fn gate_and_plugstack() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        site_policy::render(&stack_settings(false), Shape::Stack, 0, 0).unwrap(),
+    )
+    .unwrap();
+    let runner = "/usr/local/bin/sandbox-runner";
+    golden(
+        "job_submit.lua.stack",
+        &lockdown::gate(runner, &policy, "delegate-admin", 64030).unwrap(),
+    );
+    // Before the local policy exists: the policy's defaults.
+    let none = dir.path().join("absent.toml");
+    golden(
+        "job_submit.lua.defaults",
+        &lockdown::gate(runner, &none, "delegate-admin", 64030).unwrap(),
+    );
+    golden(
+        "plugstack.conf",
+        &lockdown::plugstack("/usr/local/lib/delegate/delegate_lockdown.so", 3990, runner).unwrap(),
+    );
+}
+
+#[test]
+fn every_file_starts_with_the_marker_build_cluster_checks() {
+    let common = Path::new(env!("CARGO_MANIFEST_DIR")).join("../build_cluster.d/common.sh");
+    let text = std::fs::read_to_string(common).unwrap();
+    assert!(
+        text.contains(&format!("MARKER=\"{MARKER}\"")),
+        "build_cluster.d/common.sh's MARKER differs from delegate_deploy::MARKER"
+    );
+    let conf = slurm_conf::render(&local_settings(), Shape::Local, Some(&node(0))).unwrap();
+    assert_eq!(conf.lines().next(), Some(MARKER));
+}
+
+#[test]
+fn a_bad_setting_is_named_and_nothing_is_rendered() {
+    let s = stack_settings(false).with("DELEGATE_STACK_WORKERS", "two");
+    let err = slurm_conf::render(&s, Shape::Stack, None).unwrap_err().to_string();
+    assert_eq!(err, "DELEGATE_STACK_WORKERS must be a number from 1 to 999, not 'two'");
+    let s = stack_settings(false).with("DELEGATE_SANDBOX_IMAGE", "x\"; rm -rf /");
+    let err = site_policy::render(&s, Shape::Stack, 0, 0).unwrap_err().to_string();
+    assert!(err.starts_with("DELEGATE_SANDBOX_IMAGE must be a Docker image name"), "{err}");
+    let s = stack_settings(false).with("DELEGATE_STACK_HOME", "/srv/home\"}\nmax_cpus = 999");
+    let err = site_policy::render(&s, Shape::Stack, 0, 0).unwrap_err().to_string();
+    assert!(err.starts_with("DELEGATE_STACK_HOME must be an absolute path"), "{err}");
+    let s = local_settings().with("DELEGATE_PART_MAXTIME", "2h\nNodeName=evil");
+    let err = slurm_conf::render(&s, Shape::Local, Some(&node(0))).unwrap_err().to_string();
+    assert!(err.starts_with("DELEGATE_PART_MAXTIME must be a Slurm time"), "{err}");
+}
