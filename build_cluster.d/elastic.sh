@@ -44,22 +44,6 @@ elastic_load_config() {
     ELASTIC_SPOOL=$DELEGATE_STACK_DIR/power
 }
 
-# elastic_stack_sed: ELASTIC_SED, sed arguments that keep (elastic on) or
-# drop the stack file's "#ELASTIC" lines and POWER block (and the reverse
-# for "#NOELASTIC" lines).
-elastic_stack_sed() {
-    if elastic_on; then
-        ELASTIC_SED=(-e '/#NOELASTIC$/d' -e 's/ *#ELASTIC$//'
-            -e "s|@ELASTIC_MIN@|$DELEGATE_ELASTIC_MIN|g" -e "s|@ELASTIC_MAX@|$DELEGATE_ELASTIC_MAX|g"
-            -e "s|@POWER_SPOOL@|$ELASTIC_SPOOL|g"
-            -e "s|@POWER_START_WAIT@|$((DELEGATE_ELASTIC_RESUME_TIMEOUT > 60 ? 60 : DELEGATE_ELASTIC_RESUME_TIMEOUT - 10))|g")
-        [[ -n $DELEGATE_POWER_HOOK ]] && ELASTIC_SED+=(-e '/# POWER-BEGIN/,/# POWER-END/d')
-    else
-        ELASTIC_SED=(-e '/#ELASTIC$/d' -e 's/ *#NOELASTIC$//' -e '/# POWER-BEGIN/,/# POWER-END/d')
-    fi
-    ELASTIC_SED+=(-e '/# POWER-BEGIN/d' -e '/# POWER-END/d')
-}
-
 # elastic_replicas: "r1 r2 ... rN", the replicas of each worker service.
 elastic_replicas() {
     local i r out=""

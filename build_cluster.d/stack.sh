@@ -31,7 +31,7 @@ STACK_WORKERS_ARG=
 # stack_load_config: source cluster.conf (or DELEGATE_CLUSTER_CONF), apply
 # --workers, check the settings, and set the names every other function
 # uses: STACK (the swarm stack's name), STACK_GEN, STACK_SECRETS,
-# STACK_FILE, STACK_SWARM_MARK, STACK_ACCOUNTS, JUPYTER_USER.
+# STACK_FILE, STACK_SWARM_MARK, STACK_ACCOUNTS.
 stack_load_config() {
     local conf=${DELEGATE_CLUSTER_CONF:-$REPO/cluster.conf}
     [[ -r $conf ]] || die "cluster settings file $conf not found"
@@ -51,8 +51,6 @@ stack_load_config() {
     STACK_SWARM_MARK=$DELEGATE_STACK_DIR/swarm-initialized-by-delegate
     # Every account: the course's and the test's.
     STACK_ACCOUNTS="$DELEGATE_STACK_USERS $DELEGATE_STACK_TEST_USERS"
-    local first=${DELEGATE_STACK_USERS%% *}
-    JUPYTER_USER=${DELEGATE_JUPYTER_USER:-${first%%:*}}
 }
 
 # --- helpers: containers of a service, exec in them
@@ -235,7 +233,7 @@ stack_secrets() {
 # job_submit.lua, plugstack.conf and admins, accounts and the stack file, in
 # STACK_GEN.
 stack_generate() {
-    local n=$DELEGATE_STACK_WORKERS tmp
+    local n=$DELEGATE_STACK_WORKERS
     install -d -m 0755 "$STACK_GEN"
     install -d -m 0755 "$DELEGATE_STACK_DIR"
     # The shared home: entered by all, listed by none (a student does not
@@ -292,53 +290,19 @@ stack_generate() {
         && -z $(awk '{ print $2 }' "$STACK_GEN/accounts" | sort | uniq -d) ]] \
         || die "two accounts share a name or a uid (cluster.conf and the roster $(hub_roster_file))"
 
-    [[ $DELEGATE_RPC_RATE =~ ^[0-9]{1,6}$ && $DELEGATE_RPC_BURST =~ ^[0-9]{1,6}$ && $DELEGATE_RPC_CONNS =~ ^[0-9]{1,6}$ ]] \
-        || die "DELEGATE_RPC_RATE, DELEGATE_RPC_BURST and DELEGATE_RPC_CONNS must be numbers (per second, burst, open at once), not '$DELEGATE_RPC_RATE', '$DELEGATE_RPC_BURST' and '$DELEGATE_RPC_CONNS'"
-    # The stack file: the worker block repeated, placeholders filled.
-    local cfgv keyv hc="" wc="" uc=""
+    # The stack file: the settings (checked by delegate-deploy) and what
+    # only this deploy knows: the versions of the configs and secrets (their
+    # swarm names carry them), the volumes, the hub's cgroups, the replicas
+    # each worker service has now.
+    local cfgv keyv
     elastic_generate
     cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,power.sh,power-hook} | sha256sum | cut -c1-10)
     keyv=$(sha256sum <"$STACK_SECRETS/munge.key" | cut -c1-10)
-    if [[ ${DELEGATE_STACK_PLACEMENT:-0} == 1 ]]; then
-        hc='"node.role == manager"'
-        wc='"node.labels.delegate.role == worker"'
-        uc='"node.labels.delegate.role == user"'
-    fi
-    stack_accounting_generate
     hub_cgroups
-    local scratch uscratch
-    scratch=$(quota_bytes "$DELEGATE_STACK_WORKER_SCRATCH" DELEGATE_STACK_WORKER_SCRATCH) || exit 1
-    uscratch=$(quota_bytes "$DELEGATE_USER_NODE_SCRATCH" DELEGATE_USER_NODE_SCRATCH) || exit 1
-    tmp=$(mktemp -p "$BC_TMP")
-    elastic_stack_sed
-    awk -v n="$n" -v reps="$(elastic_replicas)" '
-        BEGIN { split(reps, rep, " ") }
-        /# WORKER-BEGIN/ { inblk = 1; next }
-        /# WORKER-END/ { for (i = 1; i <= n; i++) { s = blk; gsub(/@I@/, i, s); gsub(/@REPLICAS@/, rep[i], s); printf "%s", s } inblk = 0; next }
-        inblk { blk = blk $0 "\n"; next }
-        { print }' "$REPO/stack/delegate-stack.yml.in" \
-      | sed -e "s|@MARKER@|${MARKER#\# }|" \
-            -e "s|@CLUSTER_IMAGE@|$DELEGATE_CLUSTER_IMAGE|g" \
-            -e "s|@USER_IMAGE@|$DELEGATE_USER_IMAGE|g" \
-            -e "s|@HOME@|$DELEGATE_STACK_HOME|g" \
-            -e "s|@STAGING@|$DELEGATE_STACK_STAGING|g" \
-            -e "s|@JUPYTER_USER@|$JUPYTER_USER|g" \
-            -e "s|@JUPYTER_PORT@|$DELEGATE_JUPYTER_PORT|g" \
-            -e "s|@STACK@|$STACK|g" -e "s|@CFGV@|$cfgv|g" -e "s|@KEYV@|$keyv|g" \
-            -e "s|@HUBV@|$(hub_secrets_version)|g" -e "s|@HUB_STATE@|$DELEGATE_STACK_DIR/hub|g" \
-            -e "s|@HUB_MEM@|$DELEGATE_HUB_MEM_LIMIT|g" -e "s|@HUB_NPROC@|$DELEGATE_HUB_NPROC_LIMIT|g" \
-            -e "s|@HUB_IDLE@|$DELEGATE_HUB_IDLE_TIMEOUT|g" -e "s|@USER_CPUS@|$DELEGATE_USER_NODE_CPUS|g" \
-            -e "s|@USER_MEM@|$DELEGATE_USER_NODE_MEM|g" \
-            -e "s|@RPC_RATE@|$DELEGATE_RPC_RATE|g" -e "s|@RPC_BURST@|$DELEGATE_RPC_BURST|g" \
-            -e "s|@RPC_CONNS@|$DELEGATE_RPC_CONNS|g" \
-            -e "s|@WORKER_SCRATCH@|$scratch|g" -e "s|@USER_SCRATCH@|$uscratch|g" \
-            -e "s|@HUB_CG_MEM@|$HUB_CG_MEM|g" -e "s|@HUB_CG_CPU@|$HUB_CG_CPU|g" \
-            -e "s|@HUB_STUDENT_MEM@|$DELEGATE_HUB_STUDENT_MEM|g" -e "s|@HUB_STUDENT_CPUS@|$DELEGATE_HUB_STUDENT_CPUS|g" \
-            -e "s|@HEAD_CONSTRAINT@|$hc|" -e "s|@WORKER_CONSTRAINT@|$wc|" -e "s|@USER_CONSTRAINT@|$uc|" \
-            "${STACK_ACCT_SED[@]}" "${ELASTIC_SED[@]}" \
-        >"$tmp"
-    grep -q '@[A-Z_]*@' "$tmp" && { rm -f "$tmp"; die "stack file has unfilled placeholders"; }
-    mv "$tmp" "$STACK_FILE"
+    deploy_render "$STACK_FILE" stack-file --replicas "$(elastic_replicas)" \
+        --config-version "$cfgv" --key-version "$keyv" --hub-version "$(hub_secrets_version)" \
+        --db-version "$STACK_DBV" --db-volume "$(stack_db_volume)" --ctld-volume "$(stack_ctld_volume)" \
+        --cgroup-memory "$HUB_CG_MEM" --cgroup-cpu "$HUB_CG_CPU"
     log "generated $STACK_GEN/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,delegate-stack.yml} ($n workers)"
 }
 

@@ -16,9 +16,6 @@
 #   stack_accounting_prepare   deploy, before stack_generate: the database
 #                              image, the secrets (db-password,
 #                              slurmdbd.conf), the database's volume
-#   stack_accounting_generate  in stack_generate: the stack file's
-#                              placeholders of the db/dbd services
-#                              (STACK_ACCT_SED, sed arguments)
 #   stack_accounting_setup     deploy, once the stack runs: the cluster,
 #                              the course account, the student QOS, an
 #                              association per account of the stack's
@@ -32,9 +29,6 @@
 # add_association; from stack.sh: STACK, STACK_GEN, STACK_SECRETS,
 # stack_cid, image_is_current; the settings of cluster.conf
 # (DELEGATE_DB_IMAGE, DELEGATE_BASE_IMAGE).
-
-# sed arguments for the stack file's db/dbd placeholders (stack_generate).
-STACK_ACCT_SED=()
 
 # stack_db_volume, stack_ctld_volume: the names of the database's volume
 # and of slurmctld's StateSaveLocation (both outlive the stack).
@@ -82,6 +76,7 @@ stack_accounting_secrets() {
         install -m 0600 "$tmp" "$STACK_SECRETS/slurmdbd.conf"
     fi
     rm -f "$tmp"
+    # shellcheck disable=SC2034  # read by stack_generate (stack.sh)
     STACK_DBV=$(cat "$STACK_SECRETS"/{db-password,slurmdbd.conf} | sha256sum | cut -c1-10)
 }
 
@@ -98,14 +93,6 @@ stack_accounting_prepare() {
             log "accounting: volume $vol created (kept by down)"
         fi
     done
-}
-
-# stack_accounting_generate: the placeholders of the db and dbd services.
-stack_accounting_generate() {
-    # shellcheck disable=SC2034  # read by stack_generate (stack.sh)
-    STACK_ACCT_SED=(-e "s|@DB_IMAGE@|$DELEGATE_DB_IMAGE|g" -e "s|@DB_NAME@|$DELEGATE_DB_NAME|g"
-        -e "s|@DB_VOLUME@|$(stack_db_volume)|g" -e "s|@CTLD_VOLUME@|$(stack_ctld_volume)|g"
-        -e "s|@DBV@|$STACK_DBV|g")
 }
 
 # stack_sacctmgr_via_head: SACCTMGR and SLURM_CONF for accounting.sh's

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Entrypoint of the stack's nodes: cluster-entrypoint head|dbd|worker|user
 #
-# Inputs (from the stack file, stack/delegate-stack.yml.in):
+# Inputs (from the stack file, stack/delegate-stack.yml.j2):
 #   /etc/delegate-stack/slurm.conf, gres.conf, policy.toml, accounts   (swarm configs)
 #   /run/secrets/munge.key                                             (swarm secret)
 #   DELEGATE_STACK_HOME   the shared home (same absolute path everywhere)

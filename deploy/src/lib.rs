@@ -4,13 +4,14 @@
 //! `build_cluster.sh` (the entry point the README names) holds the
 //! cluster's settings (the `DELEGATE_*` names of cluster.conf and its own
 //! defaults, overridable from the environment) and calls this tool to
-//! write Slurm's and delegate's configuration: `slurm.conf` and
-//! `gres.conf` (both shapes: the single machine and the stack, elastic
-//! workers included), the site policy, the job gate (`job_submit.lua` with
-//! its settings) and the SPANK stack. Each value is checked here, with a
-//! one-sentence error naming the setting, before anything is written; the
-//! templates live beside the files they make (`slurm-conf/*.j2`) and are
-//! compiled into the binary, and each rendered form has a golden file
+//! write Slurm's and delegate's configuration: `slurm.conf` and `gres.conf`
+//! (both shapes: the single machine and the stack, elastic workers
+//! included), the site policy, the job gate (`job_submit.lua` with its
+//! settings), the SPANK stack and the stack file. Each value is checked
+//! here, with a one-sentence error naming the setting, before anything is
+//! written; the templates live beside the files they make
+//! (`slurm-conf/*.j2`, `stack/delegate-stack.yml.j2`) and are compiled into
+//! the binary, and each rendered form has a golden file
 //! (`deploy/tests/golden/`).
 //!
 //! Whom it trusts: root runs it at deploy time with the operator's
@@ -22,6 +23,7 @@ pub mod nodes;
 pub mod settings;
 pub mod site_policy;
 pub mod slurm_conf;
+pub mod stack_file;
 pub mod templates;
 
 pub use settings::{SettingError, Settings};

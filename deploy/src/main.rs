@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use delegate_deploy::slurm_conf::LocalNode;
-use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, RenderError, Settings, Shape};
+use delegate_deploy::stack_file::Facts;
+use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, stack_file, RenderError, Settings, Shape};
 
 #[derive(Parser)]
 #[command(
@@ -17,11 +18,11 @@ use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, RenderError, Sett
 )]
 struct Cli {
     #[command(subcommand)]
-    file: File,
+    file: Rendered,
 }
 
 #[derive(Subcommand)]
-enum File {
+enum Rendered {
     /// slurm.conf (local: this node's facts as options; stack: cluster.conf's settings).
     SlurmConf {
         #[arg(long, value_enum)]
@@ -82,16 +83,40 @@ enum File {
     },
     /// The stack's number of workers (the elastic maximum when elastic).
     StackWorkers,
+    /// The stack file (docker stack deploy) with what only the deployment knows.
+    StackFile {
+        /// Replicas of each worker service now, space separated (0 or 1 each).
+        #[arg(long)]
+        replicas: String,
+        /// Hash of the swarm configs (slurm.conf, policy, ...): their names carry it.
+        #[arg(long)]
+        config_version: String,
+        #[arg(long)]
+        key_version: String,
+        #[arg(long)]
+        hub_version: String,
+        #[arg(long)]
+        db_version: String,
+        #[arg(long)]
+        db_volume: String,
+        #[arg(long)]
+        ctld_volume: String,
+        /// The host's cgroup directories for the students' servers.
+        #[arg(long)]
+        cgroup_memory: String,
+        #[arg(long)]
+        cgroup_cpu: String,
+    },
 }
 
-fn run(file: File, s: &Settings) -> Result<String, RenderError> {
+fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
     match file {
-        File::SlurmConf { shape, node, hardware, gpus, slurm_user } => {
+        Rendered::SlurmConf { shape, node, hardware, gpus, slurm_user } => {
             let local = LocalNode { node, hardware, gpus, slurm_user };
             slurm_conf::render(s, shape, Some(&local))
         }
-        File::GresConf { shape, node, gpus, files } => gres::render(s, shape, &node, gpus, &files),
-        File::Policy { shape, max_gpus } => {
+        Rendered::GresConf { shape, node, gpus, files } => gres::render(s, shape, &node, gpus, &files),
+        Rendered::Policy { shape, max_gpus } => {
             let mem = if shape == Shape::Local {
                 site_policy::mem_total_kib()?
             } else {
@@ -99,11 +124,42 @@ fn run(file: File, s: &Settings) -> Result<String, RenderError> {
             };
             site_policy::render(s, shape, max_gpus, mem)
         }
-        File::Gate { runner, policy, admin_group, slurm_uid } => {
+        Rendered::Gate { runner, policy, admin_group, slurm_uid } => {
             lockdown::gate(&runner, &policy, &admin_group, slurm_uid)
         }
-        File::Plugstack { plugin, admin_gid, runner } => lockdown::plugstack(&plugin, admin_gid, &runner),
-        File::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
+        Rendered::Plugstack { plugin, admin_gid, runner } => lockdown::plugstack(&plugin, admin_gid, &runner),
+        Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
+        Rendered::StackFile {
+            replicas,
+            config_version,
+            key_version,
+            hub_version,
+            db_version,
+            db_volume,
+            ctld_volume,
+            cgroup_memory,
+            cgroup_cpu,
+        } => {
+            let replicas = replicas
+                .split_whitespace()
+                .map(|r| {
+                    r.parse::<u8>()
+                        .map_err(|_| RenderError::Invalid(format!("--replicas: '{r}' is not 0 or 1")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let facts = Facts {
+                replicas,
+                config_version,
+                key_version,
+                hub_version,
+                db_version,
+                db_volume,
+                ctld_volume,
+                cgroup_memory,
+                cgroup_cpu,
+            };
+            stack_file::render(s, &facts)
+        }
     }
 }
 

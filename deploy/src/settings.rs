@@ -95,7 +95,7 @@ impl Settings {
     pub fn size(&self, name: &str) -> Result<String, SettingError> {
         let v = self.raw(name)?;
         match units::parse_size(v) {
-            Ok(b) if b > 0 => Ok(v.to_owned()),
+            Ok(b) if b > 0 && v.bytes().all(|c| c.is_ascii_alphanumeric()) => Ok(v.to_owned()),
             _ => Err(Self::invalid(name, "a size such as 512M or 4G", v)),
         }
     }
@@ -104,7 +104,7 @@ impl Settings {
     pub fn duration(&self, name: &str) -> Result<String, SettingError> {
         let v = self.raw(name)?;
         match units::parse_duration(v) {
-            Ok(s) if s > 0 => Ok(v.to_owned()),
+            Ok(s) if s > 0 && v.bytes().all(|c| c.is_ascii_alphanumeric()) => Ok(v.to_owned()),
             _ => Err(Self::invalid(name, "a duration such as 90s, 10m or 1h", v)),
         }
     }
@@ -216,6 +216,7 @@ mod tests {
         ]);
         assert_eq!(st.size("M").unwrap(), "512M");
         assert!(st.size("X").is_err());
+        assert!(s(&[("S", " 2G")]).size("S").is_err() && s(&[("S", "2G\"")]).size("S").is_err());
         assert_eq!(st.duration("T").unwrap(), "1h30m");
         assert!(st.duration("X").is_err());
         assert!(st.slurm_time("P").is_ok() && st.slurm_time("Q").is_ok());

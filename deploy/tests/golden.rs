@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use delegate_deploy::slurm_conf::LocalNode;
-use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, Settings, Shape, MARKER};
+use delegate_deploy::stack_file::Facts;
+use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, stack_file, Settings, Shape, MARKER};
 
 fn golden(name: &str, text: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
@@ -74,7 +75,42 @@ fn stack_settings(elastic: bool) -> Settings {
         ("DELEGATE_ELASTIC_MAX", "3"),
         ("DELEGATE_ELASTIC_IDLE", "600"),
         ("DELEGATE_ELASTIC_RESUME_TIMEOUT", "180"),
+        ("DELEGATE_STACK_DIR", "/srv/delegate-stack"),
+        ("DELEGATE_STACK_STAGING", "/run/delegate-stack"),
+        ("DELEGATE_CLUSTER_IMAGE", "delegate-cluster:latest"),
+        ("DELEGATE_USER_IMAGE", "delegate-user:latest"),
+        ("DELEGATE_DB_IMAGE", "delegate-db:latest"),
+        ("DELEGATE_DB_NAME", "delegate_acct_db"),
+        ("DELEGATE_JUPYTER_PORT", "8888"),
+        ("DELEGATE_HUB_MEM_LIMIT", "2G"),
+        ("DELEGATE_HUB_NPROC_LIMIT", "256"),
+        ("DELEGATE_HUB_IDLE_TIMEOUT", "3600"),
+        ("DELEGATE_HUB_STUDENT_MEM", "2G"),
+        ("DELEGATE_HUB_STUDENT_CPUS", "1"),
+        ("DELEGATE_USER_NODE_CPUS", "2"),
+        ("DELEGATE_USER_NODE_MEM", "8G"),
+        ("DELEGATE_RPC_RATE", "20"),
+        ("DELEGATE_RPC_BURST", "60"),
+        ("DELEGATE_RPC_CONNS", "8"),
+        ("DELEGATE_STACK_WORKER_SCRATCH", "256M"),
+        ("DELEGATE_USER_NODE_SCRATCH", "1G"),
+        ("DELEGATE_POWER_HOOK", ""),
+        ("DELEGATE_STACK_PLACEMENT", "0"),
     ])
+}
+
+fn facts(replicas: &[u8]) -> Facts {
+    Facts {
+        replicas: replicas.to_vec(),
+        config_version: "e4569b270a".into(),
+        key_version: "4de444640a".into(),
+        hub_version: "ba4e3f976b".into(),
+        db_version: "fe1f64d897".into(),
+        db_volume: "delegate-accounting-db".into(),
+        ctld_volume: "delegate-slurmctld-state".into(),
+        cgroup_memory: "/sys/fs/cgroup/delegate-hub-delegate".into(),
+        cgroup_cpu: "/sys/fs/cgroup/delegate-hub-delegate".into(),
+    }
 }
 
 fn node(gpus: u64) -> LocalNode {
@@ -158,6 +194,49 @@ fn gate_and_plugstack() {
         "plugstack.conf",
         &lockdown::plugstack("/usr/local/lib/delegate/delegate_lockdown.so", 3990, runner).unwrap(),
     );
+}
+
+#[test]
+fn stack_file_fixed_elastic_and_placed() {
+    golden(
+        "delegate-stack.yml",
+        &stack_file::render(&stack_settings(false), &facts(&[1, 1])).unwrap(),
+    );
+    golden(
+        "delegate-stack.yml.elastic",
+        &stack_file::render(&stack_settings(true), &facts(&[1, 0, 1])).unwrap(),
+    );
+    let placed = stack_settings(false).with("DELEGATE_STACK_PLACEMENT", "1");
+    let text = stack_file::render(&placed, &facts(&[1, 1])).unwrap();
+    assert_eq!(
+        text.matches("constraints: [\"node.labels.delegate.role == worker\"]").count(),
+        2
+    );
+    // A site's power hook replaces the power service.
+    let hooked = stack_settings(true).with("DELEGATE_POWER_HOOK", "/usr/local/sbin/ipmi-power");
+    let text = stack_file::render(&hooked, &facts(&[1, 0, 0])).unwrap();
+    assert!(
+        !text.contains("\n  power:\n") && text.contains("DELEGATE_ELASTIC_NODE"),
+        "{text}"
+    );
+}
+
+#[test]
+fn stack_file_refuses_wrong_replicas_and_facts() {
+    let err = stack_file::render(&stack_settings(false), &facts(&[1]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("--replicas must give 0 or 1 for each of the 2 workers"),
+        "{err}"
+    );
+    let mut f = facts(&[1, 1]);
+    f.db_volume = "db\"; rm".into();
+    let err = stack_file::render(&stack_settings(false), &f).unwrap_err().to_string();
+    assert!(err.contains("database volume"), "{err}");
+    let s = stack_settings(false).with("DELEGATE_RPC_RATE", "fast");
+    let err = stack_file::render(&s, &facts(&[1, 1])).unwrap_err().to_string();
+    assert_eq!(err, "DELEGATE_RPC_RATE must be a number from 0 to 999999, not 'fast'");
 }
 
 #[test]
