@@ -28,7 +28,7 @@
 #   ./build_cluster.sh shell USER             a login shell as USER on the
 #                                             stack's user node (their own
 #                                             Slurm configuration, as on the hub)
-# The stack's settings are in cluster.conf (see there).
+# The settings of both shapes are in cluster.toml (see there).
 #
 # Each mode is a set of functions named <mode>_<action> (local_up,
 # local_stop, local_status; stack_deploy, stack_status, stack_test,
@@ -50,7 +50,7 @@
 #   7. runs a demo job as a non-root user and prints `delegate doctor`.
 # It is idempotent: a second run skips everything already in place.
 #
-# Every setting below can be overridden from the environment.
+# Every setting of cluster.toml can be overridden from the environment.
 
 set -euo pipefail
 # The daemons this script starts (slurmdbd, the agent, ...) must not inherit
@@ -84,40 +84,12 @@ unset _fd
 #                               stack (stack_test and its checks)
 
 # ---------------------------------------------------------------- settings
-# Base image for the sandbox. Real deployments use a registry image such as
-# debian:bookworm-slim; when it is absent and cannot be pulled, it is built
-# locally with debootstrap (suite/mirror below) and `docker import`.
-DELEGATE_BASE_IMAGE=${DELEGATE_BASE_IMAGE:-delegate-base:bookworm}
-DELEGATE_BASE_SUITE=${DELEGATE_BASE_SUITE:-bookworm}
-DELEGATE_DEBIAN_MIRROR=${DELEGATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-# The image jobs run in (built from docker/sandbox.Dockerfile).
-DELEGATE_SANDBOX_IMAGE=${DELEGATE_SANDBOX_IMAGE:-delegate-sandbox:latest}
-# Site policy limits written on first install (never over an existing file).
-DELEGATE_MAX_CPUS=${DELEGATE_MAX_CPUS:-$(nproc)}
-DELEGATE_MAX_MEM=${DELEGATE_MAX_MEM:-}            # default: 3/4 of RAM, in G
-DELEGATE_MAX_TIME=${DELEGATE_MAX_TIME:-1h}
-DELEGATE_MAX_PIDS=${DELEGATE_MAX_PIDS:-512}
-DELEGATE_TMP_SIZE=${DELEGATE_TMP_SIZE:-256M}
-# Slurm partition MaxTime: a backstop above the policy's max_time.
-DELEGATE_PART_MAXTIME=${DELEGATE_PART_MAXTIME:-02:00:00}
-# Where things go.
-DELEGATE_PREFIX=${DELEGATE_PREFIX:-/usr/local/bin}
-DELEGATE_STATE_DIR=${DELEGATE_STATE_DIR:-/var/lib/delegate}
-DELEGATE_LOG_DIR=${DELEGATE_LOG_DIR:-/var/log/delegate}
-DELEGATE_CACHE_DIR=${DELEGATE_CACHE_DIR:-/var/cache/delegate}
-DELEGATE_RUN_DIR=${DELEGATE_RUN_DIR:-/run/delegate}
-# The agent's socket (the policy's agent_socket must name the same path).
-DELEGATE_AGENT_SOCKET=${DELEGATE_AGENT_SOCKET:-/run/delegate/agent.sock}
+# Every DELEGATE_* setting (both shapes) is in cluster.toml (another file:
+# DELEGATE_CLUSTER_CONF=PATH), each with its default and meaning; the
+# environment wins over the file. They are resolved and checked once, right
+# after common.sh is sourced (settings_load: delegate-deploy settings).
+# Slurm's configuration file of the single machine:
 SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
-DELEGATE_POLICY_FILE=${DELEGATE_POLICY_FILE:-/etc/delegate/policy.toml}
-# User for the demo job: $SUDO_USER when it is a real user, else this one
-# (created with a home under /home when missing).
-DELEGATE_DEMO_USER=${DELEGATE_DEMO_USER:-}
-DELEGATE_DEMO_UID=${DELEGATE_DEMO_UID:-2000}     # used when creating it, if free
-# Set to 1 to skip the demo job (e.g. while the CLI is being written).
-DELEGATE_SKIP_DEMO=${DELEGATE_SKIP_DEMO:-0}
-# Seconds to wait for a daemon / the node to become ready.
-DELEGATE_WAIT=${DELEGATE_WAIT:-90}
 
 # ------------------------------------------------------------------ parts
 # This script's own path with every symlink resolved, so the repository and
@@ -135,6 +107,8 @@ done
 unset part
 # shellcheck source=build_cluster.d/common.sh
 source "$REPO/build_cluster.d/common.sh"
+# The settings, before any part reads them (some do at source time).
+settings_load
 # shellcheck source=build_cluster.d/packages.sh
 source "$REPO/build_cluster.d/packages.sh"
 # shellcheck source=build_cluster.d/quota.sh
@@ -159,11 +133,10 @@ source "$REPO/build_cluster.d/check.sh"
 # every setting with its current value.
 usage() {
     sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$SELF"
-    cat <<EOF
-Settings (environment; current value):
-$(grep -oE '^(DELEGATE_[A-Z_]+|SLURM_CONF)=' "$SELF" | tr -d = | sort -u \
-    | while read -r v; do printf '  %-24s %s\n' "$v" "${!v}"; done)
-EOF
+    echo "Settings (cluster.toml, or the environment; current value):"
+    local v
+    for v in "${!DELEGATE_@}"; do printf '  %-32s %s\n' "$v" "${!v}"; done
+    printf '  %-32s %s\n' SLURM_CONF "$SLURM_CONF"
 }
 
 # main ARGS...: parse the arguments into a mode (local, stack) and an action,

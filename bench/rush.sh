@@ -6,7 +6,7 @@
 # Deploys a swarm stack (build_cluster.sh deploy) named $DELEGATE_STACK_NAME
 # (default delegate-rush, its own directories, port and job ids, so it lives
 # beside any other stack) with N light workers (default 6; one CPU each),
-# N students (default 60) and one flooder as the stack's accounts (cluster.conf
+# N students (default 60) and one flooder as the stack's accounts (cluster.toml
 # DELEGATE_STACK_USERS: deploy gives each a Unix account on every node and an
 # association in the course account), then runs two phases, same students:
 #   quiet   every student submits at once: a single Python call of 1-3 s, a
@@ -56,7 +56,7 @@ export DELEGATE_STACK_STAGING=${DELEGATE_STACK_STAGING:-/run/$DELEGATE_STACK_NAM
 export DELEGATE_JUPYTER_PORT=${DELEGATE_JUPYTER_PORT:-18899}
 export DELEGATE_STACK_FIRST_JOB_ID=${DELEGATE_STACK_FIRST_JOB_ID:-60000000}
 # Light workers: one CPU each (the calls are sleeps and echos; memory as
-# cluster.conf's default, 1 GB: a call's default limit).
+# cluster.toml's default, 1 GB: a call's default limit).
 export DELEGATE_STACK_WORKER_CPUS=${DELEGATE_STACK_WORKER_CPUS:-1}
 # The accounts: r001..rN (uids 5001..) and the flooder rflood (uid 5999).
 users=""

@@ -203,7 +203,7 @@ accounting_cluster() {
 }
 
 # qos_limits: the student QOS's per-user limits as sacctmgr arguments, from
-# the settings (common.sh / cluster.conf).
+# the settings (common.sh / cluster.toml).
 qos_limits() {
     printf '%s\n' "MaxSubmitJobsPerUser=$DELEGATE_QOS_MAX_SUBMIT" \
         "MaxJobsPerUser=$DELEGATE_QOS_MAX_RUNNING"

@@ -3,7 +3,7 @@
 # `./build_cluster.sh test`.
 #
 # Against the stack that `deploy` started (stack.sh), as the two test
-# accounts of cluster.conf (DELEGATE_STACK_TEST_USERS), it checks and prints
+# accounts of cluster.toml (DELEGATE_STACK_TEST_USERS), it checks and prints
 # ok/FAIL for each: every worker idle; a trivial job on each worker; a
 # Python function through delegate as each account (own uid, a perf
 # counter; the user-side script is stack/check_user.py, run on the user

@@ -98,13 +98,34 @@ docker_ok() { timeout 10 docker info >/dev/null 2>&1; }
 # --- configuration files: rendered by delegate-deploy (deploy/), which
 # checks every setting and fills the templates slurm-conf/*.j2.
 # deploy_build: build delegate-deploy once per run (cargo skips the work
-# when it is current).
+# when it is current). A fresh machine may lack the C linker Rust needs:
+# as root, build-essential is installed first.
 deploy_build() {
     [[ -n ${DEPLOY_BUILT:-} ]] && return 0
-    command -v cargo >/dev/null || die "cargo not found (rustup's ~/.cargo/bin): needed to build delegate-deploy"
+    command -v cargo >/dev/null || die "cargo not found (looked in \$HOME/.cargo/bin and PATH).
+       Install Rust with rustup (https://rustup.rs); Debian's rustc is too old for this workspace."
+    if ! command -v cc >/dev/null; then
+        [[ $(id -u) -eq 0 ]] || die "no C compiler (cc): install build-essential (Rust links with it)"
+        apt-get install -y -q --no-install-recommends build-essential >/dev/null \
+            || die "cannot install build-essential (Rust links with cc)"
+    fi
     (cd "$REPO" && cargo build --release -q -p delegate-deploy) \
         || die "cannot build delegate-deploy (cargo build --release -p delegate-deploy)"
     DEPLOY_BUILT=1
+}
+
+# settings_load: every DELEGATE_* setting, resolved by delegate-deploy
+# from the environment (a non-empty value wins), cluster.toml (or
+# DELEGATE_CLUSTER_CONF) and the defaults of deploy/src/schema.rs, checked,
+# as shell variables of this run. Dies with the setting's name and what it
+# must be.
+settings_load() {
+    local conf=${DELEGATE_CLUSTER_CONF:-$REPO/cluster.toml} out
+    [[ -r $conf ]] || die "the settings file $conf is missing (DELEGATE_CLUSTER_CONF)"
+    deploy_build
+    out=$("$REPO/target/release/delegate-deploy" settings --file "$conf") \
+        || die "the settings are not valid (delegate-deploy's error above)"
+    eval "$out"
 }
 
 # deploy_render OUT FILE [ARGS...]: `delegate-deploy FILE ARGS...` with
@@ -119,12 +140,7 @@ deploy_render() {
 }
 
 # --- lockdown (docs/security.md): shared by local.sh and stack.sh
-# Settings (environment): the group whose members keep full Slurm (salloc,
-# srun, any script, steps) beside root and SlurmUser; where the SPANK plugin
-# is installed; whether --local remounts /proc hidepid=invisible.
-: "${DELEGATE_ADMIN_GROUP:=delegate-admin}"
-: "${DELEGATE_SPANK_PLUGIN:=/usr/local/lib/delegate/delegate_lockdown.so}"
-: "${DELEGATE_HIDEPID:=1}"
+# (settings: cluster.toml's [lockdown]).
 
 # lockdown_build_spank SOURCE OUT: compile the SPANK plugin against the
 # installed Slurm headers (libslurm-dev).
@@ -160,31 +176,6 @@ CONF
     log "lockdown: fs.protected_{symlinks,hardlinks,fifos,regular}=1, kernel.perf_event_paranoid=2 ($conf)"
 }
 
-# --- accounting (build_cluster.d/accounting.sh): shared by local.sh and
-# stack.sh. Settings (environment; cluster.conf for the stack):
-#   the database (MariaDB on 127.0.0.1 only, its own datadir) and slurmdbd,
-#   the course's Slurm account, the students' QOS and its per-user limits:
-#   MAX_SUBMIT   jobs (array tasks count one each) a student may have queued
-#                or running at once; >= the client's MAX_ARRAY (1000), so
-#                one map of any size is never refused (a map's calls share
-#                allocations: a map of 1000 short calls is ~10 jobs);
-#   MAX_RUNNING  jobs running at once per student (each holds a whole node);
-#   MAX_CPU_RUN_MINS  CPU-minutes (time limit x CPUs) of a student's running
-#                jobs together; more stay pending (QOSMaxCpuMinutes...).
-: "${DELEGATE_DB_PORT:=3306}"
-: "${DELEGATE_DBD_PORT:=6819}"
-: "${DELEGATE_DB_NAME:=delegate_acct_db}"
-: "${DELEGATE_DB_DIR:=${DELEGATE_STATE_DIR:-/var/lib/delegate}/mariadb}"
-: "${DELEGATE_COURSE_ACCOUNT:=course}"
-: "${DELEGATE_STUDENT_QOS:=student}"
-: "${DELEGATE_QOS_MAX_SUBMIT:=1000}"
-# (the stack's user node) new connections to slurmctld/slurmdbd per second
-# and student, the burst, and how many may be open at once (cluster.conf;
-# 0: no limit); the size of its /tmp and /var/tmp
-: "${DELEGATE_RPC_RATE:=20}"
-: "${DELEGATE_RPC_BURST:=60}"
-: "${DELEGATE_RPC_CONNS:=8}"
-: "${DELEGATE_USER_NODE_SCRATCH:=1G}"
-: "${DELEGATE_QOS_MAX_RUNNING:=12}"
-: "${DELEGATE_QOS_MAX_CPU_RUN_MINS:=$(( $(nproc) * 12 * 120 ))}"
-: "${DELEGATE_ROSTER_FIRST_UID:=3000}"
+# --- accounting (build_cluster.d/accounting.sh): its settings are
+# cluster.toml's [accounting] (the database, slurmdbd, the course account,
+# the students' QOS and its per-student limits).

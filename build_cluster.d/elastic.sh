@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # build_cluster.d/elastic.sh -- elastic workers of the stack (issue 17,
 # docs/elastic.md): Slurm's power saving starts workers when jobs wait and
-# stops them when idle. cluster.conf DELEGATE_ELASTIC=1 turns it on.
+# stops them when idle. cluster.toml DELEGATE_ELASTIC=1 turns it on.
 #
 # What it adds to the stack (stack.sh calls these):
 #   - slurm.conf (rendered by delegate-deploy, slurm-conf/slurm.conf.j2):
@@ -17,7 +17,7 @@
 #   - each worker service's replicas: 1 for the always-on ones, else what
 #     runs now (a redeploy does not stop workers Slurm started), else 0.
 # Sourced by build_cluster.sh after stack.sh; needs log, warn, die, STACK,
-# STACK_GEN, the DELEGATE_* settings of cluster.conf.
+# STACK_GEN, the DELEGATE_* settings of cluster.toml.
 
 # elastic_on: DELEGATE_ELASTIC=1.
 elastic_on() { [[ ${DELEGATE_ELASTIC:-0} == 1 ]]; }
@@ -65,7 +65,7 @@ elastic_generate() {
         install -m 0644 "$DELEGATE_POWER_HOOK" "$STACK_GEN/power-hook"
     else
         # A swarm config may not be empty; the head's entrypoint knows this line.
-        echo "# delegate: no power hook (cluster.conf DELEGATE_POWER_HOOK)" >"$STACK_GEN/power-hook"
+        echo "# delegate: no power hook (cluster.toml DELEGATE_POWER_HOOK)" >"$STACK_GEN/power-hook"
     fi
     if elastic_on; then
         # Root's on the host; the head hands it to SlurmUser (0700).

@@ -10,7 +10,7 @@
 #                            JupyterHub wheels (with stack_wheels), the
 #                            npm-installed configurable-http-proxy, the
 #                            hub's config
-#   hub_secrets              the certificate (cluster.conf's, or a
+#   hub_secrets              the certificate (cluster.toml's, or a
 #                            self-signed one made once), every account's
 #                            password hash (an initial password made once
 #                            per account, written to a root-only file)
@@ -22,14 +22,14 @@
 #                            [--archive]`
 # Files (host, under DELEGATE_STACK_DIR):
 #   roster                      "name uid role full name,,,email" per roster
-#                               account (0600); cluster.conf's accounts are
+#                               account (0600); cluster.toml's accounts are
 #                               not in it
 #   secrets/hub-passwords       "name:sha512-crypt" (chpasswd -e), the
 #                               user node's swarm secret hub_passwords
 #   secrets/initial-passwords   "name password", root only (0600): the
 #                               instructor hands them out
 #   secrets/hub.crt, hub.key    the self-signed certificate (when
-#                               cluster.conf names none)
+#                               cluster.toml names none)
 #   hub/                        the hub's state (sqlite, cookie secret),
 #                               bound into the user node; kept by update/down
 #
@@ -84,7 +84,7 @@ hub_context() {
 hub_roster_file() { echo "$DELEGATE_STACK_DIR/roster"; }
 
 # hub_accounts_lines: the roster's lines of the accounts config ("name uid
-# role full name,,,email"; cluster.conf's accounts are written by
+# role full name,,,email"; cluster.toml's accounts are written by
 # stack_generate as "name uid").
 hub_accounts_lines() {
     local f; f=$(hub_roster_file)
@@ -99,7 +99,7 @@ hub_admin_members() {
     awk '$3 == "instructor" { print $1 }' "$f"
 }
 
-# hub_all_names: every account of the stack (cluster.conf's and the
+# hub_all_names: every account of the stack (cluster.toml's and the
 # roster's), one name per line.
 hub_all_names() {
     local a
@@ -260,7 +260,7 @@ stack_roster_list() {
     for a in $STACK_ACCOUNTS; do
         u=${a%%:*}; uid=${a##*:}; role=student
         [[ $admins == *" $u "* ]] && role=instructor
-        printf '%-20s %-7s %-10s %-12s %s\n' "$u" "$uid" "$role" cluster.conf -
+        printf '%-20s %-7s %-10s %-12s %s\n' "$u" "$uid" "$role" cluster.toml -
     done
     hub_accounts_lines | while read -r u uid role name; do
         printf '%-20s %-7s %-10s %-12s %s\n' "$u" "$uid" "$role" roster "${name%%,*}"
@@ -273,7 +273,7 @@ stack_roster_list() {
 stack_roster_remove() {
     local u=$1 archive=$2 f home
     [[ $u =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "'$u' is not a user name"
-    [[ " $STACK_ACCOUNTS " == *" $u:"* ]] && die "$u is an account of cluster.conf: remove it there (DELEGATE_STACK_USERS) and run update"
+    [[ " $STACK_ACCOUNTS " == *" $u:"* ]] && die "$u is an account of cluster.toml: remove it there (DELEGATE_STACK_USERS) and run update"
     f=$(hub_roster_file)
     awk -v u="$u" '$1 == u { f = 1 } END { exit !f }' "$f" 2>/dev/null || die "$u is not an account of the stack's roster"
     awk -v u="$u" '$1 != u' "$f" >"$f.tmp" && install -m 0600 "$f.tmp" "$f" && rm -f "$f.tmp"

@@ -39,7 +39,6 @@
 #                  sandbox). A new policy gets max_gpus = their number.
 #   /dev/x[0-1]    these device files (a Slurm File= expression).
 #   none           no GPUs.
-: "${DELEGATE_LOCAL_GPUS:=auto}"
 STANDIN_GPU_PREFIX=/dev/delegate-gpu
 # The minors of major 1 the stand-ins copy: null, zero, full, urandom.
 STANDIN_GPU_MINORS=(3 5 7 9)

@@ -21,8 +21,6 @@
 #   DELEGATE_HOME_QUOTA       per-student hard limit (K/M/G/T suffix);
 #                             0 or empty: no limit is set
 #   DELEGATE_ROSTER_HOME_BASE where the roster's new homes are made
-: "${DELEGATE_HOME_QUOTA:=5G}"
-: "${DELEGATE_ROSTER_HOME_BASE:=/home}"
 
 # quota_bytes SIZE [SETTING]: SIZE (digits with an optional K, M, G or T
 # suffix, powers of 1024) in bytes; dies on anything else, naming SETTING

@@ -7,7 +7,7 @@
 # sandbox-runner and the root sandbox-agent, a user node with JupyterLab,
 # one shared home) runs as a swarm stack: on several machines, or as
 # several containers on this one for the tests. Everything is generated
-# from one description, cluster.conf
+# from one description, cluster.toml
 # (DELEGATE_CLUSTER_CONF=file to use another one), into
 # $DELEGATE_STACK_DIR/generated/.
 #   ./build_cluster.sh deploy [--workers N]   build what is missing, deploy
@@ -24,19 +24,15 @@
 # build_cluster.sh: REPO, the settings (DELEGATE_*) and STACK_WORKERS_ARG
 # (set by its argument parsing from --workers).
 
-# --workers N from the command line (empty: cluster.conf's number).
+# --workers N from the command line (empty: cluster.toml's number).
 STACK_WORKERS_ARG=
 
 # --- settings
-# stack_load_config: source cluster.conf (or DELEGATE_CLUSTER_CONF), apply
-# --workers, check the settings, and set the names every other function
+# stack_load_config: apply --workers to the settings (cluster.toml, loaded
+# at start), check them, and set the names every other function
 # uses: STACK (the swarm stack's name), STACK_GEN, STACK_SECRETS,
 # STACK_FILE, STACK_SWARM_MARK, STACK_ACCOUNTS.
 stack_load_config() {
-    local conf=${DELEGATE_CLUSTER_CONF:-$REPO/cluster.conf}
-    [[ -r $conf ]] || die "cluster settings file $conf not found"
-    # shellcheck source=../cluster.conf
-    source "$conf"
     [[ -n $STACK_WORKERS_ARG ]] && DELEGATE_STACK_WORKERS=$STACK_WORKERS_ARG
     elastic_load_config
     [[ $DELEGATE_STACK_WORKERS =~ ^[1-9][0-9]*$ ]] || die "--workers/DELEGATE_STACK_WORKERS must be a positive number, not '$DELEGATE_STACK_WORKERS'"
@@ -142,7 +138,7 @@ stack_port_check() {
     if ss -Hltn "sport = :$p" 2>/dev/null | grep -q .; then
         die "port $p (DELEGATE_JUPYTER_PORT) is already in use on this host:
 $(ss -Hltnp "sport = :$p" 2>/dev/null)
-       Set DELEGATE_JUPYTER_PORT in cluster.conf to a free port."
+       Set DELEGATE_JUPYTER_PORT in cluster.toml to a free port."
     fi
 }
 
@@ -229,7 +225,7 @@ stack_secrets() {
 
 # --- generated files
 # stack_generate: every generated file, from the one description
-# (cluster.conf): slurm.conf, gres.conf, policy.toml, the lockdown's
+# (cluster.toml): slurm.conf, gres.conf, policy.toml, the lockdown's
 # job_submit.lua, plugstack.conf and admins, accounts and the stack file, in
 # STACK_GEN.
 stack_generate() {
@@ -255,7 +251,7 @@ stack_generate() {
     [[ $DELEGATE_STACK_ADMIN_GROUP =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] \
         || die "DELEGATE_STACK_ADMIN_GROUP must be name:gid, not '$DELEGATE_STACK_ADMIN_GROUP'"
     for m in $DELEGATE_STACK_ADMINS; do
-        [[ " $STACK_ACCOUNTS " == *" $m:"* ]] || die "admin '$m' (DELEGATE_STACK_ADMINS) is not an account of cluster.conf"
+        [[ " $STACK_ACCOUNTS " == *" $m:"* ]] || die "admin '$m' (DELEGATE_STACK_ADMINS) is not an account of cluster.toml"
         members+=${members:+,}$m
     done
     # The roster's instructors (hub.sh) are admins too.
@@ -279,7 +275,7 @@ stack_generate() {
     local a role
     : >"$STACK_GEN/accounts"
     for a in $STACK_ACCOUNTS; do
-        [[ $a =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] || die "bad account '$a' in cluster.conf (want name:uid)"
+        [[ $a =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] || die "bad account '$a' in cluster.toml (want name:uid)"
         role=""
         [[ " $DELEGATE_STACK_TEST_USERS " == *" $a "* ]] && role=" test"
         echo "${a%%:*} ${a##*:}$role" >>"$STACK_GEN/accounts"
@@ -288,7 +284,7 @@ stack_generate() {
     hub_accounts_lines >>"$STACK_GEN/accounts"
     [[ -z $(awk '{ print $1 }' "$STACK_GEN/accounts" | sort | uniq -d) \
         && -z $(awk '{ print $2 }' "$STACK_GEN/accounts" | sort | uniq -d) ]] \
-        || die "two accounts share a name or a uid (cluster.conf and the roster $(hub_roster_file))"
+        || die "two accounts share a name or a uid (cluster.toml and the roster $(hub_roster_file))"
 
     # The stack file: the settings (checked by delegate-deploy) and what
     # only this deploy knows: the versions of the configs and secrets (their
@@ -583,7 +579,7 @@ stack_shell() {
 
 # stack_deployed_workers: for status/test, set DELEGATE_STACK_WORKERS to the
 # number of workers deployed (a deploy --workers N may differ from
-# cluster.conf), unless --workers was given.
+# cluster.toml), unless --workers was given.
 stack_deployed_workers() {
     local n
     n=$(docker service ls --format '{{.Name}}' --filter "label=com.docker.stack.namespace=$STACK" 2>/dev/null \

@@ -27,7 +27,7 @@
 # DELEGATE_STUDENT_QOS, DELEGATE_QOS_*); from accounting.sh: slurmdbd_conf,
 # SACCTMGR, sacctmgr_q, accounting_cluster, accounting_course,
 # add_association; from stack.sh: STACK, STACK_GEN, STACK_SECRETS,
-# stack_cid, image_is_current; the settings of cluster.conf
+# stack_cid, image_is_current; the settings of cluster.toml
 # (DELEGATE_DB_IMAGE, DELEGATE_BASE_IMAGE).
 
 # stack_db_volume, stack_ctld_volume: the names of the database's volume

@@ -261,7 +261,7 @@ head)
     # Elastic workers: slurmctld runs the power program as SlurmUser under
     # the names slurm.conf gives (power-resume, -suspend, -resume-fail); it
     # writes requests into the spool (SlurmUser's alone, 0700) and logs to
-    # power.log. The site's hook (cluster.conf DELEGATE_POWER_HOOK), when
+    # power.log. The site's hook (cluster.toml DELEGATE_POWER_HOOK), when
     # one is configured, replaces the spool.
     for n in power-resume power-suspend power-resume-fail; do
         ln -sfn power "/usr/local/lib/delegate/$n"

@@ -9,7 +9,7 @@
 #                                within ResumeTimeout: stop them, say why
 # HOSTLIST is Slurm's expression (worker[1-2]); `scontrol show hostnames`
 # expands it. How a node is started or stopped:
-#   - a site hook (/usr/local/lib/delegate/power-hook, cluster.conf
+#   - a site hook (/usr/local/lib/delegate/power-hook, cluster.toml
 #     DELEGATE_POWER_HOOK) when installed: `HOOK resume|suspend NODE...`,
 #     for real machines (wake-on-LAN, IPMI, a cloud CLI; README);
 #   - else the stack's power service: one request file per node in the

@@ -55,7 +55,7 @@ pub fn stack(s: &Settings) -> Result<String, RenderError> {
     let ctx = Context {
         marker: MARKER,
         shape: "stack",
-        origin: "cluster.conf DELEGATE_STACK_WORKER_GPUS".into(),
+        origin: "cluster.toml DELEGATE_STACK_WORKER_GPUS".into(),
         gpus,
         nodes: stack_workers(s)?.all(),
         files: format!("/dev/nvidia[0-{}]", gpus.saturating_sub(1)),

@@ -2,7 +2,7 @@
 //! from the deployment's settings.
 //!
 //! `build_cluster.sh` (the entry point the README names) holds the
-//! cluster's settings (the `DELEGATE_*` names of cluster.conf and its own
+//! cluster's settings (the `DELEGATE_*` names of cluster.toml and its own
 //! defaults, overridable from the environment) and calls this tool to
 //! write Slurm's and delegate's configuration: `slurm.conf` and `gres.conf`
 //! (both shapes: the single machine and the stack, elastic workers
@@ -17,9 +17,11 @@
 //! Whom it trusts: root runs it at deploy time with the operator's
 //! settings; it reads no student input.
 
+pub mod cluster_file;
 pub mod gres;
 pub mod lockdown;
 pub mod nodes;
+pub mod schema;
 pub mod settings;
 pub mod site_policy;
 pub mod slurm_conf;
@@ -47,6 +49,8 @@ pub enum Shape {
 pub enum RenderError {
     #[error(transparent)]
     Setting(#[from] SettingError),
+    #[error(transparent)]
+    Config(#[from] cluster_file::ConfigError),
     #[error("{0}")]
     Invalid(String),
     #[error("cannot read the site policy {path}: {reason}")]

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
-use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, stack_file, RenderError, Settings, Shape};
+use delegate_deploy::{
+    cluster_file, gres, lockdown, site_policy, slurm_conf, stack_file, RenderError, Settings, Shape,
+};
 
 #[derive(Parser)]
 #[command(
@@ -23,7 +25,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Rendered {
-    /// slurm.conf (local: this node's facts as options; stack: cluster.conf's settings).
+    /// slurm.conf (local: this node's facts as options; stack: cluster.toml's settings).
     SlurmConf {
         #[arg(long, value_enum)]
         shape: Shape,
@@ -83,6 +85,19 @@ enum Rendered {
     },
     /// The stack's number of workers (the elastic maximum when elastic).
     StackWorkers,
+    /// Every setting resolved (environment over --file over default), as
+    /// shell assignments; or the example file or the docs' table.
+    Settings {
+        /// The settings file (cluster.toml).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Print the commented example file instead.
+        #[arg(long, conflicts_with = "markdown")]
+        example: bool,
+        /// Print the Markdown table of docs/configuration.md instead.
+        #[arg(long)]
+        markdown: bool,
+    },
     /// The stack file (docker stack deploy) with what only the deployment knows.
     StackFile {
         /// Replicas of each worker service now, space separated (0 or 1 each).
@@ -128,6 +143,7 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             lockdown::gate(&runner, &policy, &admin_group, slurm_uid)
         }
         Rendered::Plugstack { plugin, admin_gid, runner } => lockdown::plugstack(&plugin, admin_gid, &runner),
+        Rendered::Settings { file, example, markdown } => settings(file.as_deref(), example, markdown),
         Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
         Rendered::StackFile {
             replicas,
@@ -161,6 +177,32 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             stack_file::render(s, &facts)
         }
     }
+}
+
+fn settings(file: Option<&std::path::Path>, example: bool, markdown: bool) -> Result<String, RenderError> {
+    if example {
+        return Ok(cluster_file::example());
+    }
+    if markdown {
+        return Ok(cluster_file::markdown());
+    }
+    let values = match file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| RenderError::Invalid(format!("cannot read the settings file {}: {e}", p.display())))?;
+            cluster_file::read_file(&text, &p.display().to_string())?
+        }
+        None => Default::default(),
+    };
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with("DELEGATE_"))
+        .collect();
+    Ok(cluster_file::shell(&cluster_file::resolve(
+        &values,
+        &env,
+        cluster_file::Machine::this(),
+    )?))
 }
 
 fn main() -> ExitCode {

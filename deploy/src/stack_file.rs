@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::schema::is_cpus;
 use crate::settings::{is_image, is_safe_path, is_unix_name};
 use crate::slurm_conf::stack_workers;
 use crate::{templates, RenderError, Settings, MARKER};
@@ -75,18 +76,6 @@ struct Context {
 }
 
 const PATH_WANT: &str = "an absolute path of A-Z a-z 0-9 . _ / + @ = , : -";
-
-/// A positive decimal number of CPUs (Docker's `cpus`: 2, 0.5).
-fn is_cpus(s: &str) -> bool {
-    let mut parts = s.splitn(2, '.');
-    let whole = parts.next().unwrap_or_default();
-    let frac = parts.next();
-    !whole.is_empty()
-        && s.len() <= 12
-        && whole.bytes().all(|b| b.is_ascii_digit())
-        && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
-        && s.bytes().any(|b| (b'1'..=b'9').contains(&b))
-}
 
 fn is_version(s: &str) -> bool {
     (6..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
@@ -189,13 +178,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpus_and_versions() {
-        for ok in ["1", "2", "0.5", "16"] {
-            assert!(is_cpus(ok), "{ok}");
-        }
-        for bad in ["", "0", "0.0", "1.", ".5", "-1", "1e3", "2 "] {
-            assert!(!is_cpus(bad), "{bad}");
-        }
+    fn versions_and_volumes() {
         assert!(is_version("0123abcdef") && !is_version("xyz") && !is_version("01234"));
         assert!(is_volume("delegate-accounting-db") && !is_volume("-x") && !is_volume("a b"));
     }

@@ -52,7 +52,7 @@ fn local_settings() -> Settings {
     ])
 }
 
-/// cluster.conf's defaults (two workers), elastic on or off.
+/// cluster.toml's defaults (two workers), elastic on or off.
 fn stack_settings(elastic: bool) -> Settings {
     Settings::from_pairs([
         ("DELEGATE_STACK_NAME", "delegate"),

@@ -21,7 +21,7 @@ SCRIPT = str(REPO / "build_cluster.sh")
 STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
 STACK_DIR = Path(os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack"))
 HOME = os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home"))
-# cluster.conf DELEGATE_STACK_TEST_USERS
+# cluster.toml DELEGATE_STACK_TEST_USERS
 STUDENT = "dlg-test1"
 OTHER = "dlg-test2"
 

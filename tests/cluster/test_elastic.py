@@ -134,16 +134,17 @@ def stack():
 
 def elastic_config(**settings: str) -> subprocess.CompletedProcess:
     """The stack's slurm.conf as build_cluster.sh renders it (delegate-deploy,
-    slurm-conf/slurm.conf.j2) for `settings` over cluster.conf's, and which
+    slurm-conf/slurm.conf.j2) for `settings` over cluster.toml's, and which
     worker services always run (build_cluster.d/elastic.sh)."""
     env = dict(os.environ, DELEGATE_STACK_DIR="/nonexistent", STACK_WORKERS_ARG="", **settings)
+    env.update(DELEGATE_STACK_WORKER_CPUS="1", DELEGATE_STACK_WORKER_MEM_MB="1000")
+    tool = f"{REPO}/target/release/delegate-deploy"
     script = (
         'die() { echo "die: $*" >&2; exit 1; }; warn() { echo "warn: $*" >&2; }\n'
-        f'REPO="{REPO}"; set -a; source "$REPO/cluster.conf"; set +a\n'
+        f'eval "$("{tool}" settings --file "{REPO}/cluster.toml")" || exit 1\n'
         f'source "{REPO}/build_cluster.d/elastic.sh"\n'
         "elastic_load_config\n"
-        "DELEGATE_STACK_WORKER_CPUS=1 DELEGATE_STACK_WORKER_MEM_MB=1000 DELEGATE_DBD_PORT=6819 "
-        '"$REPO/target/release/delegate-deploy" slurm-conf --shape stack || exit 1\n'
+        f'(export "${{!DELEGATE_@}}"; exec "{tool}" slurm-conf --shape stack) || exit 1\n'
         'echo "replicas-on: $(for i in 1 2 3; do elastic_always_on $i && echo -n "$i "; done)"\n'
     )
     return run("bash", "-c", script, env=env, quiet=True)

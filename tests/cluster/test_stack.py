@@ -153,7 +153,7 @@ def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
         for mnt in ("/tmp", "/var/tmp"):
             fs = on_node(node, "findmnt", "-n", "-o", "FSTYPE,SIZE", mnt).stdout.split()
             assert fs == ["tmpfs", "256M"], (
-                f"{node}:{mnt} is {fs} (cluster.conf DELEGATE_STACK_WORKER_SCRATCH)"
+                f"{node}:{mnt} is {fs} (cluster.toml DELEGATE_STACK_WORKER_SCRATCH)"
             )
     deadline = time.monotonic() + 120
     while any(on_node(node, "test", "-e", p).returncode == 0 for p in left):
