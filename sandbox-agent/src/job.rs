@@ -421,6 +421,88 @@ async fn create_sandbox(
     engine::create(docker, Some(name), body).await
 }
 
+/// The engine (connected afresh when the last call lost it) and, for a
+/// rank, the job's private network; or the answer that fails the call.
+async fn connect(
+    ctx: &Ctx<'_>,
+    engine_conn: &mut Option<EngineConn>,
+) -> Result<(Docker, Option<(String, ident::RankPlace)>), Answer> {
+    let socket = &ctx.policy.docker_socket;
+    if let Err(e) = check_clean_absolute(socket) {
+        return Err(Answer::Failed(format!("the site policy's docker_socket is invalid: {e}")));
+    }
+    // A rank's engine may hold the other ranks' sandboxes (one engine for
+    // several workers): no sweep by Slurm job there (the epilog sweeps).
+    let sweep = ctx.place.is_none().then_some(ctx.slurm_job);
+    let docker = EngineConn::get(engine_conn, socket, sweep, ctx.uid)
+        .await
+        .map_err(|e| Answer::Failed(e.to_string()))?;
+    let network = match ctx.place {
+        Some(place) => Some((
+            rank::ensure_network(&docker, ctx.caller, place).await.map_err(Answer::Failed)?,
+            place,
+        )),
+        None => None,
+    };
+    Ok((docker, network))
+}
+
+/// The call's container: the policy's limits, the job directory, the
+/// student's ids, the GPUs, the cores (`cpuset`), the perf mode, the
+/// rank's network.
+fn sandbox_body(
+    ctx: &Ctx<'_>,
+    source: &std::path::Path,
+    gpus: &gpu::Passthrough,
+    cpuset: Option<&str>,
+    network: Option<&(String, ident::RankPlace)>,
+    perf: Perf,
+) -> bollard::models::ContainerCreateBody {
+    let params = Params {
+        spec: ctx.spec,
+        job_dir: source,
+        uid: ctx.uid,
+        gid: ctx.gid,
+        slurm_job: ctx.slurm_job,
+        tmp_bytes: ctx.tmp_bytes,
+        max_pids: ctx.policy.max_pids,
+        perf,
+        max_open_files: ctx.policy.max_open_files,
+        max_file_bytes: ctx.max_job_bytes,
+        node: &ctx.node,
+        gpus,
+        cpuset,
+    };
+    let mut body = config::container_config(&params);
+    if let Some((net, place)) = network {
+        rank::apply(&mut body, net, *place);
+    }
+    body
+}
+
+/// The answer to a failed create, in the user's words; a lost engine is
+/// connected afresh next time and a rank's network released.
+async fn create_failed(
+    ctx: &Ctx<'_>,
+    engine_conn: &mut Option<EngineConn>,
+    docker: &Docker,
+    network: Option<&(String, ident::RankPlace)>,
+    perf: Perf,
+    e: bollard::errors::Error,
+) -> Answer {
+    if engine::unreachable(&e) {
+        *engine_conn = None;
+    }
+    if let Some((net, _)) = network {
+        rank::release_network(docker, net).await;
+    }
+    if perf == Perf::Perfmon && engine::is_unknown_capability(&e) {
+        return Answer::Failed(EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string());
+    }
+    let why = engine::classify(&e, "create the sandbox", &ctx.policy.docker_socket, &ctx.host, &ctx.spec.image);
+    Answer::Failed(why.to_string())
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn engine_phase(
     ctx: &Ctx<'_>,
@@ -433,30 +515,15 @@ async fn engine_phase(
     rx: &mut mpsc::Receiver<Incoming>,
 ) -> Answer {
     let spec = ctx.spec;
-    let socket = &ctx.policy.docker_socket;
-    if let Err(e) = check_clean_absolute(socket) {
-        return Answer::Failed(format!("the site policy's docker_socket is invalid: {e}"));
-    }
-    // A rank's engine may hold the other ranks' sandboxes (one engine for
-    // several workers): no sweep by Slurm job there (the epilog sweeps).
-    let sweep = ctx.place.is_none().then_some(ctx.slurm_job);
-    let docker = match EngineConn::get(engine_conn, socket, sweep, ctx.uid).await {
-        Ok(d) => d,
-        Err(e) => return Answer::Failed(e.to_string()),
+    let (docker, network) = match connect(ctx, engine_conn).await {
+        Ok(c) => c,
+        Err(answer) => return answer,
     };
     let job = spec.job_id.as_str();
-    let network = match ctx.place {
-        Some(place) => match rank::ensure_network(&docker, ctx.caller, place).await {
-            Ok(n) => Some((n, place)),
-            Err(e) => return Answer::Failed(e),
-        },
-        None => None,
-    };
     let gpus = match sandbox_gpus(ctx, &docker).await {
         Ok(g) => g,
         Err(answer) => return answer,
     };
-    let source = staged.engine_path();
     // Cores of its own on an exclusive node (delegate_protocol::cpus).
     let placement = if ctx.policy.pin_cpus {
         delegate_protocol::cpus::place(&ctx.caller.cpus, spec.resources.cpus)
@@ -464,21 +531,6 @@ async fn engine_phase(
         None
     };
     let cpuset = placement.as_ref().map(|p| delegate_protocol::cpus::cpuset_list(&p.sandbox));
-    let params = |perf| Params {
-        spec,
-        job_dir: &source,
-        uid: ctx.uid,
-        gid: ctx.gid,
-        slurm_job: ctx.slurm_job,
-        tmp_bytes: ctx.tmp_bytes,
-        max_pids: ctx.policy.max_pids,
-        perf,
-        max_open_files: ctx.policy.max_open_files,
-        max_file_bytes: ctx.max_job_bytes,
-        node: &ctx.node,
-        gpus: &gpus,
-        cpuset: cpuset.as_deref(),
-    };
     let (perf, perf_off) = config::perf_for(ctx.policy.perf_mode, config::perf_paranoid());
     if let Some(why) = &perf_off {
         tracing::warn!("job {job}: {why}");
@@ -487,30 +539,10 @@ async fn engine_phase(
         Some((_, place)) => rank::container_name(job, place.rank),
         None => format!("delegate-{job}"),
     };
-    let body = |perf| {
-        let mut b = config::container_config(&params(perf));
-        if let Some((net, place)) = &network {
-            rank::apply(&mut b, net, *place);
-        }
-        b
-    };
-    let created = create_sandbox(ctx, &docker, &name, body(perf), network.is_none()).await;
-    let id = match created {
+    let body = sandbox_body(ctx, &staged.engine_path(), &gpus, cpuset.as_deref(), network.as_ref(), perf);
+    let id = match create_sandbox(ctx, &docker, &name, body, network.is_none()).await {
         Ok(id) => id,
-        Err(e) => {
-            if engine::unreachable(&e) {
-                // Connect (and negotiate) afresh for the next call.
-                *engine_conn = None;
-            }
-            if let Some((net, _)) = &network {
-                rank::release_network(&docker, net).await;
-            }
-            if perf == Perf::Perfmon && engine::is_unknown_capability(&e) {
-                return Answer::Failed(EngineError::PerfmonRejected { host: ctx.host.clone() }.to_string());
-            }
-            let why = engine::classify(&e, "create the sandbox", socket, &ctx.host, &spec.image);
-            return Answer::Failed(why.to_string());
-        }
+        Err(e) => return create_failed(ctx, engine_conn, &docker, network.as_ref(), perf, e).await,
     };
     let mut guard = ContainerGuard {
         docker: docker.clone(),
@@ -523,15 +555,11 @@ async fn engine_phase(
         ctx.uid,
         perf.as_str()
     );
-    let created_ok = conn::send(
-        stream,
-        &Answer::Created {
-            container_id: id.clone(),
-            perf_mode: perf.as_str().into(),
-        },
-    )
-    .await
-    .is_ok();
+    let created = Answer::Created {
+        container_id: id.clone(),
+        perf_mode: perf.as_str().into(),
+    };
+    let created_ok = conn::send(stream, &created).await.is_ok();
     // While the call runs, the agent keeps to the other cores.
     let off_cores = placement
         .as_ref()
@@ -554,17 +582,26 @@ async fn engine_phase(
     if ended.engine_gone.is_some() {
         *engine_conn = None;
     }
-    match engine::remove_patiently(&docker, &id, REMOVE_PATIENCE).await {
-        Ok(()) => tracing::info!("removed container {id}"),
-        Err(e) => {
-            let r = engine::short_reason(&e);
-            tracing::error!("could not remove container {id}: {r}");
-            ended.removal_error = Some(format!("the sandbox container {id} could not be removed: {r}"));
-        }
-    }
+    ended.removal_error = remove(&docker, &id).await;
     guard.armed = false;
     if let Some((net, _)) = &network {
         rank::release_network(&docker, net).await;
     }
     Answer::Ended(ended)
+}
+
+/// Removes the ended sandbox (patiently); what to tell the student if it
+/// could not be.
+async fn remove(docker: &Docker, id: &str) -> Option<String> {
+    match engine::remove_patiently(docker, id, REMOVE_PATIENCE).await {
+        Ok(()) => {
+            tracing::info!("removed container {id}");
+            None
+        }
+        Err(e) => {
+            let r = engine::short_reason(&e);
+            tracing::error!("could not remove container {id}: {r}");
+            Some(format!("the sandbox container {id} could not be removed: {r}"))
+        }
+    }
 }

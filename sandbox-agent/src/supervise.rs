@@ -53,6 +53,11 @@ enum End {
     Stopped(String),
 }
 
+/// The engine's error for `action` in the user's words.
+fn classify(ctx: &Ctx<'_>, e: &bollard::errors::Error, action: &'static str) -> String {
+    engine::classify(e, action, &ctx.policy.docker_socket, &ctx.host, &ctx.spec.image).to_string()
+}
+
 /// Attaches, starts, waits (time limit, the runner's kill, the batch
 /// task's end, the disk limits), kills if needed, drains the output and
 /// inspects the container. The caller removes it.
@@ -68,10 +73,6 @@ pub(crate) async fn supervise(
     stream: &UnixStream,
     rx: &mut mpsc::Receiver<Incoming>,
 ) -> Ended {
-    let spec = ctx.spec;
-    let socket = &ctx.policy.docker_socket;
-    let classify =
-        |e: &bollard::errors::Error, action| engine::classify(e, action, socket, &ctx.host, &spec.image).to_string();
     let mut ended = Ended {
         how: EndedHow::Exited,
         exit_code: None,
@@ -81,104 +82,30 @@ pub(crate) async fn supervise(
         removal_error: None,
         started_ms: None,
     };
-    let fail = |mut e: Ended, why: String| {
-        e.how = EndedHow::Failed(why);
-        e
-    };
     // A kill asked before the start: do not start.
     if let Ok(Incoming { request: Request::Kill, .. }) = rx.try_recv() {
         ended.how = EndedHow::Killed;
         return ended;
     }
-    let attach = AttachContainerOptions {
-        stream: true,
-        stdout: true,
-        stderr: true,
-        stdin: false,
-        logs: false,
-        detach_keys: None,
+    let Running { mut pump_task, over_rx, started_ms } = match start(ctx, docker, id, out, err).await {
+        Ok(r) => r,
+        Err(why) => {
+            ended.how = EndedHow::Failed(why);
+            return ended;
+        }
     };
-    let attached = match docker.attach_container(id, Some(attach)).await {
-        Ok(a) => a,
-        Err(e) => return fail(ended, classify(&e, "attach to the sandbox")),
-    };
-    let (over_tx, mut over_rx) = watch::channel(false);
-    let owner = Owner { uid: ctx.uid, gid: ctx.gid };
-    let mut pump_task = tokio::spawn(pump(attached.output, owner, out, err, ctx.max_output, over_tx));
-    drop(attached.input);
-    if let Err(e) = docker
-        .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
-        .await
-    {
-        pump_task.abort();
-        return fail(ended, classify(&e, "start the sandbox"));
-    }
-    let started_ms = now_ms();
     ended.started_ms = Some(started_ms);
-    tracing::info!("started container {id}");
-    let told = conn::send(
-        stream,
-        &Answer::Started {
-            container_id: id.to_string(),
-            perf_mode: perf.as_str().into(),
-            started_ms,
-        },
-    )
-    .await;
-
-    let limit = Duration::from_secs(spec.resources.time_limit_secs);
+    let answer = Answer::Started {
+        container_id: id.to_string(),
+        perf_mode: perf.as_str().into(),
+        started_ms,
+    };
+    let told = conn::send(stream, &answer).await;
     let mut wait = docker.wait_container(id, None::<WaitContainerOptions>);
-    // SAFETY: `register` needs the descriptor to stay open and owned by the
-    // AsyncFd while registered: it is a fresh duplicate moved into it.
-    let pidfd = ctx
-        .caller
-        .pidfd
-        .try_clone()
-        .and_then(|fd| unsafe { AsyncFd::register(fd) }.map_err(|e| e.into()));
-    let output_stop = ctx.policy.output_limit == OutputLimit::Stop && ctx.max_output > 0;
     let end = if told.is_err() {
         End::Killed
     } else {
-        tokio::select! {
-            w = wait.next() => match w {
-                Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => End::Exited,
-                Some(Err(e)) => End::WaitFailed(classify(&e, "wait for the sandbox")),
-                None => End::WaitFailed("the Docker engine ended the wait without a result".into()),
-            },
-            _ = tokio::time::sleep(limit) => End::TimedOut,
-            // The runner asked, or went away (killed, its allocation ended).
-            () = async {
-                loop {
-                    match rx.recv().await {
-                        Some(Incoming { request: Request::Kill, .. }) | None => return,
-                        Some(_) => {}
-                    }
-                }
-            } => End::Killed,
-            // The batch task ended (the pidfd becomes readable).
-            () = async {
-                match &pidfd {
-                    Ok(fd) => {
-                        let _ = fd.readable().await;
-                    }
-                    Err(_) => std::future::pending::<()>().await,
-                }
-            } => End::Killed,
-            why = watch_job_dir(ctx, docker, id, dir) => End::Stopped(why),
-            () = async {
-                if !output_stop {
-                    std::future::pending::<()>().await;
-                }
-                while !*over_rx.borrow_and_update() {
-                    if over_rx.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-            } => End::Stopped(format!(
-                "stopped: its output passed the site limit of {} (max_output)",
-                format_size(ctx.max_output)
-            )),
-        }
+        race(ctx, docker, id, dir, rx, &mut wait, over_rx).await
     };
     let killing = !matches!(end, End::Exited);
     if killing {
@@ -190,22 +117,140 @@ pub(crate) async fn supervise(
     }
     drop(wait);
     let pumped = drain(&mut pump_task, killing).await;
-    let inspect_timeout = if killing {
+    let state = last_state(ctx, docker, id, killing, &mut ended).await;
+    ended.exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
+    ended.oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+    ended.how = end.into();
+    ended.output_note = output_note(pumped, ctx.max_output);
+    tracing::info!("container {id} ended: {:?} exit {:?}", ended.how, ended.exit_code);
+    ended
+}
+
+/// A started sandbox: its output copier, the copier's "over max_output"
+/// signal, and when it started.
+struct Running {
+    pump_task: tokio::task::JoinHandle<Pumped>,
+    over_rx: watch::Receiver<bool>,
+    started_ms: u64,
+}
+
+/// Attaches to the created sandbox, starts copying its output as the
+/// student, and starts it; the error in the user's words.
+async fn start(ctx: &Ctx<'_>, docker: &Docker, id: &str, out: OwnedFd, err: OwnedFd) -> Result<Running, String> {
+    let attach = AttachContainerOptions {
+        stream: true,
+        stdout: true,
+        stderr: true,
+        stdin: false,
+        logs: false,
+        detach_keys: None,
+    };
+    let attached = docker
+        .attach_container(id, Some(attach))
+        .await
+        .map_err(|e| classify(ctx, &e, "attach to the sandbox"))?;
+    let (over_tx, over_rx) = watch::channel(false);
+    let owner = Owner { uid: ctx.uid, gid: ctx.gid };
+    let pump_task = tokio::spawn(pump(attached.output, owner, out, err, ctx.max_output, over_tx));
+    drop(attached.input);
+    if let Err(e) = docker
+        .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
+        .await
+    {
+        pump_task.abort();
+        return Err(classify(ctx, &e, "start the sandbox"));
+    }
+    tracing::info!("started container {id}");
+    Ok(Running { pump_task, over_rx, started_ms: now_ms() })
+}
+
+/// Whichever comes first: the sandbox's exit, the time limit, the runner's
+/// kill (or its going away), the end of the batch task, the job
+/// directory's budget, the output limit (when it stops the call).
+async fn race<W>(
+    ctx: &Ctx<'_>,
+    docker: &Docker,
+    id: &str,
+    dir: &OwnedFd,
+    rx: &mut mpsc::Receiver<Incoming>,
+    wait: &mut W,
+    mut over_rx: watch::Receiver<bool>,
+) -> End
+where
+    W: futures_util::Stream<Item = Result<bollard::models::ContainerWaitResponse, bollard::errors::Error>> + Unpin,
+{
+    let limit = Duration::from_secs(ctx.spec.resources.time_limit_secs);
+    // SAFETY: `register` needs the descriptor to stay open and owned by the
+    // AsyncFd while registered: it is a fresh duplicate moved into it.
+    let pidfd = ctx
+        .caller
+        .pidfd
+        .try_clone()
+        .and_then(|fd| unsafe { AsyncFd::register(fd) }.map_err(|e| e.into()));
+    let output_stop = ctx.policy.output_limit == OutputLimit::Stop && ctx.max_output > 0;
+    tokio::select! {
+        w = wait.next() => match w {
+            Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => End::Exited,
+            Some(Err(e)) => End::WaitFailed(classify(ctx, &e, "wait for the sandbox")),
+            None => End::WaitFailed("the Docker engine ended the wait without a result".into()),
+        },
+        _ = tokio::time::sleep(limit) => End::TimedOut,
+        // The runner asked, or went away (killed, its allocation ended).
+        () = async {
+            loop {
+                match rx.recv().await {
+                    Some(Incoming { request: Request::Kill, .. }) | None => return,
+                    Some(_) => {}
+                }
+            }
+        } => End::Killed,
+        // The batch task ended (the pidfd becomes readable).
+        () = async {
+            match &pidfd {
+                Ok(fd) => {
+                    let _ = fd.readable().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        } => End::Killed,
+        why = watch_job_dir(ctx, docker, id, dir) => End::Stopped(why),
+        () = async {
+            if !output_stop {
+                std::future::pending::<()>().await;
+            }
+            while !*over_rx.borrow_and_update() {
+                if over_rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        } => End::Stopped(format!(
+            "stopped: its output passed the site limit of {} (max_output)",
+            format_size(ctx.max_output)
+        )),
+    }
+}
+
+/// The container's last state (exit code, OOM kill), bounded in time on the
+/// kill path; an engine that stopped answering is noted in `ended`.
+async fn last_state(
+    ctx: &Ctx<'_>,
+    docker: &Docker,
+    id: &str,
+    killing: bool,
+    ended: &mut Ended,
+) -> Option<bollard::models::ContainerState> {
+    let patience = if killing {
         KILL_PATH_CALL
     } else {
         Duration::from_secs(30)
     };
-    let state = match tokio::time::timeout(
-        inspect_timeout,
-        docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>),
-    )
-    .await
-    {
+    let inspect = docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>);
+    match tokio::time::timeout(patience, inspect).await {
         Ok(Ok(info)) => info.state,
         Ok(Err(e)) => {
             tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
             if engine::unreachable(&e) {
-                ended.engine_gone = Some(classify(&e, "inspect the sandbox"));
+                ended.engine_gone = Some(classify(ctx, &e, "inspect the sandbox"));
             }
             None
         }
@@ -213,13 +258,7 @@ pub(crate) async fn supervise(
             tracing::error!("inspecting container {id} timed out");
             None
         }
-    };
-    ended.exit_code = state.as_ref().and_then(|s| s.exit_code).map(|c| c as i32);
-    ended.oom_killed = state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
-    ended.how = end.into();
-    ended.output_note = output_note(pumped, ctx.max_output);
-    tracing::info!("container {id} ended: {:?} exit {:?}", ended.how, ended.exit_code);
-    ended
+    }
 }
 
 impl From<End> for EndedHow {
