@@ -177,95 +177,106 @@ fn sandbox_checks(checks: &mut Vec<Check>) {
         .as_ref()
         .map(|c| c.runner.display().to_string())
         .unwrap_or_else(|_| DEFAULT_RUNNER.to_owned());
-    let policy = Policy::load_for_client();
+    let policy_off = matches!(Policy::load_for_client(), Ok(pol) if pol.perf_mode == PerfMode::Off);
     let runner_fix = format!(
         "install sandbox-runner at {runner} (root:root 0755; it hands jobs to the root agent sandbox-agent) or set DELEGATE_RUNNER"
     );
-    match run_cmd(&runner, &["probe", "--json"], None, Duration::from_secs(60)) {
-        Ok(o) => match serde_json::from_str::<serde_json::Value>(o.stdout.trim()) {
-            Ok(v) => {
-                let d = &v["docker"];
-                checks.push(check(
-                    "docker",
-                    if d["ok"].as_bool() == Some(true) {
-                        Ok(format!(
-                            "Docker {} (API {})",
-                            d["version"].as_str().unwrap_or("?"),
-                            d["api_version"].as_str().unwrap_or("?")
-                        ))
-                    } else {
-                        Err((
-                            format!(
-                                "Docker does not answer the runner: {}",
-                                d["error"].as_str().unwrap_or("no detail")
-                            ),
-                            "start dockerd and the root agent sandbox-agent (build_cluster.sh starts both)".into(),
-                        ))
-                    },
-                ));
-                let i = &v["image"];
-                let name = i["name"].as_str().unwrap_or("?").to_owned();
-                checks.push(check(
-                    "sandbox image",
-                    if i["present"].as_bool() == Some(true) {
-                        Ok(format!("{name} is present"))
-                    } else {
-                        Err((
-                            format!("{name} is not present on this Docker engine"),
-                            "build it (build_cluster.sh builds the sandbox image)".into(),
-                        ))
-                    },
-                ));
-                let p = &v["perf_mode"];
-                let mode = p["mode"].as_str().unwrap_or("");
-                let detail = p["detail"].as_str().unwrap_or("");
-                let wants_off = matches!(&policy, Ok(pol) if pol.perf_mode == PerfMode::Off);
-                checks.push(check(
-                    "perf mode",
-                    match mode {
-                        "perfmon" | "seccomp" => Ok(format!("{mode}: {detail}")),
-                        "off" if wants_off => Ok(format!("off (as the site policy asks): {detail}")),
-                        other => Err((
-                            format!("perf counters are not available in the sandbox ({other}): {detail}"),
-                            "set perf_mode in the site policy and check kernel.perf_event_paranoid and the Docker version".into(),
-                        )),
-                    },
-                ));
-                // GPUs: how allocated GPUs reach the sandbox (devices,
-                // nvidia, cdi) or none on this node; only a node whose
-                // gres.conf cannot be read is a failure.
-                let g = &v["gpu_mode"];
-                let mode = g["mode"].as_str().unwrap_or("");
-                let detail = g["detail"].as_str().unwrap_or("");
-                checks.push(check(
-                    "gpus",
-                    match mode {
-                        "unknown" => Err((
-                            format!("the GPUs of this node cannot be told: {detail}"),
-                            "check the site policy's gres_conf and Slurm's gres.conf on the workers".into(),
-                        )),
-                        "" => Ok("not reported by this runner".into()),
-                        other => Ok(format!("{other}: {detail}")),
-                    },
-                ));
-            }
-            Err(e) => {
-                let why = if o.ok {
-                    format!("its output is not JSON ({e})")
-                } else {
-                    o.first_line()
-                };
-                for name in ["docker", "sandbox image", "perf mode"] {
-                    checks.push(check(name, Err((format!("{runner} probe --json: {why}"), runner_fix.clone()))));
-                }
-            }
-        },
-        Err(e) => {
+    let probe = run_cmd(&runner, &["probe", "--json"], None, Duration::from_secs(60)).and_then(|o| {
+        serde_json::from_str::<serde_json::Value>(o.stdout.trim()).map_err(|e| {
+            let why = if o.ok {
+                format!("its output is not JSON ({e})")
+            } else {
+                o.first_line()
+            };
+            format!("{runner} probe --json: {why}")
+        })
+    });
+    match probe {
+        Ok(v) => {
+            checks.push(docker_check(&v["docker"]));
+            checks.push(image_check(&v["image"]));
+            checks.push(perf_check(&v["perf_mode"], policy_off));
+            checks.push(gpu_check(&v["gpu_mode"]));
+        }
+        Err(why) => {
             for name in ["docker", "sandbox image", "perf mode"] {
-                checks.push(check(name, Err((e.clone(), runner_fix.clone()))));
+                checks.push(check(name, Err((why.clone(), runner_fix.clone()))));
             }
         }
     }
+}
+
+/// The engine answers the runner (through the root agent).
+fn docker_check(d: &serde_json::Value) -> Check {
+    check(
+        "docker",
+        if d["ok"].as_bool() == Some(true) {
+            Ok(format!(
+                "Docker {} (API {})",
+                d["version"].as_str().unwrap_or("?"),
+                d["api_version"].as_str().unwrap_or("?")
+            ))
+        } else {
+            Err((
+                format!(
+                    "Docker does not answer the runner: {}",
+                    d["error"].as_str().unwrap_or("no detail")
+                ),
+                "start dockerd and the root agent sandbox-agent (build_cluster.sh starts both)".into(),
+            ))
+        },
+    )
+}
+
+/// The sandbox image is on the engine.
+fn image_check(i: &serde_json::Value) -> Check {
+    let name = i["name"].as_str().unwrap_or("?").to_owned();
+    check(
+        "sandbox image",
+        if i["present"].as_bool() == Some(true) {
+            Ok(format!("{name} is present"))
+        } else {
+            Err((
+                format!("{name} is not present on this Docker engine"),
+                "build it (build_cluster.sh builds the sandbox image)".into(),
+            ))
+        },
+    )
+}
+
+/// perf counters reach the sandbox (or are off because the policy says so).
+fn perf_check(p: &serde_json::Value, policy_off: bool) -> Check {
+    let mode = p["mode"].as_str().unwrap_or("");
+    let detail = p["detail"].as_str().unwrap_or("");
+    check(
+        "perf mode",
+        match mode {
+            "perfmon" | "seccomp" => Ok(format!("{mode}: {detail}")),
+            "off" if policy_off => Ok(format!("off (as the site policy asks): {detail}")),
+            other => Err((
+                format!("perf counters are not available in the sandbox ({other}): {detail}"),
+                "set perf_mode in the site policy and check kernel.perf_event_paranoid and the Docker version".into(),
+            )),
+        },
+    )
+}
+
+/// How allocated GPUs reach the sandbox (devices, nvidia, cdi) or none on
+/// this node; only a node whose gres.conf cannot be read is a failure.
+fn gpu_check(g: &serde_json::Value) -> Check {
+    let mode = g["mode"].as_str().unwrap_or("");
+    let detail = g["detail"].as_str().unwrap_or("");
+    check(
+        "gpus",
+        match mode {
+            "unknown" => Err((
+                format!("the GPUs of this node cannot be told: {detail}"),
+                "check the site policy's gres_conf and Slurm's gres.conf on the workers".into(),
+            )),
+            "" => Ok("not reported by this runner".into()),
+            other => Ok(format!("{other}: {detail}")),
+        },
+    )
 }
 
 /// The delegate root is writable.
