@@ -64,9 +64,8 @@ if [[ $role == power ]]; then
     chown root:root "$engine"
     chmod 0700 "$engine"
     ln -sfn "$engine/docker.sock" /var/run/docker.sock
-    [[ -x /usr/local/lib/delegate/power ]] || die "no power program ($CFG/power.sh)"
     log "power service: serving requests in /run/delegate-power"
-    exec /usr/local/lib/delegate/power serve
+    exec /usr/local/sbin/sandbox-agent power-serve
 fi
 
 # --- accounts: "name uid [role [full name]]" per line (role and name: the

@@ -14,18 +14,15 @@
 #     for real machines (wake-on-LAN, IPMI, a cloud CLI; README);
 #   - else the stack's power service: one request file per node in the
 #     spool directory (a root-only host directory bound into the head and
-#     into the "power" service only), answered by `power serve` there, which
-#     scales the worker's swarm service to 1 or 0 replicas.
+#     into the "power" service only), answered there by `sandbox-agent
+#     power-serve` (sandbox-agent/src/power.rs), which scales the worker's
+#     swarm service to 1 or 0 replicas.
 # A worker that cannot be started is set DOWN with the reason (the jobs that
 # waited for it are requeued) and stays out of service with that reason
 # until an operator resumes it: the failure is remembered in the spool
 # (failed.NODE), put back when Slurm's ResumeTimeout overwrites the reason,
 # and turned into a drain should Slurm's power saving (idle_on_node_suspend)
 # make the DOWN node idle again.
-#
-#   power serve                  the power service's loop (root, Docker
-#                                socket; DELEGATE_STACK_NAME, DELEGATE_ELASTIC_MIN,
-#                                DELEGATE_ELASTIC_MAX from its environment)
 set -uo pipefail
 
 SPOOL=${DELEGATE_POWER_SPOOL:-/run/delegate-power}
@@ -242,80 +239,6 @@ slurm_side() {
     return 0
 }
 
-# --- the power service (root, Docker socket)
-# answer ID TEXT: the result file for request ID (atomic).
-answer() {
-    printf '%s\n' "$2" >"$SPOOL/.res$1" && mv -f "$SPOOL/.res$1" "$SPOOL/res.$1"
-    echo "$(date '+%T') answer $1: $2"
-}
-
-# task_state SERVICE: "state|error" of the service's newest task.
-task_state() {
-    docker service ps --no-trunc --format '{{.CurrentState}}|{{.Error}}' "$1" 2>/dev/null | head -n1
-}
-
-# serve_one ID ACTION N: scale workerN, answer.
-serve_one() {
-    local id=$1 action=$2 n=$3 svc="${DELEGATE_STACK_NAME}_worker$3" st err deadline
-    if [[ $action == suspend ]]; then
-        if docker service update --detach --replicas 0 "$svc" >/dev/null 2>&1; then
-            answer "$id" "ok stopped"
-        else
-            answer "$id" "error docker service update --replicas 0 $svc failed"
-        fi
-        return
-    fi
-    if ! err=$(docker service update --detach --replicas 1 "$svc" 2>&1 >/dev/null); then
-        answer "$id" "error docker service update --replicas 1 $svc failed: $(clean "$err")"
-        return
-    fi
-    # Started when its task runs; a task the engine rejects or that fails
-    # (an image that is missing, a mount that cannot be made) is a failure
-    # now, not after ResumeTimeout.
-    deadline=$((SECONDS + ${DELEGATE_POWER_START_WAIT:-60}))
-    while ((SECONDS < deadline)); do
-        st=$(task_state "$svc")
-        case $st in
-            Running*) answer "$id" "ok running"; return ;;
-            *\|?*)
-                err=${st#*|}
-                docker service update --detach --replicas 0 "$svc" >/dev/null 2>&1 || true
-                answer "$id" "error the task of $svc failed: $(clean "$err")"
-                return ;;
-        esac
-        sleep 1
-    done
-    answer "$id" "ok starting (task: $(clean "${st:-none}"))"
-}
-
-serve() {
-    local min=${DELEGATE_ELASTIC_MIN:-0} max=${DELEGATE_ELASTIC_MAX:?} f name id line n
-    [[ ${DELEGATE_STACK_NAME:-} =~ ^[a-z][a-z0-9-]*$ ]] || { echo "DELEGATE_STACK_NAME not set" >&2; exit 1; }
-    [[ -d $SPOOL ]] || { echo "$SPOOL missing" >&2; exit 1; }
-    echo "$(date '+%T') power service: workers $((min + 1))..$max of stack $DELEGATE_STACK_NAME, requests in $SPOOL"
-    while :; do
-        for f in "$SPOOL"/req.*; do
-            [[ -e $f || -L $f ]] || continue
-            name=${f##*/}
-            id=${name#req.}
-            if [[ ! $id =~ ^[0-9]{1,40}$ || -L $f || ! -f $f ]]; then
-                rm -f -- "$f"; echo "$(date '+%T') dropped $(clean "$name")"; continue
-            fi
-            line=$(head -c 64 -- "$f" | head -n1)
-            rm -f -- "$f"
-            if [[ $line =~ ^(resume|suspend)\ worker([1-9][0-9]{0,3})$ ]] \
-                && ((BASH_REMATCH[2] > min && BASH_REMATCH[2] <= max)); then
-                n=${BASH_REMATCH[2]}
-                echo "$(date '+%T') request $id: ${BASH_REMATCH[1]} worker$n"
-                serve_one "$id" "${BASH_REMATCH[1]}" "$n" &
-            else
-                answer "$id" "error refused request '$(clean "$line")' (want resume|suspend worker$((min + 1))..worker$max)"
-            fi
-        done
-        sleep 0.5
-    done
-}
-
 case ${0##*/} in
     power-resume) ACTION=resume ;;
     power-suspend) ACTION=suspend ;;
@@ -324,6 +247,5 @@ case ${0##*/} in
 esac
 case $ACTION in
     resume | suspend | resume-fail) slurm_side "$ACTION" "${1:-}" ;;
-    serve) serve ;;
-    *) echo "usage: power-resume|power-suspend|power-resume-fail HOSTLIST, or power serve" >&2; exit 2 ;;
+    *) echo "usage: power-resume|power-suspend|power-resume-fail HOSTLIST" >&2; exit 2 ;;
 esac
