@@ -277,32 +277,17 @@ local_setup_accounts() {
 # uid column is not needed, the first free id from DELEGATE_ROSTER_FIRST_UID
 # is taken; --local has one machine.
 
-# roster_rows FILE: "line|user|name|email|role" per roster line (CSV as
-# Python's csv module reads it: quoted fields may hold commas); dies on a
-# bad line.
+# roster_rows FILE ALL_INSTRUCTORS: "line|user|name|email|role" per roster
+# line, every line checked by delegate-deploy (deploy/src/roster.rs: CSV
+# with quoted fields, valid user names, no ':' or control characters in a
+# name or email, role student or instructor, no user twice); role is
+# "instructor" for every line when ALL_INSTRUCTORS is 1. Dies with the line
+# and the reason.
 roster_rows() {
-    python3 -c '
-import csv, sys
-with open(sys.argv[1], newline="", encoding="utf-8-sig") as f:
-    for n, row in enumerate(csv.reader(f), 1):
-        row = [c.strip() for c in row]
-        if not row or not any(row) or row[0].startswith("#"):
-            continue
-        if n == 1 and row[0].lower() == "username":
-            continue
-        row += [""] * (4 - len(row))
-        print("|".join([str(n)] + [c.replace("|", " ").replace("\n", " ") for c in row[:4]]))
-' "$1" || die "cannot read the roster $1 as CSV"
-}
-
-# roster_check LINE USER NAME EMAIL: dies on a user name or field that
-# cannot be used.
-roster_check() {
-    [[ $2 =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] \
-        || die "roster line $1: '$2' is not a valid user name (lower case letters, digits, _ and -)"
-    case $3$4 in
-        *:*) die "roster line $1: ':' is not allowed in a name or email" ;;
-    esac
+    local flag=()
+    [[ $2 == 1 ]] && flag=(--instructors)
+    deploy_build
+    "$REPO/target/release/delegate-deploy" roster "$1" "${flag[@]}" || die "the roster $1 cannot be used (above)"
 }
 
 # ensure_unix_account USER NAME EMAIL: the account with a group of its own
@@ -336,17 +321,15 @@ ensure_unix_account() {
 # accounts_add FILE INSTRUCTORS: every roster line: Unix account, home,
 # association; instructors also coordinator/operator and admin group.
 accounts_add() {
-    local file=$1 all_instr=$2 rows line u name email role n=0
+    local file=$1 all_instr=$2 rows u name email role n=0
     [[ -r $file ]] || die "cannot read the roster $file"
-    rows=$(roster_rows "$file") || exit 1
-    while IFS='|' read -r line u name email role; do
+    rows=$(roster_rows "$file" "$all_instr") || exit 1
+    while IFS='|' read -r _ u name email role; do
         [[ -n $u ]] || continue
-        roster_check "$line" "$u" "$name" "$email"
-        role=${role,,}
         ensure_unix_account "$u" "$name" "$email"
         home_quota_apply "$u" "$ACCOUNT_CREATED"
         local admin=0
-        [[ $all_instr == 1 || $role == instructor ]] && admin=1
+        [[ $role == instructor ]] && admin=1
         add_association "$u" "$admin" || die "cannot add the Slurm association of $u"
         if ((admin)); then
             getent group "$DELEGATE_ADMIN_GROUP" >/dev/null || groupadd --system "$DELEGATE_ADMIN_GROUP"

@@ -35,7 +35,7 @@
 #
 # Sourced by build_cluster.sh after stack.sh (never run by itself). Needs
 # from common.sh: log, warn, die, need_root; from accounting.sh:
-# roster_rows, roster_check; from stack.sh: stack_load_config, stack_deploy,
+# roster_rows; from stack.sh: stack_load_config, stack_deploy,
 # stack_exec and what stack_load_config sets (STACK, STACK_SECRETS,
 # STACK_ACCOUNTS, ...); from build_cluster.sh: REPO.
 
@@ -190,20 +190,16 @@ hub_answers() {
 # their 0700 homes, the hub their passwords). Existing accounts are left as
 # they are: the same roster again changes nothing.
 stack_roster_add() {
-    local file=$1 all_instr=$2 rows line u name email role f tmp added=0 n=0
+    local file=$1 all_instr=$2 rows u name email role f tmp added=0 n=0
     [[ -r $file ]] || die "cannot read the roster $file"
-    rows=$(roster_rows "$file") || exit 1
+    rows=$(roster_rows "$file" "$all_instr") || exit 1
     f=$(hub_roster_file)
     install -d -m 0755 "$DELEGATE_STACK_DIR"
     (umask 077; touch "$f")
     tmp=$(mktemp -p "$BC_TMP")
     cp "$f" "$tmp"
-    while IFS='|' read -r line u name email role; do
+    while IFS='|' read -r _ u name email role; do
         [[ -n $u ]] || continue
-        roster_check "$line" "$u" "$name" "$email"
-        [[ "$name$email" =~ ^[[:print:]]*$ ]] || die "roster line $line: unprintable characters"
-        role=${role,,}
-        [[ $all_instr == 1 || $role == instructor ]] && role=instructor || role=student
         n=$((n + 1))
         if [[ " $STACK_ACCOUNTS " == *" $u:"* ]] || awk -v u="$u" '$1 == u { f = 1 } END { exit !f }' "$tmp"; then
             continue
@@ -213,7 +209,6 @@ stack_roster_add() {
             || awk -v i="$uid" '$2 == i { f = 1 } END { exit !f }' "$tmp"; do
             uid=$((uid + 1))
         done
-        name=${name//,/ }; email=${email//,/ }
         printf '%s %s %s %s\n' "$u" "$uid" "$role" "${name:-$u}${email:+,,,$email}" >>"$tmp"
         log "accounts: $u (uid $uid, $role) added to the stack's roster"
         added=$((added + 1))

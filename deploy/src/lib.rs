@@ -21,6 +21,7 @@ pub mod cluster_file;
 pub mod gres;
 pub mod lockdown;
 pub mod nodes;
+pub mod roster;
 pub mod schema;
 pub mod settings;
 pub mod site_policy;

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
-    cluster_file, gres, lockdown, site_policy, slurm_conf, stack_file, RenderError, Settings, Shape,
+    cluster_file, gres, lockdown, roster, site_policy, slurm_conf, stack_file, RenderError, Settings, Shape,
 };
 
 #[derive(Parser)]
@@ -85,6 +85,14 @@ enum Rendered {
     },
     /// The stack's number of workers (the elastic maximum when elastic).
     StackWorkers,
+    /// The roster's checked entries, `line|user|name|email|role` per line.
+    Roster {
+        /// The roster (CSV: username,full name[,email][,role]).
+        csv: PathBuf,
+        /// Every entry is an instructor.
+        #[arg(long)]
+        instructors: bool,
+    },
     /// Every setting resolved (environment over --file over default), as
     /// shell assignments; or the example file or the docs' table.
     Settings {
@@ -144,6 +152,14 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
         }
         Rendered::Plugstack { plugin, admin_gid, runner } => lockdown::plugstack(&plugin, admin_gid, &runner),
         Rendered::Settings { file, example, markdown } => settings(file.as_deref(), example, markdown),
+        Rendered::Roster { csv, instructors } => {
+            let text = std::fs::read(&csv)
+                .map_err(|e| RenderError::Invalid(format!("cannot read the roster {}: {e}", csv.display())))?;
+            let text = String::from_utf8(text)
+                .map_err(|_| RenderError::Invalid(format!("the roster {} is not UTF-8 text", csv.display())))?;
+            let entries = roster::parse(&text, instructors).map_err(|e| RenderError::Invalid(e.to_string()))?;
+            Ok(roster::lines(&entries))
+        }
         Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
         Rendered::StackFile {
             replicas,

@@ -126,3 +126,26 @@ def test_a_calls_output_stops_at_the_quota(student):
     used = sh("du", "-sb", str(student.home)).stdout.split()[0]
     assert int(used) <= 48 << 20, used
     shutil.rmtree(student.job_dir(job))
+
+
+def test_a_roster_that_cannot_be_used_creates_nothing(tmp_path):
+    """The whole roster is checked (deploy/src/roster.rs) before any account
+    is made: a forged user name, a ':' in a name, a role that is neither
+    student nor instructor, a user twice: each is named with its line and
+    no account of that roster appears."""
+    cases = {
+        "root;touch /tmp/pwned,x": "not a valid user name",
+        "zed2,Zed:0:0": "':' is not allowed in the name",
+        "zed2,Zed,,teacher": "role 'teacher' is neither student nor instructor",
+        "zed1,Again": "zed1 is already on line 2",
+    }
+    for bad, why in cases.items():
+        roster = tmp_path / "roster.csv"
+        roster.write_text(f"username,full name\nzed1,Zed One\n{bad}\n")
+        r = build_cluster("accounts", "add", "--csv", str(roster))
+        assert r.returncode != 0, r.stdout
+        assert f"roster line 3: {why}" in r.stderr, r.stderr
+        assert subprocess.run(["id", "zed1"], capture_output=True).returncode != 0, (
+            "an account of a refused roster"
+        )
+    assert not Path("/tmp/pwned").exists()
