@@ -78,50 +78,13 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>, _ticket: crate::admi
     // A connection idle for crate::admit::IDLE between requests is closed.
     while let Ok(Some(Incoming { request, fds })) = tokio::time::timeout(crate::admit::IDLE, rx.recv()).await {
         let answer = match request {
-            Request::Probe => {
-                let report = match load_policy() {
-                    Ok(p) => crate::probe::probe(&p).await,
-                    Err(e) => delegate_protocol::agent::ProbeReport {
-                        error: e.to_string(),
-                        perf_mode: "unknown".into(),
-                        perf_detail: "the site policy could not be read".into(),
-                        ..Default::default()
-                    },
-                };
-                Answer::Probe(report)
-            }
+            Request::Probe => probe_answer().await,
             Request::Kill => continue,
             Request::RunRank(rr) => {
-                // One rank per connection: identified as a step's task, its
-                // place from slurmctld (crate::rank).
-                if caller.is_some() {
-                    return;
+                // One rank per connection.
+                if caller.is_none() {
+                    serve_rank(&shared, pid, uid, rr, fds, &stream, &mut rx).await;
                 }
-                let (c, place) =
-                    match ident::identify_as(pid, uid, &shared.stepds, &shared.node, ident::StepKind::Rank).await {
-                        Ok((c, Some(place))) => (c, place),
-                        Ok((_, None)) => return,
-                        Err(why) => {
-                            tracing::warn!("refused rank pid {pid} uid {uid}: {why}");
-                            let _ = conn::send(&stream, &Answer::Refused(why)).await;
-                            return;
-                        }
-                    };
-                tracing::info!(
-                    "pid {pid} uid {uid}: rank {} of {} of Slurm job {}",
-                    place.rank,
-                    place.world,
-                    c.job
-                );
-                let answer = if rr.rank != place.rank || rr.run.spec.resources.nodes != place.world {
-                    Answer::Refused(format!(
-                        "this node is rank {} of {} of Slurm job {}, the request says rank {} of {}",
-                        place.rank, place.world, c.job, rr.rank, rr.run.spec.resources.nodes
-                    ))
-                } else {
-                    run(&shared, &c, &mut engine, rr.run, fds, &stream, &mut rx, Some(place)).await
-                };
-                let _ = conn::send(&stream, &answer).await;
                 return;
             }
             Request::Run(req) => {
@@ -151,6 +114,59 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>, _ticket: crate::admi
             return;
         }
     }
+}
+
+/// The probe's answer (`delegate doctor` through the runner).
+async fn probe_answer() -> Answer {
+    let report = match load_policy() {
+        Ok(p) => crate::probe::probe(&p).await,
+        Err(e) => delegate_protocol::agent::ProbeReport {
+            error: e.to_string(),
+            perf_mode: "unknown".into(),
+            perf_detail: "the site policy could not be read".into(),
+            ..Default::default()
+        },
+    };
+    Answer::Probe(report)
+}
+
+/// Serves a rank's one request: the caller identified as a step's task,
+/// its place (rank, world) from slurmctld (crate::rank) and checked
+/// against the request, then the call; the answer ends the connection.
+async fn serve_rank(
+    shared: &Shared,
+    pid: i32,
+    uid: u32,
+    rr: delegate_protocol::agent::RankRequest,
+    fds: Vec<OwnedFd>,
+    stream: &UnixStream,
+    rx: &mut mpsc::Receiver<Incoming>,
+) {
+    let (c, place) = match ident::identify_as(pid, uid, &shared.stepds, &shared.node, ident::StepKind::Rank).await {
+        Ok((c, Some(place))) => (c, place),
+        Ok((_, None)) => return,
+        Err(why) => {
+            tracing::warn!("refused rank pid {pid} uid {uid}: {why}");
+            let _ = conn::send(stream, &Answer::Refused(why)).await;
+            return;
+        }
+    };
+    tracing::info!(
+        "pid {pid} uid {uid}: rank {} of {} of Slurm job {}",
+        place.rank,
+        place.world,
+        c.job
+    );
+    let answer = if rr.rank != place.rank || rr.run.spec.resources.nodes != place.world {
+        Answer::Refused(format!(
+            "this node is rank {} of {} of Slurm job {}, the request says rank {} of {}",
+            place.rank, place.world, c.job, rr.rank, rr.run.spec.resources.nodes
+        ))
+    } else {
+        let mut engine = None;
+        run(shared, &c, &mut engine, rr.run, fds, stream, rx, Some(place)).await
+    };
+    let _ = conn::send(stream, &answer).await;
 }
 
 /// Removes the job from the running set when dropped.
@@ -252,6 +268,55 @@ impl EngineConn {
     }
 }
 
+/// The run request checked: the descriptors' types and owners, the site
+/// policy readable and valid, the job directory's path the inode's own
+/// name now, the spec valid, for this directory and within the policy.
+// The error is the answer sent as it is, once per call: no need to box it.
+#[allow(clippy::result_large_err)]
+fn checked_request(
+    req: &RunRequest,
+    uid: u32,
+    [dir, out, err]: [&OwnedFd; 3],
+) -> Result<(Policy, delegate_protocol::policy::Limits), Answer> {
+    for (fd, what, is_dir) in [
+        (dir, "the job directory", true),
+        (out, "stdout", false),
+        (err, "stderr", false),
+    ] {
+        check_fd(fd, what, uid, is_dir).map_err(Answer::Refused)?;
+    }
+    let policy = load_policy().map_err(|e| Answer::Failed(format!("{e}; ask the cluster's administrators")))?;
+    let limits = policy
+        .limits()
+        .map_err(|e| Answer::Failed(format!("the site policy is invalid: {e}")))?;
+    // The path the runner names must be where the inode is now (the
+    // kernel's own name for the descriptor); the policy's job roots are
+    // checked on it.
+    let job_dir = PathBuf::from(&req.job_dir);
+    if check_clean_absolute(&job_dir).is_err() {
+        return Err(Answer::Refused(format!("{} is not a clean absolute path", req.job_dir)));
+    }
+    match std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) {
+        Ok(p) if p == job_dir => {}
+        _ => return Err(Answer::Failed(REPLACED.into())),
+    }
+    let spec = &req.spec;
+    spec.validate().map_err(|e| Answer::Refused(e.to_string()))?;
+    let name_ok = job_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| JobId::parse(n).ok())
+        .is_some_and(|id| id == spec.job_id);
+    if !name_ok {
+        return Err(Answer::Refused(format!(
+            "the spec is for job {}, but the directory is {}",
+            spec.job_id, req.job_dir
+        )));
+    }
+    policy.check(spec, uid, &job_dir).map_err(|e| Answer::Refused(e.to_string()))?;
+    Ok((policy, limits))
+}
+
 /// Runs one call; returns the answer that ends it.
 #[allow(clippy::too_many_arguments)]
 async fn run(
@@ -269,52 +334,11 @@ async fn run(
         return Answer::Refused("a run request needs the job directory and its output files".into());
     };
     let uid = caller.uid;
-    for (fd, what, is_dir) in [
-        (&dir, "the job directory", true),
-        (&out, "stdout", false),
-        (&err, "stderr", false),
-    ] {
-        if let Err(e) = check_fd(fd, what, uid, is_dir) {
-            return Answer::Refused(e);
-        }
-    }
-    let policy = match load_policy() {
+    let (policy, limits) = match checked_request(&req, uid, [&dir, &out, &err]) {
         Ok(p) => p,
-        Err(e) => return Answer::Failed(format!("{e}; ask the cluster's administrators")),
+        Err(answer) => return answer,
     };
-    let limits = match policy.limits() {
-        Ok(l) => l,
-        Err(e) => return Answer::Failed(format!("the site policy is invalid: {e}")),
-    };
-    // The path the runner names must be where the inode is now (the
-    // kernel's own name for the descriptor); the policy's job roots are
-    // checked on it.
-    let job_dir = PathBuf::from(&req.job_dir);
-    if check_clean_absolute(&job_dir).is_err() {
-        return Answer::Refused(format!("{} is not a clean absolute path", req.job_dir));
-    }
-    match std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) {
-        Ok(p) if p == job_dir => {}
-        _ => return Answer::Failed(REPLACED.into()),
-    }
     let spec = req.spec;
-    if let Err(e) = spec.validate() {
-        return Answer::Refused(e.to_string());
-    }
-    let name_ok = job_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| JobId::parse(n).ok())
-        .is_some_and(|id| id == spec.job_id);
-    if !name_ok {
-        return Answer::Refused(format!(
-            "the spec is for job {}, but the directory is {}",
-            spec.job_id, req.job_dir
-        ));
-    }
-    if let Err(e) = policy.check(&spec, uid, &job_dir) {
-        return Answer::Refused(e.to_string());
-    }
     let gid = if req.gid == caller.gid || caller.groups.contains(&req.gid) {
         req.gid
     } else {
