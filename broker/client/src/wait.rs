@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use delegate_protocol::{JobId, State};
 
+use crate::load::JobFiles;
 use crate::{Client, JobStatus, Result};
 
 /// How often `wait` first asks Slurm about the jobs still waited for.
@@ -148,24 +149,9 @@ impl Client {
         fresh: bool,
         any: bool,
     ) -> Result<Vec<JobStatus>> {
-        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
-        let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
-            Ok(i) => Some(i),
-            Err(e) => {
-                tracing::debug!(error = %e, "no inotify; polling only");
-                None
-            }
-        };
-        if let Some(ino) = &inotify {
-            let mask = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE | AddWatchFlags::IN_CLOSE_WRITE;
-            for j in &jobs {
-                if let Err(e) = ino.add_watch(&j.dir, mask) {
-                    tracing::debug!(dir = %j.dir.display(), error = %e, "cannot watch; polling");
-                }
-            }
-        }
+        let inotify = watch_dirs(&jobs);
         let mut statuses: Vec<Option<JobStatus>> = vec![None; jobs.len()];
         // Each job's state at the first round: in `any` mode a job that
         // starts running ends the wait too (a live line says "running on
@@ -174,54 +160,16 @@ impl Client {
         let mut first = true;
         let mut backoff = Duration::from_millis(50);
         loop {
-            // Re-read the jobs not over yet, then reconcile them together.
-            let open: Vec<usize> = (0..jobs.len())
-                .filter(|&i| !statuses[i].as_ref().is_some_and(JobStatus::is_terminal))
-                .collect();
-            let open_ids: Vec<&JobId> = open.iter().map(|&i| &jobs[i].id).collect();
-            let ask = self.slurm_due(fresh && first, &open_ids);
+            let open = self.round(&mut jobs, &mut statuses, fresh && first)?;
             first = false;
-            let mut batch = Vec::with_capacity(open.len());
-            for &i in &open {
-                batch.push(self.load(&jobs[i].id)?);
-            }
-            let fresh = self.reconcile(&mut batch, ask)?;
-            for ((&i, mut s), f) in open.iter().zip(fresh).zip(batch) {
-                pending_reason_memo(&mut s, ask);
-                // A file-only check knows less than the last Slurm answer:
-                // keep that one unless the files show progress.
-                let keep_previous = !ask
-                    && !s.is_terminal()
-                    && statuses[i]
-                        .as_ref()
-                        .is_some_and(|p| !(p.state == State::Pending && s.state == State::Running));
-                if !keep_previous {
-                    statuses[i] = Some(s);
-                }
-                jobs[i] = f;
-            }
-            if ask {
-                let still_open: Vec<&JobStatus> = open
-                    .iter()
-                    .filter_map(|&i| statuses[i].as_ref())
-                    .filter(|s| !s.is_terminal())
-                    .collect();
-                self.slurm_answered(&still_open);
-            }
-            let done = statuses.iter().all(|s| s.as_ref().is_some_and(JobStatus::is_terminal));
             let states: Vec<Option<State>> = statuses.iter().map(|s| s.as_ref().map(|s| s.state)).collect();
             if at_first.is_empty() {
                 at_first = states.clone();
             }
-            let one_started = any
-                && states
-                    .iter()
-                    .zip(&at_first)
-                    .any(|(now, was)| *was == Some(State::Pending) && *now == Some(State::Running));
-            let one_over =
-                one_started || any && open.iter().any(|&i| statuses[i].as_ref().is_some_and(JobStatus::is_terminal));
+            let done = statuses.iter().all(|s| s.as_ref().is_some_and(JobStatus::is_terminal));
+            let ended = open.iter().any(|&i| statuses[i].as_ref().is_some_and(JobStatus::is_terminal));
             let now = Instant::now();
-            if done || one_over || deadline.is_some_and(|d| now >= d) || stop() {
+            if done || any && progressed(&states, &at_first, ended) || deadline.is_some_and(|d| now >= d) || stop() {
                 return Ok(statuses.into_iter().flatten().collect());
             }
             let mut sleep = backoff;
@@ -231,24 +179,92 @@ impl Client {
             if let Some(d) = deadline {
                 sleep = sleep.min(d.saturating_duration_since(now));
             }
-            let sleep = sleep.max(Duration::from_millis(1));
-            let woke = match &inotify {
-                Some(ino) => wait_readable(ino, sleep),
-                None => {
-                    std::thread::sleep(sleep);
-                    false
-                }
-            };
-            if woke {
-                if let Some(ino) = &inotify {
-                    while matches!(ino.read_events(), Ok(ev) if !ev.is_empty()) {}
-                }
-                backoff = Duration::from_millis(50);
+            backoff = if pause(inotify.as_ref(), sleep.max(Duration::from_millis(1))) {
+                Duration::from_millis(50)
             } else {
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
+                (backoff * 2).min(Duration::from_secs(1))
+            };
         }
     }
+
+    /// One round of a wait: re-reads the jobs not over yet, reconciles them
+    /// together (with Slurm when it is due, or `ask_now`), and updates
+    /// `statuses`; returns the indexes of the jobs that were open.
+    fn round(&self, jobs: &mut [JobFiles], statuses: &mut [Option<JobStatus>], ask_now: bool) -> Result<Vec<usize>> {
+        let open: Vec<usize> = (0..jobs.len())
+            .filter(|&i| !statuses[i].as_ref().is_some_and(JobStatus::is_terminal))
+            .collect();
+        let open_ids: Vec<&JobId> = open.iter().map(|&i| &jobs[i].id).collect();
+        let ask = self.slurm_due(ask_now, &open_ids);
+        let mut batch = Vec::with_capacity(open.len());
+        for &i in &open {
+            batch.push(self.load(&jobs[i].id)?);
+        }
+        let fresh = self.reconcile(&mut batch, ask)?;
+        for ((&i, mut s), f) in open.iter().zip(fresh).zip(batch) {
+            pending_reason_memo(&mut s, ask);
+            // A file-only check knows less than the last Slurm answer:
+            // keep that one unless the files show progress.
+            let keep_previous = !ask
+                && !s.is_terminal()
+                && statuses[i]
+                    .as_ref()
+                    .is_some_and(|p| !(p.state == State::Pending && s.state == State::Running));
+            if !keep_previous {
+                statuses[i] = Some(s);
+            }
+            jobs[i] = f;
+        }
+        if ask {
+            let still_open: Vec<&JobStatus> = open
+                .iter()
+                .filter_map(|&i| statuses[i].as_ref())
+                .filter(|s| !s.is_terminal())
+                .collect();
+            self.slurm_answered(&still_open);
+        }
+        Ok(open)
+    }
+}
+
+/// Whether a wait for any of the jobs is over: one of them ended this
+/// round, or went from pending (at the first round) to running.
+fn progressed(states: &[Option<State>], at_first: &[Option<State>], ended: bool) -> bool {
+    ended
+        || states
+            .iter()
+            .zip(at_first)
+            .any(|(now, was)| *was == Some(State::Pending) && *now == Some(State::Running))
+}
+
+/// An inotify instance watching the job directories (files created, moved
+/// in or written there), or none: then the wait polls.
+fn watch_dirs(jobs: &[JobFiles]) -> Option<nix::sys::inotify::Inotify> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .map_err(|e| tracing::debug!(error = %e, "no inotify; polling only"))
+        .ok()?;
+    let mask = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE | AddWatchFlags::IN_CLOSE_WRITE;
+    for j in jobs {
+        if let Err(e) = ino.add_watch(&j.dir, mask) {
+            tracing::debug!(dir = %j.dir.display(), error = %e, "cannot watch; polling");
+        }
+    }
+    Some(ino)
+}
+
+/// Sleeps up to `sleep`, woken early by a change in a watched directory
+/// (the events are consumed); true when woken.
+fn pause(inotify: Option<&nix::sys::inotify::Inotify>, sleep: Duration) -> bool {
+    let Some(ino) = inotify else {
+        std::thread::sleep(sleep);
+        return false;
+    };
+    let woke = wait_readable(ino, sleep);
+    if woke {
+        while matches!(ino.read_events(), Ok(ev) if !ev.is_empty()) {}
+    }
+    woke
 }
 
 /// The pending reasons Slurm last gave, per job, for this process: a round
@@ -287,6 +303,15 @@ fn wait_readable(fd: &impl AsFd, timeout: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_for_any_ends_when_one_ends_or_one_starts() {
+        let (p, r, c) = (Some(State::Pending), Some(State::Running), Some(State::Completed));
+        assert!(!progressed(&[p, r], &[p, r], false), "nothing changed");
+        assert!(progressed(&[r, r], &[p, r], false), "one started");
+        assert!(progressed(&[p, c], &[p, r], true), "one ended");
+        assert!(!progressed(&[r], &[r], false), "running since the first round is no progress");
+    }
 
     #[test]
     fn the_interval_doubles_while_nothing_changes_and_restarts_on_news() {
