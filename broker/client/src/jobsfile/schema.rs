@@ -280,106 +280,102 @@ fn read_fields(node: &Node, allowed: &[&str], base_fields: &Fields, base: &Path,
             errs.at(k, format!("`{name}` given twice (first on line {first})"));
             continue;
         }
-        let bad = |errs: &mut Errors, what: &str| errs.at(v, format!("`{name}`: {what}"));
-        match name {
-            "name" => match plain_text(v) {
-                Some(s) if valid_name(&s) => f.name = Some(s),
-                _ => bad(errs, "a name of 1 to 64 letters, digits, `.`, `_` or `-`"),
-            },
-            "command" => {
-                if f.task.is_some() && seen.contains_key("python") {
-                    bad(errs, "a job has `command` or `python`, not both");
-                    continue;
-                }
-                match command(v) {
-                    Ok(argv) => f.task = Some((v.line, Task::Command(argv))),
-                    Err(m) => {
-                        f.task_error = true;
-                        bad(errs, &m)
-                    }
-                }
-            }
-            "python" => {
-                if f.task.is_some() && seen.contains_key("command") {
-                    bad(errs, "a job has `command` or `python`, not both");
-                    continue;
-                }
-                match python(v, base) {
-                    Ok(t) => f.task = Some((v.line, t)),
-                    Err(m) => {
-                        f.task_error = true;
-                        bad(errs, &m)
-                    }
-                }
-            }
-            "args" => match json(v) {
-                Ok(j @ serde_json::Value::Array(_)) => f.args = Some((v.line, j)),
-                Ok(_) => bad(errs, "a list of arguments"),
-                Err(m) => bad(errs, &m),
-            },
-            "kwargs" => match json(v) {
-                Ok(j @ serde_json::Value::Object(_)) => f.kwargs = Some((v.line, j)),
-                Ok(_) => bad(errs, "a mapping of keyword arguments"),
-                Err(m) => bad(errs, &m),
-            },
-            "image" => match plain_text(v) {
-                Some(s) if !s.is_empty() && s.len() <= 256 => f.image = Some(s),
-                _ => bad(errs, "an image name (1 to 256 characters)"),
-            },
-            "cpus" => match number(v, 1, 1024) {
-                Some(n) => f.cpus = n as u32,
-                None => bad(errs, "a whole number from 1 to 1024"),
-            },
-            "gpus" => match number(v, 0, 64) {
-                Some(n) => f.gpus = n as u32,
-                None => bad(errs, "a whole number from 0 to 64"),
-            },
-            "nodes" => match number(v, 1, u64::from(delegate_protocol::MAX_RANKS)) {
-                Some(n) => f.nodes = n as u32,
-                None => bad(errs, &format!("a whole number from 1 to {}", delegate_protocol::MAX_RANKS)),
-            },
-            "count" => match number(v, 1, u64::from(MAX_CALLS)) {
-                Some(n) => f.count = n as u32,
-                None => bad(errs, &format!("a whole number from 1 to {MAX_CALLS}")),
-            },
-            "mem" => match plain_text(v).map(|s| parse_size(&s)) {
-                Some(Ok(b)) if b > 0 => f.mem_bytes = b,
-                Some(Err(e)) => bad(errs, &e.to_string()),
-                _ => bad(errs, "a size such as 512M or 2G"),
-            },
-            "time" => match plain_text(v).map(|s| parse_duration(&s)) {
-                Some(Ok(s)) if s > 0 => f.time_limit_secs = s,
-                Some(Err(e)) => bad(errs, &e.to_string()),
-                _ => bad(errs, "a duration such as 30s, 10m or 1h"),
-            },
-            "env" => match env(v) {
-                Ok(e) => {
-                    // A job's env adds to (and overrides) the defaults'.
-                    for (k, val) in e {
-                        f.env.retain(|(n, _)| n != &k);
-                        f.env.push((k, val));
-                    }
-                }
-                Err(m) => bad(errs, &m),
-            },
-            "files" => match files(v, base) {
-                Ok(paths) => {
-                    // A job's files add to the defaults'.
-                    for p in paths {
-                        if !f.files.contains(&p) {
-                            f.files.push(p);
-                        }
-                    }
-                    if let Err(e) = crate::ship::shipped_names(&f.files) {
-                        bad(errs, &e.to_string());
-                    }
-                }
-                Err(m) => bad(errs, &m),
-            },
-            _ => {}
+        let read = match name {
+            "command" | "python" => read_task(&mut f, name, v, base, &seen),
+            "name" | "args" | "kwargs" | "image" | "env" | "files" => read_call(&mut f, name, v, base),
+            _ => read_resource(&mut f, name, v),
+        };
+        if let Err(what) = read {
+            errs.at(v, format!("`{name}`: {what}"));
         }
     }
     f
+}
+
+/// `command` or `python`: what the job runs (one of them).
+fn read_task(f: &mut Fields, name: &str, v: &Node, base: &Path, seen: &BTreeMap<&str, usize>) -> Result<(), String> {
+    let other = if name == "command" { "python" } else { "command" };
+    if f.task.is_some() && seen.contains_key(other) {
+        return Err("a job has `command` or `python`, not both".into());
+    }
+    let task = if name == "command" {
+        command(v).map(Task::Command)
+    } else {
+        python(v, base)
+    };
+    match task {
+        Ok(t) => {
+            f.task = Some((v.line, t));
+            Ok(())
+        }
+        Err(m) => {
+            f.task_error = true;
+            Err(m)
+        }
+    }
+}
+
+/// The call's name, arguments, image, environment and shipped files.
+fn read_call(f: &mut Fields, name: &str, v: &Node, base: &Path) -> Result<(), String> {
+    match name {
+        "name" => match plain_text(v) {
+            Some(s) if valid_name(&s) => f.name = Some(s),
+            _ => return Err("a name of 1 to 64 letters, digits, `.`, `_` or `-`".into()),
+        },
+        "args" => match json(v)? {
+            j @ serde_json::Value::Array(_) => f.args = Some((v.line, j)),
+            _ => return Err("a list of arguments".into()),
+        },
+        "kwargs" => match json(v)? {
+            j @ serde_json::Value::Object(_) => f.kwargs = Some((v.line, j)),
+            _ => return Err("a mapping of keyword arguments".into()),
+        },
+        "image" => match plain_text(v) {
+            Some(s) if !s.is_empty() && s.len() <= 256 => f.image = Some(s),
+            _ => return Err("an image name (1 to 256 characters)".into()),
+        },
+        "env" => {
+            // A job's env adds to (and overrides) the defaults'.
+            for (k, val) in env(v)? {
+                f.env.retain(|(n, _)| n != &k);
+                f.env.push((k, val));
+            }
+        }
+        "files" => {
+            // A job's files add to the defaults'.
+            for p in files(v, base)? {
+                if !f.files.contains(&p) {
+                    f.files.push(p);
+                }
+            }
+            crate::ship::shipped_names(&f.files).map_err(|e| e.to_string())?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The call's resources: cpus, gpus, nodes, count, mem, time.
+fn read_resource(f: &mut Fields, name: &str, v: &Node) -> Result<(), String> {
+    let whole = |min: u64, max: u64| number(v, min, max).ok_or_else(|| format!("a whole number from {min} to {max}"));
+    match name {
+        "cpus" => f.cpus = whole(1, 1024)? as u32,
+        "gpus" => f.gpus = whole(0, 64)? as u32,
+        "nodes" => f.nodes = whole(1, u64::from(delegate_protocol::MAX_RANKS))? as u32,
+        "count" => f.count = whole(1, u64::from(MAX_CALLS))? as u32,
+        "mem" => match plain_text(v).map(|s| parse_size(&s)) {
+            Some(Ok(b)) if b > 0 => f.mem_bytes = b,
+            Some(Err(e)) => return Err(e.to_string()),
+            _ => return Err("a size such as 512M or 2G".into()),
+        },
+        "time" => match plain_text(v).map(|s| parse_duration(&s)) {
+            Some(Ok(s)) if s > 0 => f.time_limit_secs = s,
+            Some(Err(e)) => return Err(e.to_string()),
+            _ => return Err("a duration such as 30s, 10m or 1h".into()),
+        },
+        _ => {}
+    }
+    Ok(())
 }
 
 /// `files`: a list of paths (relative ones beside the jobs file), each of
