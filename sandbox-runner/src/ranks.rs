@@ -206,48 +206,9 @@ pub async fn run_ranks(path: &Path, mut signals: SignalWatch) -> i32 {
         return write(&fail(State::Cancelled, reason, false));
     }
     let nodes = checked.spec.resources.nodes;
-    let Some(srun) = srun_path() else {
-        return write(&fail(State::Failed, "srun is not installed on this node".into(), false));
-    };
-    // The runner's own path as the batch script exec'd it (job_submit.lua
-    // checked it is the site's runner): the SPANK plugin admits exactly it.
-    let runner = std::env::args().next().unwrap_or_default();
-    if !runner.starts_with('/') {
-        return write(&fail(
-            State::Failed,
-            "sandbox-runner ranks must be started by its absolute path".into(),
-            false,
-        ));
-    }
-    let Some(slurm_job) = slurm_job_id() else {
-        return write(&fail(
-            State::Failed,
-            "sandbox-runner ranks runs only as the batch step of a Slurm job (no SLURM_JOB_ID)".into(),
-            false,
-        ));
-    };
-    tracing::info!("job {}: starting {nodes} ranks with {}", checked.job_id, srun.display());
-    let child = tokio::process::Command::new(&srun)
-        .env_clear()
-        .envs(SRUN_ENV.iter().copied())
-        .args(srun_args(&runner, &dir.path, nodes, &slurm_job))
-        .kill_on_drop(false)
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => return write(&fail(State::Failed, format!("cannot start srun: {e}"), false)),
-    };
-    // srun forwards Slurm's signals to the ranks; each rank ends its
-    // sandbox and writes its outcome. Wait for srun whatever happens.
-    let status = loop {
-        tokio::select! {
-            s = child.wait() => break s,
-            _ = signals.changed() => {
-                if let Some(sig) = *signals.borrow() {
-                    tracing::warn!("{sig}: the ranks are being ended by Slurm");
-                }
-            }
-        }
+    let status = match start_srun(&dir.path, nodes, checked.job_id.as_str()) {
+        Ok(child) => wait_srun(child, &mut signals).await,
+        Err(why) => return write(&fail(State::Failed, why, false)),
     };
     let note = match &status {
         Ok(s) if s.success() => None,
@@ -265,6 +226,46 @@ pub async fn run_ranks(path: &Path, mut signals: SignalWatch) -> i32 {
     let mut o = combine(&ranks, &host, note.as_deref());
     o.finished_ms = now_ms();
     write(&o)
+}
+
+/// Starts the rank step: srun from an empty environment, one rank per
+/// node, each `<runner> rank <dir>`; or why it cannot.
+fn start_srun(dir: &Path, nodes: u32, job: &str) -> Result<tokio::process::Child, String> {
+    let srun = srun_path().ok_or("srun is not installed on this node")?;
+    // The runner's own path as the batch script exec'd it (job_submit.lua
+    // checked it is the site's runner): the SPANK plugin admits exactly it.
+    let runner = std::env::args().next().unwrap_or_default();
+    if !runner.starts_with('/') {
+        return Err("sandbox-runner ranks must be started by its absolute path".into());
+    }
+    let slurm_job =
+        slurm_job_id().ok_or("sandbox-runner ranks runs only as the batch step of a Slurm job (no SLURM_JOB_ID)")?;
+    tracing::info!("job {job}: starting {nodes} ranks with {}", srun.display());
+    tokio::process::Command::new(&srun)
+        .env_clear()
+        .envs(SRUN_ENV.iter().copied())
+        .args(srun_args(&runner, dir, nodes, &slurm_job))
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(|e| format!("cannot start srun: {e}"))
+}
+
+/// Waits for srun whatever happens: it forwards Slurm's signals to the
+/// ranks, and each rank ends its sandbox and writes its outcome.
+async fn wait_srun(
+    mut child: tokio::process::Child,
+    signals: &mut SignalWatch,
+) -> std::io::Result<std::process::ExitStatus> {
+    loop {
+        tokio::select! {
+            s = child.wait() => return s,
+            _ = signals.changed() => {
+                if let Some(sig) = *signals.borrow() {
+                    tracing::warn!("{sig}: the ranks are being ended by Slurm");
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
