@@ -40,23 +40,7 @@ impl Client {
         let Some(first) = reqs.first() else {
             return Ok(Vec::new());
         };
-        if first.resources.nodes > 1 && reqs.len() > 1 {
-            return Err(ClientError::InvalidRequest(
-                "a multi-node job is submitted alone (no count, map or jobs-file sharing)".into(),
-            ));
-        }
-        if reqs.len() > MAX_ARRAY {
-            return Err(ClientError::InvalidRequest(format!(
-                "{} calls in one submission, more than the limit of {MAX_ARRAY} of one job array",
-                reqs.len()
-            )));
-        }
-        let same = |r: &SubmitRequest| (&r.resources, &r.image, r.hold) == (&first.resources, &first.image, first.hold);
-        if !reqs.iter().all(same) {
-            return Err(ClientError::InvalidRequest(
-                "the calls of one job array must ask for the same resources and image".into(),
-            ));
-        }
+        check_submission(reqs)?;
         let policy = Policy::load_for_client();
         let image = match &first.image {
             Some(i) => i.clone(),
@@ -66,25 +50,35 @@ impl Client {
                 .default_image
                 .clone(),
         };
-        let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
-        let max_allocation = policy
-            .as_ref()
-            .ok()
-            .and_then(|p| p.limits().ok())
-            .map_or(DEFAULT_MAX_ALLOCATION_SECS, |l| l.max_allocation_secs);
-        let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
         let specs = reqs.iter().map(|r| self.spec_for(r, &image)).collect::<Result<Vec<_>>>()?;
         if let (Ok(p), Some(spec)) = (&policy, specs.first()) {
             // (the calls of one submission ask for the same resources)
             p.check_resources(&spec.resources)?;
         }
-        // Each distinct shipment measured (and refused) once, before any
-        // job directory is made: a map's calls share theirs.
+        let jobs = self.prepare_all(reqs, specs, &policy)?;
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
+        let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
+        let groups = self.allocations(first, jobs.len(), &policy);
+        // For each call: its allocation (array element) and how many calls share it.
+        let (batch, placement) = self.batch_request(first, &ids, &dirs, groups.as_deref());
+        let slurm_id = self.sbatch(&batch, &jobs, &ids[0])?;
+        self.record_slurm_ids(&slurm_id, &jobs, &ids, groups.as_deref(), &placement)
+    }
+
+    /// Every call's job directory, made and synced; each distinct shipment
+    /// measured (and refused) once, before any directory is made (a map's
+    /// calls share theirs). On an error nothing is left behind.
+    fn prepare_all(
+        &self,
+        reqs: &[SubmitRequest],
+        specs: Vec<Spec>,
+        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+    ) -> Result<Vec<(JobId, PathBuf, OwnedFd)>> {
         let payload_max = reqs.iter().map(|r| r.payload.as_ref().map_or(0, |p| p.len() as u64)).max();
         let mut shipments: Vec<(&[PathBuf], crate::ship::Plan)> = Vec::new();
         for r in reqs.iter().filter(|r| !r.files.is_empty()) {
             if !shipments.iter().any(|(f, _)| *f == r.files.as_slice()) {
-                shipments.push((&r.files, self.ship_plan(&r.files, payload_max.unwrap_or(0), &policy)?));
+                shipments.push((&r.files, self.ship_plan(&r.files, payload_max.unwrap_or(0), policy)?));
             }
         }
         let mut jobs: Vec<(JobId, PathBuf, OwnedFd)> = Vec::with_capacity(reqs.len());
@@ -93,7 +87,6 @@ impl Client {
             match self.prepare(spec, req.payload.as_deref(), shipment) {
                 Ok(j) => jobs.push(j),
                 Err(e) => {
-                    // Nothing was submitted: nothing is left behind.
                     self.withdraw_all(&jobs);
                     return Err(e);
                 }
@@ -106,30 +99,35 @@ impl Client {
             self.withdraw_all(&jobs);
             return Err(e.into());
         }
-        let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
-        let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
-        let groups = if jobs.len() > 1 && per_allocation > 1 {
-            match self.config.slurm.partition_info() {
-                Ok(info) => plan_allocations(
-                    jobs.len(),
-                    per_allocation,
-                    first.resources.time_limit_secs,
-                    &info,
-                    max_allocation,
-                ),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
-                    None
-                }
+        Ok(jobs)
+    }
+
+    /// How `calls` calls share allocations (the site's calls_per_allocation,
+    /// this client's own lower setting, the partition and the site's
+    /// max_allocation_time), or None: one Slurm job per call.
+    fn allocations(
+        &self,
+        first: &SubmitRequest,
+        calls: usize,
+        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+    ) -> Option<Vec<Vec<usize>>> {
+        let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
+        let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
+        if calls <= 1 || per_allocation <= 1 {
+            return None;
+        }
+        let max_allocation = policy
+            .as_ref()
+            .ok()
+            .and_then(|p| p.limits().ok())
+            .map_or(DEFAULT_MAX_ALLOCATION_SECS, |l| l.max_allocation_secs);
+        match self.config.slurm.partition_info() {
+            Ok(info) => plan_allocations(calls, per_allocation, first.resources.time_limit_secs, &info, max_allocation),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
+                None
             }
-        } else {
-            None
-        };
-        // For each call: its allocation (array element) and how many calls share it.
-        let (batch, placement) = self.batch_request(first, &ids, &dirs, groups.as_deref());
-        let slurm_id = self.sbatch(&batch, &jobs, &ids[0])?;
-        let handles = self.record_slurm_ids(&slurm_id, &jobs, &ids, groups.as_deref(), &placement)?;
-        Ok(handles)
+        }
     }
 
     /// The one sbatch of a submission: a shared allocation (or an array of
@@ -407,4 +405,28 @@ impl Client {
             let _ = self.write_client_outcome(fd, dir, State::Failed, reason, false, None);
         }
     }
+}
+
+/// What one submission may be: a multi-node job alone, at most one job
+/// array's calls, every call with the same resources, image and hold.
+fn check_submission(reqs: &[SubmitRequest]) -> Result<()> {
+    let Some(first) = reqs.first() else { return Ok(()) };
+    if first.resources.nodes > 1 && reqs.len() > 1 {
+        return Err(ClientError::InvalidRequest(
+            "a multi-node job is submitted alone (no count, map or jobs-file sharing)".into(),
+        ));
+    }
+    if reqs.len() > MAX_ARRAY {
+        return Err(ClientError::InvalidRequest(format!(
+            "{} calls in one submission, more than the limit of {MAX_ARRAY} of one job array",
+            reqs.len()
+        )));
+    }
+    let same = |r: &SubmitRequest| (&r.resources, &r.image, r.hold) == (&first.resources, &first.image, first.hold);
+    if !reqs.iter().all(same) {
+        return Err(ClientError::InvalidRequest(
+            "the calls of one job array must ask for the same resources and image".into(),
+        ));
+    }
+    Ok(())
 }
