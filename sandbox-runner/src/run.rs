@@ -234,23 +234,7 @@ pub async fn run_job_as(
     };
     let checked = match validate::check_job_as(&dir, uid, &policy, rank.is_some()) {
         Ok(c) => c,
-        Err(Refusal::Job { reason, write_outcome: false }) => {
-            // Not an error of this run: the job ended before (in a batch,
-            // the client cancelled this call before its turn).
-            tracing::info!("not running {}: {reason}", path.display());
-            return Finish {
-                code: EXIT_REFUSED,
-                final_line: Some(refused_line(&reason)),
-                already_ended: true,
-            };
-        }
-        Err(r) => {
-            let reason = r.reason().to_string();
-            tracing::error!("refusing {}: {reason}", path.display());
-            let mut o = base(State::Failed, format!("refused: {reason}"));
-            o.refused = true;
-            return write(&o, Some(refused_line(&reason)));
-        }
+        Err(r) => return refused(path, r, |o, line| write(o, line), &base),
     };
     if checked.cancel_requested {
         tracing::info!("job {} was cancelled before it started", checked.job_id);
@@ -279,14 +263,43 @@ pub async fn run_job_as(
     };
     let outcome = agent_phase(&ctx, agent).await;
     tracing::info!("job {}: {}: {}", checked.job_id, outcome.state, outcome.reason);
-    let line = match outcome.state {
+    let line = final_line(&outcome);
+    write(&outcome, line)
+}
+
+/// How a job that failed the checks ends: with an outcome that says why,
+/// or (already ended before: in a batch, the client cancelled this call
+/// before its turn) with none.
+fn refused(
+    path: &Path,
+    r: Refusal,
+    write: impl Fn(&Outcome, Option<String>) -> Finish,
+    base: &dyn Fn(State, String) -> Outcome,
+) -> Finish {
+    if let Refusal::Job { reason, write_outcome: false } = &r {
+        tracing::info!("not running {}: {reason}", path.display());
+        return Finish {
+            code: EXIT_REFUSED,
+            final_line: Some(refused_line(reason)),
+            already_ended: true,
+        };
+    }
+    let reason = r.reason().to_string();
+    tracing::error!("refusing {}: {reason}", path.display());
+    let mut o = base(State::Failed, format!("refused: {reason}"));
+    o.refused = true;
+    write(&o, Some(refused_line(&reason)))
+}
+
+/// The one line a call's stderr log ends with (none for a completed call).
+fn final_line(outcome: &Outcome) -> Option<String> {
+    match outcome.state {
         State::Completed => None,
         _ if outcome.refused => Some(refused_line(
             outcome.reason.strip_prefix("refused: ").unwrap_or(&outcome.reason),
         )),
         _ => Some(state_line(outcome.state, &outcome.reason)),
-    };
-    write(&outcome, line)
+    }
 }
 
 /// True when the job directory's path still names the directory that was
@@ -429,24 +442,8 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
         let watching = kill.is_none();
         let ev = tokio::select! {
             r = a.recv() => Event::Answer(r),
-            sig = async {
-                loop {
-                    if let Some(s) = *signals.borrow_and_update() {
-                        return s;
-                    }
-                    if signals.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-            }, if watching => Event::Signal(sig),
-            () = async {
-                loop {
-                    marker_poll.tick().await;
-                    if started && exists_at(&ctx.dir.fd, CANCEL) {
-                        return;
-                    }
-                }
-            }, if watching => Event::Marker,
+            sig = next_signal(&mut signals), if watching => Event::Signal(sig),
+            () = cancel_marker(ctx, &mut marker_poll, started), if watching => Event::Marker,
         };
         let answer = match ev {
             Event::Signal(sig) => {
@@ -466,18 +463,11 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
                 tracing::info!("created container {container_id} for job {job} (perf mode {perf_mode})");
             }
             Ok(Answer::Started { container_id, perf_mode, started_ms }) => {
-                tracing::info!("started container {container_id}");
                 started = true;
-                let rec = Started {
-                    host: ctx.host.clone(),
-                    started_ms,
-                    container_id,
-                    perf_mode,
-                };
                 // A job whose start cannot be recorded is stopped: the directory is broken.
-                if let Err(e) = write_ranked(ctx.dir, &rec, ctx.rank) {
+                if let Err(why) = record_start(ctx, container_id, perf_mode, started_ms) {
                     if kill.is_none() {
-                        kill = Some(KillWhy::Record(format!("cannot record the start: {e}")));
+                        kill = Some(KillWhy::Record(why));
                         let _ = a.send(&Request::Kill, &[]).await;
                     }
                 }
@@ -498,6 +488,40 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
             }
         }
     }
+}
+
+/// The signal Slurm sent this step (SIGTERM on scancel or the time limit).
+async fn next_signal(signals: &mut SignalWatch) -> &'static str {
+    loop {
+        if let Some(s) = *signals.borrow_and_update() {
+            return s;
+        }
+        if signals.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Returns once the call has started and the user's cancel marker exists.
+async fn cancel_marker(ctx: &Ctx<'_>, poll: &mut tokio::time::Interval, started: bool) {
+    loop {
+        poll.tick().await;
+        if started && exists_at(&ctx.dir.fd, CANCEL) {
+            return;
+        }
+    }
+}
+
+/// Records that the call started (the `started` file, per rank).
+fn record_start(ctx: &Ctx<'_>, container_id: String, perf_mode: String, started_ms: u64) -> Result<(), String> {
+    tracing::info!("started container {container_id}");
+    let rec = Started {
+        host: ctx.host.clone(),
+        started_ms,
+        container_id,
+        perf_mode,
+    };
+    write_ranked(ctx.dir, &rec, ctx.rank).map_err(|e| format!("cannot record the start: {e}"))
 }
 
 /// The outcome of a call the agent ran.
