@@ -126,6 +126,10 @@ pub enum Answer {
     },
     /// The container ended and has been removed (or could not be).
     Ended(Ended),
+    /// The machine the call ran on (sent before [`Answer::Ended`]; an
+    /// agent of before has none, the runner then writes none). Appended
+    /// last: the earlier answers keep their encoding.
+    Fingerprint(Box<crate::Fingerprint>),
 }
 
 /// Why the container stopped, from the agent's side.

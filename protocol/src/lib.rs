@@ -57,6 +57,7 @@ pub mod cancel;
 pub mod clock;
 pub mod cpus;
 pub mod error;
+pub mod fingerprint;
 pub mod fsio;
 pub mod job_id;
 pub mod layout;
@@ -71,6 +72,7 @@ pub mod units;
 
 pub use clock::now_ms;
 pub use error::{ProtocolError, Result};
+pub use fingerprint::{Fingerprint, FINGERPRINT};
 pub use fsio::{
     atomic_write_at, atomic_write_at_deferred, check_clean_absolute, check_owner, exists_at, list_entries,
     open_dir_nofollow, open_regular_at, read_bounded_at, sync_filesystem,

@@ -276,6 +276,18 @@ fn read_file<'py>(py: Python<'py>, id: String, name: String, limit: u64) -> PyRe
     Ok(data.map(|d| PyBytes::new(py, &d)))
 }
 
+/// The machine a job's call ran on, as the worker's agent recorded it
+/// (its fingerprint), as JSON; None before the call ended or when the
+/// worker recorded none.
+#[pyfunction]
+fn fingerprint(py: Python<'_>, id: String) -> PyResult<Option<String>> {
+    let id = JobId::parse(&id).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let f =
+        py.detach(move || -> CoreResult<Option<delegate_protocol::Fingerprint>> { Ok(client()?.fingerprint(&id)?) })?;
+    f.map(|f| serde_json::to_string(&f).map_err(|e| PyValueError::new_err(e.to_string())))
+        .transpose()
+}
+
 /// The `limit` most recent jobs of the delegate root (all with None),
 /// oldest first: each a status dict plus `what` (the command, or the
 /// Python function's name). One Slurm query for all.
@@ -355,6 +367,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cancel, m)?)?;
     m.add_function(wrap_pyfunction!(read_file, m)?)?;
     m.add_function(wrap_pyfunction!(jobs, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(parse_duration_secs, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(job_dir, m)?)?;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bollard::Docker;
 use delegate_protocol::agent::{Answer, Ended, EndedHow, Request, RunRequest};
 use delegate_protocol::policy::{Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
-use delegate_protocol::{check_clean_absolute, JobId};
+use delegate_protocol::{check_clean_absolute, Fingerprint, JobId};
 use futures_util::FutureExt;
 use nix::sys::stat::{fstat, SFlag};
 use tokio::net::UnixStream;
@@ -22,6 +22,7 @@ use crate::call::Ctx;
 use crate::config::{self, Params, Perf};
 use crate::conn::{self, Incoming};
 use crate::engine::{self, EngineError};
+use crate::fingerprint;
 use crate::gpu::{self, GpuError};
 use crate::ident::{self, Caller};
 use crate::rank;
@@ -590,7 +591,12 @@ async fn engine_phase(
         .filter(|_| ctx.alone && created_ok)
         .and_then(|p| crate::pin::OffCores::new(&p.others));
     let mut ended = if created_ok {
-        supervise::supervise(ctx, &docker, &id, perf, dir, out, err, stream, rx).await
+        let cores = call_cores(ctx, placement.as_ref());
+        let before = fingerprint_before(ctx, cores).await;
+        let ended = supervise::supervise(ctx, &docker, &id, perf, dir, out, err, stream, rx).await;
+        let fp = fingerprint_after(ctx, &docker, before, perf).await;
+        let _ = conn::send(stream, &Answer::Fingerprint(Box::new(fp))).await;
+        ended
     } else {
         Ended {
             how: EndedHow::Failed("the runner went away".into()),
@@ -612,6 +618,43 @@ async fn engine_phase(
         rank::release_network(&docker, net).await;
     }
     Answer::Ended(ended)
+}
+
+/// The cores the call runs on: its own (pinned), else the allocation's.
+fn call_cores(ctx: &Ctx<'_>, placement: Option<&delegate_protocol::cpus::Placement>) -> Vec<u32> {
+    let cores = placement.map_or(&ctx.caller.cpus, |p| &p.sandbox);
+    cores.iter().filter_map(|&c| u32::try_from(c).ok()).collect()
+}
+
+/// The /proc that shows the node's tasks (the host's on a stack worker).
+fn node_proc(ctx: &Ctx<'_>) -> PathBuf {
+    match &ctx.policy.host_proc {
+        p if p.as_os_str().is_empty() => PathBuf::from("/proc"),
+        p => p.clone(),
+    }
+}
+
+/// The machine's state just before the call starts (crate::fingerprint).
+async fn fingerprint_before(ctx: &Ctx<'_>, cores: Vec<u32>) -> fingerprint::Before {
+    let proc = node_proc(ctx);
+    let skip = [std::process::id() as i32].into_iter().collect();
+    tokio::task::spawn_blocking(move || fingerprint::before(std::path::Path::new("/"), &proc, &cores, &skip))
+        .await
+        .unwrap_or_else(|_| fingerprint::Before::unknown())
+}
+
+/// The fingerprint of the call that just ended.
+async fn fingerprint_after(ctx: &Ctx<'_>, docker: &Docker, before: fingerprint::Before, perf: Perf) -> Fingerprint {
+    let image_id = docker.inspect_image(&ctx.spec.image).await.ok().and_then(|i| i.id);
+    let (proc, node) = (node_proc(ctx), ctx.node.clone());
+    let skip = [std::process::id() as i32].into_iter().collect();
+    let perf = perf.as_str();
+    tokio::task::spawn_blocking(move || {
+        let hw = fingerprint::hardware_counters();
+        fingerprint::after(std::path::Path::new("/"), &proc, before, &skip, &node, perf, image_id, hw)
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// Removes the ended sandbox (patiently); what to tell the student if it

@@ -26,6 +26,7 @@ mod call;
 mod config;
 mod conn;
 mod engine;
+mod fingerprint;
 mod gpu;
 mod ident;
 mod job;

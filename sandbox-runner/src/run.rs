@@ -472,6 +472,13 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
                     }
                 }
             }
+            Ok(Answer::Fingerprint(f)) => {
+                // After the sandbox ended (the agent sends it with the end):
+                // replaces anything the call left under that name.
+                if let Err(e) = write_ranked(ctx.dir, &*f, ctx.rank) {
+                    tracing::warn!("job {job}: cannot record the machine's fingerprint: {e}");
+                }
+            }
             Ok(Answer::Ended(e)) => return ended_outcome(ctx, e, kill),
             Ok(Answer::Refused(reason)) => {
                 tracing::error!("the delegate agent refused job {job}: {reason}");

@@ -3,7 +3,9 @@ in its own sandbox through real Slurm and the real Docker engine."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from conftest import containers_with_label
 
@@ -366,3 +368,33 @@ out(**texts)
         assert "ZeroDivisionError" in tb and "return x / 0" in tb and "return divide(1)" in tb, (how, tb)
         for internal in ("_traceback.py", "raise_remote", "_futures.py", "concurrent/futures", "exec(code"):
             assert internal not in tb, (how, internal, tb)
+
+
+def test_a_futures_fingerprint_names_the_machine(alice):
+    """``fut.fingerprint``: the machine the call ran on, recorded by the
+    worker's agent (issue 32); None while the call has not ended."""
+    res, _ = alice.result(
+        HEADER
+        + """
+@delegate.remote(time="2m")
+def work():
+    return sum(range(10**6))
+f = work.submit()
+before = f.fingerprint
+f.result(timeout=240)
+fp = f.fingerprint
+out(before=before, node=fp["node"], model=fp["cpu_model"], kernel=fp["kernel"], cores=fp["cores"],
+    perf=fp["perf_mode"], governor=fp["governor"])
+"""
+    )
+    info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    model = next(
+        v.strip()
+        for k, _, v in (line.partition(":") for line in info.splitlines())
+        if k.strip() == "model name"
+    )
+    assert res["before"] is None
+    assert res["model"] == model and res["kernel"] == os.uname().release
+    assert res["cores"] and res["perf"] in ("seccomp", "perfmon", "off")
+    gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    assert res["governor"] == (gov.read_text().strip() if gov.exists() else None)

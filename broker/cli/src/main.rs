@@ -14,6 +14,7 @@
 mod cli;
 mod commands;
 mod fail;
+mod machine;
 mod output;
 
 use std::io;

@@ -1,8 +1,11 @@
-//! Readers of a job's files: its output streams and its result.
+//! Readers of a job's files: its output streams, its result and the
+//! fingerprint of the machine it ran on.
 
 use std::fs::File;
 
-use delegate_protocol::{self as protocol, exists_at, open_regular_at, read_bounded_at, JobId, MAX_RESULT_BYTES};
+use delegate_protocol::{
+    self as protocol, exists_at, open_regular_at, read_bounded_at, read_record_at, Fingerprint, JobId, MAX_RESULT_BYTES,
+};
 
 use crate::client::optional;
 use crate::{Client, Result, Stream};
@@ -63,6 +66,14 @@ impl Client {
             MAX_RESULT_BYTES,
             None,
         ))?)
+    }
+
+    /// The machine the call ran on, as the worker's agent recorded it
+    /// (`fingerprint`); `None` before the call ended or when the worker
+    /// recorded none. A file that does not decode is an error.
+    pub fn fingerprint(&self, id: &JobId) -> Result<Option<Fingerprint>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_record_at(&fd, &self.job_dir(id), None))?)
     }
 
     /// True when the job's outcome file exists.

@@ -64,6 +64,9 @@ class DelegateFuture(cf.Future[Any]):
     @property
     def status(self) -> dict[str, Any]: ...
     @property
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The machine the call ran on (None before it ended); unknown fields are None."""
+    @property
     def outcome(self) -> str:
         """The state in the user's words (``done``, ``raised ZeroDivisionError``...)."""
     @property

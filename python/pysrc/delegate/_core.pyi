@@ -112,6 +112,10 @@ def read_file(id: str, name: str, limit: int = ...) -> bytes | None:
     ``result`` or a multi-node call's ``result.<rank>``; None when the file
     does not exist."""
 
+def fingerprint(id: str) -> str | None:
+    """The machine a job's call ran on, as the worker's agent recorded it
+    (JSON); None before the call ended or when the worker recorded none."""
+
 def jobs(limit: int | None = None) -> list[JobRecord]:
     """The ``limit`` most recent jobs of the delegate root (all with None),
     oldest first, each with ``what`` it runs (one Slurm query for all)."""

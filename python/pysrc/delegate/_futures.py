@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import json
 import linecache
 import os
 import pickle
@@ -143,6 +144,18 @@ class DelegateFuture(cf.Future):
     @property
     def status(self) -> dict:
         return dict(self._status)
+
+    @property
+    def fingerprint(self) -> dict | None:
+        """The machine the call ran on, as the worker's agent recorded it
+        after the call (never the call's own code): ``node``, ``cpu_model``,
+        ``cpu_vendor``, ``microcode``, ``cores`` and their ``smt_siblings``,
+        ``governor``, ``boost``, frequencies, ``kernel``, ``boot_params``,
+        ``image_id``, ``perf_mode``, ``hardware_counters``, ``others_seen``
+        and more; a field the node cannot tell is None. None before the call
+        ended (or when its worker recorded none)."""
+        text = _core.fingerprint(self.job_id)
+        return None if text is None else json.loads(text)
 
     @property
     def outcome(self) -> str:

@@ -105,6 +105,11 @@ class LocalFuture(DelegateFuture):
         except FileNotFoundError:
             return None
 
+    @property
+    def fingerprint(self) -> dict | None:
+        """None: a local call has no worker to record its machine."""
+        return None
+
     def cancel(self) -> bool:
         if self.done():
             return self.cancelled()

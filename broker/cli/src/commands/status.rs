@@ -53,10 +53,23 @@ pub fn result(cli: &Cli, id: &str) -> CliResult {
     let Some(s) = st.first() else {
         return Err(Fail::new(format!("no status for job {id}"), 1));
     };
+    // A fingerprint that does not decode (written by another version, or
+    // by the call itself) does not hide the result.
+    let fingerprint = c.fingerprint(&id).unwrap_or_else(|e| {
+        eprintln!("delegate: the machine's fingerprint cannot be read: {e}");
+        None
+    });
     if cli.json {
-        print_json(s)?;
+        let mut v = serde_json::to_value(s)?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("fingerprint".into(), serde_json::to_value(&fingerprint)?);
+        }
+        print_json(&v)?;
     } else {
         print_result(s);
+        for line in fingerprint.iter().flat_map(crate::machine::lines) {
+            println!("{line}");
+        }
     }
     Ok(0)
 }

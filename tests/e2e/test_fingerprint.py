@@ -1,0 +1,74 @@
+"""The machine a call ran on (issue 32): the worker's agent reads it from
+the node's /proc and /sys before and after the call and the runner writes
+it into the job directory (`fingerprint`); `delegate result` shows it and
+`--json` carries it. Compared here with what this node's own /proc and /sys
+say (not a stand-in), and tried as a student who forges it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from conftest import User
+
+
+def node_says() -> dict:
+    info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    kv = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info.splitlines())}
+    gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    return {
+        "model": kv.get("model name"),
+        "vendor": kv.get("vendor_id"),
+        "family": int(kv["cpu family"]) if "cpu family" in kv else None,
+        "microcode": kv.get("microcode"),
+        "kernel": os.uname().release,
+        "governor": gov.read_text().strip() if gov.exists() else None,
+    }
+
+
+def result_json(user: User, job: str) -> dict:
+    r = user.run("result", "--json", job)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_calls_fingerprint_is_what_the_node_says(alice):
+    job = alice.submit("sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+    assert alice.wait(job)["state"] == "completed"
+    f = result_json(alice, job)["fingerprint"]
+    assert f is not None, "no fingerprint recorded"
+    want = node_says()
+    assert f["node"] == os.uname().nodename.split(".")[0]
+    assert f["cpu_model"] == want["model"] and f["cpu_vendor"] == want["vendor"]
+    assert f["cpu_family"] == want["family"]
+    assert f["microcode"] == want["microcode"], "a field the node lacks must stay unknown (null)"
+    assert f["kernel"] == want["kernel"]
+    assert f["governor"] == want["governor"]
+    allowed = set(range(os.cpu_count() or 1))
+    assert f["cores"] and set(f["cores"]) <= allowed, f["cores"]
+    assert f["cores_busy_ms"] is not None and f["cores_busy_ms"] > 0, f
+    assert f["perf_mode"] in ("seccomp", "perfmon", "off")
+    assert f["image_id"] and f["image_id"].startswith("sha256:"), f["image_id"]
+    # The text form names the machine and says unknown for what it lacks.
+    text = alice.run("result", job).stdout
+    assert f"machine:   {f['node']} · {want['model']}" in text, text
+    if want["governor"] is None:
+        assert "governor unknown" in text, text
+
+
+def test_a_call_cannot_write_its_own_fingerprint(alice):
+    """The call writes a forged `fingerprint` into its job directory; the
+    runner replaces it with the agent's after the sandbox ended."""
+    job = alice.submit("sh", "-c", "printf 'DLGTF\\0\\1\\0forged' > /job/fingerprint")
+    assert alice.wait(job)["state"] == "completed"
+    f = result_json(alice, job)["fingerprint"]
+    assert f is not None and f["cpu_model"] == node_says()["model"], f
+
+
+def test_a_call_that_never_ran_has_no_fingerprint(alice):
+    job, _, _ = alice.held()
+    r = alice.run("cancel", job)
+    assert r.returncode == 0, r.stderr
+    alice.wait(job)
+    assert result_json(alice, job)["fingerprint"] is None
