@@ -398,3 +398,36 @@ out(before=before, node=fp["node"], model=fp["cpu_model"], kernel=fp["kernel"], 
     assert res["cores"] and res["perf"] in ("seccomp", "perfmon", "off")
     gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
     assert res["governor"] == (gov.read_text().strip() if gov.exists() else None)
+
+
+def test_repeat_runs_the_body_in_one_sandbox_and_compare_interleaves(alice):
+    """``repeat=N, warmup=K``: N+K runs of the body in one process of one
+    sandbox, the N measured ones returned with their statistics;
+    ``delegate.compare``: both functions in one sandbox, one submission.
+    (Structure only: tests do not assert on time.)"""
+    res, _ = alice.result(
+        HEADER
+        + """
+import os
+@delegate.remote(time="2m", repeat=5, warmup=2)
+def work(n):
+    import sys
+    sys.dlg_calls = getattr(sys, "dlg_calls", 0) + 1
+    return (os.getpid(), sys.dlg_calls, sum(range(n)))
+r = work(10**5)
+before = delegate.sbatch_count()
+c = delegate.compare(lambda n: sum(range(n)), lambda n: sum(range(4 * n)), 10**5, repeat=8, time="2m")
+out(values=[list(v) for v in r.values], n=len(r.seconds), warmup=r.warmup,
+    ok=r.stats.min <= r.stats.median <= r.stats.max, warning=r.warning is None or isinstance(r.warning, str),
+    ratio=c.ratio, ci=list(c.ci), pairs=(len(c.a.seconds), len(c.b.seconds)), sbatch=delegate.sbatch_count() - before,
+    text=repr(c))
+"""
+    )
+    values = res["values"]
+    assert len({v[0] for v in values}) == 1, "every run in one process"
+    assert [v[1] for v in values] == [3, 4, 5, 6, 7], "two warm-up runs first, then the five measured"
+    assert len({v[2] for v in values}) == 1
+    assert res["n"] == 5 and res["warmup"] == 2 and res["ok"] and res["warning"]
+    assert res["pairs"] == [8, 8] and res["sbatch"] == 1
+    assert res["ratio"] > 0 and res["ci"][0] <= res["ratio"] <= res["ci"][1]
+    assert "95% CI, 8 pairs" in res["text"], res["text"]

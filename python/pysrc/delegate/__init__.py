@@ -64,11 +64,14 @@ from delegate._errors import (
 from delegate._futures import DelegateFuture, attach, attach_many, mark_cancelled
 from delegate._jobs import JobTable, jobs
 from delegate._traceback import hide as _hide_frames
+from delegate_sandbox import measure as _measure  # type: ignore[import-untyped]
+from delegate_sandbox.measure import Comparison, Repeated, Stats  # type: ignore[import-untyped]
 
 if TYPE_CHECKING:
     from delegate._core import JobStatus
 
 __all__ = [
+    "Comparison",
     "DelegateError",
     "DelegateFuture",
     "Executor",
@@ -80,9 +83,12 @@ __all__ = [
     "RemoteError",
     "RemoteFunction",
     "RemoteTraceback",
+    "Repeated",
+    "Stats",
     "SubmitError",
     "VersionMismatchError",
     "cancel",
+    "compare",
     "jobs",
     "remote",
     "sbatch_count",
@@ -178,12 +184,13 @@ def _files_list(files):
     return list(files)
 
 
-def _submit_many(fn, calls, res: dict, backend: str | None = None) -> list:
+def _submit_many(fn, calls, res: dict, backend: str | None = None, label: str | None = None) -> list:
     """Submits every (args, kwargs) of ``calls`` in one sbatch (or runs each
-    in a local subprocess); returns futures, under one live line."""
+    in a local subprocess); returns futures, under one live line (``label``,
+    default the function's name)."""
     cloudpickle = _cloudpickle()
     payloads = [_payload(fn, a, k) for a, k in calls]
-    label = _label(fn)
+    label = label or _label(fn)
     if _backend(backend) == "local":
         if int(res.get("nodes") or 1) > 1:
             raise ValueError("nodes > 1 needs the cluster (the local backend runs one process per call)")
@@ -194,9 +201,25 @@ def _submit_many(fn, calls, res: dict, backend: str | None = None) -> list:
     return attach_many(ids, label)
 
 
-def _submit(fn, args, kwargs, res: dict, backend: str | None = None) -> DelegateFuture:
-    (fut,) = _submit_many(fn, [(args, kwargs)], res, backend)
+def _submit(
+    fn, args, kwargs, res: dict, backend: str | None = None, label: str | None = None
+) -> DelegateFuture:
+    (fut,) = _submit_many(fn, [(args, kwargs)], res, backend, label)
     return fut
+
+
+def _repeats(repeat, warmup) -> tuple[int, int] | None:
+    """``repeat``/``warmup`` checked: None when not repeating."""
+    if repeat is None:
+        if warmup:
+            raise ValueError("warmup= needs repeat=")
+        return None
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= 100_000:
+        raise ValueError("repeat= must be a whole number from 1 to 100000, not %r" % (repeat,))
+    warmup = 0 if warmup is None else warmup
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= 100_000:
+        raise ValueError("warmup= must be a whole number from 0 to 100000, not %r" % (warmup,))
+    return repeat, warmup
 
 
 class RemoteFunction:
@@ -204,11 +227,12 @@ class RemoteFunction:
     value; ``submit`` returns a future at once; ``map`` runs many calls in one
     sbatch."""
 
-    def __init__(self, fn, *, backend: str | None = None, **resources):
+    def __init__(self, fn, *, backend: str | None = None, repeat=None, warmup=None, **resources):
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._resources = resources
         self._backend = backend
+        self._repeats = _repeats(repeat, warmup)
         _resources(resources)  # validate early
         if backend is not None:
             _backend(backend)
@@ -218,7 +242,13 @@ class RemoteFunction:
         return self.submit(*args, **kwargs).result()
 
     def submit(self, *args, **kwargs) -> DelegateFuture:
-        return _submit(self._fn, args, kwargs, self._resources, self._backend)
+        if self._repeats is None:
+            return _submit(self._fn, args, kwargs, self._resources, self._backend)
+        # The body N+K times in one sandbox, on the same cores: the value
+        # is a delegate.Repeated (values, durations, statistics).
+        repeat, warmup = self._repeats
+        call = (self._fn, args, kwargs, repeat, warmup)
+        return _submit(_measure.repeated, call, {}, self._resources, self._backend, _label(self._fn))
 
     def map(self, *iterables, timeout=None):
         __tracebackhide__ = _hide_frames()
@@ -250,6 +280,8 @@ def remote(
     env=None,
     files=None,
     backend=None,
+    repeat=None,
+    warmup=None,
 ):
     """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, gpus=1,
     mem="2G", time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
@@ -260,13 +292,39 @@ def remote(
     call returns the list of the ranks' return values (rank order).
     ``files=["data", "helpers.py"]``: copied into each call's job directory
     before submission (the call sees ``/job/data``, ``/job/helpers.py``);
-    the local backend leaves them where they are."""
+    the local backend leaves them where they are.
+    ``repeat=N, warmup=K``: each call runs the body K times unmeasured and
+    N times measured in one sandbox on the same cores and returns a
+    ``delegate.Repeated`` (``values``, ``seconds``, ``stats``: min, median ±
+    MAD, mean ± std, outliers, and a warning when the spread is too wide to
+    trust)."""
     files = _files_list(files)
     res = dict(cpus=cpus, gpus=gpus, nodes=nodes, mem=mem, time=time, image=image, env=env, files=files)
     res = {k: v for k, v in res.items() if v is not None}
+    more = dict(backend=backend, repeat=repeat, warmup=warmup)
     if fn is None:
-        return lambda f: RemoteFunction(f, backend=backend, **res)
-    return RemoteFunction(fn, backend=backend, **res)
+        return lambda f: RemoteFunction(f, **more, **res)
+    return RemoteFunction(fn, **more, **res)
+
+
+def compare(a, b, *args, repeat=10, warmup=1, kwargs=None, backend=None, **resources):
+    """Times ``a(*args, **kwargs)`` against ``b(*args, **kwargs)``: both in
+    one sandbox on the same cores, interleaved (ABAB...), ``warmup`` pairs
+    unmeasured then ``repeat`` measured. Returns a ``delegate.Comparison``:
+    ``ratio`` (a's time over b's, the geometric mean of the paired ratios),
+    its 95% confidence interval ``ci``, both series' ``stats`` and a
+    ``warning`` when the figures cannot be trusted. ``resources`` as for
+    ``delegate.remote`` (``time="5m"``, ``cpus=2``, ...)."""
+    __tracebackhide__ = _hide_frames()
+    if isinstance(a, RemoteFunction):
+        a = a._fn
+    if isinstance(b, RemoteFunction):
+        b = b._fn
+    reps = _repeats(repeat, warmup)
+    assert reps is not None
+    call = (a, b, args, dict(kwargs or {}), reps[0], reps[1])
+    label = "compare %s/%s" % (_label(a), _label(b))
+    return _submit(_measure.compared, call, {}, resources, backend, label).result()
 
 
 class Executor(cf.Executor):

@@ -19,6 +19,7 @@ from delegate._errors import RemoteTraceback as RemoteTraceback
 from delegate._errors import VersionMismatchError as VersionMismatchError
 
 __all__ = [
+    "Comparison",
     "DelegateError",
     "DelegateFuture",
     "Executor",
@@ -30,9 +31,12 @@ __all__ = [
     "RemoteError",
     "RemoteFunction",
     "RemoteTraceback",
+    "Repeated",
+    "Stats",
     "SubmitError",
     "VersionMismatchError",
     "cancel",
+    "compare",
     "jobs",
     "remote",
     "sbatch_count",
@@ -82,7 +86,13 @@ class RemoteFunction(Generic[_P, _R]):
     """A function that runs remotely: call it, ``submit`` it or ``map`` it."""
 
     def __init__(
-        self, fn: Callable[_P, _R], *, backend: _Backend | None = None, **resources: Any
+        self,
+        fn: Callable[_P, _R],
+        *,
+        backend: _Backend | None = None,
+        repeat: int | None = None,
+        warmup: int | None = None,
+        **resources: Any,
     ) -> None: ...
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
     def submit(self, *args: _P.args, **kwargs: _P.kwargs) -> DelegateFuture: ...
@@ -102,6 +112,8 @@ def remote(
     env: Mapping[str, str] | None = None,
     files: Sequence[str | os.PathLike[str]] | None = None,
     backend: _Backend | None = None,
+    repeat: int | None = None,
+    warmup: int | None = None,
 ) -> RemoteFunction[_P, _R]: ...
 @overload
 def remote(
@@ -116,7 +128,65 @@ def remote(
     env: Mapping[str, str] | None = None,
     files: Sequence[str | os.PathLike[str]] | None = None,
     backend: _Backend | None = None,
+    repeat: int | None = None,
+    warmup: int | None = None,
 ) -> Callable[[Callable[_P, _R]], RemoteFunction[_P, _R]]: ...
+
+class Stats:
+    """Statistics of one series of durations (seconds)."""
+
+    seconds: list[float]
+    min: float
+    max: float
+    median: float
+    mad: float
+    mean: float
+    std: float
+    outliers: list[int]
+    unstable: bool
+    def __init__(self, seconds: Sequence[float]) -> None: ...
+    @property
+    def warning(self) -> str | None: ...
+
+class Repeated:
+    """What ``repeat=N`` returns: ``values``, ``seconds``, ``stats``."""
+
+    values: list[Any]
+    seconds: list[float]
+    warmup: int
+    stats: Stats
+    def __init__(self, values: Sequence[Any], seconds: Sequence[float], warmup: int) -> None: ...
+    @property
+    def value(self) -> Any: ...
+    @property
+    def warning(self) -> str | None: ...
+
+class Comparison:
+    """What ``compare(a, b, ...)`` returns: ``ratio`` a/b, its 95% ``ci``, both ``stats``."""
+
+    names: tuple[str, ...]
+    a: Stats
+    b: Stats
+    warmup: int
+    ratio: float
+    ci: tuple[float, float]
+    def __init__(
+        self, a_seconds: Sequence[float], b_seconds: Sequence[float], warmup: int, names: Sequence[str] = ...
+    ) -> None: ...
+    @property
+    def warning(self) -> str | None: ...
+
+def compare(
+    a: Callable[..., Any],
+    b: Callable[..., Any],
+    *args: Any,
+    repeat: int = 10,
+    warmup: int = 1,
+    kwargs: Mapping[str, Any] | None = None,
+    backend: _Backend | None = None,
+    **resources: Any,
+) -> Comparison:
+    """Times ``a`` against ``b``, interleaved in one sandbox: the ratio with its confidence interval."""
 
 class Executor(cf.Executor):
     """A ``concurrent.futures.Executor``; ``map`` is one submission."""

@@ -15,6 +15,7 @@ __all__ = [
     "SubmitError",
     "__version__",
     "cancel",
+    "fingerprint",
     "job_dir",
     "jobs",
     "parse_duration_secs",
