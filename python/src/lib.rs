@@ -301,6 +301,8 @@ fn jobs<'py>(py: Python<'py>, limit: Option<usize>) -> PyResult<Bound<'py, PyLis
             let d = status_dict(py, &j.status)?;
             d.set_item("what", &j.what)?;
             d.set_item("outcome", &j.outcome)?;
+            d.set_item("cpu", &j.cpu)?;
+            d.set_item("machine", &j.machine)?;
             Ok(d)
         })
         .collect::<PyResult<Vec<_>>>()?;

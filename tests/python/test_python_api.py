@@ -383,8 +383,9 @@ f = work.submit()
 before = f.fingerprint
 f.result(timeout=240)
 fp = f.fingerprint
+(row,) = [r for r in delegate.jobs(50) if r["id"] == f.job_id]
 out(before=before, node=fp["node"], model=fp["cpu_model"], kernel=fp["kernel"], cores=fp["cores"],
-    perf=fp["perf_mode"], governor=fp["governor"])
+    perf=fp["perf_mode"], governor=fp["governor"], row_cpu=row["cpu"], row_machine=row["machine"])
 """
     )
     info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
@@ -395,6 +396,7 @@ out(before=before, node=fp["node"], model=fp["cpu_model"], kernel=fp["kernel"], 
     )
     assert res["before"] is None
     assert res["model"] == model and res["kernel"] == os.uname().release
+    assert res["row_cpu"] == model and model in res["row_machine"], "delegate.jobs() shows the machine"
     assert res["cores"] and res["perf"] in ("seccomp", "perfmon", "off")
     gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
     assert res["governor"] == (gov.read_text().strip() if gov.exists() else None)

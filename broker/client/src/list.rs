@@ -6,7 +6,8 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use delegate_protocol::{
-    list_entries, open_regular_at, read_bounded_at, read_record_at, JobId, Spec, State, Task, PAYLOAD, RAISED,
+    list_entries, open_regular_at, read_bounded_at, read_record_at, Fingerprint, JobId, Spec, State, Task, PAYLOAD,
+    RAISED,
 };
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstatat, SFlag};
@@ -36,6 +37,11 @@ pub struct JobSummary {
     /// Python call that completed by raising, `cancelled: <why>` when the
     /// cancellation said why, else the state's name.
     pub outcome: String,
+    /// The CPU model of the machine the call ran on, and its hardware
+    /// class (crate `delegate_protocol::Fingerprint::class`), when the
+    /// worker recorded them.
+    pub cpu: Option<String>,
+    pub machine: Option<String>,
 }
 
 /// The part of a payload's JSON header that names the call.
@@ -97,7 +103,10 @@ impl Client {
                 let fd = self.open_job_dir(&status.id).ok();
                 let what = fd.as_ref().map_or_else(|| "?".to_owned(), |fd| what_at(fd, &dir));
                 let outcome = words(&status, || fd.as_ref().and_then(|fd| self.raised_at(fd, &dir)));
-                JobSummary { status, what, outcome }
+                let fp: Option<Fingerprint> = fd.as_ref().and_then(|fd| read_record_at(fd, &dir, None).ok());
+                let cpu = fp.as_ref().and_then(|f| f.cpu_model.clone());
+                let machine = fp.as_ref().map(Fingerprint::class);
+                JobSummary { status, what, outcome, cpu, machine }
             })
             .collect())
     }

@@ -216,6 +216,8 @@ class JobTable(list[JobRecord]):
     """Jobs as a table: HTML in a notebook, text in a terminal."""
 
     def _repr_html_(self) -> str: ...
+    def classes(self) -> list[str]:
+        """The hardware classes the listed calls ran on."""
 
 def Job(job_id: str) -> DelegateFuture: ...  # noqa: N802
 def status(job_ids: Iterable[str]) -> list[JobStatus]: ...

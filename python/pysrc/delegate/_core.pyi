@@ -74,6 +74,10 @@ class JobRecord(JobStatus):
     #: the state in the user's words (``raised ZeroDivisionError``,
     #: ``cancelled: call 2 of this map raised ...``, else the state)
     outcome: str
+    #: the CPU model of the machine the call ran on (None: not recorded)
+    cpu: str | None
+    #: its hardware class (CPU model, stepping, microcode, governor, boost, kernel)
+    machine: str | None
 
 def submit_python(
     payloads: Sequence[bytes],

@@ -24,7 +24,7 @@ STATE_COLOURS = {
     "lost": "#c62828",
     "cancelled": "#b26a00",
 }
-COLUMNS = ("id", "function or command", "state", "node", "elapsed", "submitted")
+COLUMNS = ("id", "function or command", "state", "node", "machine", "elapsed", "submitted")
 
 
 def _when(t) -> str:
@@ -59,6 +59,7 @@ class JobTable(list):
             str(row.get("what", "") or "?"),
             str(row.get("outcome", row.get("state", ""))),
             str(row.get("host") or "-"),
+            str(row.get("cpu") or "-"),
             "-" if el is None else seconds(float(el)),
             _when(row.get("submitted")),
         )
@@ -68,6 +69,21 @@ class JobTable(list):
             return ""
         reason = str(row.get("reason", "") or "")
         return "" if reason and reason in str(row.get("outcome", "")) else reason
+
+    def classes(self) -> list[str]:
+        """The hardware classes the listed calls ran on (a class: CPU model,
+        stepping, microcode, governor, boost, kernel); results of different
+        classes should not be compared."""
+        return sorted({str(r["machine"]) for r in self if r.get("machine")})
+
+    def _classes_note(self) -> str:
+        classes = self.classes()
+        if len(classes) < 2:
+            return ""
+        return "note: these results ran on %d machine classes; compare only results of one: %s" % (
+            len(classes),
+            "; ".join(classes),
+        )
 
     def __str__(self) -> str:
         if not self:
@@ -83,7 +99,8 @@ class JobTable(list):
                 if reason:
                     line += "  (" + reason + ")"
             lines.append(line)
-        return "\n".join(lines)
+        note = self._classes_note()
+        return "\n".join(lines + ([note] if note else []))
 
     def __repr__(self) -> str:
         return self.__str__()
@@ -110,9 +127,17 @@ class JobTable(list):
             body.append("<tr>%s</tr>" % "".join(tds))
         if not body:
             body.append("<tr><td colspan='%d'>no jobs</td></tr>" % len(COLUMNS))
-        return "<table class='delegate-jobs'><thead><tr>%s</tr></thead><tbody>%s</tbody></table>" % (
+        note = self._classes_note()
+        foot = (
+            "<tfoot><tr><td colspan='%d' class='delegate-classes' style='color:#e65100'>%s</td></tr></tfoot>"
+            % (len(COLUMNS), html.escape(note))
+            if note
+            else ""
+        )
+        return "<table class='delegate-jobs'><thead><tr>%s</tr></thead><tbody>%s</tbody>%s</table>" % (
             head,
             "".join(body),
+            foot,
         )
 
 

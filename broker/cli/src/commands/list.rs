@@ -144,6 +144,8 @@ mod tests {
             },
             what: what.into(),
             outcome: state.as_str().into(),
+            cpu: None,
+            machine: None,
         }
     }
 
