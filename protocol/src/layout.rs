@@ -21,6 +21,12 @@ pub const RESULT: &str = "result";
 /// exception's type name (untrusted: read bounded, shown only when it is
 /// a dotted name).
 pub const RAISED: &str = "raised";
+/// Written by the sandbox's timer of `delegate submit --repeat N`: JSON
+/// with each measured run's seconds and a summary line (untrusted: the
+/// call's own file, read bounded by [`MAX_REPEATS_BYTES`]).
+pub const REPEATS: &str = "repeats";
+/// The bound of the `repeats` file (100,000 runs' figures).
+pub const MAX_REPEATS_BYTES: u64 = 4 * 1024 * 1024;
 /// Files the client writes before the runner starts; anything else present
 /// when the runner starts is refused.
 /// (The entries a [`crate::shipped::SHIPPED`] manifest lists are accepted

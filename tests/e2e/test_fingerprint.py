@@ -72,3 +72,26 @@ def test_a_call_that_never_ran_has_no_fingerprint(alice):
     assert r.returncode == 0, r.stderr
     alice.wait(job)
     assert result_json(alice, job)["fingerprint"] is None
+
+
+def test_a_command_repeated_in_one_sandbox(alice):
+    """`--repeat N --warmup K`: K + N runs in one sandbox (one job
+    directory, one container), the N measured ones' figures recorded and
+    shown by `delegate result`. (Structure only: tests do not assert on
+    time.)"""
+    job = alice.submit("sh", "-c", "echo run >> /job/runs", opts=("--repeat", "4", "--warmup", "2"))
+    assert alice.wait(job)["state"] == "completed"
+    assert (alice.job_dir(job) / "runs").read_text().count("run") == 6
+    rep = result_json(alice, job)["repeats"]
+    assert rep["warmup"] == 2 and len(rep["seconds"]) == 4, rep
+    assert rep["summary"].startswith("delegate: ") and "of 4 runs" in rep["summary"], rep
+    text = alice.run("result", job).stdout
+    assert "repeats:   " in text and "after 2 warm-up run(s)" in text, text
+
+
+def test_a_failing_repeat_stops_with_its_exit_code(alice):
+    r = alice.run("submit", "--wait", "--repeat", "3", "--", "sh", "-c", "exit 5")
+    assert r.returncode == 5, r.stderr
+    assert "run 1 of 3 exited with 5" in r.stderr, r.stderr
+    r = alice.run("submit", "--warmup", "2", "--", "true")
+    assert r.returncode == 2 and "--repeat" in r.stderr, r.stderr

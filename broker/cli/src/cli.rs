@@ -154,6 +154,15 @@ pub struct SubmitArgs {
     /// allocations, each in its own fresh sandbox; prints one id per line.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
+    /// Run the command N times in one sandbox on the same cores (after
+    /// --warmup K unmeasured runs) and record each run's wall time;
+    /// `delegate result` shows the statistics (min, median ± MAD, mean ±
+    /// std, outliers, a warning when the spread is too wide).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub repeat: Option<u32>,
+    /// Unmeasured runs before the --repeat ones.
+    #[arg(long, value_name = "K", requires = "repeat", value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub warmup: Option<u32>,
     /// A file or directory to ship with the job (repeatable): copied into
     /// the job directory before submission, seen as /job/NAME in the
     /// sandbox; links out of a directory are left out; all of them at most
@@ -167,7 +176,7 @@ pub struct SubmitArgs {
         short = 'f',
         long = "jobs-file",
         value_name = "JOBS.yml",
-        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "mem", "time", "image", "env", "files"]
+        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "mem", "time", "image", "env", "files", "repeat"]
     )]
     pub jobs_file: Option<PathBuf>,
     /// The command and its arguments (run without a shell).

@@ -76,6 +76,19 @@ impl Client {
         Ok(optional(read_record_at(&fd, &self.job_dir(id), None))?)
     }
 
+    /// The `repeats` file of `delegate submit --repeat` (the sandbox's
+    /// timer writes it: untrusted JSON), bounded; `None` when absent.
+    pub fn read_repeats(&self, id: &JobId) -> Result<Option<Vec<u8>>> {
+        let fd = self.open_job_dir(id)?;
+        Ok(optional(read_bounded_at(
+            &fd,
+            &self.job_dir(id),
+            protocol::REPEATS,
+            protocol::MAX_REPEATS_BYTES,
+            None,
+        ))?)
+    }
+
     /// True when the job's outcome file exists.
     pub fn has_outcome(&self, id: &JobId) -> Result<bool> {
         let fd = self.open_job_dir(id)?;

@@ -59,14 +59,23 @@ pub fn result(cli: &Cli, id: &str) -> CliResult {
         eprintln!("delegate: the machine's fingerprint cannot be read: {e}");
         None
     });
+    // The --repeat figures: the call's own file, JSON (shown only when it
+    // parses; its summary line without control characters).
+    let repeats: Option<serde_json::Value> =
+        c.read_repeats(&id).ok().flatten().and_then(|b| serde_json::from_slice(&b).ok());
     if cli.json {
         let mut v = serde_json::to_value(s)?;
         if let Some(obj) = v.as_object_mut() {
             obj.insert("fingerprint".into(), serde_json::to_value(&fingerprint)?);
+            obj.insert("repeats".into(), repeats.unwrap_or(serde_json::Value::Null));
         }
         print_json(&v)?;
     } else {
         print_result(s);
+        if let Some(line) = repeats.as_ref().and_then(|r| r["summary"].as_str()) {
+            let clean: String = line.chars().filter(|c| !c.is_control()).take(400).collect();
+            println!("repeats:   {}", clean.trim_start_matches("delegate: "));
+        }
         for line in fingerprint.iter().flat_map(crate::machine::lines) {
             println!("{line}");
         }

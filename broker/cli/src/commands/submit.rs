@@ -34,7 +34,7 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
             },
         }
     }
-    let mut req = SubmitRequest::command(a.command.clone());
+    let mut req = SubmitRequest::command(repeated_command(a));
     req.image = a.image.clone();
     req.resources = delegate_protocol::Resources {
         cpus: a.cpus,
@@ -63,6 +63,27 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
         return Ok(0);
     }
     wait_and_print(cli, &c, &hs)
+}
+
+/// The command as the sandbox runs it: with `--repeat`, through the
+/// sandbox's timer (`python3 -m delegate_sandbox.repeat`, in every
+/// sandbox image), which runs it `--warmup` + `--repeat` times and records
+/// the measured runs in the job directory (`repeats`).
+fn repeated_command(a: &SubmitArgs) -> Vec<String> {
+    let Some(n) = a.repeat else {
+        return a.command.clone();
+    };
+    let mut argv: Vec<String> = ["python3", "-m", "delegate_sandbox.repeat", "--repeat"]
+        .map(String::from)
+        .into();
+    argv.extend([
+        n.to_string(),
+        "--warmup".into(),
+        a.warmup.unwrap_or(0).to_string(),
+        "--".into(),
+    ]);
+    argv.extend(a.command.iter().cloned());
+    argv
 }
 
 /// `delegate submit -f JOBS.yml [--hold] [--wait]`: every job of the file,
