@@ -61,6 +61,9 @@ pub struct Fingerprint {
     /// Whether this node has hardware counters (cycles); false: software
     /// counters only (a VM without a virtual PMU).
     pub hardware_counters: Option<bool>,
+    /// What the agent did to the node for the call (the policy's
+    /// tune_cpus: governor, boost) and what it could not, in words.
+    pub tuning: Vec<String>,
     /// When the agent took the end of it (ms since the epoch).
     pub taken_ms: u64,
 }

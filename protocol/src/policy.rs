@@ -108,6 +108,10 @@ pub struct Policy {
     /// the runner and the agent on the other cores while it runs. Off where
     /// "nodes" share a machine's cores (the stack's workers).
     pub pin_cpus: bool,
+    /// While a call runs, its cores at the `performance` governor and
+    /// turbo/boost off where the node's cpufreq allows (restored after);
+    /// the call's fingerprint says what was done and what could not be.
+    pub tune_cpus: bool,
     pub job_roots: Vec<PathBuf>,
     pub docker_socket: PathBuf,
     pub allow_root: bool,
@@ -173,6 +177,7 @@ impl Default for Policy {
             tmp_size: "256M".into(),
             perf_mode: PerfMode::Auto,
             pin_cpus: true,
+            tune_cpus: true,
             job_roots: vec![PathBuf::from("/home")],
             docker_socket: PathBuf::from("/var/run/docker.sock"),
             allow_root: false,

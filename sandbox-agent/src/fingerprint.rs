@@ -282,6 +282,7 @@ pub fn after(
         image_id,
         perf_mode: perf_mode.to_owned(),
         hardware_counters,
+        tuning: Vec::new(),
         taken_ms: delegate_protocol::now_ms(),
         cores: b.cores,
         smt_siblings: b.siblings,

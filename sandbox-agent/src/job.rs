@@ -592,9 +592,18 @@ async fn engine_phase(
         .and_then(|p| crate::pin::OffCores::new(&p.others));
     let mut ended = if created_ok {
         let cores = call_cores(ctx, placement.as_ref());
+        // Tuned for the call (restored when `tuned` is dropped, after the
+        // fingerprint has read the state the call ran in).
+        let tuned = if ctx.policy.tune_cpus {
+            crate::tune::tune(std::path::Path::new("/"), &cores)
+        } else {
+            crate::tune::untouched()
+        };
         let before = fingerprint_before(ctx, cores).await;
         let ended = supervise::supervise(ctx, &docker, &id, perf, dir, out, err, stream, rx).await;
-        let fp = fingerprint_after(ctx, &docker, before, perf).await;
+        let mut fp = fingerprint_after(ctx, &docker, before, perf).await;
+        fp.tuning = tuned.notes.clone();
+        drop(tuned);
         let _ = conn::send(stream, &Answer::Fingerprint(Box::new(fp))).await;
         ended
     } else {

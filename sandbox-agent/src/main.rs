@@ -39,6 +39,7 @@ mod rank;
 mod seccomp;
 mod stage;
 mod supervise;
+mod tune;
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

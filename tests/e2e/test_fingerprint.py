@@ -50,6 +50,12 @@ def test_a_calls_fingerprint_is_what_the_node_says(alice):
     assert f["cores_busy_ms"] is not None and f["cores_busy_ms"] > 0, f
     assert f["perf_mode"] in ("seccomp", "perfmon", "off")
     assert f["image_id"] and f["image_id"].startswith("sha256:"), f["image_id"]
+    # Tuning (the policy's tune_cpus): done where cpufreq allows, else said.
+    tuning = " ".join(f["tuning"])
+    if not Path("/sys/devices/system/cpu/cpu0/cpufreq").exists():
+        assert "governor left as it is: this node has no cpufreq" in tuning, f["tuning"]
+    else:
+        assert "governor" in tuning, f["tuning"]
     # The text form names the machine and says unknown for what it lacks.
     text = alice.run("result", job).stdout
     assert f"machine:   {f['node']} · {want['model']}" in text, text

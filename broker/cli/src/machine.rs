@@ -82,6 +82,14 @@ pub fn lines(f: &Fingerprint) -> Vec<String> {
             }
         ),
         format!("counters:  perf mode {}; {hw}", f.perf_mode),
+        format!(
+            "tuning:    {}",
+            if f.tuning.is_empty() {
+                "none recorded".to_owned()
+            } else {
+                f.tuning.join("; ")
+            }
+        ),
         format!("image:     {}", known(&f.image_id)),
     ]
 }
