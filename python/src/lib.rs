@@ -284,8 +284,13 @@ fn fingerprint(py: Python<'_>, id: String) -> PyResult<Option<String>> {
     let id = JobId::parse(&id).map_err(|e| PyValueError::new_err(e.to_string()))?;
     let f =
         py.detach(move || -> CoreResult<Option<delegate_protocol::Fingerprint>> { Ok(client()?.fingerprint(&id)?) })?;
-    f.map(|f| serde_json::to_string(&f).map_err(|e| PyValueError::new_err(e.to_string())))
-        .transpose()
+    let Some(f) = f else { return Ok(None) };
+    // With its hardware class (what must be equal for results to compare).
+    let mut v = serde_json::to_value(&f).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("class".into(), serde_json::Value::String(f.class()));
+    }
+    Ok(Some(v.to_string()))
 }
 
 /// The `limit` most recent jobs of the delegate root (all with None),

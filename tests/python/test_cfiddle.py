@@ -303,3 +303,34 @@ print("RESULT: " + json.dumps(dict(ret=[x.return_value for x in r], files=files,
     for r in (a, b):
         sos = [f for f in r["files"] if f.endswith(".so")]
         assert sos == [f"exe0/{r['lib']}"], r["files"]
+
+
+def test_machine_columns_name_the_machine_of_each_row(alice):
+    """``machine_columns=True``: each row of the table says which machine
+    measured it (the call's fingerprint, issue 32); a run on one machine
+    raises no classes warning."""
+    res, _ = alice.result(
+        HEADER
+        + """
+import warnings
+delegate.cfiddle.enable(time="5m", machine_columns=True)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    r = run(exes, "loop", arguments=arg_map(count=[1000], k=[1]), perf_counters=["PERF_COUNT_SW_TASK_CLOCK"])
+df = r.as_df()
+out(cols=list(df.columns), model=df["machine_cpu_model"].tolist(), node=df["machine_node"].tolist(),
+    warned=[str(w.message) for w in caught if "machine classes" in str(w.message)])
+shutil.rmtree(os.getcwd(), ignore_errors=True)
+""",
+        timeout=600,
+    )
+    info = open("/proc/cpuinfo").read().split("\n\n")[0]  # noqa: SIM115 - one read
+    model = next(
+        v.strip()
+        for k, _, v in (line.partition(":") for line in info.splitlines())
+        if k.strip() == "model name"
+    )
+    for col in ("machine_node", "machine_cpu_model", "machine_governor", "machine_boost"):
+        assert col in res["cols"], res["cols"]
+    assert res["model"] == [model, model], res["model"]
+    assert res["warned"] == [], res["warned"]

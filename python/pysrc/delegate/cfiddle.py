@@ -50,6 +50,7 @@ import importlib.metadata
 import os
 import pickle
 import stat
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -229,6 +230,12 @@ class Delegate:
     invocations (one submission; default: one job per run).
     ``max_bytes``: bound on what one job carries to the sandbox (default
     :data:`DEFAULT_MAX_BYTES`).
+    ``machine_columns``: add the machine each measurement ran on to every
+    row of the results (``machine_node``, ``machine_cpu_model``,
+    ``machine_microcode``, ``machine_governor``, ``machine_boost``,
+    ``machine_hardware_counters``: the call's fingerprint; None where the
+    node cannot tell). Whatever this says, a run whose jobs ran on more than
+    one hardware class warns (``UserWarning``) and lists them.
     """
 
     def __init__(
@@ -241,7 +248,9 @@ class Delegate:
         env: dict[str, str] | None = None,
         invocations_per_job: int | None = None,
         max_bytes: int | None = None,
+        machine_columns: bool = False,
     ):
+        self.machine_columns = bool(machine_columns)
         res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env)
         self.resources: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
         delegate._resources(self.resources)  # TypeError/ValueError at once
@@ -308,7 +317,10 @@ class Delegate:
             for r, inv in zip(results, job.invocations):
                 if hasattr(r, "invocation"):
                     r.invocation = inv  # the caller's own executable, paths and all
+            if self.machine_columns:
+                _add_machine(results, fut.fingerprint)
             out.extend(results)
+        _warn_classes(futs)
         return out
 
     @staticmethod
@@ -348,6 +360,32 @@ class Delegate:
             ) from None
 
 
+#: The fingerprint fields ``machine_columns`` adds to each result row.
+MACHINE_FIELDS = ("node", "cpu_model", "microcode", "governor", "boost", "hardware_counters")
+
+
+def _add_machine(results: list, fingerprint: dict | None) -> None:
+    """Adds ``machine_<field>`` to every measurement row of ``results``."""
+    fp = fingerprint or {}
+    cols = {"machine_" + k: fp.get(k) for k in MACHINE_FIELDS}
+    for r in results:
+        for row in getattr(r, "results", None) or []:
+            if isinstance(row, dict):
+                row.update(cols)
+
+
+def _warn_classes(futs: list) -> None:
+    """Warns when the jobs of one run ran on more than one hardware class:
+    their figures should not be compared."""
+    classes = sorted({str(fp["class"]) for fp in (f.fingerprint for f in futs) if fp and fp.get("class")})
+    if len(classes) > 1:
+        warnings.warn(
+            "this CFiddle run's jobs ran on %d machine classes; compare only results of one: %s"
+            % (len(classes), "; ".join(classes)),
+            stacklevel=3,
+        )
+
+
 def last_job_ids() -> list[str]:
     """The delegate job ids of the last delegated ``run()`` of this process,
     in the order of its invocations (for ``delegate.Job``, the CLI, logs)."""
@@ -363,6 +401,7 @@ def enable(
     env: dict[str, str] | None = None,
     invocations_per_job: int | None = None,
     max_bytes: int | None = None,
+    machine_columns: bool | None = None,
 ) -> Callable[[], Delegate]:
     """Makes every CFiddle ``run()`` of this process run on the cluster with
     these resources (see :class:`Delegate`). Returns the ``RunnerDelegate_type``
@@ -375,6 +414,7 @@ def enable(
         env=env,
         invocations_per_job=invocations_per_job,
         max_bytes=max_bytes,
+        machine_columns=machine_columns,
     )
     kw = {k: v for k, v in kw.items() if v is not None}
     Delegate(**kw)  # validate now, not at the first run()

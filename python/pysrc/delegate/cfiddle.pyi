@@ -30,6 +30,7 @@ class Delegate:
     resources: dict[str, Any]
     invocations_per_job: int | None
     max_bytes: int
+    machine_columns: bool
     job_ids: list[str]
     def __init__(
         self,
@@ -41,9 +42,12 @@ class Delegate:
         env: dict[str, str] | None = None,
         invocations_per_job: int | None = None,
         max_bytes: int | None = None,
+        machine_columns: bool = False,
     ) -> None: ...
     def execute(self, command: Sequence[str], runner: Any) -> None: ...
     def run(self, runner: Any) -> Any: ...
+
+MACHINE_FIELDS: tuple[str, ...]
 
 def last_job_ids() -> list[str]: ...
 def enable(
@@ -55,5 +59,6 @@ def enable(
     env: dict[str, str] | None = None,
     invocations_per_job: int | None = None,
     max_bytes: int | None = None,
+    machine_columns: bool | None = None,
 ) -> Callable[[], Delegate]: ...
 def disable() -> None: ...
