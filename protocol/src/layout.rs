@@ -8,6 +8,11 @@ pub const MAX_PAYLOAD_BYTES: u64 = 256 * 1024 * 1024;
 /// value or exception): the same as the payload's.
 pub const MAX_RESULT_BYTES: u64 = MAX_PAYLOAD_BYTES;
 
+/// First bytes of a Python call's `payload` (the format is the Python
+/// package's, `delegate_sandbox`: this magic, a JSON header line, the
+/// pickled call); the client reads the header for the function's name.
+pub const PYTHON_PAYLOAD_MAGIC: &[u8] = b"DLGTPY1\n";
+
 pub const SPEC: &str = "spec";
 pub const PAYLOAD: &str = "payload";
 pub const SLURM_ID: &str = "slurm-id";
@@ -44,3 +49,21 @@ pub fn rank_file(name: &str, rank: u32) -> String {
 
 /// Where the job directory appears inside the sandbox.
 pub const SANDBOX_JOB_DIR: &str = "/job";
+
+#[cfg(test)]
+mod tests {
+    /// The Python package writes the payload with the same magic.
+    #[test]
+    fn the_python_payload_magic_is_the_python_packages() {
+        let py = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../python/pysrc/delegate_sandbox/__init__.py"
+        ))
+        .expect("delegate_sandbox");
+        assert!(
+            py.contains("PAYLOAD_MAGIC = b\"DLGTPY1\\n\""),
+            "delegate_sandbox's PAYLOAD_MAGIC differs"
+        );
+        assert_eq!(super::PYTHON_PAYLOAD_MAGIC, b"DLGTPY1\n");
+    }
+}

@@ -59,6 +59,7 @@ pub mod cpus;
 pub mod error;
 pub mod fingerprint;
 pub mod fsio;
+pub mod host;
 pub mod job_id;
 pub mod layout;
 pub mod line;

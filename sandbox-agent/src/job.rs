@@ -36,8 +36,6 @@ pub(crate) const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
 /// (written by the test fixture as root, never reachable by a job).
 pub const TEST_PAUSE_FILE: &str = "/etc/delegate/agent-test-pause";
 
-pub const REPLACED: &str = "the job directory was replaced while the job was starting";
-
 /// State shared by every connection.
 pub struct Shared {
     /// Slurm jobs with a sandbox (being set up or running) right now.
@@ -53,12 +51,6 @@ pub fn load_policy() -> Result<Policy, delegate_protocol::policy::PolicyError> {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_POLICY_PATH));
     Policy::load(&path, true)
-}
-
-fn hostname() -> String {
-    nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// Serves one connection until the runner closes it.
@@ -299,7 +291,7 @@ fn checked_request(
     }
     match std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) {
         Ok(p) if p == job_dir => {}
-        _ => return Err(Answer::Failed(REPLACED.into())),
+        _ => return Err(Answer::Failed(delegate_protocol::host::REPLACED.into())),
     }
     let spec = &req.spec;
     spec.validate().map_err(|e| Answer::Refused(e.to_string()))?;
@@ -372,7 +364,7 @@ async fn run(
     };
     let ctx = Ctx {
         policy: &policy,
-        host: hostname(),
+        host: delegate_protocol::host::hostname(),
         uid,
         gid,
         slurm_job: &slurm_job,

@@ -166,9 +166,7 @@ pub async fn run_ranks(path: &Path, mut signals: SignalWatch) -> i32 {
             return EXIT_REFUSED;
         }
     };
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into());
+    let host = delegate_protocol::host::hostname();
     let write = |o: &Outcome| -> i32 {
         match delegate_protocol::write_record_at(&dir.fd, &dir.path, o) {
             Ok(()) => {

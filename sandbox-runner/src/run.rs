@@ -65,12 +65,6 @@ pub fn install_signal_handlers() -> std::io::Result<SignalWatch> {
     Ok(rx)
 }
 
-fn hostname() -> String {
-    nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// Reason of a job that never started because the runner was signalled
 /// (in a batch: the allocation ended before this call's turn).
 pub fn not_started_reason(signal: &str) -> String {
@@ -219,7 +213,7 @@ pub async fn run_job_as(
             };
         }
     };
-    let host = hostname();
+    let host = delegate_protocol::host::hostname();
     let write = |o: &Outcome, line: Option<String>| write_outcome(&dir, path, o, line, rank);
     let base = |state, reason: String| Outcome::ended(state, reason, host.clone(), Writer::Runner);
 
@@ -317,8 +311,6 @@ fn still_same_dir(dir: &JobDir) -> bool {
     }
 }
 
-const REPLACED: &str = "the job directory was replaced while the job was starting";
-
 /// Creates an output file in the job directory; it must not exist.
 fn create_output(dir: &JobDir, name: &str) -> Result<OwnedFd, String> {
     openat(
@@ -391,7 +383,7 @@ async fn request_run(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Result<(), Out
         return Err(ctx.outcome(State::Failed, "internal error: no agent connection".into()));
     };
     if !still_same_dir(ctx.dir) {
-        return Err(ctx.outcome(State::Failed, REPLACED.into()));
+        return Err(ctx.outcome(State::Failed, delegate_protocol::host::REPLACED.into()));
     }
     // Last look before the container exists.
     if let Some(o) = ctx.must_not_start() {

@@ -19,7 +19,7 @@ const MAX_JOBS_LISTED: usize = 100_000;
 /// The magic of a Python payload (python/pysrc/delegate_sandbox): the
 /// header that follows it is one line of JSON, at most
 /// [`MAX_PAYLOAD_HEADER`] bytes.
-const PAYLOAD_MAGIC: &[u8] = b"DLGTPY1\n";
+use delegate_protocol::PYTHON_PAYLOAD_MAGIC as PAYLOAD_MAGIC;
 const MAX_PAYLOAD_HEADER: usize = 4096;
 /// Longest description shown for a job (characters).
 pub const MAX_WHAT_CHARS: usize = 80;
