@@ -11,7 +11,7 @@
 # expands it. How a node is started or stopped:
 #   - a site hook (/usr/local/lib/delegate/power-hook, cluster.toml
 #     DELEGATE_POWER_HOOK) when installed: `HOOK resume|suspend NODE...`,
-#     for real machines (wake-on-LAN, IPMI, a cloud CLI; README);
+#     for real machines (wake-on-LAN, IPMI, a cloud CLI; docs/elastic.md);
 #   - else the stack's power service: one request file per node in the
 #     spool directory (a root-only host directory bound into the head and
 #     into the "power" service only), answered there by `sandbox-agent

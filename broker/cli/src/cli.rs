@@ -193,7 +193,7 @@ fn duration_arg(s: &str) -> Result<u64, String> {
 }
 
 /// Docs that are true (issue 31): every long flag of every command is in
-/// the README's CLI reference, and every flag written there exists.
+/// the CLI reference (docs/students.md), and every flag written there exists.
 #[cfg(test)]
 mod docs_tests {
     use clap::CommandFactory;
@@ -223,8 +223,8 @@ mod docs_tests {
 
     #[test]
     fn every_flag_is_documented_and_every_documented_flag_exists() {
-        let readme = include_str!("../../../README.md");
-        let start = readme.find("### CLI reference").expect("the README's CLI reference");
+        let readme = include_str!("../../../docs/students.md");
+        let start = readme.find("### CLI reference").expect("docs/students.md's CLI reference");
         let end = start + readme[start..].find("\n## ").expect("the section after it");
         let section = &readme[start..end];
         let mut flags = Vec::new();
@@ -233,7 +233,7 @@ mod docs_tests {
         for f in &flags {
             assert!(
                 section.contains(&format!("--{f}")),
-                "--{f} is missing from the README's CLI reference"
+                "--{f} is missing from the CLI reference (docs/students.md)"
             );
         }
         // The syntax column of the table (the prose may quote sbatch's).
@@ -246,7 +246,7 @@ mod docs_tests {
         for w in written_flags(&syntax) {
             assert!(
                 flags.contains(&w),
-                "the README's CLI reference names --{w}, which no command has"
+                "the CLI reference (docs/students.md) names --{w}, which no command has"
             );
         }
     }
