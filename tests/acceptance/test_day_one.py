@@ -107,6 +107,16 @@ def powered_down(node: str, limit: float = 300) -> None:
     raise AssertionError(f"{node} is still {state!r} (container {cid(node) or 'gone'}) after {limit} s")
 
 
+def host_cpu_model() -> str:
+    """This host's CPU model name (the stack's workers run on it)."""
+    block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    return next(
+        v.strip()
+        for k, _, v in (line.partition(":") for line in block.splitlines())
+        if k.strip() == "model name"
+    )
+
+
 @pytest.fixture(scope="module")
 def browser(day):
     with browser_for(ARTIFACTS) as b:
@@ -155,6 +165,12 @@ with delegate.Executor(time="2m") as ex:
     except ZeroDivisionError as e:
         print("caught", type(e).__name__)"""
 
+# The machine the call ran on, as the worker's agent recorded it (issue 32).
+MACHINE = """f = where.submit(1); f.result()
+fp = f.fingerprint
+print("machine", fp["node"], "|", fp["cpu_model"], "| governor", fp["governor"], "| counters", fp["perf_mode"])
+print("tuning", "; ".join(fp["tuning"]))"""
+
 TABLE = "delegate.jobs()"
 DOCTOR = "!delegate doctor; echo doctor-exit=$?"
 SACCT = "!sacct -X -n --format=JobID,State%20 | tail -n 3; echo sacct-exit=$?"
@@ -182,6 +198,12 @@ def test_3_a_students_day_in_the_browser(students):
         assert f"caller-uid {uid}" in text and f"remote-uid={uid}" in text, text
         assert any(re.search(r"— running on worker\d · ", x) for x in states), states
         assert re.search(r"— done · ", text), text
+    # The machine of Ann's call: the worker's own CPU (the stack's workers
+    # share this host's), its tuning in words.
+    text = ann.run_cell(MACHINE, "tuning", "machine")
+    model = host_cpu_model()
+    assert re.search(r"machine worker\d \| " + re.escape(model) + r" \| governor", text), text
+    assert "tuning governor" in text, text
     # A map with one failing input: the line names the call that raised;
     # the traceback has no delegate frame.
     text = ann.run_cell(MAP, "caught ZeroDivisionError", "map-with-a-failure")
@@ -204,6 +226,7 @@ def test_3_a_students_day_in_the_browser(students):
     assert "cancelled by the user" not in text, text
     html = ann.page.locator(".delegate-jobs").last.inner_html()
     assert "#c62828" in html, "a call that raised is not in the failure colour"
+    assert "machine" in text and model in text, "the table names the machine of each call: " + text
     for s in (ann, ben):
         text = s.run_cell(DOCTOR, "doctor-exit=", "doctor")
         assert "doctor-exit=0" in text and "FAIL" not in text and "user node" in text, text
