@@ -77,6 +77,7 @@ pub fn doctor(cli: &Cli) -> CliResult {
     checks.push(munge_check(role::munge_socket_in_use()));
     if role.runs_sandboxes() {
         sandbox_checks(&mut checks);
+        checks.push(tuning_check(std::path::Path::new("/")));
     }
     checks.push(root_check(cli));
     checks.push(policy_check());
@@ -279,6 +280,36 @@ fn gpu_check(g: &serde_json::Value) -> Check {
     )
 }
 
+/// Whether this node's cores can be tuned for measurement (the policy's
+/// tune_cpus: performance governor, boost off): informational, never a
+/// failure (a VM has no cpufreq; the calls' fingerprints then say so).
+fn tuning_check(root: &std::path::Path) -> Check {
+    let read = |rel: &str| std::fs::read_to_string(root.join(rel)).ok().map(|s| s.trim().to_owned());
+    let governor = read("sys/devices/system/cpu/cpu0/cpufreq/scaling_governor");
+    let available = read("sys/devices/system/cpu/cpu0/cpufreq/scaling_available_governors").unwrap_or_default();
+    let boost = read("sys/devices/system/cpu/cpufreq/boost")
+        .map(|b| format!("boost {}", if b == "1" { "on" } else { "off" }))
+        .or_else(|| {
+            read("sys/devices/system/cpu/intel_pstate/no_turbo")
+                .map(|n| format!("turbo {}", if n == "1" { "off" } else { "on" }))
+        })
+        .unwrap_or_else(|| "no boost switch".into());
+    let detail = match governor {
+        None => "no cpufreq on this node: governor and boost cannot be set for calls (their fingerprints say unknown)"
+            .to_owned(),
+        Some(g) if available.split_whitespace().any(|a| a == "performance") => {
+            format!("governor {g} now (calls run at performance while they run), {boost}")
+        }
+        Some(g) => format!("governor {g}, no performance governor to set ({available}), {boost}"),
+    };
+    Check {
+        check: "tuning",
+        ok: true,
+        detail,
+        fix: None,
+    }
+}
+
 /// The delegate root is writable.
 fn root_check(cli: &Cli) -> Check {
     check(
@@ -336,5 +367,30 @@ fn report(cli: &Cli, checks: &[Check]) -> CliResult {
         Ok(0)
     } else {
         Err(Fail::new("", 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tuning_is_informational_and_says_what_the_node_has() {
+        let none = tempfile::tempdir().expect("tmp");
+        let c = tuning_check(none.path());
+        assert!(c.ok && c.detail.starts_with("no cpufreq on this node"), "{}", c.detail);
+        let node = tempfile::tempdir().expect("tmp");
+        let d = node.path().join("sys/devices/system/cpu/cpu0/cpufreq");
+        std::fs::create_dir_all(&d).expect("dir");
+        std::fs::write(d.join("scaling_governor"), "powersave\n").expect("w");
+        std::fs::write(d.join("scaling_available_governors"), "performance powersave\n").expect("w");
+        let boost = node.path().join("sys/devices/system/cpu/cpufreq");
+        std::fs::create_dir_all(&boost).expect("dir");
+        std::fs::write(boost.join("boost"), "1\n").expect("w");
+        let c = tuning_check(node.path());
+        assert_eq!(
+            c.detail,
+            "governor powersave now (calls run at performance while they run), boost on"
+        );
     }
 }
