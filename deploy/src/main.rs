@@ -107,29 +107,7 @@ enum Rendered {
         markdown: bool,
     },
     /// The stack file (docker stack deploy) with what only the deployment knows.
-    StackFile {
-        /// Replicas of each worker service now, space separated (0 or 1 each).
-        #[arg(long)]
-        replicas: String,
-        /// Hash of the swarm configs (slurm.conf, policy, ...): their names carry it.
-        #[arg(long)]
-        config_version: String,
-        #[arg(long)]
-        key_version: String,
-        #[arg(long)]
-        hub_version: String,
-        #[arg(long)]
-        db_version: String,
-        #[arg(long)]
-        db_volume: String,
-        #[arg(long)]
-        ctld_volume: String,
-        /// The host's cgroup directories for the students' servers.
-        #[arg(long)]
-        cgroup_memory: String,
-        #[arg(long)]
-        cgroup_cpu: String,
-    },
+    StackFile(Facts),
 }
 
 fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
@@ -161,37 +139,7 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             Ok(roster::lines(&entries))
         }
         Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
-        Rendered::StackFile {
-            replicas,
-            config_version,
-            key_version,
-            hub_version,
-            db_version,
-            db_volume,
-            ctld_volume,
-            cgroup_memory,
-            cgroup_cpu,
-        } => {
-            let replicas = replicas
-                .split_whitespace()
-                .map(|r| {
-                    r.parse::<u8>()
-                        .map_err(|_| RenderError::Invalid(format!("--replicas: '{r}' is not 0 or 1")))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let facts = Facts {
-                replicas,
-                config_version,
-                key_version,
-                hub_version,
-                db_version,
-                db_volume,
-                ctld_volume,
-                cgroup_memory,
-                cgroup_cpu,
-            };
-            stack_file::render(s, &facts)
-        }
+        Rendered::StackFile(facts) => stack_file::render(s, &facts),
     }
 }
 

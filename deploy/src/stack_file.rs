@@ -11,18 +11,42 @@ use crate::{templates, RenderError, Settings, MARKER};
 /// What build_cluster.sh knows at deploy time and the settings do not:
 /// versions (hashes) of the configs and secrets, the volumes, the hub's
 /// cgroups, and how many replicas each worker service has now.
-#[derive(Debug, Clone, Default)]
+/// (Also `delegate-deploy stack-file`'s options, one `--name` each.)
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Facts {
-    /// One 0 or 1 per worker, in order (elastic workers Slurm started stay 1).
-    pub replicas: Vec<u8>,
+    /// One 0 or 1 per worker, in order (elastic workers Slurm started stay
+    /// 1); on the command line space separated: `--replicas "1 0"`.
+    #[arg(long, value_parser = parse_replicas)]
+    pub replicas: Replicas,
+    /// Hash of the swarm configs (slurm.conf, policy, ...): their names carry it.
+    #[arg(long)]
     pub config_version: String,
+    #[arg(long)]
     pub key_version: String,
+    #[arg(long)]
     pub hub_version: String,
+    #[arg(long)]
     pub db_version: String,
+    #[arg(long)]
     pub db_volume: String,
+    #[arg(long)]
     pub ctld_volume: String,
+    /// The host's cgroup directories for the students' servers.
+    #[arg(long)]
     pub cgroup_memory: String,
+    #[arg(long)]
     pub cgroup_cpu: String,
+}
+
+/// The replicas of the worker services, in order.
+pub type Replicas = Vec<u8>;
+
+/// `"1 0"` as replicas (each checked to be 0 or 1 with the worker count
+/// when the file is rendered).
+pub fn parse_replicas(s: &str) -> Result<Replicas, String> {
+    s.split_whitespace()
+        .map(|r| r.parse::<u8>().map_err(|_| format!("'{r}' is not 0 or 1")))
+        .collect()
 }
 
 #[derive(Serialize)]

@@ -299,7 +299,7 @@ fn fingerprint(py: Python<'_>, id: String) -> PyResult<Option<String>> {
 #[pyfunction]
 #[pyo3(signature = (limit=None))]
 fn jobs<'py>(py: Python<'py>, limit: Option<usize>) -> PyResult<Bound<'py, PyList>> {
-    let v = py.detach(move || -> CoreResult<Vec<JobSummary>> { Ok(client()?.list_summaries(limit)?) })?;
+    let v = py.detach(move || -> CoreResult<Vec<JobSummary>> { Ok(client()?.list_summaries(limit, true)?) })?;
     let items = v
         .iter()
         .map(|j| {

@@ -74,8 +74,10 @@ impl Client {
     }
 
     /// The `limit` most recent jobs (all with `None`), oldest first, each
-    /// with what it runs. One Slurm query for all of them.
-    pub fn list_summaries(&self, limit: Option<usize>) -> Result<Vec<JobSummary>> {
+    /// with what it runs (and, with `machines`, the machine it ran on: one
+    /// more file per job, for the listings that show it). One Slurm query
+    /// for all of them.
+    pub fn list_summaries(&self, limit: Option<usize>, machines: bool) -> Result<Vec<JobSummary>> {
         let mut ids = self.job_ids()?;
         let mut jobs = match limit {
             Some(n) => {
@@ -103,7 +105,10 @@ impl Client {
                 let fd = self.open_job_dir(&status.id).ok();
                 let what = fd.as_ref().map_or_else(|| "?".to_owned(), |fd| what_at(fd, &dir));
                 let outcome = words(&status, || fd.as_ref().and_then(|fd| self.raised_at(fd, &dir)));
-                let fp: Option<Fingerprint> = fd.as_ref().and_then(|fd| read_record_at(fd, &dir, None).ok());
+                let fp: Option<Fingerprint> = fd
+                    .as_ref()
+                    .filter(|_| machines)
+                    .and_then(|fd| read_record_at(fd, &dir, None).ok());
                 let cpu = fp.as_ref().and_then(|f| f.cpu_model.clone());
                 let machine = fp.as_ref().map(Fingerprint::class);
                 JobSummary { status, what, outcome, cpu, machine }

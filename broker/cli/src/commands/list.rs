@@ -15,7 +15,7 @@ use crate::output::{print_json, secs};
 /// `delegate list`: all jobs, oldest first.
 pub fn list(cli: &Cli) -> CliResult {
     let c = client(&cli.root)?;
-    let jobs = c.list_summaries(None)?;
+    let jobs = c.list_summaries(None, false)?;
     if cli.json {
         print_json(&jobs)?;
         return Ok(0);
