@@ -447,6 +447,13 @@ local_build_install() {
 }
 
 # ------------------------------------------------------ 6b. the agent
+# local_new_deployment: forget the node's recorded class (its Slurm
+# comment): the agent records the class it finds as the one of this
+# deployment, and `delegate admin nodes` names a later change as drift.
+local_new_deployment() {
+    scontrol update nodename="$(hostname -s)" comment= \
+        || warn "cannot clear node $(hostname -s)'s comment: drift is counted from an earlier deployment"
+}
 # agent_ok: the agent's socket exists.
 agent_ok() { [[ -S $DELEGATE_AGENT_SOCKET ]]; }
 # local_start_agent: (re)start the root agent, the only holder of the Docker
@@ -682,6 +689,7 @@ local_up() {
     local_build_install
     local_build_images
     local_install_policy
+    local_new_deployment
     local_start_agent
     local_demo
     private_logs "$DELEGATE_LOG_DIR"

@@ -555,8 +555,19 @@ stack_deploy() {
         done
     fi
     stack_wait
+    stack_new_deployment
     stack_accounting_setup
     log "deploy: done in $((SECONDS - T0)) s. JupyterHub (each student's own JupyterLab): $(hub_url)"
+}
+
+# stack_new_deployment: forget the workers' recorded classes (their Slurm
+# comments, kept on the head's state volume): each agent records the class
+# it finds next as this deployment's, and `delegate admin nodes` names a
+# later change as drift.
+stack_new_deployment() {
+    # shellcheck disable=SC2016  # $(...) is for the head node's shell
+    stack_exec head sh -c 'scontrol update nodename=$(sinfo -h -N -o %N | sort -u | paste -sd,) comment=' \
+        || warn "cannot clear the workers' comments: drift is counted from an earlier deployment"
 }
 
 # stack_update: `update`, a deploy that rebuilds every image and restarts

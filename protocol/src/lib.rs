@@ -63,6 +63,7 @@ pub mod host;
 pub mod job_id;
 pub mod layout;
 pub mod line;
+pub mod node_class;
 pub mod outcome;
 pub mod policy;
 pub mod record;

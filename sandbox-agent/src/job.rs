@@ -42,6 +42,9 @@ pub struct Shared {
     pub running: Mutex<HashSet<String>>,
     pub stepds: Vec<PathBuf>,
     pub node: String,
+    /// Told when a call ended: the node's class and report are published
+    /// again (crate::node).
+    pub republish: Arc<tokio::sync::Notify>,
 }
 
 /// The policy: the root-owned default file, or `$DELEGATE_POLICY` of the
@@ -390,6 +393,7 @@ async fn run(
             Answer::Failed(format!("internal error in sandbox-agent: {msg}"))
         });
     drop(staged);
+    shared.republish.notify_one();
     answer
 }
 

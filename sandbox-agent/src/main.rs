@@ -31,6 +31,7 @@ mod gpu;
 mod ident;
 mod job;
 mod jobdisk;
+mod node;
 mod output;
 mod pin;
 mod power;
@@ -203,7 +204,13 @@ async fn serve() -> Result<(), String> {
         running: Mutex::new(HashSet::new()),
         stepds,
         node: ident::node_name(),
+        republish: Arc::new(tokio::sync::Notify::new()),
     });
+    tokio::spawn(node::keep_published(
+        policy.clone(),
+        shared.node.clone(),
+        shared.republish.clone(),
+    ));
     tracing::info!(
         "sandbox-agent {} listening on {} (node {}, slurmstepd {:?})",
         env!("CARGO_PKG_VERSION"),

@@ -113,6 +113,10 @@ pub enum AdminCmd {
     /// Who waits for what right now: every job running or pending, running
     /// first, then in the order Slurm will start them.
     Queue,
+    /// The partition's nodes: each one's hardware class, governor, boost
+    /// and counters as its agent reports them, and every node whose class
+    /// changed since the last deployment (drift).
+    Nodes,
 }
 
 #[derive(Args, Debug)]
@@ -154,6 +158,11 @@ pub struct SubmitArgs {
     /// allocations, each in its own fresh sandbox; prints one id per line.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
+    /// Let the --count copies (or a --nodes job's nodes) run on nodes of
+    /// different hardware classes; by default they keep to one class
+    /// (`delegate admin nodes` lists them).
+    #[arg(long)]
+    pub mix_classes: bool,
     /// Run the command N times in one sandbox on the same cores (after
     /// --warmup K unmeasured runs) and record each run's wall time;
     /// `delegate result` shows the statistics (min, median ± MAD, mean ±

@@ -75,5 +75,6 @@ fn run(cli: Cli) -> CliResult {
         Cmd::Doctor => doctor::doctor(&cli),
         Cmd::Admin(AdminCmd::Usage { since, csv }) => admin::usage(&cli, since.as_deref(), *csv),
         Cmd::Admin(AdminCmd::Queue) => admin::queue(&cli),
+        Cmd::Admin(AdminCmd::Nodes) => admin::nodes(&cli),
     }
 }

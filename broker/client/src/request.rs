@@ -23,6 +23,10 @@ pub struct SubmitRequest {
     /// Files and directories copied into the job directory before
     /// submission (the sandbox sees `/job/<name>`; see [`crate::ship`]).
     pub files: Vec<std::path::PathBuf>,
+    /// Let the calls of this submission run on nodes of different hardware
+    /// classes (default: a map's calls, and a multi-node job's nodes, keep
+    /// to one class; see [`crate::slurm::nodes`]).
+    pub mix_classes: bool,
 }
 
 impl SubmitRequest {
@@ -36,6 +40,7 @@ impl SubmitRequest {
             payload: None,
             hold: false,
             files: Vec::new(),
+            mix_classes: false,
         }
     }
 

@@ -58,9 +58,11 @@ impl Client {
         let jobs = self.prepare_all(reqs, specs, &policy)?;
         let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
         let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
-        let groups = self.allocations(first, jobs.len(), &policy);
+        let class = self.class_for(first, jobs.len());
+        let groups = self.allocations(first, jobs.len(), &policy, class.as_ref().and_then(|c| c.1));
         // For each call: its allocation (array element) and how many calls share it.
-        let (batch, placement) = self.batch_request(first, &ids, &dirs, groups.as_deref());
+        let (mut batch, placement) = self.batch_request(first, &ids, &dirs, groups.as_deref());
+        batch.constraint = class.map(|c| c.0);
         let slurm_id = self.sbatch(&batch, &jobs, &ids[0])?;
         self.record_slurm_ids(&slurm_id, &jobs, &ids, groups.as_deref(), &placement)
     }
@@ -102,6 +104,32 @@ impl Client {
         Ok(jobs)
     }
 
+    /// The hardware class a submission keeps to, as `--constraint` and the
+    /// number of its usable nodes: a map's calls stay on the partition's
+    /// largest class, a multi-node job's nodes on any one class, unless the
+    /// request mixes classes (or the partition has one class only).
+    fn class_for(&self, first: &SubmitRequest, calls: usize) -> Option<(String, Option<u32>)> {
+        if first.mix_classes || (calls < 2 && first.resources.nodes < 2) {
+            return None;
+        }
+        let rows = match self.config.slurm.nodes() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask Slurm for the nodes' classes; the calls may mix classes");
+                return None;
+            }
+        };
+        if calls < 2 {
+            return slurm::nodes::one_class_of_any(&rows).map(|c| (c, None));
+        }
+        let choice = slurm::nodes::choose_class(&rows)?;
+        tracing::info!(
+            class = %choice.id, nodes = choice.nodes, classes = choice.classes,
+            "the calls keep to one hardware class"
+        );
+        Some((choice.constraint(), Some(choice.nodes)))
+    }
+
     /// How `calls` calls share allocations (the site's calls_per_allocation,
     /// this client's own lower setting, the partition and the site's
     /// max_allocation_time), or None: one Slurm job per call.
@@ -110,6 +138,7 @@ impl Client {
         first: &SubmitRequest,
         calls: usize,
         policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+        class_nodes: Option<u32>,
     ) -> Option<Vec<Vec<usize>>> {
         let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
         let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
@@ -122,7 +151,11 @@ impl Client {
             .and_then(|p| p.limits().ok())
             .map_or(DEFAULT_MAX_ALLOCATION_SECS, |l| l.max_allocation_secs);
         match self.config.slurm.partition_info() {
-            Ok(info) => plan_allocations(calls, per_allocation, first.resources.time_limit_secs, &info, max_allocation),
+            Ok(mut info) => {
+                // (the nodes of the one class the calls keep to)
+                info.nodes = class_nodes.map_or(info.nodes, |n| n.min(info.nodes));
+                plan_allocations(calls, per_allocation, first.resources.time_limit_secs, &info, max_allocation)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
                 None
@@ -166,6 +199,7 @@ impl Client {
                 script: slurm::with_gpus(slurm::shared_script(&self.config.runner, &dir_groups), first.resources.gpus),
                 hold: first.hold,
                 calls,
+                constraint: None,
             }
         } else if calls == 1 && first.resources.nodes > 1 {
             BatchRequest {
@@ -177,6 +211,7 @@ impl Client {
                 script: slurm::ranks_script(&self.config.runner, &dirs[0], first.resources.nodes),
                 hold: first.hold,
                 calls,
+                constraint: None,
             }
         } else if calls == 1 {
             BatchRequest {
@@ -188,6 +223,7 @@ impl Client {
                 script: slurm::with_gpus(slurm::batch_script(&self.config.runner, &dirs[0]), first.resources.gpus),
                 hold: first.hold,
                 calls,
+                constraint: None,
             }
         } else {
             let logs: Vec<PathBuf> = ids.iter().map(|id| self.log_path(id)).collect();
@@ -200,6 +236,7 @@ impl Client {
                 script: slurm::with_gpus(slurm::array_script(&self.config.runner, dirs, &logs), first.resources.gpus),
                 hold: first.hold,
                 calls,
+                constraint: None,
             }
         };
         (batch, placement)

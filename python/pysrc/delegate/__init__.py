@@ -96,7 +96,7 @@ __all__ = [
 ]
 __version__ = _core.__version__
 
-_RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env", "files")
+_RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env", "files", "mix_classes")
 #: The environment variable choosing the backend when none is given:
 #: ``cluster`` (the default) or ``local``.
 BACKEND_ENV = "DELEGATE_BACKEND"
@@ -167,6 +167,8 @@ def _resources(res: dict) -> dict:
             v = str(int(v))  # bytes / seconds
         if k == "env":
             v = {str(a): str(b) for a, b in dict(v).items()}
+        if k == "mix_classes":
+            v = bool(v)
         if k == "files":
             if isinstance(v, (str, bytes, os.PathLike)):
                 v = [v]
@@ -282,6 +284,7 @@ def remote(
     backend=None,
     repeat=None,
     warmup=None,
+    mix_classes=None,
 ):
     """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, gpus=1,
     mem="2G", time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
@@ -297,9 +300,22 @@ def remote(
     N times measured in one sandbox on the same cores and returns a
     ``delegate.Repeated`` (``values``, ``seconds``, ``stats``: min, median ±
     MAD, mean ± std, outliers, and a warning when the spread is too wide to
-    trust)."""
+    trust).
+    ``mix_classes=True``: the calls of one ``map`` (and the nodes of a
+    ``nodes=N`` call) may run on nodes of different hardware classes; by
+    default they keep to one class when the cluster has several."""
     files = _files_list(files)
-    res = dict(cpus=cpus, gpus=gpus, nodes=nodes, mem=mem, time=time, image=image, env=env, files=files)
+    res = dict(
+        cpus=cpus,
+        gpus=gpus,
+        nodes=nodes,
+        mem=mem,
+        time=time,
+        image=image,
+        env=env,
+        files=files,
+        mix_classes=mix_classes,
+    )
     res = {k: v for k, v in res.items() if v is not None}
     more = dict(backend=backend, repeat=repeat, warmup=warmup)
     if fn is None:
@@ -332,16 +348,33 @@ class Executor(cf.Executor):
     on the cluster. ``map`` submits all its calls in one sbatch.
     ``backend="local"`` runs each call in a fresh local subprocess instead
     (NOT sandboxed; for trying a notebook without a cluster); the default is
-    $DELEGATE_BACKEND, else ``cluster``."""
+    $DELEGATE_BACKEND, else ``cluster``. A ``map``'s calls keep to one
+    hardware class of nodes unless ``mix_classes=True``."""
 
     def __init__(
-        self, cpus=None, gpus=None, mem=None, time=None, image=None, env=None, backend=None, files=None
+        self,
+        cpus=None,
+        gpus=None,
+        mem=None,
+        time=None,
+        image=None,
+        env=None,
+        backend=None,
+        files=None,
+        mix_classes=None,
     ):
         files = _files_list(files)
         self._resources = {
             k: v
             for k, v in dict(
-                cpus=cpus, gpus=gpus, mem=mem, time=time, image=image, env=env, files=files
+                cpus=cpus,
+                gpus=gpus,
+                mem=mem,
+                time=time,
+                image=image,
+                env=env,
+                files=files,
+                mix_classes=mix_classes,
             ).items()
             if v is not None
         }

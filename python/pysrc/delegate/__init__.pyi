@@ -114,6 +114,7 @@ def remote(
     backend: _Backend | None = None,
     repeat: int | None = None,
     warmup: int | None = None,
+    mix_classes: bool | None = None,
 ) -> RemoteFunction[_P, _R]: ...
 @overload
 def remote(
@@ -130,6 +131,7 @@ def remote(
     backend: _Backend | None = None,
     repeat: int | None = None,
     warmup: int | None = None,
+    mix_classes: bool | None = None,
 ) -> Callable[[Callable[_P, _R]], RemoteFunction[_P, _R]]: ...
 
 class Stats:
@@ -201,6 +203,7 @@ class Executor(cf.Executor):
         env: Mapping[str, str] | None = None,
         backend: _Backend | None = None,
         files: Sequence[str | os.PathLike[str]] | None = None,
+        mix_classes: bool | None = None,
     ) -> None: ...
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> DelegateFuture: ...
     def map(

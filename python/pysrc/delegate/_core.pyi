@@ -92,6 +92,7 @@ def submit_python(
     image: str | None = None,
     env: dict[str, str] | None = None,
     files: Sequence[str] | None = None,
+    mix_classes: bool | None = None,
 ) -> list[str]:
     """Submits Python calls (each payload one pickled call): one sbatch for
     all of them. Returns the job ids in order. Raises ``SubmitError``, or

@@ -236,6 +236,8 @@ class Delegate:
     ``machine_hardware_counters``: the call's fingerprint; None where the
     node cannot tell). Whatever this says, a run whose jobs ran on more than
     one hardware class warns (``UserWarning``) and lists them.
+    ``mix_classes``: let the jobs of one run (``invocations_per_job``) run
+    on nodes of different hardware classes; by default they keep to one.
     """
 
     def __init__(
@@ -249,9 +251,10 @@ class Delegate:
         invocations_per_job: int | None = None,
         max_bytes: int | None = None,
         machine_columns: bool = False,
+        mix_classes: bool | None = None,
     ):
         self.machine_columns = bool(machine_columns)
-        res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env)
+        res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env, mix_classes=mix_classes)
         self.resources: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
         delegate._resources(self.resources)  # TypeError/ValueError at once
         if invocations_per_job is not None and int(invocations_per_job) < 1:
@@ -402,6 +405,7 @@ def enable(
     invocations_per_job: int | None = None,
     max_bytes: int | None = None,
     machine_columns: bool | None = None,
+    mix_classes: bool | None = None,
 ) -> Callable[[], Delegate]:
     """Makes every CFiddle ``run()`` of this process run on the cluster with
     these resources (see :class:`Delegate`). Returns the ``RunnerDelegate_type``
@@ -415,6 +419,7 @@ def enable(
         invocations_per_job=invocations_per_job,
         max_bytes=max_bytes,
         machine_columns=machine_columns,
+        mix_classes=mix_classes,
     )
     kw = {k: v for k, v in kw.items() if v is not None}
     Delegate(**kw)  # validate now, not at the first run()

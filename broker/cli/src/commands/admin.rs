@@ -1,10 +1,12 @@
-//! `delegate admin usage|queue`: the instructor's view of the course's
-//! cluster, from Slurm's accounting (sacct) and queue (squeue). For root
+//! `delegate admin usage|queue|nodes`: the instructor's view of the course's
+//! cluster, from Slurm's accounting (sacct), queue (squeue) and nodes
+//! (sinfo: the classes and reports the nodes' agents publish). For root
 //! and the admin group only; Slurm itself shows others' records only to
 //! root, SlurmUser and accounting operators/coordinators.
 
 use std::io::{self, Write};
 
+use delegate_client::slurm::nodes::NodeRow;
 use delegate_client::slurm::usage::{caller_is_admin, summarize, UserUsage, ADMIN_GROUP};
 use delegate_client::slurm::Slurm;
 
@@ -134,4 +136,114 @@ pub fn queue(cli: &Cli) -> CliResult {
     let users: std::collections::BTreeSet<&str> = q.iter().map(|j| j.user.as_str()).collect();
     let _ = writeln!(out, "{} running, {pending} pending, {} users", q.len() - pending, users.len());
     Ok(0)
+}
+
+/// One word for an optional report field.
+fn known(v: Option<&str>) -> &str {
+    v.unwrap_or("unknown")
+}
+
+/// The node table's lines (header first), then the summary lines.
+pub fn node_lines(rows: &[NodeRow]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<12} {:<10} {:<10} {:<8} {:<12} {:<7} {:<9} {:<8} CPU",
+        "NODE", "STATE", "CLASS", "LABEL", "GOVERNOR", "BOOST", "COUNTERS", "PERF"
+    )];
+    let mut classes: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    let mut notes = Vec::new();
+    for n in rows {
+        let Some(r) = &n.report else {
+            lines.push(format!(
+                "{:<12} {:<10} (no report yet: its agent publishes one within a minute of starting)",
+                n.name, n.state
+            ));
+            continue;
+        };
+        classes.entry(r.class.as_str()).or_default().push(n.name.as_str());
+        let boost = r.boost.map_or("unknown", |b| if b { "on" } else { "off" });
+        let counters = r
+            .hardware_counters
+            .map_or("unknown", |h| if h { "hardware" } else { "software" });
+        lines.push(format!(
+            "{:<12} {:<10} {:<10} {:<8} {:<12} {:<7} {:<9} {:<8} {}",
+            n.name,
+            n.state,
+            r.class,
+            known(r.label.as_deref()).replace("unknown", "-"),
+            known(r.governor.as_deref()),
+            boost,
+            counters,
+            r.perf,
+            r.cpu
+        ));
+        if r.drifted() {
+            notes.push(format!(
+                "drift: {}'s class changed since the last deployment (was {}, now {}): the calls of one map keep to one class; deploy again to take it as the node's class",
+                n.name,
+                r.deployed.as_deref().unwrap_or("?"),
+                r.class
+            ));
+        }
+    }
+    let summary: Vec<String> = classes.iter().map(|(c, nodes)| format!("{c} ({})", nodes.join(", "))).collect();
+    lines.push(format!(
+        "{} node(s), {} class(es){}{}",
+        rows.len(),
+        classes.len(),
+        if summary.is_empty() { "" } else { ": " },
+        summary.join("; ")
+    ));
+    if notes.is_empty() && !classes.is_empty() {
+        notes.push("no drift: every reporting node has the class it had at the last deployment".into());
+    }
+    lines.extend(notes);
+    lines
+}
+
+/// `delegate admin nodes`: the fleet's classes and state.
+pub fn nodes(cli: &Cli) -> CliResult {
+    require_admin()?;
+    let rows = Slurm::from_env().nodes()?;
+    if cli.json {
+        print_json(&rows)?;
+        return Ok(0);
+    }
+    let mut out = io::stdout().lock();
+    for l in node_lines(&rows) {
+        let _ = writeln!(out, "{l}");
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delegate_client::slurm::nodes::parse_nodes;
+
+    #[test]
+    fn the_node_table_names_classes_and_drift() {
+        let rows = parse_nodes(
+            "worker1|delegate*|idle|dlgclass_aaaaaaaaaa|delegate class=aaaaaaaaaa deployed=aaaaaaaaaa label=none governor=performance boost=off perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
+             worker2|delegate*|idle|dlgclass_bbbbbbbbbb|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
+             worker3|delegate*|idle~|(null)||\n",
+        );
+        let lines = node_lines(&rows);
+        assert!(
+            lines[1].starts_with(
+                "worker1      idle       aaaaaaaaaa -        performance  off     software  seccomp  AMD EPYC 7B13"
+            ),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].contains("bbbbbbbbbb slow"), "{}", lines[2]);
+        assert!(lines[3].contains("no report yet"), "{}", lines[3]);
+        assert_eq!(lines[4], "3 node(s), 2 class(es): aaaaaaaaaa (worker1); bbbbbbbbbb (worker2)");
+        assert!(
+            lines[5].starts_with(
+                "drift: worker2's class changed since the last deployment (was aaaaaaaaaa, now bbbbbbbbbb)"
+            ),
+            "{}",
+            lines[5]
+        );
+    }
 }

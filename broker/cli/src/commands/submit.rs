@@ -45,6 +45,7 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
     };
     req.env = env;
     req.hold = a.hold;
+    req.mix_classes = a.mix_classes;
     req.files = a.files.clone();
     let reqs = req.copies(a.count);
     let c = client(&cli.root)?;
@@ -92,6 +93,7 @@ fn submit_file(cli: &Cli, a: &SubmitArgs, path: &Path) -> CliResult {
     let mut file = JobsFile::load(path).map_err(ClientError::from)?;
     for r in file.entries.iter_mut().flat_map(|e| e.requests.iter_mut()) {
         r.hold = a.hold;
+        r.mix_classes = a.mix_classes;
     }
     let c = client(&cli.root)?;
     let submitted = c.submit_jobs_file(&file)?;

@@ -5,6 +5,7 @@
 //! The parsers are pure functions so they can be tested without a cluster;
 //! they never panic on odd output (junk lines are skipped with a warning).
 
+pub mod nodes;
 mod parse;
 mod refusal;
 mod script;
@@ -186,6 +187,19 @@ impl Slurm {
         })
     }
 
+    /// The nodes of the partition jobs go to, with their hardware class and
+    /// their agent's report, in one `sinfo`.
+    pub fn nodes(&self) -> Result<Vec<nodes::NodeRow>, SlurmError> {
+        let args = vec![
+            "--Node".to_owned(),
+            "--noheader".to_owned(),
+            format!("--Format={}", nodes::SINFO_NODES_FORMAT),
+        ];
+        let out = self.run(&self.sinfo, &args, None)?;
+        let partition = self.partition.as_deref().filter(|p| !p.is_empty());
+        Ok(nodes::in_partition(nodes::parse_nodes(&out), partition))
+    }
+
     /// Every user's allocations that ran, ended or were recorded since
     /// `since` (sacct's `--starttime`: `2026-11-23`, `2026-11-23T08:00`,
     /// `now-7days`; default: Slurm's, midnight today), in one `sacct`.
@@ -280,6 +294,7 @@ mod tests {
             script: "#!/bin/sh\n".into(),
             hold: false,
             calls: 1,
+            constraint: None,
         };
         let e = s.submit(&req).unwrap_err();
         let _ = std::fs::remove_file(&fake);

@@ -113,6 +113,9 @@ pub struct BatchRequest {
     /// to the accounting (`--comment=delegate:calls=N`) so that the
     /// instructor's usage counts calls, not allocations.
     pub calls: usize,
+    /// `--constraint`: the hardware class the calls keep to (a node
+    /// feature `dlgclass_<id>`, or `[a|b]` for one of several).
+    pub constraint: Option<String>,
 }
 
 /// The arguments of `sbatch` for `req`.
@@ -136,6 +139,9 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
     if req.hold {
         args.push("--hold".to_owned());
     }
+    if let Some(c) = &req.constraint {
+        args.push(format!("--constraint={c}"));
+    }
     args
 }
 
@@ -158,6 +164,7 @@ mod tests {
             script: String::new(),
             hold: false,
             calls: 1,
+            constraint: None,
         };
         let a = sbatch_args(&req, None);
         assert_eq!(
@@ -175,6 +182,11 @@ mod tests {
             ]
         );
         assert_eq!(sbatch_args(&req, Some("debug")).last().unwrap(), "--partition=debug");
+        let pinned = BatchRequest {
+            constraint: Some("dlgclass_0123456789".into()),
+            ..req.clone()
+        };
+        assert_eq!(sbatch_args(&pinned, None).last().unwrap(), "--constraint=dlgclass_0123456789");
         assert_eq!(
             batch_script(Path::new("/usr/local/bin/sandbox-runner"), Path::new("/home/o'k/j")),
             "#!/bin/sh\nexec '/usr/local/bin/sandbox-runner' '/home/o'\\''k/j'\n"

@@ -1,0 +1,183 @@
+//! The partition's nodes as `sinfo` shows them to anyone: state, features
+//! (the hardware class each node's agent publishes as `dlgclass_<id>`) and
+//! the agent's report in the node comment (see
+//! [`delegate_protocol::node_class`]); and the choice of one class for the
+//! calls of one experiment.
+
+use std::collections::BTreeMap;
+
+use delegate_protocol::node_class::{class_of_feature, NodeReport, FEATURE_PREFIX};
+use serde::Serialize;
+
+/// `sinfo --Node --noheader --Format=` of [`parse_nodes`]: the comment last
+/// (it has spaces; the agent's report never holds `|`).
+pub const SINFO_NODES_FORMAT: &str = "NodeList:|,Partition:|,StateLong:|,Features:|,Comment:|";
+/// At most this many nodes are read.
+const MAX_NODES: usize = 10_000;
+
+/// One node of a partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeRow {
+    pub name: String,
+    /// The partition (`*` marks the default one).
+    pub partition: String,
+    pub state: String,
+    /// Its hardware class id, if its agent published one.
+    pub class: Option<String>,
+    /// Its agent's report, if any.
+    pub report: Option<NodeReport>,
+}
+
+impl NodeRow {
+    /// Whether Slurm may start a job on it now or soon (a powered-down
+    /// elastic node, `idle~`, counts: Slurm starts it for a job).
+    pub fn usable(&self) -> bool {
+        let s = self.state.trim_end_matches(['~', '#', '%', '*', '!', '$', '@', '^', '-']);
+        matches!(s, "idle" | "mixed" | "allocated" | "completing" | "planned")
+    }
+}
+
+/// `sinfo` lines in [`SINFO_NODES_FORMAT`]; odd lines are skipped.
+pub fn parse_nodes(text: &str) -> Vec<NodeRow> {
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(5, '|');
+            let (name, partition, state, features) = (f.next()?, f.next()?, f.next()?, f.next()?);
+            let comment = f.next().unwrap_or("").trim_end_matches('|');
+            if name.is_empty() || name.len() > 200 {
+                return None;
+            }
+            Some(NodeRow {
+                name: name.to_owned(),
+                partition: partition.to_owned(),
+                state: state.to_owned(),
+                class: features.split(',').find_map(class_of_feature).map(str::to_owned),
+                report: NodeReport::parse(comment),
+            })
+        })
+        .take(MAX_NODES)
+        .collect()
+}
+
+/// The rows of `partition` (None: the default partition, marked `*`).
+pub fn in_partition(rows: Vec<NodeRow>, partition: Option<&str>) -> Vec<NodeRow> {
+    rows.into_iter()
+        .filter(|r| match partition {
+            Some(p) => r.partition.trim_end_matches('*') == p,
+            None => r.partition.ends_with('*'),
+        })
+        .collect()
+}
+
+/// The class the calls of one experiment keep to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassChoice {
+    pub id: String,
+    /// Its usable nodes.
+    pub nodes: u32,
+    /// How many classes the partition's usable nodes have.
+    pub classes: usize,
+}
+
+impl ClassChoice {
+    /// `sbatch --constraint=` for it.
+    pub fn constraint(&self) -> String {
+        format!("{FEATURE_PREFIX}{}", self.id)
+    }
+}
+
+/// The usable nodes of each class.
+fn class_sizes(rows: &[NodeRow]) -> BTreeMap<&str, u32> {
+    let mut sizes: BTreeMap<&str, u32> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.usable()) {
+        if let Some(c) = &r.class {
+            *sizes.entry(c.as_str()).or_default() += 1;
+        }
+    }
+    sizes
+}
+
+/// The class for the calls of one experiment when the partition's usable
+/// nodes are of two classes or more: the one with the most nodes (ties:
+/// the smaller id). None when they are of one class (or none published
+/// one): nothing to choose, and a constraint would only keep out nodes that
+/// have not published theirs yet.
+pub fn choose_class(rows: &[NodeRow]) -> Option<ClassChoice> {
+    let sizes = class_sizes(rows);
+    if sizes.len() < 2 {
+        return None;
+    }
+    let (id, nodes) = sizes
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+        .map(|(id, n)| ((*id).to_owned(), *n))?;
+    Some(ClassChoice { id, nodes, classes: sizes.len() })
+}
+
+/// For a multi-node job: `[dlgclass_a|dlgclass_b]` (Slurm's "all nodes of
+/// one of these"), or None when the partition has fewer than two classes.
+pub fn one_class_of_any(rows: &[NodeRow]) -> Option<String> {
+    let sizes = class_sizes(rows);
+    if sizes.len() < 2 {
+        return None;
+    }
+    let list: Vec<String> = sizes.keys().map(|id| format!("{FEATURE_PREFIX}{id}")).collect();
+    Some(format!("[{}]", list.join("|")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SINFO: &str = "\
+worker1|delegate*|idle|dlgclass_aaaaaaaaaa|delegate class=aaaaaaaaaa deployed=aaaaaaaaaa label=none governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|
+worker2|delegate*|mixed|avx2,dlgclass_bbbbbbbbbb|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|
+worker3|delegate*|idle~|dlgclass_bbbbbbbbbb||
+worker4|delegate*|down*|dlgclass_aaaaaaaaaa|(null)|
+worker5|gpu|idle|(null)|rack 4|
+garbage
+";
+
+    #[test]
+    fn nodes_are_read_with_their_class_and_report() {
+        let rows = parse_nodes(SINFO);
+        assert_eq!(rows.len(), 5);
+        assert_eq!(rows[1].class.as_deref(), Some("bbbbbbbbbb"));
+        assert!(rows[1].report.as_ref().is_some_and(NodeReport::drifted));
+        assert_eq!(rows[2].report, None);
+        assert_eq!(rows[4].class, None);
+        assert!(rows[2].usable() && !rows[3].usable());
+        assert_eq!(in_partition(rows.clone(), None).len(), 4);
+        assert_eq!(in_partition(rows, Some("gpu")).len(), 1);
+    }
+
+    #[test]
+    fn the_class_with_most_usable_nodes_is_chosen() {
+        let rows = in_partition(parse_nodes(SINFO), None);
+        // worker4 (class a) is down: b has 2 usable nodes, a 1.
+        let c = choose_class(&rows).unwrap();
+        assert_eq!((c.id.as_str(), c.nodes, c.classes), ("bbbbbbbbbb", 2, 2));
+        assert_eq!(c.constraint(), "dlgclass_bbbbbbbbbb");
+        assert_eq!(
+            one_class_of_any(&rows).as_deref(),
+            Some("[dlgclass_aaaaaaaaaa|dlgclass_bbbbbbbbbb]")
+        );
+    }
+
+    #[test]
+    fn ties_go_to_the_smaller_id_and_one_class_is_no_choice() {
+        let row = |n: &str, c: &str| NodeRow {
+            name: n.into(),
+            partition: "p*".into(),
+            state: "idle".into(),
+            class: Some(c.into()),
+            report: None,
+        };
+        let rows = [row("a", "2222222222"), row("b", "1111111111")];
+        assert_eq!(choose_class(&rows).unwrap().id, "1111111111");
+        assert_eq!(choose_class(&rows[..1]), None);
+        assert_eq!(one_class_of_any(&rows[..1]), None);
+        let unknown = NodeRow { class: None, ..row("c", "") };
+        assert_eq!(choose_class(&[row("a", "1111111111"), unknown]), None);
+    }
+}

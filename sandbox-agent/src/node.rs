@@ -1,0 +1,270 @@
+//! This node's hardware class and report, kept in Slurm (see
+//! [`delegate_protocol::node_class`]): the class as the node feature
+//! `dlgclass_<id>` (so that one experiment's calls can ask Slurm for one
+//! class), the report as the node's comment (what `delegate admin nodes`
+//! shows). Published at start, after every call and every
+//! [`PUBLISH_EVERY`] (a `scontrol reconfigure` resets features to
+//! slurm.conf's; the next publication puts the class back). Root on a node
+//! is a Slurm administrator: `scontrol update` of its own node only, with
+//! values the agent made itself.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use delegate_protocol::node_class::{self, check_label, class_of_feature, NodeClass, NodeReport};
+use delegate_protocol::policy::Policy;
+
+use crate::{config, fingerprint};
+
+/// How often the class and report are published at the latest.
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(30);
+/// How long one scontrol may take.
+const SCONTROL_PATIENCE: Duration = Duration::from_secs(15);
+/// At most this many bytes of the label file are read.
+const MAX_LABEL_FILE: u64 = 256;
+
+/// The operator's label of this node, if the label file holds a valid one.
+fn label(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mut text = String::new();
+    if let Err(e) = file.take(MAX_LABEL_FILE).read_to_string(&mut text) {
+        tracing::warn!("{}: {e}; the node has no label", path.display());
+        return None;
+    }
+    match check_label(&text) {
+        Ok(l) => Some(l),
+        Err(why) => {
+            tracing::warn!("{}: {why}; the node has no label", path.display());
+            None
+        }
+    }
+}
+
+/// This node's class and report now (without the deployed class).
+pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
+    let proc = match &policy.host_proc {
+        p if p.as_os_str().is_empty() => std::path::PathBuf::from("/proc"),
+        p => p.clone(),
+    };
+    let root = Path::new("/");
+    let before = fingerprint::before(root, &proc, &[0], &Default::default());
+    let (perf, _) = config::perf_for(policy.perf_mode, config::perf_paranoid());
+    let f = fingerprint::after(root, &proc, before, &Default::default(), node, perf.as_str(), None, None);
+    let label = label(Path::new(node_class::LABEL_FILE));
+    let class = NodeClass::of(&f, label.as_deref());
+    let report = NodeReport {
+        class: class.id.clone(),
+        deployed: None,
+        label,
+        governor: f.governor.clone(),
+        boost: f.boost,
+        perf: perf.as_str().to_owned(),
+        hardware_counters: fingerprint::hardware_counters(),
+        cpu: f.cpu_model.clone().unwrap_or_else(|| "unknown".into()),
+    };
+    (class, report)
+}
+
+/// What Slurm holds about a node: its features (available, active) and comment.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SlurmNode {
+    pub available: Vec<String>,
+    pub active: Vec<String>,
+    pub comment: String,
+}
+
+/// `scontrol show node NAME` (one `Key=value` group per line; the
+/// comment, which may hold spaces, on a line of its own).
+pub fn parse_show_node(text: &str) -> SlurmNode {
+    let list = |v: &str| -> Vec<String> {
+        if v == "(null)" || v.is_empty() {
+            Vec::new()
+        } else {
+            v.split(',').map(str::to_owned).collect()
+        }
+    };
+    let mut n = SlurmNode::default();
+    for line in text.lines().map(str::trim) {
+        if let Some(c) = line.strip_prefix("Comment=") {
+            n.comment = if c == "(null)" { String::new() } else { c.to_owned() };
+            continue;
+        }
+        for kv in line.split_whitespace() {
+            if let Some(v) = kv.strip_prefix("AvailableFeatures=") {
+                n.available = list(v);
+            } else if let Some(v) = kv.strip_prefix("ActiveFeatures=") {
+                n.active = list(v);
+            }
+        }
+    }
+    n
+}
+
+/// `features` with our class features replaced by `ours`.
+pub fn with_class(features: &[String], ours: &str) -> Vec<String> {
+    let mut out: Vec<String> = features.iter().filter(|f| class_of_feature(f).is_none()).cloned().collect();
+    out.push(ours.to_owned());
+    out
+}
+
+/// The report to publish: `now`, with the deployed class Slurm holds (or
+/// `now`'s class when the deployment cleared it).
+pub fn report_to_publish(now: &NodeReport, held: &str) -> NodeReport {
+    let deployed = NodeReport::parse(held)
+        .and_then(|r| r.deployed)
+        .or_else(|| Some(now.class.clone()));
+    NodeReport { deployed, ..now.clone() }
+}
+
+async fn scontrol(args: &[String]) -> Result<String, String> {
+    let run = tokio::process::Command::new("scontrol")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(SCONTROL_PATIENCE, run)
+        .await
+        .map_err(|_| format!("scontrol {} took more than {SCONTROL_PATIENCE:?}", args[0]))?
+        .map_err(|e| format!("cannot run scontrol: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("scontrol {} failed: {}", args[0], err.trim()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Publishes this node's class and report; Ok(true) when Slurm's record
+/// changed.
+pub async fn publish(policy: &Policy, node: &str) -> Result<bool, String> {
+    let (class, now) = {
+        let (policy, node) = (policy.clone(), node.to_owned());
+        tokio::task::spawn_blocking(move || current(&policy, &node))
+            .await
+            .map_err(|e| format!("the fingerprint task failed: {e}"))?
+    };
+    let held = parse_show_node(&scontrol(&["show".into(), "node".into(), node.into()]).await?);
+    let report = report_to_publish(&now, &held.comment);
+    let comment = report.to_comment();
+    let (available, active) = (
+        with_class(&held.available, &class.feature()),
+        with_class(&held.active, &class.feature()),
+    );
+    if available == held.available && active == held.active && comment == held.comment {
+        return Ok(false);
+    }
+    scontrol(&[
+        "update".into(),
+        format!("NodeName={node}"),
+        format!("AvailableFeatures={}", available.join(",")),
+        format!("ActiveFeatures={}", active.join(",")),
+        format!("Comment={comment}"),
+    ])
+    .await?;
+    if report.drifted() {
+        tracing::warn!(
+            "node class changed since the last deployment: was {}, now {} ({})",
+            report.deployed.as_deref().unwrap_or("?"),
+            class.id,
+            class.summary
+        );
+    } else {
+        tracing::info!("node class {} ({})", class.id, class.summary);
+    }
+    Ok(true)
+}
+
+/// Publishes at start, whenever `again` is notified (a call ended) and
+/// every [`PUBLISH_EVERY`]; errors are logged once until it works again.
+pub async fn keep_published(policy: Policy, node: String, again: Arc<tokio::sync::Notify>) {
+    let mut failing = false;
+    loop {
+        match publish(&policy, &node).await {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                tracing::warn!("cannot publish this node's class to Slurm: {e} (retried every {PUBLISH_EVERY:?})");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = again.notified() => {}
+            _ = tokio::time::sleep(PUBLISH_EVERY) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHOW: &str = "NodeName=vm Arch=x86_64 CoresPerSocket=1
+   CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.05
+   AvailableFeatures=avx2,dlgclass_0123456789
+   ActiveFeatures=avx2,dlgclass_0123456789
+   Gres=(null)
+   NodeAddr=vm NodeHostName=vm Version=22.05.8
+   Comment=delegate class=0123456789 deployed=0123456789 label=none governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13
+";
+
+    #[test]
+    fn slurms_view_of_a_node_is_read_with_its_spaced_comment() {
+        let n = parse_show_node(SHOW);
+        assert_eq!(n.available, ["avx2", "dlgclass_0123456789"]);
+        assert_eq!(n.active, ["avx2", "dlgclass_0123456789"]);
+        assert!(n.comment.ends_with("cpu=AMD EPYC 7B13"), "{}", n.comment);
+        let empty =
+            parse_show_node("NodeName=vm\n   AvailableFeatures=(null)\n   ActiveFeatures=(null)\n   Comment=(null)\n");
+        assert_eq!(empty, SlurmNode::default());
+    }
+
+    #[test]
+    fn the_class_feature_replaces_ours_and_keeps_the_sites() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            with_class(&f(&["avx2", "dlgclass_0123456789"]), "dlgclass_abcdefabcd"),
+            f(&["avx2", "dlgclass_abcdefabcd"])
+        );
+        assert_eq!(with_class(&[], "dlgclass_abcdefabcd"), f(&["dlgclass_abcdefabcd"]));
+    }
+
+    #[test]
+    fn the_deployed_class_is_kept_until_a_deployment_clears_it() {
+        let now = NodeReport {
+            class: "bbbbbbbbbb".into(),
+            perf: "seccomp".into(),
+            ..Default::default()
+        };
+        let held = NodeReport {
+            class: "aaaaaaaaaa".into(),
+            deployed: Some("aaaaaaaaaa".into()),
+            perf: "seccomp".into(),
+            ..Default::default()
+        };
+        let drifted = report_to_publish(&now, &held.to_comment());
+        assert_eq!(drifted.deployed.as_deref(), Some("aaaaaaaaaa"));
+        assert!(drifted.drifted());
+        let after_deploy = report_to_publish(&now, "");
+        assert_eq!(after_deploy.deployed.as_deref(), Some("bbbbbbbbbb"));
+        assert!(!after_deploy.drifted());
+        // An operator's own comment is replaced, the class recorded afresh.
+        assert!(!report_to_publish(&now, "rack 4").drifted());
+    }
+
+    #[test]
+    fn the_class_of_this_machine_is_read_from_its_proc_and_sys() {
+        let policy = Policy::default();
+        let (class, report) = current(&policy, "here");
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let model = info.lines().find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        });
+        if let Some(m) = model {
+            assert_eq!(report.cpu, m);
+            assert!(class.summary.contains(&m), "{}", class.summary);
+        }
+        assert_eq!(report.class, class.id);
+    }
+}
