@@ -388,3 +388,86 @@ def test_every_rank_sees_the_shipped_files(stack):
     assert res["state"] == "completed", res
     for k in (0, 1):
         assert f"trained rank {k} of 2" in rank_log(job, k)
+
+
+# --- One hardware class per experiment (issue 32): both workers run on this
+# machine, so they are one class until an operator labels one of them
+# (/etc/delegate/node-class); the agents publish the classes to Slurm.
+
+
+def classes_on_head() -> dict[str, str]:
+    """Each worker's class as Slurm shows it (sinfo on the head)."""
+    r = on("head", "sinfo", "-N", "-h", "-O", "NodeList:|,Features:|", quiet=True)
+    out = {}
+    for line in r.stdout.splitlines():
+        name, _, features = line.partition("|")
+        ours = [f for f in features.rstrip("|").split(",") if f.startswith("dlgclass_")]
+        if ours:
+            out[name] = ours[0].removeprefix("dlgclass_")
+    return out
+
+
+def until_classes(want, timeout=120) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        c = classes_on_head()
+        if want(c):
+            return c
+        assert time.monotonic() < deadline, f"the workers' classes are {c} after {timeout}s"
+        time.sleep(3)
+
+
+def slurm_features(job: str) -> str:
+    sid = (Path(HOME) / STUDENT / ".delegate" / "jobs" / job / "slurm-id").read_text().split()[0]
+    show = on("head", "scontrol", "show", "job", sid.split("_")[0], quiet=True).stdout
+    return next(w for w in show.split() if w.startswith("Features=")).removeprefix("Features=")
+
+
+@pytest.fixture
+def two_classes(stack):
+    """worker2 labelled `slow` (a second class), unlabelled afterwards."""
+    until_classes(lambda c: len(c) == 2 and len(set(c.values())) == 1)
+    r = on("worker2", "sh", "-c", "mkdir -p /etc/delegate && echo slow > /etc/delegate/node-class")
+    assert r.returncode == 0, r.stderr
+    try:
+        yield until_classes(lambda c: len(set(c.values())) == 2)
+    finally:
+        on("worker2", "rm", "-f", "/etc/delegate/node-class")
+        until_classes(lambda c: len(set(c.values())) == 1)
+
+
+def test_a_maps_calls_keep_to_one_class(two_classes):
+    chosen = min(two_classes.values())  # 1 node each: the smaller id
+    node = next(n for n, c in two_classes.items() if c == chosen)
+    r = on_node("user", "delegate", "submit", "--count", "4", "--time", "1m", "--", "true")
+    assert r.returncode == 0, r.stderr
+    jobs = r.stdout.split()
+    assert slurm_features(jobs[0]) == f"dlgclass_{chosen}"
+    for job in jobs:
+        res = wait_result(job)
+        assert res["state"] == "completed", res
+        assert res["fingerprint"]["node"] == node, (res["fingerprint"]["node"], two_classes)
+    # Mixing asked for: Slurm is asked for no class.
+    r = on_node("user", "delegate", "submit", "--count", "2", "--hold", "--mix-classes", "--", "true")
+    assert r.returncode == 0, r.stderr
+    mixed = r.stdout.split()
+    try:
+        assert slurm_features(mixed[0]) == "(null)"
+    finally:
+        on_node("user", "delegate", "cancel", *mixed)
+    # A 2-node job: no class has two nodes, so it spans them (else it
+    # would never start).
+    job = submit("true")
+    assert slurm_features(job) == "(null)"
+    assert wait_result(job)["state"] == "completed"
+
+
+def test_the_instructors_view_names_both_classes_and_the_drift(two_classes):
+    r = on("worker1", "delegate", "admin", "nodes")
+    assert r.returncode == 0, r.stderr
+    for n, c in two_classes.items():
+        assert any(line.startswith(n + " ") and c in line for line in r.stdout.splitlines()), r.stdout
+    assert "2 node(s), 2 class(es)" in r.stdout, r.stdout
+    # worker2 was relabelled after the deployment: its class drifted.
+    assert "drift: worker2's class changed since the last deployment" in r.stdout, r.stdout
+    assert "drift: worker1" not in r.stdout

@@ -334,3 +334,27 @@ shutil.rmtree(os.getcwd(), ignore_errors=True)
         assert col in res["cols"], res["cols"]
     assert res["model"] == [model, model], res["model"]
     assert res["warned"] == [], res["warned"]
+
+
+def test_repeat_runs_each_measurement_n_times_in_one_sandbox(alice):
+    """``repeat=3, warmup=1`` (issue 32): the run's invocations run once
+    unmeasured and three times measured in one job (one sandbox, the same
+    cores); the table has each measurement three times, told apart by
+    ``repeat``."""
+    res, _ = alice.result(
+        HEADER
+        + """
+delegate.cfiddle.enable(time="5m", repeat=3, warmup=1)
+r = run(exes, "loop", arguments=arg_map(count=[1000], k=[1]), perf_counters=["PERF_COUNT_SW_TASK_CLOCK"])
+df = r.as_df()
+out(n=len(df), repeats=sorted(df["repeat"].tolist()), jobs=delegate.cfiddle.last_job_ids(),
+    clock=[float(v) for v in df["PERF_COUNT_SW_TASK_CLOCK"].tolist()])
+shutil.rmtree(os.getcwd(), ignore_errors=True)
+""",
+        timeout=600,
+    )
+    per_run = res["n"] // 3
+    assert per_run >= 1 and res["n"] == 3 * per_run, res
+    assert res["repeats"] == sorted(list(range(3)) * per_run), res["repeats"]
+    assert len(res["jobs"]) == 1, res["jobs"]
+    assert all(c > 0 for c in res["clock"]), res["clock"]

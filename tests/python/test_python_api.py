@@ -433,3 +433,27 @@ out(values=[list(v) for v in r.values], n=len(r.seconds), warmup=r.warmup,
     assert res["pairs"] == [8, 8] and res["sbatch"] == 1
     assert res["ratio"] > 0 and res["ci"][0] <= res["ratio"] <= res["ci"][1]
     assert "95% CI, 8 pairs" in res["text"], res["text"]
+
+
+def test_mix_classes_is_a_keyword_of_remote_executor_and_map(alice):
+    """``mix_classes=True`` reaches the submission (one class here: the
+    calls run either way; the class pinning itself is tried on the stack,
+    tests/cluster/test_ranks.py); anything else of its kind is refused."""
+    res, _ = alice.result(
+        HEADER
+        + """
+@delegate.remote(time="1m", mix_classes=True)
+def sq(x):
+    return x * x
+with delegate.Executor(time="1m", mix_classes=False) as ex:
+    ex_values = list(ex.map(lambda x: x + 1, [1, 2]))
+try:
+    delegate.remote(mix=True)
+    refused = None
+except TypeError as e:
+    refused = str(e)
+out(values=sq.map([1, 2, 3]), ex=ex_values, refused=refused)
+"""
+    )
+    assert res["values"] == [1, 4, 9] and res["ex"] == [2, 3], res
+    assert res["refused"] and "unexpected keyword" in res["refused"], res["refused"]

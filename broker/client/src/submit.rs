@@ -120,7 +120,7 @@ impl Client {
             }
         };
         if calls < 2 {
-            return slurm::nodes::one_class_of_any(&rows).map(|c| (c, None));
+            return slurm::nodes::one_class_of_any(&rows, first.resources.nodes).map(|c| (c, None));
         }
         let choice = slurm::nodes::choose_class(&rows)?;
         tracing::info!(

@@ -67,11 +67,30 @@ def _write(rel: str, data: bytes) -> str:
     return path
 
 
-def run(files: dict, runner: bytes, caller_version: str) -> tuple:
-    """Runs one CFiddle runner pickle. Returns ``("ok", results pickle)``,
+def merge_repeats(runs: list) -> list:
+    """The results of several runs of one runner as one: each invocation's
+    rows from every run, each row with its ``repeat`` (0, 1, ...)."""
+    merged = runs[0]
+    for j, inv in enumerate(merged):
+        rows = []
+        for k, results in enumerate(runs):
+            for row in getattr(results[j], "results", None) or []:
+                if isinstance(row, dict):
+                    row = dict(row, repeat=k)
+                rows.append(row)
+        if hasattr(inv, "results"):
+            inv.results = rows
+    return merged
+
+
+def run(files: dict, runner: bytes, caller_version: str, repeat: int = 1, warmup: int = 0) -> tuple:
+    """Runs one CFiddle runner pickle ``warmup`` times unmeasured, then
+    ``repeat`` times, in this sandbox on its cores. Returns ``("ok", results
+    pickle)`` (several runs merged: each row with its ``repeat``),
     ``("crashed", exit code, stdout, stderr)`` when cfiddle-run failed, or
     ``("version-mismatch", message)``."""
     import os
+    import pickle
     import subprocess
     import sys
     import warnings
@@ -93,13 +112,23 @@ def run(files: dict, runner: bytes, caller_version: str) -> tuple:
     lib = cfiddle.paths.cfiddle_lib_path()
     paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     env["LD_LIBRARY_PATH"] = ":".join(paths + ([lib] if lib not in paths else []))
-    proc = subprocess.run(
-        [sys.executable, "-c", BOOT, "--runner", runner_path, "--results", results_path],
-        capture_output=True,
-        env=env,
-        cwd=ROOT,
-    )
-    if proc.returncode != 0:
-        return ("crashed", proc.returncode, _tail(proc.stdout), _tail(proc.stderr))
-    with open(results_path, "rb") as f:
-        return ("ok", f.read())
+    runs = []
+    for k in range(warmup + repeat):
+        proc = subprocess.run(
+            [sys.executable, "-c", BOOT, "--runner", runner_path, "--results", results_path],
+            capture_output=True,
+            env=env,
+            cwd=ROOT,
+        )
+        if proc.returncode != 0:
+            return ("crashed", proc.returncode, _tail(proc.stdout), _tail(proc.stderr))
+        with open(results_path, "rb") as f:
+            data = f.read()
+        if repeat == 1 and warmup == 0:
+            return ("ok", data)
+        if k >= warmup:
+            runs.append(pickle.loads(data))
+    if any(isinstance(r, BaseException) for r in runs):
+        # CFiddle's own error (pickled as the results): the first one.
+        return ("ok", pickle.dumps(next(r for r in runs if isinstance(r, BaseException))))
+    return ("ok", pickle.dumps(merge_repeats(runs)))

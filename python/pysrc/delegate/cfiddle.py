@@ -236,6 +236,10 @@ class Delegate:
     ``machine_hardware_counters``: the call's fingerprint; None where the
     node cannot tell). Whatever this says, a run whose jobs ran on more than
     one hardware class warns (``UserWarning``) and lists them.
+    ``repeat``, ``warmup``: run each job's invocations ``warmup`` times
+    unmeasured, then ``repeat`` times, in one sandbox on the same cores; the
+    table has ``repeat`` rows per measurement, told apart by the column
+    ``repeat`` (0 to repeat-1), e.g. ``df.groupby(...)["..."].median()``.
     ``mix_classes``: let the jobs of one run (``invocations_per_job``) run
     on nodes of different hardware classes; by default they keep to one.
     """
@@ -252,8 +256,11 @@ class Delegate:
         max_bytes: int | None = None,
         machine_columns: bool = False,
         mix_classes: bool | None = None,
+        repeat: int | None = None,
+        warmup: int | None = None,
     ):
         self.machine_columns = bool(machine_columns)
+        self.repeats = delegate._repeats(repeat, warmup) or (1, 0)
         res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env, mix_classes=mix_classes)
         self.resources: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
         delegate._resources(self.resources)  # TypeError/ValueError at once
@@ -293,7 +300,7 @@ class Delegate:
         cloudpickle = delegate._cloudpickle()
         cloudpickle.register_pickle_by_value(_cfiddle_sandbox)
         version = _caller_version()
-        calls = [((job.files, job.runner, version), {}) for job in jobs]
+        calls = [((job.files, job.runner, version, *self.repeats), {}) for job in jobs]
         try:
             futs = delegate._submit_many(_cfiddle_sandbox.run, calls, self.resources)
         except DelegateError as e:
@@ -406,6 +413,8 @@ def enable(
     max_bytes: int | None = None,
     machine_columns: bool | None = None,
     mix_classes: bool | None = None,
+    repeat: int | None = None,
+    warmup: int | None = None,
 ) -> Callable[[], Delegate]:
     """Makes every CFiddle ``run()`` of this process run on the cluster with
     these resources (see :class:`Delegate`). Returns the ``RunnerDelegate_type``
@@ -420,6 +429,8 @@ def enable(
         max_bytes=max_bytes,
         machine_columns=machine_columns,
         mix_classes=mix_classes,
+        repeat=repeat,
+        warmup=warmup,
     )
     kw = {k: v for k, v in kw.items() if v is not None}
     Delegate(**kw)  # validate now, not at the first run()

@@ -31,6 +31,7 @@ class Delegate:
     invocations_per_job: int | None
     max_bytes: int
     machine_columns: bool
+    repeats: tuple[int, int]
     job_ids: list[str]
     def __init__(
         self,
@@ -44,6 +45,8 @@ class Delegate:
         max_bytes: int | None = None,
         machine_columns: bool = False,
         mix_classes: bool | None = None,
+        repeat: int | None = None,
+        warmup: int | None = None,
     ) -> None: ...
     def execute(self, command: Sequence[str], runner: Any) -> None: ...
     def run(self, runner: Any) -> Any: ...
@@ -62,5 +65,7 @@ def enable(
     max_bytes: int | None = None,
     machine_columns: bool | None = None,
     mix_classes: bool | None = None,
+    repeat: int | None = None,
+    warmup: int | None = None,
 ) -> Callable[[], Delegate]: ...
 def disable() -> None: ...

@@ -114,15 +114,26 @@ pub fn choose_class(rows: &[NodeRow]) -> Option<ClassChoice> {
     Some(ClassChoice { id, nodes, classes: sizes.len() })
 }
 
-/// For a multi-node job: `[dlgclass_a|dlgclass_b]` (Slurm's "all nodes of
-/// one of these"), or None when the partition has fewer than two classes.
-pub fn one_class_of_any(rows: &[NodeRow]) -> Option<String> {
+/// For a multi-node job of `nodes` nodes: the classes with that many
+/// usable nodes, as `--constraint` (`[dlgclass_a|dlgclass_b]`, Slurm's
+/// "all nodes of one of these", or the one class); None when the partition
+/// has fewer than two classes, or no class has enough nodes (the job
+/// would never start: it spans classes, and its fingerprints say so).
+pub fn one_class_of_any(rows: &[NodeRow], nodes: u32) -> Option<String> {
     let sizes = class_sizes(rows);
     if sizes.len() < 2 {
         return None;
     }
-    let list: Vec<String> = sizes.keys().map(|id| format!("{FEATURE_PREFIX}{id}")).collect();
-    Some(format!("[{}]", list.join("|")))
+    let list: Vec<String> = sizes
+        .iter()
+        .filter(|(_, n)| **n >= nodes)
+        .map(|(id, _)| format!("{FEATURE_PREFIX}{id}"))
+        .collect();
+    match list.as_slice() {
+        [] => None,
+        [one] => Some(one.clone()),
+        _ => Some(format!("[{}]", list.join("|"))),
+    }
 }
 
 #[cfg(test)]
@@ -159,9 +170,12 @@ garbage
         assert_eq!((c.id.as_str(), c.nodes, c.classes), ("bbbbbbbbbb", 2, 2));
         assert_eq!(c.constraint(), "dlgclass_bbbbbbbbbb");
         assert_eq!(
-            one_class_of_any(&rows).as_deref(),
+            one_class_of_any(&rows, 1).as_deref(),
             Some("[dlgclass_aaaaaaaaaa|dlgclass_bbbbbbbbbb]")
         );
+        // Only class b has two usable nodes; no class has three.
+        assert_eq!(one_class_of_any(&rows, 2).as_deref(), Some("dlgclass_bbbbbbbbbb"));
+        assert_eq!(one_class_of_any(&rows, 3), None);
     }
 
     #[test]
@@ -176,7 +190,7 @@ garbage
         let rows = [row("a", "2222222222"), row("b", "1111111111")];
         assert_eq!(choose_class(&rows).unwrap().id, "1111111111");
         assert_eq!(choose_class(&rows[..1]), None);
-        assert_eq!(one_class_of_any(&rows[..1]), None);
+        assert_eq!(one_class_of_any(&rows[..1], 1), None);
         let unknown = NodeRow { class: None, ..row("c", "") };
         assert_eq!(choose_class(&[row("a", "1111111111"), unknown]), None);
     }
