@@ -565,9 +565,21 @@ stack_deploy() {
 # it finds next as this deployment's, and `delegate admin nodes` names a
 # later change as drift.
 stack_new_deployment() {
+    local w i up="\$2 !~ /[~]|down|drain|fail/"
     # shellcheck disable=SC2016  # $(...) is for the head node's shell
     stack_exec head sh -c 'scontrol update nodename=$(sinfo -h -N -o %N | sort -u | paste -sd,) comment=' \
-        || warn "cannot clear the workers' comments: drift is counted from an earlier deployment"
+        || { warn "cannot clear the workers' comments: drift is counted from an earlier deployment"; return 0; }
+    # Each running agent records its class as this deployment's now (it
+    # publishes every 30 s anyway); powered-down workers at their start.
+    for w in $(stack_exec head sinfo -h -N -O 'NodeList:|,StateLong:|' | awk -F'|' "$up { print \$1 }" | sort -u); do
+        stack_exec "$w" pkill -HUP -x sandbox-agent || true
+    done
+    for ((i = 0; i < 20; i++)); do
+        stack_exec head sinfo -h -N -O 'NodeList:|,StateLong:|,Comment:|' \
+            | awk -F'|' "$up && \$3 !~ /^delegate class=/ { n++ } END { exit n > 0 }" && return 0
+        sleep 2
+    done
+    warn "not every worker recorded its class yet (see delegate admin nodes)"
 }
 
 # stack_update: `update`, a deploy that rebuilds every image and restarts

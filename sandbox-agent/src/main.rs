@@ -2,7 +2,8 @@
 //! of the Docker socket.
 //!
 //! ```text
-//! sandbox-agent            serve on the site policy's agent_socket (root only)
+//! sandbox-agent            serve on the site policy's agent_socket (root only);
+//!                          SIGHUP publishes the node's class now ([`node`])
 //! sandbox-agent power-serve  the stack's power service of elastic workers
 //!                          (root, the Docker socket; see [`power`])
 //! sandbox-agent --version
@@ -222,6 +223,9 @@ async fn serve() -> Result<(), String> {
     let mut refusals_logged: HashMap<u32, std::time::Instant> = HashMap::new();
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    // SIGHUP: publish the node's class and report now (a deployment that
+    // just cleared them waits for it).
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(|e| e.to_string())?;
     loop {
         tokio::select! {
             a = listener.accept() => match a {
@@ -231,6 +235,7 @@ async fn serve() -> Result<(), String> {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             },
+            _ = hup.recv() => shared.republish.notify_one(),
             _ = term.recv() => {
                 tracing::info!("SIGTERM: stopping");
                 let _ = std::fs::remove_file(&socket);

@@ -427,6 +427,9 @@ def slurm_features(job: str) -> str:
 def two_classes(stack):
     """worker2 labelled `slow` (a second class), unlabelled afterwards."""
     until_classes(lambda c: len(c) == 2 and len(set(c.values())) == 1)
+    # The deployment recorded each worker's class (no label yet) as its own.
+    comments = on("head", "sinfo", "-N", "-h", "-O", "Comment:|", quiet=True).stdout.splitlines()
+    assert len(comments) == 2 and all(" deployed=" in c and " label=none " in c for c in comments), comments
     r = on("worker2", "sh", "-c", "mkdir -p /etc/delegate && echo slow > /etc/delegate/node-class")
     assert r.returncode == 0, r.stderr
     try:
