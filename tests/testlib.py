@@ -44,6 +44,13 @@ class Plan(NamedTuple):
     uid: int
 
 
+def cpu0() -> dict[str, str]:
+    """/proc/cpuinfo's first processor as {field: value}: what this node
+    says of its CPU (the stack's workers run on it too)."""
+    block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())}
+
+
 def free_id(taken: Iterable[int], prefer: int = FIRST_ID, id_range: tuple[int, int] = ID_RANGE) -> int:
     """The first id from `prefer` up (then from the bottom of `id_range`)
     that is in `id_range` and not in `taken` (pass the uids AND gids in use:

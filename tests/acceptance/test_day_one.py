@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from browser import ARTIFACTS_ROOT, URL, Student, browser_for
 
+import testlib
 from stacklib import REPO, SCRIPT, STACK_DIR, cid, initial_password, on, run
 
 ARTIFACTS = ARTIFACTS_ROOT / "acceptance"
@@ -109,12 +110,7 @@ def powered_down(node: str, limit: float = 300) -> None:
 
 def host_cpu_model() -> str:
     """This host's CPU model name (the stack's workers run on it)."""
-    block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    return next(
-        v.strip()
-        for k, _, v in (line.partition(":") for line in block.splitlines())
-        if k.strip() == "model name"
-    )
+    return testlib.cpu0()["model name"]
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +170,17 @@ print("tuning", "; ".join(fp["tuning"]))"""
 TABLE = "delegate.jobs()"
 DOCTOR = "!delegate doctor; echo doctor-exit=$?"
 SACCT = "!sacct -X -n --format=JobID,State%20 | tail -n 3; echo sacct-exit=$?"
+ADMIN_NODES = "!delegate admin nodes; echo admin-nodes-exit=$?"
+# The README's CFiddle run again, each measurement three times in one
+# sandbox after one warm-up run (issue 32): rows told apart by `repeat`.
+REPEATED = (
+    "delegate.cfiddle.enable(time='5m', repeat=3, warmup=1)\n"
+    "again = run(exes, 'loop', arg_map(count=[100000]), perf_counters=['PERF_COUNT_SW_TASK_CLOCK']).as_df()\n"
+    "print(again.groupby('OPTIMIZE')['repeat'].apply(sorted).to_string())\n"
+    "print(again.groupby('OPTIMIZE')['PERF_COUNT_SW_TASK_CLOCK'].median().to_string())\n"
+    "print('rows', len(again))\n"
+    "delegate.cfiddle.enable(time='5m')"
+)
 
 
 def test_3_a_students_day_in_the_browser(students):
@@ -220,6 +227,9 @@ def test_3_a_students_day_in_the_browser(students):
     ann.run_cell(readme_block("### CFiddle experiments"), "['", "cfiddle", timeout=600_000)
     text = ann.run_cell("print(results.as_df().to_string())", "PERF_COUNT_SW_TASK_CLOCK", "cfiddle-table")
     assert "-O3" in text and "-O0" in text, text
+    text = ann.run_cell(REPEATED, "rows ", "cfiddle-repeat", timeout=600_000)
+    assert "rows 6" in text, "2 builds x 1 argument x 3 repeats: " + text
+    assert re.search(r"-O0\s+\[0, 1, 2\]", text) and re.search(r"-O3\s+\[0, 1, 2\]", text), text
     # Her jobs, in her words.
     text = ann.run_cell(TABLE, "function or command", "jobs-table")
     assert "raised ZeroDivisionError" in text and "raised ValueError" in text, text
@@ -265,6 +275,10 @@ def test_4_the_instructor_in_the_browser(browser, students):
     prof.new_notebook()
     text = prof.run_cell(DOCTOR, "doctor-exit=", "doctor")
     assert "doctor-exit=0" in text and "FAIL" not in text and "user node" in text, text
+    # The fleet (issue 32): each worker's class, none drifted since deploy.
+    text = prof.run_cell(ADMIN_NODES, "admin-nodes-exit=", "admin-nodes")
+    assert "admin-nodes-exit=0" in text and re.search(r"\d+ node\(s\), \d class\(es\)", text), text
+    assert "drift:" not in text and "worker1" in text, text
     resp = prof.page.goto(f"{URL}/hub/admin")
     prof.page.wait_for_selector(f"text={ANN}")
     prof.shot("admin-page")

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from conftest import User
 
+import testlib
+
 
 def node_says() -> dict:
-    info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    kv = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info.splitlines())}
+    kv = testlib.cpu0()
     gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
     return {
         "model": kv.get("model name"),

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import DELEGATE, sh
 
+import testlib
+
 NODE = os.uname().nodename.split(".")[0]
 LABEL_FILE = Path("/etc/delegate/node-class")
 # The agent publishes every 30 s at the latest (sandbox-agent/src/node.rs).
@@ -51,9 +53,7 @@ def admin_nodes(*args) -> subprocess.CompletedProcess:
 
 
 def cpu0_model() -> str:
-    info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    kv = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info.splitlines())}
-    return kv.get("model name", "unknown")
+    return testlib.cpu0().get("model name", "unknown")
 
 
 @pytest.fixture

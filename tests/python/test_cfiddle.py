@@ -18,6 +18,8 @@ import threading
 import pytest
 from conftest import REPO, Student
 
+import testlib
+
 # A CFiddle experiment as CFiddle's documentation writes them: measured
 # between start_measurement() and end_measurement(), `extern "C"` on its own
 # line (CFiddle's prototype parser wants it so).
@@ -324,12 +326,7 @@ shutil.rmtree(os.getcwd(), ignore_errors=True)
 """,
         timeout=600,
     )
-    info = open("/proc/cpuinfo").read().split("\n\n")[0]  # noqa: SIM115 - one read
-    model = next(
-        v.strip()
-        for k, _, v in (line.partition(":") for line in info.splitlines())
-        if k.strip() == "model name"
-    )
+    model = testlib.cpu0()["model name"]
     for col in ("machine_node", "machine_cpu_model", "machine_governor", "machine_boost"):
         assert col in res["cols"], res["cols"]
     assert res["model"] == [model, model], res["model"]

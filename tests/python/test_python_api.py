@@ -9,6 +9,8 @@ from pathlib import Path
 
 from conftest import containers_with_label
 
+import testlib
+
 HEADER = """
 import hashlib, json, sys, threading, time
 import delegate
@@ -388,12 +390,7 @@ out(before=before, node=fp["node"], model=fp["cpu_model"], kernel=fp["kernel"], 
     perf=fp["perf_mode"], governor=fp["governor"], row_cpu=row["cpu"], row_machine=row["machine"])
 """
     )
-    info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    model = next(
-        v.strip()
-        for k, _, v in (line.partition(":") for line in info.splitlines())
-        if k.strip() == "model name"
-    )
+    model = testlib.cpu0()["model name"]
     assert res["before"] is None
     assert res["model"] == model and res["kernel"] == os.uname().release
     assert res["row_cpu"] == model and model in res["row_machine"], "delegate.jobs() shows the machine"
