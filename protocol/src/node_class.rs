@@ -32,6 +32,14 @@ pub const MAX_LABEL: usize = 32;
 /// At most this many characters of the CPU model in a report.
 const MAX_CPU: usize = 96;
 
+/// The node's CPU topology: what BIOS settings change (SMT, cores turned
+/// off); `None` when the node cannot tell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Topology {
+    pub cpus_online: Option<u32>,
+    pub threads_per_core: Option<u32>,
+}
+
 /// One node's class: its id and what it is, in words.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeClass {
@@ -42,18 +50,21 @@ pub struct NodeClass {
 }
 
 impl NodeClass {
-    /// The class of the node `f` was taken on, with the operator's `label`.
-    pub fn of(f: &Fingerprint, label: Option<&str>) -> NodeClass {
+    /// The class of the node `f` was taken on, of CPU topology `t`, with
+    /// the operator's `label`.
+    pub fn of(f: &Fingerprint, t: Topology, label: Option<&str>) -> NodeClass {
         let u = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
         let n = |v: Option<u32>| v.map_or("?".to_owned(), |x| x.to_string());
         let mut summary = format!(
-            "{} {} (family {} model {} stepping {}, microcode {}), kernel {}",
+            "{} {} (family {} model {} stepping {}, microcode {}), {} CPUs, {} threads per core, kernel {}",
             u(&f.cpu_vendor),
             u(&f.cpu_model),
             n(f.cpu_family),
             n(f.cpu_model_number),
             n(f.cpu_stepping),
             u(&f.microcode),
+            n(t.cpus_online),
+            n(t.threads_per_core),
             u(&f.kernel)
         );
         if !f.boot_params.is_empty() {
@@ -222,19 +233,27 @@ mod tests {
     }
 
     #[test]
-    fn a_class_ignores_the_node_name_and_tuning_but_not_microcode_kernel_or_label() {
-        let a = NodeClass::of(&epyc(), None);
+    fn a_class_ignores_the_node_name_and_tuning_but_not_microcode_kernel_smt_or_label() {
+        let t = Topology {
+            cpus_online: Some(64),
+            threads_per_core: Some(2),
+        };
+        let a = NodeClass::of(&epyc(), t, None);
         let mut other_node = epyc();
         other_node.node = "worker2".into();
         other_node.governor = Some("powersave".into());
-        assert_eq!(NodeClass::of(&other_node, None), a);
+        assert_eq!(NodeClass::of(&other_node, t, None), a);
         let mut microcode = epyc();
         microcode.microcode = Some("0xa0011d5".into());
-        assert_ne!(NodeClass::of(&microcode, None).id, a.id);
+        assert_ne!(NodeClass::of(&microcode, t, None).id, a.id);
         let mut kernel = epyc();
         kernel.kernel = Some("6.12.0".into());
-        assert_ne!(NodeClass::of(&kernel, None).id, a.id);
-        assert_ne!(NodeClass::of(&epyc(), Some("slow")).id, a.id);
+        assert_ne!(NodeClass::of(&kernel, t, None).id, a.id);
+        assert_ne!(NodeClass::of(&epyc(), t, Some("slow")).id, a.id);
+        // SMT turned off in the BIOS: another class.
+        let no_smt = Topology { threads_per_core: Some(1), ..t };
+        assert_ne!(NodeClass::of(&epyc(), no_smt, None).id, a.id);
+        assert!(a.summary.contains("64 CPUs, 2 threads per core"), "{}", a.summary);
         assert_eq!(a.id.len(), 10);
         assert_eq!(class_of_feature(&a.feature()), Some(a.id.as_str()));
         assert!(a.summary.starts_with("AuthenticAMD AMD EPYC 7B13"), "{}", a.summary);

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use delegate_protocol::node_class::{self, check_label, class_of_feature, NodeClass, NodeReport};
+use delegate_protocol::node_class::{self, check_label, class_of_feature, NodeClass, NodeReport, Topology};
 use delegate_protocol::policy::Policy;
 
 use crate::{config, fingerprint};
@@ -42,6 +42,21 @@ fn label(path: &Path) -> Option<String> {
     }
 }
 
+/// The node's online CPUs and the threads of core 0 (sysfs under `root`).
+pub fn topology(root: &Path) -> Topology {
+    let list = |p: &str| {
+        std::fs::read_to_string(root.join(p))
+            .ok()
+            .and_then(|s| fingerprint::parse_cpu_list(s.trim()))
+            .and_then(|l| u32::try_from(l.len()).ok())
+            .filter(|n| *n > 0)
+    };
+    Topology {
+        cpus_online: list("sys/devices/system/cpu/online"),
+        threads_per_core: list("sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
+    }
+}
+
 /// This node's class and report now (without the deployed class).
 pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
     let proc = match &policy.host_proc {
@@ -53,7 +68,7 @@ pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
     let (perf, _) = config::perf_for(policy.perf_mode, config::perf_paranoid());
     let f = fingerprint::after(root, &proc, before, &Default::default(), node, perf.as_str(), None, None);
     let label = label(Path::new(node_class::LABEL_FILE));
-    let class = NodeClass::of(&f, label.as_deref());
+    let class = NodeClass::of(&f, topology(root), label.as_deref());
     let report = NodeReport {
         class: class.id.clone(),
         deployed: None,
@@ -266,5 +281,10 @@ mod tests {
             assert!(class.summary.contains(&m), "{}", class.summary);
         }
         assert_eq!(report.class, class.id);
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+        if let Some(cpus) = fingerprint::parse_cpu_list(online.trim()) {
+            assert_eq!(topology(Path::new("/")).cpus_online, Some(cpus.len() as u32));
+            assert!(class.summary.contains(&format!("{} CPUs", cpus.len())), "{}", class.summary);
+        }
     }
 }
