@@ -183,38 +183,35 @@ hub_answers() {
 }
 
 # --- `build_cluster.sh --stack accounts ...`
-# stack_roster_add FILE INSTRUCTORS: each roster line becomes an account of
-# the stack (state file `roster`: a free uid from
-# DELEGATE_STACK_ROSTER_FIRST_UID, same on every node), then the stack is
-# redeployed when it runs (every node creates the accounts, the user node
-# their 0700 homes, the hub their passwords). Existing accounts are left as
-# they are: the same roster again changes nothing.
-stack_roster_add() {
-    local file=$1 all_instr=$2 rows u name email role f tmp added=0 n=0
-    [[ -r $file ]] || die "cannot read the roster $file"
-    rows=$(roster_rows "$file" "$all_instr") || exit 1
-    f=$(hub_roster_file)
+# roster_state ACTION ARGS...: `delegate-deploy roster-ACTION --state FILE`
+# with cluster.toml's accounts reserved (deploy/src/roster_state.rs owns the
+# state file: uids, roles, names; checked and written whole, 0600).
+roster_state() {
+    local action=$1 a reserved=(); shift
+    for a in $STACK_ACCOUNTS; do reserved+=(--reserved "$a"); done
+    deploy_build
     install -d -m 0755 "$DELEGATE_STACK_DIR"
-    (umask 077; touch "$f")
-    tmp=$(mktemp -p "$BC_TMP")
-    cp "$f" "$tmp"
-    while IFS='|' read -r _ u name email role; do
-        [[ -n $u ]] || continue
-        n=$((n + 1))
-        if [[ " $STACK_ACCOUNTS " == *" $u:"* ]] || awk -v u="$u" '$1 == u { f = 1 } END { exit !f }' "$tmp"; then
-            continue
-        fi
-        local uid=$DELEGATE_STACK_ROSTER_FIRST_UID
-        while [[ " $STACK_ACCOUNTS " == *":$uid "* ]] || [[ $uid == "${DELEGATE_STACK_ADMIN_GROUP##*:}" ]] \
-            || awk -v i="$uid" '$2 == i { f = 1 } END { exit !f }' "$tmp"; do
-            uid=$((uid + 1))
-        done
-        printf '%s %s %s %s\n' "$u" "$uid" "$role" "${name:-$u}${email:+,,,$email}" >>"$tmp"
-        log "accounts: $u (uid $uid, $role) added to the stack's roster"
-        added=$((added + 1))
-    done <<<"$rows"
+    "$REPO/target/release/delegate-deploy" "roster-$action" --state "$(hub_roster_file)" "${reserved[@]}" "$@"
+}
+
+# stack_roster_add FILE INSTRUCTORS: each roster line becomes an account of
+# the stack (a free uid from DELEGATE_STACK_ROSTER_FIRST_UID, same on every
+# node), then the stack is redeployed when it runs (every node creates the
+# accounts, the user node their 0700 homes, the hub their passwords).
+# Existing accounts are left as they are: the same roster again changes
+# nothing.
+stack_roster_add() {
+    local file=$1 flag=() out what u uid role n=0 added=0
+    ((${2:-0})) && flag=(--instructors)
+    out=$(roster_state add --csv "$file" "${flag[@]}" --first-uid "$DELEGATE_STACK_ROSTER_FIRST_UID" \
+        --reserved-id "${DELEGATE_STACK_ADMIN_GROUP##*:}") || die "the roster $file cannot be used (above)"
+    while read -r what u uid role; do
+        case $what in
+            added) log "accounts: $u (uid $uid, $role) added to the stack's roster"; added=$((added + 1)) ;;
+            entries) n=$u ;;
+        esac
+    done <<<"$out"
     if ((added == 0)); then
-        rm -f "$tmp"
         log "accounts: $n roster entries, all already accounts of the stack: nothing changed in the roster"
         # A roster whose apply was cut short (the stack restarting under
         # it) is finished here: the associations are added when missing.
@@ -224,8 +221,6 @@ stack_roster_add() {
         fi
         return 0
     fi
-    install -m 0600 "$tmp" "$f"
-    rm -f "$tmp"
     stack_roster_apply "$added account(s) added"
 }
 
@@ -249,29 +244,18 @@ stack_roster_apply() {
 # stack_roster_list: every account of the stack: name, uid, role, source,
 # full name.
 stack_roster_list() {
-    local a u uid role admins
-    admins=" ${DELEGATE_STACK_ADMINS} "
-    printf '%-20s %-7s %-10s %-12s %s\n' USER UID ROLE FROM NAME
-    for a in $STACK_ACCOUNTS; do
-        u=${a%%:*}; uid=${a##*:}; role=student
-        [[ $admins == *" $u "* ]] && role=instructor
-        printf '%-20s %-7s %-10s %-12s %s\n' "$u" "$uid" "$role" cluster.toml -
-    done
-    hub_accounts_lines | while read -r u uid role name; do
-        printf '%-20s %-7s %-10s %-12s %s\n' "$u" "$uid" "$role" roster "${name%%,*}"
-    done
+    local u admins=()
+    for u in $DELEGATE_STACK_ADMINS; do admins+=(--admin "$u"); done
+    roster_state list "${admins[@]}" || die "cannot list the stack's accounts (above)"
 }
 
 # stack_roster_remove USER ARCHIVE: USER leaves the roster and the nodes
 # (a redeploy when the stack runs); the home is kept, or with ARCHIVE=1
 # packed into DELEGATE_STACK_DIR/archive/USER-DATE.tar.gz and removed.
 stack_roster_remove() {
-    local u=$1 archive=$2 f home
+    local u=$1 archive=$2 home
     [[ $u =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "'$u' is not a user name"
-    [[ " $STACK_ACCOUNTS " == *" $u:"* ]] && die "$u is an account of cluster.toml: remove it there (DELEGATE_STACK_USERS) and run update"
-    f=$(hub_roster_file)
-    awk -v u="$u" '$1 == u { f = 1 } END { exit !f }' "$f" 2>/dev/null || die "$u is not an account of the stack's roster"
-    awk -v u="$u" '$1 != u' "$f" >"$f.tmp" && install -m 0600 "$f.tmp" "$f" && rm -f "$f.tmp"
+    roster_state remove "$u" >/dev/null || die "cannot remove $u (above)"
     log "accounts: $u removed from the stack's roster"
     # Its Slurm association too (the stack's accounting), when the head runs.
     if [[ -n $(stack_cid head 2>/dev/null) ]]; then

@@ -22,6 +22,7 @@ pub mod gres;
 pub mod lockdown;
 pub mod nodes;
 pub mod roster;
+pub mod roster_state;
 pub mod schema;
 pub mod settings;
 pub mod site_policy;

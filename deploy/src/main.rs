@@ -9,8 +9,10 @@ use clap::{Parser, Subcommand};
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
-    cluster_file, gres, lockdown, roster, site_policy, slurm_conf, stack_file, RenderError, Settings, Shape,
+    cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_file, RenderError, Settings,
+    Shape,
 };
+use roster_state::Reserved;
 
 #[derive(Parser)]
 #[command(
@@ -93,6 +95,47 @@ enum Rendered {
         #[arg(long)]
         instructors: bool,
     },
+    /// Adds the roster's new entries to the stack's roster state (uids
+    /// chosen here); prints `added USER UID ROLE` per account added, then
+    /// `entries N`.
+    RosterAdd {
+        /// The roster state file (written whole, 0600, when it changes).
+        #[arg(long)]
+        state: PathBuf,
+        /// The roster (CSV: username,full name[,email][,role]).
+        #[arg(long)]
+        csv: PathBuf,
+        /// Every entry is an instructor.
+        #[arg(long)]
+        instructors: bool,
+        /// The first uid the roster gives.
+        #[arg(long)]
+        first_uid: u32,
+        /// cluster.toml's accounts, `name:uid` (left alone, their uids taken).
+        #[arg(long = "reserved", value_name = "NAME:UID")]
+        reserved: Vec<Reserved>,
+        /// Another id no account may get (the admin group's).
+        #[arg(long = "reserved-id", value_name = "ID")]
+        reserved_ids: Vec<u32>,
+    },
+    /// Takes USER out of the stack's roster state; prints the account.
+    RosterRemove {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long = "reserved", value_name = "NAME:UID")]
+        reserved: Vec<Reserved>,
+        user: String,
+    },
+    /// Every account of the stack: cluster.toml's, then the roster's.
+    RosterList {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long = "reserved", value_name = "NAME:UID")]
+        reserved: Vec<Reserved>,
+        /// cluster.toml's instructors.
+        #[arg(long = "admin", value_name = "NAME")]
+        admins: Vec<String>,
+    },
     /// Every setting resolved (environment over --file over default), as
     /// shell assignments; or the example file or the docs' table.
     Settings {
@@ -130,17 +173,67 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
         }
         Rendered::Plugstack { plugin, admin_gid, runner } => lockdown::plugstack(&plugin, admin_gid, &runner),
         Rendered::Settings { file, example, markdown } => settings(file.as_deref(), example, markdown),
-        Rendered::Roster { csv, instructors } => {
-            let text = std::fs::read(&csv)
-                .map_err(|e| RenderError::Invalid(format!("cannot read the roster {}: {e}", csv.display())))?;
-            let text = String::from_utf8(text)
-                .map_err(|_| RenderError::Invalid(format!("the roster {} is not UTF-8 text", csv.display())))?;
-            let entries = roster::parse(&text, instructors).map_err(|e| RenderError::Invalid(e.to_string()))?;
-            Ok(roster::lines(&entries))
+        Rendered::Roster { csv, instructors } => Ok(roster::lines(&read_roster(&csv, instructors)?)),
+        Rendered::RosterAdd {
+            state,
+            csv,
+            instructors,
+            first_uid,
+            reserved,
+            reserved_ids,
+        } => roster_add(&state, &csv, instructors, first_uid, &reserved, &reserved_ids),
+        Rendered::RosterRemove { state, reserved, user } => {
+            let mut s = roster_state::load(&state).map_err(RenderError::Invalid)?;
+            let gone = s.remove(&user, &reserved).map_err(RenderError::Invalid)?;
+            roster_state::store(&state, &s).map_err(RenderError::Invalid)?;
+            Ok(format!("removed {} {}\n", gone.user, gone.uid))
+        }
+        Rendered::RosterList { state, reserved, admins } => {
+            let s = roster_state::load(&state).map_err(RenderError::Invalid)?;
+            Ok(s.table(&reserved, &admins))
         }
         Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
         Rendered::StackFile(facts) => stack_file::render(s, &facts),
     }
+}
+
+/// The roster file's checked entries.
+fn read_roster(csv: &std::path::Path, instructors: bool) -> Result<Vec<roster::Entry>, RenderError> {
+    let text = std::fs::read(csv)
+        .map_err(|e| RenderError::Invalid(format!("cannot read the roster {}: {e}", csv.display())))?;
+    let text = String::from_utf8(text)
+        .map_err(|_| RenderError::Invalid(format!("the roster {} is not UTF-8 text", csv.display())))?;
+    roster::parse(&text, instructors).map_err(|e| RenderError::Invalid(e.to_string()))
+}
+
+/// `roster-add`: the state file gains the roster's new accounts.
+fn roster_add(
+    state: &std::path::Path,
+    csv: &std::path::Path,
+    instructors: bool,
+    first_uid: u32,
+    reserved: &[Reserved],
+    reserved_ids: &[u32],
+) -> Result<String, RenderError> {
+    let entries = read_roster(csv, instructors)?;
+    let mut s = roster_state::load(state).map_err(RenderError::Invalid)?;
+    let added = s.add(&entries, reserved, reserved_ids, first_uid);
+    if !added.is_empty() {
+        roster_state::store(state, &s).map_err(RenderError::Invalid)?;
+    }
+    let mut out: String = added
+        .iter()
+        .map(|a| {
+            format!(
+                "added {} {} {}\n",
+                a.user,
+                a.uid,
+                if a.instructor { "instructor" } else { "student" }
+            )
+        })
+        .collect();
+    out.push_str(&format!("entries {}\n", entries.len()));
+    Ok(out)
 }
 
 fn settings(file: Option<&std::path::Path>, example: bool, markdown: bool) -> Result<String, RenderError> {
