@@ -588,20 +588,14 @@ async fn engine_phase(
         .and_then(|p| crate::pin::OffCores::new(&p.others));
     let mut ended = if created_ok {
         let cores = call_cores(ctx, placement.as_ref());
-        // Tuned for the call (restored when `tuned` is dropped, after the
-        // fingerprint has read the state the call ran in).
-        let tuned = if ctx.policy.tune_cpus {
-            crate::tune::tune(std::path::Path::new("/"), &cores)
-        } else {
-            crate::tune::untouched()
+        let call = Call {
+            docker: &docker,
+            id: &id,
+            perf,
+            dir,
+            stream,
         };
-        let before = fingerprint_before(ctx, cores).await;
-        let ended = supervise::supervise(ctx, &docker, &id, perf, dir, out, err, stream, rx).await;
-        let mut fp = fingerprint_after(ctx, &docker, before, perf).await;
-        fp.tuning = tuned.notes.clone();
-        drop(tuned);
-        let _ = conn::send(stream, &Answer::Fingerprint(Box::new(fp))).await;
-        ended
+        measured_call(ctx, &call, cores, out, err, rx).await
     } else {
         Ended {
             how: EndedHow::Failed("the runner went away".into()),
@@ -623,6 +617,41 @@ async fn engine_phase(
         rank::release_network(&docker, net).await;
     }
     Answer::Ended(ended)
+}
+
+/// The created sandbox of a call and where its answers go.
+struct Call<'a> {
+    docker: &'a Docker,
+    id: &'a str,
+    perf: Perf,
+    dir: &'a OwnedFd,
+    stream: &'a UnixStream,
+}
+
+/// Runs the call on `cores`, tuned for it (restored when `tuned` is
+/// dropped, after the fingerprint has read the state the call ran in), and
+/// sends its fingerprint before its end.
+async fn measured_call(
+    ctx: &Ctx<'_>,
+    call: &Call<'_>,
+    cores: Vec<u32>,
+    out: OwnedFd,
+    err: OwnedFd,
+    rx: &mut mpsc::Receiver<Incoming>,
+) -> Ended {
+    let tuned = if ctx.policy.tune_cpus {
+        crate::tune::tune(std::path::Path::new("/"), &cores)
+    } else {
+        crate::tune::untouched()
+    };
+    let before = fingerprint_before(ctx, cores).await;
+    let (docker, perf) = (call.docker, call.perf);
+    let ended = supervise::supervise(ctx, docker, call.id, perf, call.dir, out, err, call.stream, rx).await;
+    let mut fp = fingerprint_after(ctx, docker, before, perf).await;
+    fp.tuning = tuned.notes.clone();
+    drop(tuned);
+    let _ = conn::send(call.stream, &Answer::Fingerprint(Box::new(fp))).await;
+    ended
 }
 
 /// The cores the call runs on: its own (pinned), else the allocation's.
