@@ -29,6 +29,7 @@ pub mod site_policy;
 pub mod slurm_conf;
 pub mod stack_file;
 pub mod templates;
+pub mod user_node;
 
 pub use settings::{SettingError, Settings};
 

@@ -9,8 +9,8 @@ use clap::{Parser, Subcommand};
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
-    cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_file, RenderError, Settings,
-    Shape,
+    cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_file, user_node, RenderError,
+    Settings, Shape,
 };
 use roster_state::Reserved;
 
@@ -136,6 +136,33 @@ enum Rendered {
         #[arg(long = "admin", value_name = "NAME")]
         admins: Vec<String>,
     },
+    /// The user node: a student's slurm.conf, naming their own munged.
+    StudentSlurmConf {
+        /// The node's slurm.conf.
+        #[arg(long)]
+        base: PathBuf,
+        /// The student's munged socket.
+        #[arg(long)]
+        socket: String,
+    },
+    /// The user node: `ports ...` and one `rule ...` (iptables arguments)
+    /// per rule limiting each student's queries to Slurm.
+    QueryPlan {
+        /// The node's slurm.conf (its ports).
+        #[arg(long)]
+        slurm_conf: PathBuf,
+        /// New connections per second (0: no limit).
+        #[arg(long)]
+        rate: u32,
+        #[arg(long)]
+        burst: u32,
+        /// Open connections at once (0: no limit).
+        #[arg(long)]
+        conns: u32,
+        /// The students' uids.
+        #[arg(long = "uid", value_name = "UID")]
+        uids: Vec<u32>,
+    },
     /// Every setting resolved (environment over --file over default), as
     /// shell assignments; or the example file or the docs' table.
     Settings {
@@ -192,9 +219,18 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             let s = roster_state::load(&state).map_err(RenderError::Invalid)?;
             Ok(s.table(&reserved, &admins))
         }
+        Rendered::StudentSlurmConf { base, socket } => user_node::student_slurm_conf(&read_text(&base)?, &socket),
+        Rendered::QueryPlan { slurm_conf, rate, burst, conns, uids } => {
+            user_node::query_plan(&read_text(&slurm_conf)?, &uids, user_node::QueryLimits { rate, burst, conns })
+        }
         Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
         Rendered::StackFile(facts) => stack_file::render(s, &facts),
     }
+}
+
+/// A text file read whole.
+fn read_text(path: &std::path::Path) -> Result<String, RenderError> {
+    std::fs::read_to_string(path).map_err(|e| RenderError::Invalid(format!("cannot read {}: {e}", path.display())))
 }
 
 /// The roster file's checked entries.
