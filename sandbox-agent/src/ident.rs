@@ -349,6 +349,25 @@ impl Caller {
 }
 
 #[cfg(test)]
+impl Caller {
+    /// A caller for unit tests: this process (its pidfd never becomes
+    /// readable while the test runs), as root.
+    pub fn this_process() -> Caller {
+        let pid = std::process::id() as i32;
+        Caller {
+            pid,
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+            job: "1".into(),
+            pidfd: pidfd_open(pid).expect("pidfd_open of this process"),
+            cpus: Vec::new(),
+            starttime: 0,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

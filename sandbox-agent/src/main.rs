@@ -32,6 +32,7 @@ mod gpu;
 mod ident;
 mod job;
 mod jobdisk;
+mod lifecycle;
 mod node;
 mod output;
 mod pin;

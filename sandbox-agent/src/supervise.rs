@@ -6,8 +6,6 @@
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
-use bollard::Docker;
 use delegate_protocol::agent::{Answer, Ended, EndedHow, Request};
 use delegate_protocol::now_ms;
 use delegate_protocol::policy::OutputLimit;
@@ -22,6 +20,7 @@ use crate::config::Perf;
 use crate::conn::{self, Incoming};
 use crate::engine;
 use crate::jobdisk::{self, Budget};
+use crate::lifecycle::Lifecycle;
 use crate::output::{pump, Owner, Pumped};
 
 /// Time allowed for the output to drain after the container ended.
@@ -62,9 +61,9 @@ fn classify(ctx: &Ctx<'_>, e: &bollard::errors::Error, action: &'static str) -> 
 /// task's end, the disk limits), kills if needed, drains the output and
 /// inspects the container. The caller removes it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn supervise(
+pub(crate) async fn supervise<E: Lifecycle>(
     ctx: &Ctx<'_>,
-    docker: &Docker,
+    docker: &E,
     id: &str,
     perf: Perf,
     dir: &OwnedFd,
@@ -101,7 +100,7 @@ pub(crate) async fn supervise(
         started_ms,
     };
     let told = conn::send(stream, &answer).await;
-    let mut wait = docker.wait_container(id, None::<WaitContainerOptions>);
+    let mut wait = docker.wait(id);
     let end = if told.is_err() {
         End::Killed
     } else {
@@ -110,7 +109,7 @@ pub(crate) async fn supervise(
     let killing = !matches!(end, End::Exited);
     if killing {
         tracing::warn!("killing container {id}");
-        if let Err(e) = engine::kill(docker, id).await {
+        if let Err(e) = docker.kill(id).await {
             tracing::error!("could not kill container {id}: {}", engine::short_reason(&e));
         }
         let _ = tokio::time::timeout(KILL_PATH_CALL, wait.next()).await;
@@ -136,27 +135,21 @@ struct Running {
 
 /// Attaches to the created sandbox, starts copying its output as the
 /// student, and starts it; the error in the user's words.
-async fn start(ctx: &Ctx<'_>, docker: &Docker, id: &str, out: OwnedFd, err: OwnedFd) -> Result<Running, String> {
-    let attach = AttachContainerOptions {
-        stream: true,
-        stdout: true,
-        stderr: true,
-        stdin: false,
-        logs: false,
-        detach_keys: None,
-    };
-    let attached = docker
-        .attach_container(id, Some(attach))
+async fn start<E: Lifecycle>(
+    ctx: &Ctx<'_>,
+    docker: &E,
+    id: &str,
+    out: OwnedFd,
+    err: OwnedFd,
+) -> Result<Running, String> {
+    let output = docker
+        .attach(id)
         .await
         .map_err(|e| classify(ctx, &e, "attach to the sandbox"))?;
     let (over_tx, over_rx) = watch::channel(false);
     let owner = Owner { uid: ctx.uid, gid: ctx.gid };
-    let pump_task = tokio::spawn(pump(attached.output, owner, out, err, ctx.max_output, over_tx));
-    drop(attached.input);
-    if let Err(e) = docker
-        .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
-        .await
-    {
+    let pump_task = tokio::spawn(pump(output, owner, out, err, ctx.max_output, over_tx));
+    if let Err(e) = docker.start(id).await {
         pump_task.abort();
         return Err(classify(ctx, &e, "start the sandbox"));
     }
@@ -167,9 +160,9 @@ async fn start(ctx: &Ctx<'_>, docker: &Docker, id: &str, out: OwnedFd, err: Owne
 /// Whichever comes first: the sandbox's exit, the time limit, the runner's
 /// kill (or its going away), the end of the batch task, the job
 /// directory's budget, the output limit (when it stops the call).
-async fn race<W>(
+async fn race<E: Lifecycle, W>(
     ctx: &Ctx<'_>,
-    docker: &Docker,
+    docker: &E,
     id: &str,
     dir: &OwnedFd,
     rx: &mut mpsc::Receiver<Incoming>,
@@ -232,9 +225,9 @@ where
 
 /// The container's last state (exit code, OOM kill), bounded in time on the
 /// kill path; an engine that stopped answering is noted in `ended`.
-async fn last_state(
+async fn last_state<E: Lifecycle>(
     ctx: &Ctx<'_>,
-    docker: &Docker,
+    docker: &E,
     id: &str,
     killing: bool,
     ended: &mut Ended,
@@ -244,9 +237,8 @@ async fn last_state(
     } else {
         Duration::from_secs(30)
     };
-    let inspect = docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>);
-    match tokio::time::timeout(patience, inspect).await {
-        Ok(Ok(info)) => info.state,
+    match tokio::time::timeout(patience, docker.state(id)).await {
+        Ok(Ok(state)) => state,
         Ok(Err(e)) => {
             tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
             if engine::unreachable(&e) {
@@ -312,7 +304,7 @@ fn output_note(pumped: Pumped, max_output: u64) -> Option<String> {
 
 /// Watches the job directory's budget (crate::jobdisk) until the call
 /// passes it; returns why. Never returns when there is no budget.
-async fn watch_job_dir(ctx: &Ctx<'_>, docker: &Docker, id: &str, dir: &OwnedFd) -> String {
+async fn watch_job_dir<E: Lifecycle>(ctx: &Ctx<'_>, docker: &E, id: &str, dir: &OwnedFd) -> String {
     let budget = Budget {
         bytes: ctx.max_job_bytes,
         files: ctx.max_job_files,
@@ -322,11 +314,7 @@ async fn watch_job_dir(ctx: &Ctx<'_>, docker: &Docker, id: &str, dir: &OwnedFd) 
     }
     // The sandbox's processes, for its deleted-but-open files: only where
     // this agent's /proc shows them (not from another pid namespace).
-    let init = docker
-        .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
-        .await
-        .ok()
-        .and_then(|c| c.state?.pid);
+    let init = docker.state(id).await.ok().flatten().and_then(|s| s.pid);
     let dev = jobdisk::device(dir);
     let proc = match &ctx.policy.host_proc {
         p if p.as_os_str().is_empty() => std::path::PathBuf::from("/proc"),
@@ -372,6 +360,155 @@ mod tests {
         );
         let both = output_note(p(10, Some("disk full")), 32 << 20).expect("a note");
         assert!(both.ends_with("; the output may be incomplete: disk full"), "{both}");
+    }
+
+    use std::sync::atomic::Ordering;
+
+    use delegate_protocol::policy::Policy;
+    use delegate_protocol::{JobId, Resources, Spec, Task};
+
+    use crate::ident::Caller;
+    use crate::lifecycle::scripted::Scripted;
+
+    /// What one supervision of a scripted sandbox gave: its end, the
+    /// answers sent to the runner, the stdout file's text.
+    struct Run {
+        ended: Ended,
+        answers: Vec<Answer>,
+        stdout: String,
+    }
+
+    /// Supervises `engine`'s sandbox with a time limit of `secs`; `kill`
+    /// sends the runner's Kill first.
+    async fn supervised(engine: &Scripted, secs: u64, kill: bool) -> Run {
+        let policy = Policy::default();
+        let spec = Spec {
+            job_id: JobId::new(),
+            uid: 0,
+            gid: 0,
+            created_ms: 0,
+            image: "delegate-sandbox:latest".into(),
+            task: Task::Command { argv: vec!["true".into()] },
+            resources: Resources {
+                time_limit_secs: secs,
+                ..Resources::default()
+            },
+            env: Vec::new(),
+        };
+        let caller = Caller::this_process();
+        let ctx = Ctx {
+            policy: &policy,
+            host: "node1".into(),
+            uid: 0,
+            gid: 0,
+            slurm_job: "1",
+            spec: &spec,
+            tmp_bytes: 0,
+            max_output: 1 << 20,
+            max_job_bytes: 0,
+            max_job_files: 0,
+            caller: &caller,
+            node: "node1".into(),
+            alone: true,
+            place: None,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let dir: OwnedFd = std::fs::File::open(tmp.path()).unwrap().into();
+        let out: OwnedFd = std::fs::File::create(tmp.path().join("stdout")).unwrap().into();
+        let err: OwnedFd = std::fs::File::create(tmp.path().join("stderr")).unwrap().into();
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (tx, mut rx) = mpsc::channel(4);
+        if kill {
+            tx.send(Incoming { request: Request::Kill, fds: Vec::new() }).await.unwrap();
+        }
+        let ended = supervise(&ctx, engine, "c1", Perf::Seccomp, &dir, out, err, &ours, &mut rx).await;
+        drop((ours, tx));
+        let mut bytes = Vec::new();
+        let mut theirs = theirs.into_std().unwrap();
+        theirs.set_nonblocking(false).unwrap();
+        std::io::Read::read_to_end(&mut theirs, &mut bytes).unwrap();
+        let mut frames = delegate_protocol::agent::FrameBuf::default();
+        frames.push(&bytes);
+        let mut answers = Vec::new();
+        while let Some(a) = frames.next_frame::<Answer>().unwrap() {
+            answers.push(a);
+        }
+        let stdout = std::fs::read_to_string(tmp.path().join("stdout")).unwrap();
+        Run { ended, answers, stdout }
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_that_exits_is_started_told_and_its_output_kept() {
+        let engine = Scripted::new(Some(3), b"hello\n");
+        let r = supervised(&engine, 60, false).await;
+        assert_eq!(r.ended.how, EndedHow::Exited);
+        assert_eq!((r.ended.exit_code, r.ended.oom_killed), (Some(3), false));
+        assert!(r.ended.started_ms.is_some() && r.ended.output_note.is_none());
+        assert!(
+            matches!(r.answers.as_slice(), [Answer::Started { container_id, perf_mode, .. }]
+            if container_id == "c1" && perf_mode == "seccomp"),
+            "{:?}",
+            r.answers
+        );
+        assert_eq!(r.stdout, "hello\n");
+        assert_eq!(engine.kills.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_past_its_time_limit_is_killed() {
+        let engine = Scripted::new(None, b"");
+        let r = supervised(&engine, 1, false).await;
+        assert_eq!(r.ended.how, EndedHow::TimedOut);
+        assert_eq!(engine.kills.load(Ordering::SeqCst), 1);
+        assert_eq!(r.ended.exit_code, Some(137));
+    }
+
+    #[tokio::test]
+    async fn a_kill_before_the_start_starts_nothing() {
+        let engine = Scripted::new(Some(0), b"");
+        let r = supervised(&engine, 60, true).await;
+        assert_eq!(r.ended.how, EndedHow::Killed);
+        assert_eq!(engine.starts.load(Ordering::SeqCst), 0);
+        assert!(r.answers.is_empty() && r.ended.started_ms.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_out_of_memory_kill_is_reported() {
+        let mut engine = Scripted::new(Some(137), b"");
+        engine.oom = true;
+        let r = supervised(&engine, 60, false).await;
+        assert_eq!(
+            (r.ended.how, r.ended.exit_code, r.ended.oom_killed),
+            (EndedHow::Exited, Some(137), true)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_wait_says_what_the_engine_did() {
+        let mut engine = Scripted::new(None, b"");
+        engine.wait_error = Some(|| bollard::errors::Error::DockerResponseServerError {
+            status_code: 500,
+            message: "containerd is gone".into(),
+        });
+        let r = supervised(&engine, 60, false).await;
+        assert_eq!(
+            r.ended.how,
+            EndedHow::WaitFailed(
+                "the Docker engine on node node1 failed to wait for the sandbox: containerd is gone".into()
+            )
+        );
+        assert_eq!(engine.kills.load(Ordering::SeqCst), 1, "a sandbox whose wait failed is killed");
+    }
+
+    #[tokio::test]
+    async fn an_engine_that_stops_answering_is_named() {
+        let mut engine = Scripted::new(None, b"");
+        engine.wait_error = Some(|| bollard::errors::Error::RequestTimeoutError);
+        let r = supervised(&engine, 60, false).await;
+        assert_eq!(
+            r.ended.how,
+            EndedHow::WaitFailed("cannot reach the Docker engine at /var/run/docker.sock: Timeout error".into())
+        );
     }
 
     #[test]
