@@ -3,7 +3,14 @@ delegate's slurmctld gate (JobSubmitPlugins=lua; Slurm 22.05 reads
 job_submit.lua from the directory of slurm.conf). Installed by
 build_cluster.sh as `delegate-deploy gate` renders it: the site's settings
 (slurm-conf/job_submit.settings.lua.j2: RUNNER, JOB_ROOTS, ADMIN_GROUP,
-ADMIN_UIDS, MAX_SHARED_MINUTES) followed by this file (root-owned, 0644).
+ADMIN_UIDS, MAX_SHARED_MINUTES, PARTITIONS) followed by this file
+(root-owned, 0644).
+
+On a cluster shared with plain Slurm jobs (the site policy's `partitions`,
+rendered as PARTITIONS) everything below applies only in delegate's
+partitions: a job that goes only to other partitions returns at once,
+untouched (unless it is one of delegate's forms); see "delegate's
+partitions" below.
 Unit tests: tests/lua/job_submit_test.lua.
 
 Users who are not cluster admins (root, SlurmUser, members of the admin
@@ -335,6 +342,73 @@ local function name_refusal(name)
    return nil
 end
 
+-- ---- delegate's partitions (the site policy's `partitions`) ----------------
+-- On a cluster whose other partitions run plain Slurm jobs, the gate keeps
+-- to delegate's partitions: a job that goes only elsewhere is the site's
+-- (returned at once, untouched), unless it is one of delegate's own forms
+-- (those run only in delegate's partitions); a job may not name delegate's
+-- partitions together with others, nor move between them and others.
+
+-- The names in a partition list ("a,b"); {} for none.
+local function split_partitions(s)
+   local names = {}
+   if s ~= nil and s ~= "" then
+      for name in string.gmatch(s, "[^,]+") do names[#names + 1] = name end
+   end
+   return names
+end
+
+-- The partitions a job goes to: those it names, else the default one of
+-- those Slurm offers the submitter (part_list); {} when neither is known.
+local function job_partitions(job_desc, part_list)
+   local names = split_partitions(job_desc.partition)
+   if #names > 0 then return names end
+   for _, part in pairs(part_list or {}) do
+      local d = part.flag_default
+      if d == 1 or d == true then return { part.name } end
+   end
+   return names
+end
+
+-- "ours" when every partition named is delegate's (or every partition is:
+-- no PARTITIONS; or none is known: fail closed), "theirs" when none is,
+-- "both" otherwise.
+local function scope(names)
+   if PARTITIONS == nil or #names == 0 then return "ours" end
+   local n = 0
+   for _, name in ipairs(names) do
+      if PARTITIONS[name] then n = n + 1 end
+   end
+   if n == 0 then return "theirs" end
+   if n == #names then return "ours" end
+   return "both"
+end
+
+local function partition_list()
+   local names = {}
+   for name in pairs(PARTITIONS or {}) do names[#names + 1] = name end
+   table.sort(names)
+   return table.concat(names, ", ")
+end
+
+-- For slurm_job_submit: "pass" (the site's job: not ours to check),
+-- "check" (delegate's partitions: the checks below), or a refusal.
+local function partition_verdict(job_desc, part_list)
+   if PARTITIONS == nil then return "check" end
+   local where = scope(job_partitions(job_desc, part_list))
+   if where == "both" then
+      return nil, "a job may not name delegate's partitions (" .. partition_list() .. ") together with others"
+   end
+   if where == "theirs" then
+      local s = job_desc.script
+      if s ~= nil and s:find(RUNNER, 1, true) then
+         return nil, "delegate's jobs run only in its partitions (" .. partition_list() .. ")"
+      end
+      return "pass"
+   end
+   return "check"
+end
+
 -- nil and the script's number of calls when the job may run, else the
 -- reason it may not.
 local function refuse_reason(job_desc, submit_uid)
@@ -389,8 +463,19 @@ local function refuse_reason(job_desc, submit_uid)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
+   local okp, verdict, pwhy = pcall(partition_verdict, job_desc, part_list)
+   if okp and verdict == "pass" then return slurm.SUCCESS end
    local ok, admin = pcall(is_admin, submit_uid, job_desc)
    if ok and admin then return slurm.SUCCESS end
+   if not okp or pwhy then
+      local why = pwhy or "internal error of the site's job check"
+      if not okp then
+         slurm.log_error("delegate lockdown: partition check failed (%s); refusing uid %d", tostring(verdict), submit_uid)
+      end
+      slurm.log_info("delegate lockdown: refused uid %d: %s", submit_uid, why)
+      slurm.log_user("%s", "delegate: " .. why)
+      return slurm.ESLURM_ACCESS_DENIED
+   end
    local ok2, why, calls = pcall(refuse_reason, job_desc, submit_uid)
    if not ok2 then
       slurm.log_error("delegate lockdown: check failed (%s); refusing uid %d", tostring(why), submit_uid)
@@ -462,6 +547,15 @@ function slurm_job_modify(job_desc, job_ptr, part_list, modify_uid)
    -- alone in slurmctld itself. Fail closed, as slurm_job_submit.
    local ok, why = pcall(function()
       if uid_is_admin(modify_uid) then return nil end
+      if PARTITIONS ~= nil then
+         local now = scope(split_partitions(job_ptr.partition))
+         local wanted = split_partitions(job_desc.partition)
+         if #wanted > 0 and scope(wanted) ~= now then
+            return "a job cannot move between delegate's partitions (" .. partition_list() .. ") and others"
+         end
+         -- The site's job: the site's rules, not delegate's.
+         if now == "theirs" then return nil end
+      end
       return modify_refusal(job_desc)
    end)
    -- (22.05 discards log_user messages of job_modify: the user sees
@@ -483,6 +577,7 @@ _delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reaso
                        shared_script = shared_script, safe_path = safe_path,
                        with_gpus = with_gpus, check_gres = check_gres,
                        name_refusal = name_refusal, modify_refusal = modify_refusal,
+                       scope = scope, job_partitions = job_partitions,
                        ranks_script = ranks_script, uid_is_admin = uid_is_admin,
                        set_account_files = function(g, p)
                           GROUP_FILE, PASSWD_FILE, cache = g, p, { t = -1 }

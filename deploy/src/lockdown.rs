@@ -18,6 +18,7 @@ struct GateContext {
     admin_group: String,
     slurm_uid: u32,
     max_shared_minutes: u64,
+    partitions: Vec<String>,
 }
 
 /// The site policy the gate follows: the file when it exists, else the
@@ -79,6 +80,8 @@ pub fn gate(runner: &str, policy: &Path, admin_group: &str, slurm_uid: u32) -> R
         admin_group: admin_group.into(),
         slurm_uid,
         max_shared_minutes: shared_minutes(&p.max_allocation_time)?,
+        // (checked by the policy's parser: partition names only)
+        partitions: p.partitions.clone(),
     };
     Ok(templates::render("job_submit.settings.lua", &ctx)? + templates::GATE_BODY)
 }
@@ -89,15 +92,23 @@ struct PlugstackContext {
     plugin: String,
     admin_gid: u32,
     runner: String,
+    /// delegate's nodes on a shared cluster ("" : every node).
+    nodes: String,
 }
 
-/// The SPANK stack: the lockdown plugin with the admin gid and the runner.
-pub fn plugstack(plugin: &str, admin_gid: u32, runner: &str) -> Result<String, RenderError> {
+/// The SPANK stack: the lockdown plugin with the admin gid and the
+/// runner; on a cluster shared with plain Slurm jobs, `nodes` (delegate's,
+/// host names) limits it to them (empty: every node).
+pub fn plugstack(plugin: &str, admin_gid: u32, runner: &str, nodes: &[String]) -> Result<String, RenderError> {
+    if let Some(bad) = nodes.iter().find(|n| !crate::settings::is_node_name(n)) {
+        return Err(RenderError::Invalid(format!("{bad:?} is not a node name")));
+    }
     let ctx = PlugstackContext {
         marker: MARKER,
         plugin: checked_path("the SPANK plugin path", plugin)?,
         admin_gid,
         runner: checked_path("the runner path", runner)?,
+        nodes: nodes.join(","),
     };
     templates::render("plugstack.conf", &ctx)
 }
@@ -115,7 +126,7 @@ mod tests {
 
     #[test]
     fn unsafe_values_are_refused_with_their_name() {
-        let err = plugstack("/lib/x.so", 3990, "/bin/run ner").unwrap_err().to_string();
+        let err = plugstack("/lib/x.so", 3990, "/bin/run ner", &[]).unwrap_err().to_string();
         assert!(err.starts_with("the runner path '/bin/run ner'"), "{err}");
         let err = gate("/r", Path::new("/nonexistent/policy.toml"), "Bad Group", 64030)
             .unwrap_err()

@@ -84,6 +84,10 @@ enum Rendered {
         admin_gid: u32,
         #[arg(long)]
         runner: String,
+        /// delegate's nodes on a cluster shared with plain Slurm jobs
+        /// (repeatable; none: every node is delegate's).
+        #[arg(long = "node", value_name = "HOST")]
+        nodes: Vec<String>,
     },
     /// The stack's number of workers (the elastic maximum when elastic).
     StackWorkers,
@@ -198,7 +202,9 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
         Rendered::Gate { runner, policy, admin_group, slurm_uid } => {
             lockdown::gate(&runner, &policy, &admin_group, slurm_uid)
         }
-        Rendered::Plugstack { plugin, admin_gid, runner } => lockdown::plugstack(&plugin, admin_gid, &runner),
+        Rendered::Plugstack { plugin, admin_gid, runner, nodes } => {
+            lockdown::plugstack(&plugin, admin_gid, &runner, &nodes)
+        }
         Rendered::Settings { file, example, markdown } => settings(file.as_deref(), example, markdown),
         Rendered::Roster { csv, instructors } => Ok(roster::lines(&read_roster(&csv, instructors)?)),
         Rendered::RosterAdd {

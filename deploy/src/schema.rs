@@ -190,6 +190,8 @@ pub const SETTINGS: &[Setting] = &[
       "The stack's admin group, \"name:gid\", created with this gid on every node."),
     s("DELEGATE_STACK_ADMINS", "lockdown.stack_admins", Kind::Names, Lit(""),
       "Accounts (of stack_users) in the stack's admin group; the roster's instructors are added. Empty: only root."),
+    s("DELEGATE_PARTITIONS", "lockdown.partitions", Kind::Names, Lit(""),
+      "delegate's Slurm partitions on a cluster whose other partitions run plain Slurm jobs (the site policy's partitions): only they and their nodes are locked down, and the client submits to the first. Empty: the whole cluster is delegate's."),
     s("DELEGATE_SPANK_PLUGIN", "lockdown.spank_plugin", Kind::Path, Lit("/usr/local/lib/delegate/delegate_lockdown.so"),
       "Where the SPANK plugin is installed."),
     s("DELEGATE_HIDEPID", "lockdown.hidepid", Kind::Flag, Lit("1"),

@@ -22,6 +22,23 @@ struct Context {
     pin_cpus: bool,
     clean_scratch: bool,
     job_roots: Vec<String>,
+    partitions: Vec<String>,
+}
+
+/// DELEGATE_PARTITIONS as a list.
+fn partitions(s: &Settings) -> Result<Vec<String>, RenderError> {
+    let words: Vec<String> = s
+        .raw_or("DELEGATE_PARTITIONS", "")
+        .split(' ')
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect();
+    match words.iter().find(|w| !delegate_protocol::policy::is_partition_name(w)) {
+        Some(bad) => Err(RenderError::Invalid(format!(
+            "DELEGATE_PARTITIONS must be partition names separated by spaces, not {bad:?}"
+        ))),
+        None => Ok(words),
+    }
 }
 
 /// Three quarters of the machine's memory in whole GiB (512M on a machine
@@ -68,6 +85,7 @@ fn local(s: &Settings, max_gpus: u64, mem_total_kib: u64) -> Result<Context, Ren
         pin_cpus: true,
         clean_scratch: false,
         job_roots: vec!["/home".into()],
+        partitions: partitions(s)?,
     })
 }
 
@@ -89,6 +107,7 @@ fn stack(s: &Settings) -> Result<Context, RenderError> {
         pin_cpus: false,
         clean_scratch: true,
         job_roots: vec![home],
+        partitions: partitions(s)?,
     })
 }
 

@@ -192,7 +192,27 @@ fn gate_and_plugstack() {
     );
     golden(
         "plugstack.conf",
-        &lockdown::plugstack("/usr/local/lib/delegate/delegate_lockdown.so", 3990, runner).unwrap(),
+        &lockdown::plugstack("/usr/local/lib/delegate/delegate_lockdown.so", 3990, runner, &[]).unwrap(),
+    );
+    // A cluster shared with plain Slurm jobs: delegate's partition and its nodes.
+    let shared = dir.path().join("shared.toml");
+    let settings = stack_settings(false).with("DELEGATE_PARTITIONS", "course");
+    let text = site_policy::render(&settings, Shape::Stack, 0, 0).unwrap();
+    assert!(text.contains("\npartitions = [\"course\"]\n"), "{text}");
+    std::fs::write(&shared, text).unwrap();
+    golden(
+        "job_submit.lua.partitions",
+        &lockdown::gate(runner, &shared, "delegate-admin", 64030).unwrap(),
+    );
+    let nodes = ["c1".to_owned(), "c2".to_owned()];
+    golden(
+        "plugstack.conf.nodes",
+        &lockdown::plugstack("/usr/local/lib/delegate/delegate_lockdown.so", 3990, runner, &nodes).unwrap(),
+    );
+    let bad = ["c1;rm".to_owned()];
+    assert!(lockdown::plugstack("/l.so", 1, runner, &bad).is_err());
+    assert!(
+        site_policy::render(&stack_settings(false).with("DELEGATE_PARTITIONS", "a,b"), Shape::Stack, 0, 0).is_err()
     );
 }
 

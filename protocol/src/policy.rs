@@ -159,6 +159,18 @@ pub struct Policy {
     /// directory); empty: the agent's own /proc. The agent reads the
     /// sandbox's deleted-but-open files there (the job directory's budget).
     pub host_proc: PathBuf,
+    /// The Slurm partitions that are delegate's, on a cluster whose other
+    /// partitions run plain Slurm jobs: the client submits to the first
+    /// (unless `DELEGATE_PARTITION` names another), the job gate and the
+    /// SPANK plugin lock down only these (and their nodes). Empty: the
+    /// whole cluster is delegate's (Slurm's default partition).
+    pub partitions: Vec<String>,
+}
+
+/// Whether `name` can be a Slurm partition of the site policy: 1 to 64
+/// letters, digits, `_`, `-` or `.`.
+pub fn is_partition_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
 }
 
 impl Default for Policy {
@@ -193,6 +205,7 @@ impl Default for Policy {
             staging_dir: PathBuf::from("/run/delegate/jobs"),
             staging_host_dir: PathBuf::new(),
             host_proc: PathBuf::new(),
+            partitions: Vec::new(),
         }
     }
 }
@@ -292,6 +305,12 @@ impl Policy {
                 path: origin.into(),
                 reason: e.to_string(),
             })?;
+        }
+        if let Some(bad) = policy.partitions.iter().find(|p| !is_partition_name(p)) {
+            return Err(PolicyError::Invalid {
+                path: origin.into(),
+                reason: format!("partitions: {bad:?} is not a partition name (letters, digits, _, - and .)"),
+            });
         }
         for r in &policy.job_roots {
             check_clean_absolute(r).map_err(|e| PolicyError::Invalid {

@@ -4,7 +4,13 @@
  * <slurm/spank.h>); loaded through the PlugStackConfig that slurm.conf names
  * (slurm-conf/plugstack.conf.j2):
  *
- *   required /usr/local/lib/delegate/delegate_lockdown.so admin_gid=<gid> runner=<path>
+ *   required /usr/local/lib/delegate/delegate_lockdown.so admin_gid=<gid> runner=<path> [nodes=<a,b,...>]
+ *
+ * nodes= (a cluster shared with plain Slurm jobs: the nodes of delegate's
+ * partitions, the site policy's `partitions`): on any other node (this
+ * host's short name not in the list) the plugin does nothing at all, so
+ * researchers' steps, interactive jobs and environments are untouched
+ * there. Without it every node is delegate's.
  *
  * "required": a failing callback fails the step ("optional" would ignore it).
  * CALLBACKS FAIL BY RETURNING A NEGATIVE VALUE: slurmstepd tests
@@ -57,6 +63,7 @@ SPANK_PLUGIN(delegate_lockdown, 1);
 
 static gid_t admin_gid = (gid_t)-1;
 static const char *runner = NULL;	/* points into the plugin's argv */
+static const char *nodes = NULL;	/* nodes=: delegate's nodes, or NULL: all */
 
 static void parse_args(int ac, char **av)
 {
@@ -65,7 +72,35 @@ static void parse_args(int ac, char **av)
 			admin_gid = (gid_t)strtoul(av[i] + 10, NULL, 10);
 		else if (!strncmp(av[i], "runner=", 7) && av[i][7] == '/')
 			runner = av[i] + 7;
+		else if (!strncmp(av[i], "nodes=", 6))
+			nodes = av[i] + 6;
 	}
+}
+
+/* Is this node one of delegate's: no nodes= (every node is), or this
+ * host's short name is in the comma-separated list. A host name that
+ * cannot be read counts as delegate's (fail closed). */
+static int on_delegate_node(void)
+{
+	char host[256] = { 0 };
+	size_t n;
+	const char *p;
+
+	if (!nodes)
+		return 1;
+	if (gethostname(host, sizeof(host) - 1) != 0 || !host[0])
+		return 1;
+	host[strcspn(host, ".")] = '\0';
+	n = strlen(host);
+	for (p = nodes; *p;) {
+		size_t len = strcspn(p, ",");
+		if (len == n && !strncmp(p, host, n))
+			return 1;
+		p += len;
+		if (*p == ',')
+			p++;
+	}
+	return 0;
 }
 
 /* Bytes job_submit.lua allows in a path (safe_path), and no "/.." parts. */
@@ -191,7 +226,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	if (spank_context() != S_CTX_REMOTE)
 		return ESPANK_SUCCESS;
 	parse_args(ac, av);
-	if (is_admin(sp))
+	if (!on_delegate_node() || is_admin(sp))
 		return ESPANK_SUCCESS;
 	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS) {
 		slurm_error("delegate_lockdown: cannot read the step id; refusing the step");
@@ -306,7 +341,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (spank_context() != S_CTX_REMOTE)
 		return ESPANK_SUCCESS;
 	parse_args(ac, av);
-	if (is_admin(sp))
+	if (!on_delegate_node() || is_admin(sp))
 		return ESPANK_SUCCESS;
 	if (spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS ||
 	    (stepid != SLURM_BATCH_SCRIPT && !is_rank_step(sp)))

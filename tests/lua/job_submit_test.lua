@@ -230,5 +230,52 @@ if rc ~= 0 then fails = fails + 1; print("FAIL root salloc") else print("ok   ro
 local bad = setmetatable({ user_id = 1001 }, { __index = function(t, k) error("boom " .. k) end })
 rc = slurm_job_submit(bad, {}, 1001); n = n + 1
 if rc == 0 then fails = fails + 1; print("FAIL error accepted") else print("ok   runtime error refuses (fail-closed)") end
+-- A cluster shared with plain Slurm jobs: the site policy's partitions
+-- (PARTITIONS) are delegate's, "general" is the site's.
+do
+  local scoped = text:gsub("\nlocal MAX_SHARED_MINUTES = 11\n",
+    "\nlocal MAX_SHARED_MINUTES = 11\nlocal PARTITIONS = { [\"course\"] = true }\n", 1)
+  if scoped == text then  -- an installed gate (arg[1]): its own PARTITIONS line
+    scoped = text:gsub("\nlocal PARTITIONS%s*=[^\n]*", "\nlocal PARTITIONS = { [\"course\"] = true }", 1)
+  end
+  assert(loadstring(scoped, "=job_submit.lua (scoped)"))()
+  _delegate_lockdown.set_account_files(dir .. "/missing", dir .. "/missing")
+  local S = _delegate_lockdown
+  local parts = { { name = "general", flag_default = 1 }, { name = "course", flag_default = 0 } }
+  local function submit(j, plist) last_user_msg = nil; return slurm_job_submit(j, plist or parts, 1001) end
+  local wrap = "#!/bin/sh\n# This script was created by sbatch --wrap.\nhostname\n"
+  check("scope: course is ours, general theirs, both mixed",
+    S.scope({ "course" }) == "ours" and S.scope({ "general" }) == "theirs" and S.scope({ "course", "general" }) == "both")
+  check("scope: an unknown partition counts as ours (fail closed)", S.scope({}) == "ours")
+  check("the default partition comes from part_list", S.job_partitions(job(single), parts)[1] == "general")
+  local researcher = job(wrap, { partition = "general" })
+  check("a researcher's sbatch --wrap in general passes untouched",
+    submit(researcher) == 0 and researcher.comment == nil and researcher.requeue == nil)
+  check("so does an interactive allocation in general (salloc)", submit(job(nil, { partition = "general" })) == 0)
+  check("and one in the default partition (general)", submit(job(nil)) == 0)
+  check("but not in course", submit(job(nil, { partition = "course" })) ~= 0
+    and last_user_msg:find("interactive allocations", 1, true) ~= nil)
+  check("sbatch --wrap in course is refused", submit(job(wrap, { partition = "course" })) ~= 0)
+  local ours = job(single, { partition = "course" })
+  check("delegate's job in course passes its checks", submit(ours) == 0 and ours.comment == "delegate:calls=1")
+  check("delegate's job in general is refused", submit(job(single, { partition = "general" })) ~= 0
+    and last_user_msg:find("run only in its partitions (course)", 1, true) ~= nil)
+  check("naming course and general together is refused", submit(job(wrap, { partition = "course,general" })) ~= 0
+    and last_user_msg:find("together with others", 1, true) ~= nil)
+  check("root may do anything anywhere", slurm_job_submit(job(nil, { user_id = 0, partition = "course" }), parts, 0) == 0)
+  local function move(uid, from, to, extra)
+    local fields = { partition = to }
+    for k, v in pairs(extra or {}) do fields[k] = v end
+    last_info_msg = nil
+    return slurm_job_modify(fields, { job_id = 1, partition = from }, parts, uid)
+  end
+  check("a delegate job may not move to general", move(1001, "course", "general") ~= 0
+    and last_info_msg:find("cannot move between", 1, true) ~= nil)
+  check("a researcher's job may not move into course", move(1001, "general", "course") ~= 0)
+  check("nor into course and general", move(1001, "general", "general,course") ~= 0)
+  check("a researcher's job may change anything else", move(1001, "general", nil, { comment = "mine", min_nodes = 4 }) == 0)
+  check("a delegate job's comment stays delegate's", move(1001, "course", nil, { comment = "x" }) ~= 0)
+  check("root may move any job", move(0, "course", "general") == 0)
+end
 print(string.format("%d tests, %d failures", n, fails))
 os.exit(fails == 0 and 0 or 1)

@@ -29,7 +29,8 @@ pub struct Config {
 
 impl Config {
     /// Root from `$DELEGATE_ROOT` (default `~/.delegate/jobs`), runner from
-    /// `$DELEGATE_RUNNER`, partition from `$DELEGATE_PARTITION`.
+    /// `$DELEGATE_RUNNER`, partition from `$DELEGATE_PARTITION` (else the
+    /// site policy's first `partitions` entry, else Slurm's default).
     pub fn from_env() -> Result<Config> {
         let root = match std::env::var_os(ROOT_ENV).filter(|v| !v.is_empty()) {
             Some(r) => PathBuf::from(r),
@@ -50,10 +51,17 @@ impl Config {
             },
             _ => None,
         };
+        let mut slurm = Slurm::from_env();
+        if slurm.partition.is_none() {
+            // On a shared cluster, delegate's own partition (the policy's).
+            slurm.partition = delegate_protocol::policy::Policy::load_for_client()
+                .ok()
+                .and_then(|p| p.partitions.into_iter().next());
+        }
         Ok(Config {
             root,
             runner,
-            slurm: Slurm::from_env(),
+            slurm,
             calls_per_allocation,
         })
     }

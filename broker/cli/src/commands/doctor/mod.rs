@@ -81,7 +81,67 @@ pub fn doctor(cli: &Cli) -> CliResult {
     }
     checks.push(root_check(cli));
     checks.push(policy_check());
+    if let Some(c) = partitions_check() {
+        checks.push(c);
+    }
     report(cli, &checks)
+}
+
+/// On a cluster shared with plain Slurm jobs (the policy's `partitions`):
+/// delegate's partitions exist and none of their nodes is in another
+/// partition. None on a cluster that is delegate's alone.
+fn partitions_check() -> Option<Check> {
+    let ours = Policy::load_for_client().ok()?.partitions;
+    if ours.is_empty() {
+        return None;
+    }
+    let fix = "give delegate's partitions nodes of their own (slurm.conf's PartitionName=... Nodes=)";
+    Some(check(
+        "partitions",
+        match run_cmd("sinfo", &["--noheader", "--Node", "--Format=NodeList:|,Partition:|"], None, T) {
+            Ok(o) if o.ok => partition_overlap(&o.stdout, &ours).map_err(|why| (why, fix.into())),
+            Ok(o) => Err((format!("sinfo: {}", o.first_line()), fix.into())),
+            Err(e) => Err((e, fix.into())),
+        },
+    ))
+}
+
+/// `sinfo --Node --Format=NodeList:|,Partition:|` against delegate's
+/// partitions `ours`: what is delegate's, or the first problem.
+fn partition_overlap(sinfo: &str, ours: &[String]) -> Result<String, String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut parts_of: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for line in sinfo.lines() {
+        let mut f = line.split('|');
+        if let (Some(node), Some(part)) = (f.next(), f.next()) {
+            if !node.is_empty() && !part.is_empty() {
+                parts_of.entry(node).or_default().insert(part.trim_end_matches('*'));
+            }
+        }
+    }
+    let is_ours = |p: &str| ours.iter().any(|o| o == p);
+    if let Some(missing) = ours.iter().find(|o| !parts_of.values().any(|ps| ps.contains(o.as_str()))) {
+        return Err(format!("the site policy's partition {missing} has no node in Slurm"));
+    }
+    let mut nodes = Vec::new();
+    for (node, parts) in &parts_of {
+        if !parts.iter().any(|p| is_ours(p)) {
+            continue;
+        }
+        if let Some(other) = parts.iter().find(|p| !is_ours(p)) {
+            return Err(format!(
+                "node {node} is in delegate's partition {} and in {other}: that partition's jobs share it, so a call's node is not exclusive (and the lockdown covers their steps there too)",
+                parts.iter().find(|p| is_ours(p)).unwrap_or(&"?")
+            ));
+        }
+        nodes.push(*node);
+    }
+    Ok(format!(
+        "delegate's partitions {} have {} node(s) of their own: {}",
+        ours.join(", "),
+        nodes.len(),
+        nodes.join(", ")
+    ))
 }
 
 const T: Duration = Duration::from_secs(20);
@@ -373,6 +433,24 @@ fn report(cli: &Cli, checks: &[Check]) -> CliResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delegates_partitions_must_have_nodes_of_their_own() {
+        let ours = ["course".to_owned()];
+        let ok = "c1|course|\nc2|course|\ng1|general*|\n";
+        assert_eq!(
+            partition_overlap(ok, &ours).unwrap(),
+            "delegate's partitions course have 2 node(s) of their own: c1, c2"
+        );
+        let shared = "c1|course|\nc1|general*|\n";
+        assert!(partition_overlap(shared, &ours)
+            .unwrap_err()
+            .starts_with("node c1 is in delegate's partition course and in general"));
+        assert_eq!(
+            partition_overlap("g1|general*|\n", &ours).unwrap_err(),
+            "the site policy's partition course has no node in Slurm"
+        );
+    }
 
     #[test]
     fn tuning_is_informational_and_says_what_the_node_has() {
