@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import ARTIFACTS_ROOT, URL, Student, browser_for
+from browser import ARTIFACTS_ROOT, URL, HubSession, browser_for
 
 import testlib
 from stacklib import REPO, SCRIPT, STACK_DIR, cid, initial_password, on, run
@@ -121,7 +121,7 @@ def browser(day):
 
 @pytest.fixture(scope="module")
 def students(browser):
-    ann, ben = (Student(browser, u, initial_password(u), ARTIFACTS) for u in (ANN, BEN))
+    ann, ben = (HubSession(browser, u, initial_password(u), ARTIFACTS) for u in (ANN, BEN))
     for s in (ann, ben):
         s.login()
         assert "Jupyter news" not in s.page.inner_text("body"), "the news popup covers the first screen"
@@ -270,7 +270,7 @@ def test_4_the_instructor_in_the_browser(browser, students):
     """The roster's instructor: `delegate doctor` from a notebook (an admin
     on the user node: the shared munged) and the hub's admin page, which
     lists the class and no test account."""
-    prof = Student(browser, PROF, initial_password(PROF), ARTIFACTS)
+    prof = HubSession(browser, PROF, initial_password(PROF), ARTIFACTS)
     prof.login()
     prof.new_notebook()
     text = prof.run_cell(DOCTOR, "doctor-exit=", "doctor")

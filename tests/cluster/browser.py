@@ -52,7 +52,7 @@ def browser_for(artifacts: Path) -> Iterator:
             b.close()
 
 
-class Student:
+class HubSession:
     """One student's browser context and notebook page."""
 
     def __init__(self, browser, user: str, password: str, artifacts: Path):

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import URL, Student, browser_for
+from browser import URL, HubSession, browser_for
 
 import stacklib
 from stacklib import SCRIPT, STACK, STACK_DIR, cid, initial_password, run
@@ -142,7 +142,7 @@ def browser(stack):
 def test_students_in_the_browser(stack, browser, capsys):
     with capsys.disabled():
         print(f"\nscreenshots of the browser test: {ARTIFACTS}")
-    ada, bob = (Student(browser, u, initial_password(u), ARTIFACTS) for u in (ADA, BOB))
+    ada, bob = (HubSession(browser, u, initial_password(u), ARTIFACTS) for u in (ADA, BOB))
     for s in (ada, bob):
         s.login()
         s.new_notebook()
@@ -186,7 +186,7 @@ def test_students_in_the_browser(stack, browser, capsys):
     resp = bob.page.goto(f"{URL}/hub/admin")
     bob.shot("admin-page-refused")
     assert resp is not None and resp.status == 403, resp and resp.status
-    ivy = Student(browser, IVY, initial_password(IVY), ARTIFACTS)
+    ivy = HubSession(browser, IVY, initial_password(IVY), ARTIFACTS)
     ivy.login(lab=False)
     resp = ivy.page.goto(f"{URL}/hub/admin")
     ivy.page.wait_for_selector(f"text={ADA}")
