@@ -278,7 +278,7 @@ def test_4_the_instructor_in_the_browser(browser, students):
     # The fleet (issue 32): each worker's class, none drifted since deploy.
     text = prof.run_cell(ADMIN_NODES, "admin-nodes-exit=", "admin-nodes")
     assert "admin-nodes-exit=0" in text and re.search(r"\d+ node\(s\), \d class\(es\)", text), text
-    assert "drift:" not in text and "worker1" in text, text
+    assert "no drift" in text and "\ndrift:" not in text and "worker1" in text, text
     resp = prof.page.goto(f"{URL}/hub/admin")
     prof.page.wait_for_selector(f"text={ANN}")
     prof.shot("admin-page")
