@@ -359,13 +359,28 @@ local function split_partitions(s)
 end
 
 -- The partitions a job goes to: those it names, else the default one of
--- those Slurm offers the submitter (part_list); {} when neither is known.
+-- those Slurm offers the submitter (part_list), which is then also set as
+-- the job's partition (what the gate checked is where the job goes).
+-- slurmctld (22.05) keeps the default flag on a partition that was the
+-- default before `scontrol update PartitionName=... Default=YES|NO` moved
+-- it: among several flagged, one that is not delegate's is chosen (a job
+-- that names no partition is the site's unless delegate's is the only
+-- default). {} when nothing is known.
 local function job_partitions(job_desc, part_list)
    local names = split_partitions(job_desc.partition)
    if #names > 0 then return names end
+   local chosen
    for _, part in pairs(part_list or {}) do
       local d = part.flag_default
-      if d == 1 or d == true then return { part.name } end
+      if (d == 1 or d == true) and part.name ~= nil then
+         if chosen == nil or (PARTITIONS ~= nil and PARTITIONS[chosen] and not PARTITIONS[part.name]) then
+            chosen = part.name
+         end
+      end
+   end
+   if chosen ~= nil then
+      if PARTITIONS ~= nil then job_desc.partition = chosen end
+      names[1] = chosen
    end
    return names
 end

@@ -121,17 +121,21 @@ def test_delegates_jobs_stay_in_delegates_partition(shared, alice):
 
 
 def test_the_default_partition_is_slurms(shared, alice):
-    """With `general` the default, a plain `sbatch` without -p goes there
-    and passes (the gate reads the default from the partitions Slurm
-    offers); with delegate's the default, it is refused."""
-    sh("scontrol", "update", "PartitionName=general", "Default=YES")
-    try:
-        r = slurm_as(alice, "sbatch", "--parsable", "--hold", "--wrap", "echo research")
-        sh("scancel", job_id(r), check=False)
-    finally:
-        sh("scontrol", "update", "PartitionName=delegate", "Default=YES")
+    """A plain `sbatch` without -p goes to Slurm's default partition: with
+    delegate's the default it is refused; with `general` the default it
+    passes and runs there (the gate reads the default from the partitions
+    Slurm offers and sets it as the job's partition)."""
     r = slurm_as(alice, "sbatch", "--wrap", "echo x")
     assert r.returncode != 0 and "only delegate's own jobs may run here" in r.stderr, r.stderr
+    sh("scontrol", "update", "PartitionName=general", "Default=YES")
+    try:
+        job = job_id(slurm_as(alice, "sbatch", "--parsable", "--hold", "--wrap", "echo research"))
+        try:
+            assert "Partition=general" in sh("scontrol", "show", "job", job).stdout
+        finally:
+            sh("scancel", job, check=False)
+    finally:
+        sh("scontrol", "update", "PartitionName=delegate", "Default=YES")
 
 
 def test_doctor_names_a_node_shared_with_another_partition(shared, alice):

@@ -248,6 +248,13 @@ do
     S.scope({ "course" }) == "ours" and S.scope({ "general" }) == "theirs" and S.scope({ "course", "general" }) == "both")
   check("scope: an unknown partition counts as ours (fail closed)", S.scope({}) == "ours")
   check("the default partition comes from part_list", S.job_partitions(job(single), parts)[1] == "general")
+  local stale = { { name = "course", flag_default = 1 }, { name = "general", flag_default = 1 } }
+  local j = job(wrap)
+  check("of two flagged default (a stale flag), the site's is chosen and set",
+    S.job_partitions(j, stale)[1] == "general" and j.partition == "general")
+  local only = { { name = "course", flag_default = 1 }, { name = "general", flag_default = 0 } }
+  check("delegate's partition as the only default: a job naming none is delegate's",
+    submit(job(wrap), only) ~= 0)
   local researcher = job(wrap, { partition = "general" })
   check("a researcher's sbatch --wrap in general passes untouched",
     submit(researcher) == 0 and researcher.comment == nil and researcher.requeue == nil)
