@@ -165,12 +165,10 @@ munge_per_account() {
             --seed-file="/var/lib/munge/users/$name.seed" --log-file="/var/log/munge/users/$name.log" \
             || die "cannot start the munged of $name"
         # AccountingStoragePass names the munged of connections to
-        # slurmdbd (sacct, sshare, sacctmgr), AuthInfo that of the others.
-        sed -e '/^AuthInfo=/d' -e '/^AccountingStoragePass=/d' \
-            -e "s|^AuthType=auth/munge\$|&\nAuthInfo=socket=$d/munge.socket\nAccountingStoragePass=$d/munge.socket|" \
-            /etc/slurm/slurm.conf >"/etc/slurm/users/$name/slurm.conf.new"
-        grep -qx "AuthInfo=socket=$d/munge.socket" "/etc/slurm/users/$name/slurm.conf.new" \
-            || die "slurm.conf has no AuthType=auth/munge line"
+        # slurmdbd (sacct, sshare, sacctmgr), AuthInfo that of the others
+        # (deploy/src/user_node.rs).
+        delegate-deploy student-slurm-conf --base /etc/slurm/slurm.conf --socket "$d/munge.socket" \
+            >"/etc/slurm/users/$name/slurm.conf.new" || die "cannot write the slurm.conf of $name"
         chmod 0644 "/etc/slurm/users/$name/slurm.conf.new"
         mv -f "/etc/slurm/users/$name/slurm.conf.new" "/etc/slurm/users/$name/slurm.conf"
         n=$((n + 1))
@@ -191,24 +189,6 @@ PROFILE
     log "munge: $n accounts have a munged of their own (/run/munge-users); the shared one is root's and the admins'"
 }
 
-# limit_uid UID: limit_queries' rules for one account (its settings in the
-# caller's locals).
-limit_uid() {
-    local uid=$1
-    iptables -A delegate-queries -m owner --uid-owner "$uid" -p tcp --dport "$slurmd" \
-        -j REJECT --reject-with tcp-reset || return 1
-    if ((conns > 0)); then
-        iptables -A delegate-queries -m owner --uid-owner "$uid" -p tcp \
-            -m connlimit --connlimit-above "$conns" --connlimit-mask 0 \
-            -j REJECT --reject-with tcp-reset || return 1
-    fi
-    if ((rate > 0)); then
-        iptables -A delegate-queries -m owner --uid-owner "$uid" \
-            -m hashlimit --hashlimit-name "q$uid" --hashlimit-above "$rate/sec" --hashlimit-burst "$burst" \
-            -j DROP || return 1
-    fi
-}
-
 # limit_queries: on the user node, each account that is not an admin
 # - may open at most DELEGATE_RPC_RATE new connections per second (after a
 #   burst of DELEGATE_RPC_BURST) to slurmctld's and slurmdbd's ports;
@@ -223,33 +203,31 @@ limit_uid() {
 # Slurm 22.05 has no per-user RPC limit of its own (docs/security.md).
 # iptables in this container's network namespace, per uid (owner match)
 # with a hash limit and a connection count of its own; needs CAP_NET_ADMIN,
-# which the hub's exec drops from the bounding set.
+# which the hub's exec drops from the bounding set. The rules are
+# delegate-deploy's (deploy/src/user_node.rs: query-plan).
 limit_queries() {
     local rate=${DELEGATE_RPC_RATE:-0} burst=${DELEGATE_RPC_BURST:-0} conns=${DELEGATE_RPC_CONNS:-0}
-    local ports slurmd name uid n=0
-    [[ $rate =~ ^[0-9]+$ && $burst =~ ^[0-9]+$ && $conns =~ ^[0-9]+$ ]] \
-        || die "DELEGATE_RPC_RATE, DELEGATE_RPC_BURST and DELEGATE_RPC_CONNS must be numbers"
-    ((burst >= 1)) || burst=1
-    ports=$(sed -n 's/^SlurmctldPort=\([0-9-]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)
-    ports="${ports:-6817},$(sed -n 's/^AccountingStoragePort=\([0-9]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)"
-    ports=${ports%,}
-    ports=${ports//-/:}
-    slurmd=$(sed -n 's/^SlurmdPort=\([0-9]*\)$/\1/p' /etc/slurm/slurm.conf | tail -n1)
-    slurmd=${slurmd:-6818}
+    local plan kind rest ports="" uids=() args n=0 _name uid
+    while read -r _name uid; do uids+=(--uid "$uid"); n=$((n + 1)); done < <(students)
+    plan=$(delegate-deploy query-plan --slurm-conf /etc/slurm/slurm.conf \
+        --rate "$rate" --burst "$burst" --conns "$conns" "${uids[@]}") \
+        || die "DELEGATE_RPC_RATE, DELEGATE_RPC_BURST and DELEGATE_RPC_CONNS must be numbers (above)"
+    ports=$(sed -n 's/^ports //p' <<<"$plan")
     if ! { iptables -N delegate-queries 2>/dev/null || iptables -F delegate-queries; } \
-        || ! { iptables -C OUTPUT -p tcp --syn -m multiport --dports "$ports,$slurmd" -j delegate-queries 2>/dev/null \
-            || iptables -A OUTPUT -p tcp --syn -m multiport --dports "$ports,$slurmd" -j delegate-queries; }; then
+        || ! { iptables -C OUTPUT -p tcp --syn -m multiport --dports "$ports" -j delegate-queries 2>/dev/null \
+            || iptables -A OUTPUT -p tcp --syn -m multiport --dports "$ports" -j delegate-queries; }; then
         log "WARNING: no per-student limit of queries to Slurm (iptables failed: CAP_NET_ADMIN?)"
         return 0
     fi
-    while read -r name uid; do
-        limit_uid "$uid" || die "cannot limit the queries of $name"
-        n=$((n + 1))
-    done < <(students)
+    while read -r kind rest; do
+        [[ $kind == rule ]] || continue
+        read -ra args <<<"$rest"
+        iptables "${args[@]}" || die "cannot limit the queries of a student (iptables ${args[*]})"
+    done <<<"$plan"
     local new="$rate new connections/s (burst $burst)" open="$conns open at once"
     ((rate > 0)) || new="no limit of new connections (DELEGATE_RPC_RATE=0)"
     ((conns > 0)) || open="no limit of open connections (DELEGATE_RPC_CONNS=0)"
-    log "queries to Slurm from $n accounts: $new, $open, to ports $ports; none to slurmd (port $slurmd)"
+    log "queries to Slurm from $n accounts: $new, $open, to ports $ports (the last, slurmd's, refused)"
 }
 
 # dbd_answers: slurmdbd answers sacctmgr (bounded: a dead one must not hang us).
