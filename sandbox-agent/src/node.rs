@@ -82,12 +82,35 @@ pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
     (class, report)
 }
 
-/// What Slurm holds about a node: its features (available, active) and comment.
+/// What Slurm holds about a node: its state, features (available,
+/// active) and comment.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SlurmNode {
+    /// `IDLE+CLOUD+POWERING_UP`, ...
+    pub state: String,
     pub available: Vec<String>,
     pub active: Vec<String>,
     pub comment: String,
+}
+
+impl SlurmNode {
+    /// Whether slurmd has registered and the node is not being powered up
+    /// or down (an elastic worker): only then is its record updated, so
+    /// that nothing the agent does meets Slurm's power saving half-way.
+    pub fn settled(&self) -> bool {
+        const UNSETTLED: [&str; 5] = [
+            "POWERING_UP",
+            "POWERING_DOWN",
+            "POWERED_DOWN",
+            "NOT_RESPONDING",
+            "UNKNOWN",
+        ];
+        !self.state.is_empty()
+            && !self
+                .state
+                .split('+')
+                .any(|s| UNSETTLED.contains(&s.trim_end_matches(['*', '~', '#', '%'])))
+    }
 }
 
 /// `scontrol show node NAME` (one `Key=value` group per line; the
@@ -107,7 +130,9 @@ pub fn parse_show_node(text: &str) -> SlurmNode {
             continue;
         }
         for kv in line.split_whitespace() {
-            if let Some(v) = kv.strip_prefix("AvailableFeatures=") {
+            if let Some(v) = kv.strip_prefix("State=") {
+                n.state = v.to_owned();
+            } else if let Some(v) = kv.strip_prefix("AvailableFeatures=") {
                 n.available = list(v);
             } else if let Some(v) = kv.strip_prefix("ActiveFeatures=") {
                 n.active = list(v);
@@ -160,6 +185,12 @@ pub async fn publish(policy: &Policy, node: &str) -> Result<bool, String> {
             .map_err(|e| format!("the fingerprint task failed: {e}"))?
     };
     let held = parse_show_node(&scontrol(&["show".into(), "node".into(), node.into()]).await?);
+    if !held.settled() {
+        return Err(format!(
+            "node {node} is {} in Slurm: its class is published once it is up",
+            held.state
+        ));
+    }
     let report = report_to_publish(&now, &held.comment);
     let comment = report.to_comment();
     let (available, active) = (
@@ -216,6 +247,7 @@ mod tests {
 
     const SHOW: &str = "NodeName=vm Arch=x86_64 CoresPerSocket=1
    CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.05
+   State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
    AvailableFeatures=avx2,dlgclass_0123456789
    ActiveFeatures=avx2,dlgclass_0123456789
    Gres=(null)
@@ -229,9 +261,22 @@ mod tests {
         assert_eq!(n.available, ["avx2", "dlgclass_0123456789"]);
         assert_eq!(n.active, ["avx2", "dlgclass_0123456789"]);
         assert!(n.comment.ends_with("cpu=AMD EPYC 7B13"), "{}", n.comment);
+        assert_eq!(n.state, "IDLE");
+        assert!(n.settled());
         let empty =
             parse_show_node("NodeName=vm\n   AvailableFeatures=(null)\n   ActiveFeatures=(null)\n   Comment=(null)\n");
         assert_eq!(empty, SlurmNode::default());
+        assert!(!empty.settled(), "no state read: not settled");
+        let state = |s: &str| SlurmNode { state: s.into(), ..Default::default() };
+        assert!(state("ALLOCATED+CLOUD").settled() && state("MIXED").settled());
+        for s in [
+            "IDLE+CLOUD+POWERING_UP",
+            "IDLE+CLOUD+POWERED_DOWN",
+            "DOWN*+NOT_RESPONDING",
+            "IDLE+POWERING_DOWN",
+        ] {
+            assert!(!state(s).settled(), "{s}");
+        }
     }
 
     #[test]
