@@ -80,18 +80,28 @@ impl Fingerprint {
     /// boost, governor, kernel).
     pub fn class(&self) -> String {
         let u = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
+        format!(
+            "{}, governor {}, boost {}, kernel {}",
+            self.cpu_identity(),
+            u(&self.governor),
+            self.boost.map_or("unknown", |b| if b { "on" } else { "off" }),
+            u(&self.kernel)
+        )
+    }
+
+    /// The CPU in words: `vendor model (family F model M stepping S,
+    /// microcode C)`, unknown parts as `unknown` or `?`.
+    pub fn cpu_identity(&self) -> String {
+        let u = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
         let n = |v: Option<u32>| v.map_or("?".to_owned(), |x| x.to_string());
         format!(
-            "{} {} (family {} model {} stepping {}, microcode {}), governor {}, boost {}, kernel {}",
+            "{} {} (family {} model {} stepping {}, microcode {})",
             u(&self.cpu_vendor),
             u(&self.cpu_model),
             n(self.cpu_family),
             n(self.cpu_model_number),
             n(self.cpu_stepping),
-            u(&self.microcode),
-            u(&self.governor),
-            self.boost.map_or("unknown", |b| if b { "on" } else { "off" }),
-            u(&self.kernel)
+            u(&self.microcode)
         )
     }
 }

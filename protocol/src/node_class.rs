@@ -56,13 +56,8 @@ impl NodeClass {
         let u = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
         let n = |v: Option<u32>| v.map_or("?".to_owned(), |x| x.to_string());
         let mut summary = format!(
-            "{} {} (family {} model {} stepping {}, microcode {}), {} CPUs, {} threads per core, kernel {}",
-            u(&f.cpu_vendor),
-            u(&f.cpu_model),
-            n(f.cpu_family),
-            n(f.cpu_model_number),
-            n(f.cpu_stepping),
-            u(&f.microcode),
+            "{}, {} CPUs, {} threads per core, kernel {}",
+            f.cpu_identity(),
             n(t.cpus_online),
             n(t.threads_per_core),
             u(&f.kernel)

@@ -169,7 +169,7 @@ pub fn node_lines(rows: &[NodeRow]) -> Vec<String> {
             n.name,
             n.state,
             r.class,
-            known(r.label.as_deref()).replace("unknown", "-"),
+            r.label.as_deref().unwrap_or("-"),
             known(r.governor.as_deref()),
             boost,
             counters,
