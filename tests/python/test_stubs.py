@@ -66,3 +66,36 @@ def test_extension_exceptions_pickle_round_trip():
         assert cls.__module__ == "delegate._core"
         back = pickle.loads(pickle.dumps(cls("no job abc")))
         assert type(back) is cls and str(back) == "no job abc"
+
+
+def test_resource_keywords_agree_everywhere():
+    """One list of resource keywords (delegate._RESOURCE_KEYS): remote(),
+    Executor(), their stubs and the extension's submit_python take exactly
+    these (Executor has no ``nodes``: a map's calls are one node each)."""
+    import ast
+    import inspect
+
+    import delegate
+    from delegate import _core
+
+    keys = set(delegate._RESOURCE_KEYS)
+    extra = {"fn", "self", "backend", "repeat", "warmup"}
+
+    def kwargs(fn):
+        return {p for p in inspect.signature(fn).parameters} - extra
+
+    assert kwargs(delegate.remote) == keys
+    assert kwargs(delegate.Executor.__init__) == keys - {"nodes"}
+    core = {p for p in inspect.signature(_core.submit_python).parameters}
+    assert core - {"payloads", "python_version", "cloudpickle_version"} == keys
+
+    pkg = Path(delegate.__file__).parent
+    tree = ast.parse((pkg / "__init__.pyi").read_text())
+    stubs = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name in ("remote", "__init__"):
+            names = {a.arg for a in node.args.args + node.args.kwonlyargs} - extra
+            if names & keys:
+                stubs.setdefault(node.name, []).append(names)
+    assert keys in stubs["remote"]
+    assert keys - {"nodes"} in stubs["__init__"]

@@ -96,7 +96,18 @@ __all__ = [
 ]
 __version__ = _core.__version__
 
+#: The resource keywords of remote(), Executor(), compare() and the
+#: extension's submit_python (tests/python/test_stubs.py checks they agree).
 _RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env", "files", "mix_classes")
+
+
+def _given_resources(args: dict) -> dict:
+    """The resource keywords among a signature's ``locals()`` that were given
+    (not None), ``files`` made a list."""
+    res = {k: args[k] for k in _RESOURCE_KEYS if args.get(k) is not None}
+    if "files" in res:
+        res["files"] = _files_list(res["files"])
+    return res
 #: The environment variable choosing the backend when none is given:
 #: ``cluster`` (the default) or ``local``.
 BACKEND_ENV = "DELEGATE_BACKEND"
@@ -304,19 +315,7 @@ def remote(
     ``mix_classes=True``: the calls of one ``map`` (and the nodes of a
     ``nodes=N`` call) may run on nodes of different hardware classes; by
     default they keep to one class when the cluster has several."""
-    files = _files_list(files)
-    res = dict(
-        cpus=cpus,
-        gpus=gpus,
-        nodes=nodes,
-        mem=mem,
-        time=time,
-        image=image,
-        env=env,
-        files=files,
-        mix_classes=mix_classes,
-    )
-    res = {k: v for k, v in res.items() if v is not None}
+    res = _given_resources(locals())
     more = dict(backend=backend, repeat=repeat, warmup=warmup)
     if fn is None:
         return lambda f: RemoteFunction(f, **more, **res)
@@ -363,21 +362,7 @@ class Executor(cf.Executor):
         files=None,
         mix_classes=None,
     ):
-        files = _files_list(files)
-        self._resources = {
-            k: v
-            for k, v in dict(
-                cpus=cpus,
-                gpus=gpus,
-                mem=mem,
-                time=time,
-                image=image,
-                env=env,
-                files=files,
-                mix_classes=mix_classes,
-            ).items()
-            if v is not None
-        }
+        self._resources = _given_resources(locals())
         _resources(self._resources)
         self._backend = None if backend is None else _backend(backend)
         self._futures = []
