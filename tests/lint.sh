@@ -9,6 +9,7 @@
 #   4. ruff check                                   (ruff.toml)
 #   5. ruff format --check
 #   6. tests/check_docs.py                          (every link of the docs leads somewhere)
+#   7. tests/check_function_length.py               (no product function over 100 lines)
 # Every check runs; the failed ones are named at the end and the exit
 # status is 1 when any failed. Nothing is changed: to fix formatting, run
 # `cargo fmt --all` and `ruff format` (from the test venv, below).
@@ -139,6 +140,7 @@ if ensure_venv "$VENV" "$REPO/tests/requirements.txt"; then
         run_check "ruff check" "$VENV/bin/ruff" check
         run_check "ruff format --check" "$VENV/bin/ruff" format --check
         run_check "docs: links and anchors (tests/check_docs.py)" "$VENV/bin/python" tests/check_docs.py
+        run_check "functions at most 100 lines (tests/check_function_length.py)" "$VENV/bin/python" tests/check_function_length.py
     else
         echo "ruff is not in the venv $VENV (pin it in tests/requirements.txt)" >&2
         FAILED+=("ruff (not installed)")
