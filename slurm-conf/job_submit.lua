@@ -406,7 +406,7 @@ local function partition_list()
    return table.concat(names, ", ")
 end
 
--- For slurm_job_submit: "pass" (the site's job: not ours to check),
+-- For job_submit: "pass" (the site's job: not ours to check),
 -- "check" (delegate's partitions: the checks below), or a refusal.
 local function partition_verdict(job_desc, part_list)
    if PARTITIONS == nil then return "check" end
@@ -477,7 +477,7 @@ local function refuse_reason(job_desc, submit_uid)
    return nil, calls
 end
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
+local function job_submit(job_desc, part_list, submit_uid)
    local okp, verdict, pwhy = pcall(partition_verdict, job_desc, part_list)
    if okp and verdict == "pass" then return slurm.SUCCESS end
    local ok, admin = pcall(is_admin, submit_uid, job_desc)
@@ -556,7 +556,7 @@ local function modify_refusal(job_desc)
    return nil
 end
 
-function slurm_job_modify(job_desc, job_ptr, part_list, modify_uid)
+local function job_modify(job_desc, job_ptr, part_list, modify_uid)
    -- Nothing a user may update changes what runs: the script and
    -- environment are fixed at submission, and --uid changes are root's
    -- alone in slurmctld itself. Fail closed, as slurm_job_submit.
@@ -586,8 +586,9 @@ function slurm_job_modify(job_desc, job_ptr, part_list, modify_uid)
    return slurm.SUCCESS
 end
 
--- for tests/lua/job_submit_test.lua
-_delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reason,
+-- The gate: its two checks, and its parts for tests/lua/job_submit_test.lua.
+local gate = { job_submit = job_submit, job_modify = job_modify,
+               internals = { check_script = check_script, refuse_reason = refuse_reason,
                        batch_script = batch_script, array_script = array_script,
                        shared_script = shared_script, safe_path = safe_path,
                        with_gpus = with_gpus, check_gres = check_gres,
@@ -596,7 +597,17 @@ _delegate_lockdown = { check_script = check_script, refuse_reason = refuse_reaso
                        ranks_script = ranks_script, uid_is_admin = uid_is_admin,
                        set_account_files = function(g, p)
                           GROUP_FILE, PASSWD_FILE, cache = g, p, { t = -1 }
-                       end }
+                       end } }
 
-slurm.log_info("delegate lockdown: job_submit.lua loaded (runner %s)", RUNNER)
+slurm.log_info("delegate lockdown: job_submit gate loaded (runner %s)", RUNNER)
+-- As a module of the site's own job_submit.lua (AS_MODULE, `delegate-deploy
+-- gate --module`): the site's script does
+--   local delegate = dofile("/etc/slurm/delegate_gate.lua")
+-- and calls delegate.job_submit / delegate.job_modify from its own
+-- slurm_job_submit / slurm_job_modify (docs/existing-site.md); nothing
+-- global is defined here then.
+if AS_MODULE then return gate end
+-- As slurmctld's whole job_submit.lua (a cluster delegate owns).
+slurm_job_submit, slurm_job_modify = gate.job_submit, gate.job_modify
+_delegate_lockdown = gate.internals
 return slurm.SUCCESS

@@ -19,6 +19,16 @@ struct GateContext {
     slurm_uid: u32,
     max_shared_minutes: u64,
     partitions: Vec<String>,
+    as_module: bool,
+}
+
+/// How slurmctld meets the gate: as its whole job_submit.lua (a cluster
+/// delegate owns), or as a module the site's own job_submit.lua loads
+/// with `dofile` and calls (`job_submit`, `job_modify`), defining no global.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateForm {
+    Whole,
+    Module,
 }
 
 /// The site policy the gate follows: the file when it exists, else the
@@ -54,9 +64,15 @@ pub fn shared_minutes(max_allocation_time: &str) -> Result<u64, RenderError> {
     }
 }
 
-/// job_submit.lua for `runner`, the policy at `policy`, the admin group
-/// and SlurmUser's uid.
-pub fn gate(runner: &str, policy: &Path, admin_group: &str, slurm_uid: u32) -> Result<String, RenderError> {
+/// The gate for `runner`, the policy at `policy`, the admin group and
+/// SlurmUser's uid, in the form slurmctld meets it.
+pub fn gate(
+    runner: &str,
+    policy: &Path,
+    admin_group: &str,
+    slurm_uid: u32,
+    form: GateForm,
+) -> Result<String, RenderError> {
     let p = read_policy(policy)?;
     if !is_unix_name(admin_group) {
         return Err(RenderError::Invalid(format!(
@@ -82,6 +98,7 @@ pub fn gate(runner: &str, policy: &Path, admin_group: &str, slurm_uid: u32) -> R
         max_shared_minutes: shared_minutes(&p.max_allocation_time)?,
         // (checked by the policy's parser: partition names only)
         partitions: p.partitions.clone(),
+        as_module: form == GateForm::Module,
     };
     Ok(templates::render("job_submit.settings.lua", &ctx)? + templates::GATE_BODY)
 }
@@ -128,7 +145,7 @@ mod tests {
     fn unsafe_values_are_refused_with_their_name() {
         let err = plugstack("/lib/x.so", 3990, "/bin/run ner", &[]).unwrap_err().to_string();
         assert!(err.starts_with("the runner path '/bin/run ner'"), "{err}");
-        let err = gate("/r", Path::new("/nonexistent/policy.toml"), "Bad Group", 64030)
+        let err = gate("/r", Path::new("/nonexistent/policy.toml"), "Bad Group", 64030, GateForm::Whole)
             .unwrap_err()
             .to_string();
         assert!(err.contains("admin group"), "{err}");
@@ -139,7 +156,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("policy.toml");
         std::fs::write(&p, "job_roots = \"/home\"\n").unwrap();
-        let err = gate("/usr/local/bin/sandbox-runner", &p, "delegate-admin", 1)
+        let err = gate("/usr/local/bin/sandbox-runner", &p, "delegate-admin", 1, GateForm::Whole)
             .unwrap_err()
             .to_string();
         assert!(

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use delegate_deploy::lockdown::GateForm;
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
@@ -75,6 +76,11 @@ enum Rendered {
         admin_group: String,
         #[arg(long)]
         slurm_uid: u32,
+        /// A module for the site's own job_submit.lua (it loads it with
+        /// dofile and calls job_submit/job_modify; docs/existing-site.md),
+        /// instead of slurmctld's whole job_submit.lua.
+        #[arg(long)]
+        module: bool,
     },
     /// slurmstepd's SPANK stack (the lockdown plugin's line).
     Plugstack {
@@ -199,8 +205,15 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             };
             site_policy::render(s, shape, max_gpus, mem)
         }
-        Rendered::Gate { runner, policy, admin_group, slurm_uid } => {
-            lockdown::gate(&runner, &policy, &admin_group, slurm_uid)
+        Rendered::Gate {
+            runner,
+            policy,
+            admin_group,
+            slurm_uid,
+            module,
+        } => {
+            let form = if module { GateForm::Module } else { GateForm::Whole };
+            lockdown::gate(&runner, &policy, &admin_group, slurm_uid, form)
         }
         Rendered::Plugstack { plugin, admin_gid, runner, nodes } => {
             lockdown::plugstack(&plugin, admin_gid, &runner, &nodes)

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use delegate_deploy::lockdown::GateForm;
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{gres, lockdown, site_policy, slurm_conf, stack_file, Settings, Shape, MARKER};
@@ -182,13 +183,13 @@ fn gate_and_plugstack() {
     let runner = "/usr/local/bin/sandbox-runner";
     golden(
         "job_submit.lua.stack",
-        &lockdown::gate(runner, &policy, "delegate-admin", 64030).unwrap(),
+        &lockdown::gate(runner, &policy, "delegate-admin", 64030, GateForm::Whole).unwrap(),
     );
     // Before the local policy exists: the policy's defaults.
     let none = dir.path().join("absent.toml");
     golden(
         "job_submit.lua.defaults",
-        &lockdown::gate(runner, &none, "delegate-admin", 64030).unwrap(),
+        &lockdown::gate(runner, &none, "delegate-admin", 64030, GateForm::Whole).unwrap(),
     );
     golden(
         "plugstack.conf",
@@ -202,7 +203,11 @@ fn gate_and_plugstack() {
     std::fs::write(&shared, text).unwrap();
     golden(
         "job_submit.lua.partitions",
-        &lockdown::gate(runner, &shared, "delegate-admin", 64030).unwrap(),
+        &lockdown::gate(runner, &shared, "delegate-admin", 64030, GateForm::Whole).unwrap(),
+    );
+    golden(
+        "job_submit.lua.module",
+        &lockdown::gate(runner, &shared, "delegate-admin", 64030, GateForm::Module).unwrap(),
     );
     let nodes = ["c1".to_owned(), "c2".to_owned()];
     golden(

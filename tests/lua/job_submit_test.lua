@@ -284,5 +284,45 @@ do
   check("a delegate job's comment stays delegate's", move(1001, "course", nil, { comment = "x" }) ~= 0)
   check("root may move any job", move(0, "course", "general") == 0)
 end
+-- The gate as a module of a site's own job_submit.lua (delegate-deploy gate
+-- --module; slurm-conf/site_job_submit.example.lua, the lines
+-- docs/existing-site.md gives): it defines no global, the site's rules keep
+-- their place, delegate's partitions stay delegate's.
+do
+  local module = text:gsub("\nlocal MAX_SHARED_MINUTES = 11\n",
+    "\nlocal MAX_SHARED_MINUTES = 11\nlocal PARTITIONS = { [\"course\"] = true }\nlocal AS_MODULE = true\n", 1)
+  if module == text then  -- an installed gate (arg[1])
+    module = text:gsub("\nlocal PARTITIONS%s*=[^\n]*", "\nlocal PARTITIONS = { [\"course\"] = true }", 1)
+      :gsub("\nlocal AS_MODULE%s*=[^\n]*", "\nlocal AS_MODULE = true", 1)
+  end
+  slurm_job_submit, slurm_job_modify, _delegate_lockdown = nil, nil, nil
+  local gate = assert(loadstring(module, "=delegate_gate.lua"))()
+  check("as a module the gate returns its checks and defines no global",
+    type(gate) == "table" and type(gate.job_submit) == "function" and type(gate.job_modify) == "function"
+    and slurm_job_submit == nil and slurm_job_modify == nil and _delegate_lockdown == nil)
+  gate.internals.set_account_files(dir .. "/missing", dir .. "/missing")
+  local site_path = here .. "/../../slurm-conf/site_job_submit.example.lua"
+  local sf = assert(io.open(site_path, "r"))
+  local site = sf:read("*a"); sf:close()
+  local real_dofile = dofile
+  dofile = function(p)
+    assert(p == "/etc/slurm/delegate_gate.lua", "the example loads " .. p)
+    return gate
+  end
+  assert(loadstring(site, "=site job_submit.lua"))()
+  dofile = real_dofile
+  local parts = { { name = "general", flag_default = 1 }, { name = "course", flag_default = 0 } }
+  local function submit(j) last_user_msg = nil; return slurm_job_submit(j, parts, 1001) end
+  local wrap = "#!/bin/sh\n# This script was created by sbatch --wrap.\nhostname\n"
+  local researcher = job(wrap, { partition = "general", time_limit = 4294967294 })
+  check("site + delegate: a researcher's job in general passes, with the site's own rule applied",
+    submit(researcher) == 0 and researcher.time_limit == 60 and researcher.comment == nil)
+  check("site + delegate: a plain job in course is refused by delegate's check",
+    submit(job(wrap, { partition = "course" })) ~= 0 and last_user_msg ~= nil)
+  local ours = job(single, { partition = "course" })
+  check("site + delegate: delegate's job in course passes", submit(ours) == 0 and ours.comment == "delegate:calls=1")
+  check("site + delegate: a researcher's job may not move into course",
+    slurm_job_modify({ partition = "course" }, { job_id = 1, partition = "general" }, parts, 1001) ~= 0)
+end
 print(string.format("%d tests, %d failures", n, fails))
 os.exit(fails == 0 and 0 or 1)
