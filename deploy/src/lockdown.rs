@@ -64,10 +64,10 @@ pub fn shared_minutes(max_allocation_time: &str) -> Result<u64, RenderError> {
     }
 }
 
-/// The gate for `runner`, the policy at `policy`, the admin group and
+/// The gate for `runner` (None: the policy's), the policy at `policy`, the admin group and
 /// SlurmUser's uid, in the form slurmctld meets it.
 pub fn gate(
-    runner: &str,
+    runner: Option<&str>,
     policy: &Path,
     admin_group: &str,
     slurm_uid: u32,
@@ -91,7 +91,10 @@ pub fn gate(
     }
     let ctx = GateContext {
         marker: MARKER,
-        runner: checked_path("the runner path", runner)?,
+        runner: match runner {
+            Some(r) => checked_path("the runner path", r)?,
+            None => checked_path("the policy's runner", &p.runner.to_string_lossy())?,
+        },
         job_roots,
         admin_group: admin_group.into(),
         slurm_uid,
@@ -145,9 +148,15 @@ mod tests {
     fn unsafe_values_are_refused_with_their_name() {
         let err = plugstack("/lib/x.so", 3990, "/bin/run ner", &[]).unwrap_err().to_string();
         assert!(err.starts_with("the runner path '/bin/run ner'"), "{err}");
-        let err = gate("/r", Path::new("/nonexistent/policy.toml"), "Bad Group", 64030, GateForm::Whole)
-            .unwrap_err()
-            .to_string();
+        let err = gate(
+            Some("/r"),
+            Path::new("/nonexistent/policy.toml"),
+            "Bad Group",
+            64030,
+            GateForm::Whole,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("admin group"), "{err}");
     }
 
@@ -156,7 +165,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("policy.toml");
         std::fs::write(&p, "job_roots = \"/home\"\n").unwrap();
-        let err = gate("/usr/local/bin/sandbox-runner", &p, "delegate-admin", 1, GateForm::Whole)
+        let err = gate(Some("/usr/local/bin/sandbox-runner"), &p, "delegate-admin", 1, GateForm::Whole)
             .unwrap_err()
             .to_string();
         assert!(

@@ -67,8 +67,9 @@ enum Rendered {
     },
     /// slurmctld's job gate (job_submit.lua) following the site policy.
     Gate {
+        /// The runner the scripts exec (default: the policy's `runner`).
         #[arg(long)]
-        runner: String,
+        runner: Option<String>,
         /// The site policy (its defaults when the file does not exist yet).
         #[arg(long)]
         policy: PathBuf,
@@ -213,7 +214,7 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             module,
         } => {
             let form = if module { GateForm::Module } else { GateForm::Whole };
-            lockdown::gate(&runner, &policy, &admin_group, slurm_uid, form)
+            lockdown::gate(runner.as_deref(), &policy, &admin_group, slurm_uid, form)
         }
         Rendered::Plugstack { plugin, admin_gid, runner, nodes } => {
             lockdown::plugstack(&plugin, admin_gid, &runner, &nodes)

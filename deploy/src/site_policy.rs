@@ -23,6 +23,23 @@ struct Context {
     clean_scratch: bool,
     job_roots: Vec<String>,
     partitions: Vec<String>,
+    runner: String,
+}
+
+/// The runner's path on the stack's nodes (docker/cluster.Dockerfile).
+const STACK_RUNNER: &str = "/usr/local/bin/sandbox-runner";
+
+/// The runner's path on the single machine: sandbox-runner in DELEGATE_PREFIX.
+fn local_runner(s: &Settings) -> Result<String, RenderError> {
+    let prefix = s.raw_or("DELEGATE_PREFIX", "/usr/local/bin");
+    let runner = format!("{}/sandbox-runner", prefix.trim_end_matches('/'));
+    if is_safe_path(&runner) {
+        Ok(runner)
+    } else {
+        Err(RenderError::Invalid(format!(
+            "DELEGATE_PREFIX must be an absolute path of A-Z a-z 0-9 . _ / + @ = , : -, not {prefix:?}"
+        )))
+    }
 }
 
 /// DELEGATE_PARTITIONS as a list.
@@ -86,6 +103,7 @@ fn local(s: &Settings, max_gpus: u64, mem_total_kib: u64) -> Result<Context, Ren
         clean_scratch: false,
         job_roots: vec!["/home".into()],
         partitions: partitions(s)?,
+        runner: local_runner(s)?,
     })
 }
 
@@ -108,6 +126,7 @@ fn stack(s: &Settings) -> Result<Context, RenderError> {
         clean_scratch: true,
         job_roots: vec![home],
         partitions: partitions(s)?,
+        runner: STACK_RUNNER.into(),
     })
 }
 

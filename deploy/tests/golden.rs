@@ -183,13 +183,13 @@ fn gate_and_plugstack() {
     let runner = "/usr/local/bin/sandbox-runner";
     golden(
         "job_submit.lua.stack",
-        &lockdown::gate(runner, &policy, "delegate-admin", 64030, GateForm::Whole).unwrap(),
+        &lockdown::gate(Some(runner), &policy, "delegate-admin", 64030, GateForm::Whole).unwrap(),
     );
     // Before the local policy exists: the policy's defaults.
     let none = dir.path().join("absent.toml");
     golden(
         "job_submit.lua.defaults",
-        &lockdown::gate(runner, &none, "delegate-admin", 64030, GateForm::Whole).unwrap(),
+        &lockdown::gate(Some(runner), &none, "delegate-admin", 64030, GateForm::Whole).unwrap(),
     );
     golden(
         "plugstack.conf",
@@ -203,11 +203,11 @@ fn gate_and_plugstack() {
     std::fs::write(&shared, text).unwrap();
     golden(
         "job_submit.lua.partitions",
-        &lockdown::gate(runner, &shared, "delegate-admin", 64030, GateForm::Whole).unwrap(),
+        &lockdown::gate(Some(runner), &shared, "delegate-admin", 64030, GateForm::Whole).unwrap(),
     );
     golden(
         "job_submit.lua.module",
-        &lockdown::gate(runner, &shared, "delegate-admin", 64030, GateForm::Module).unwrap(),
+        &lockdown::gate(Some(runner), &shared, "delegate-admin", 64030, GateForm::Module).unwrap(),
     );
     let nodes = ["c1".to_owned(), "c2".to_owned()];
     golden(

@@ -165,6 +165,11 @@ pub struct Policy {
     /// SPANK plugin lock down only these (and their nodes). Empty: the
     /// whole cluster is delegate's (Slurm's default partition).
     pub partitions: Vec<String>,
+    /// The path of sandbox-runner on the workers: what delegate's batch
+    /// scripts exec (the client writes it, the job gate and the SPANK
+    /// plugin are rendered with it). `/usr/bin/sandbox-runner` where
+    /// delegate's Debian packages installed it.
+    pub runner: PathBuf,
 }
 
 /// Whether `name` can be a Slurm partition of the site policy: 1 to 64
@@ -206,6 +211,7 @@ impl Default for Policy {
             staging_host_dir: PathBuf::new(),
             host_proc: PathBuf::new(),
             partitions: Vec::new(),
+            runner: PathBuf::from("/usr/local/bin/sandbox-runner"),
         }
     }
 }
@@ -294,7 +300,12 @@ impl Policy {
                 reason: "calls_per_allocation must be at least 1".into(),
             });
         }
-        for p in [&policy.agent_socket, &policy.staging_dir, &policy.gres_conf] {
+        for p in [
+            &policy.agent_socket,
+            &policy.staging_dir,
+            &policy.gres_conf,
+            &policy.runner,
+        ] {
             check_clean_absolute(p).map_err(|e| PolicyError::Invalid {
                 path: origin.into(),
                 reason: e.to_string(),

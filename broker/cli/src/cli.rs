@@ -18,7 +18,7 @@ Exit codes:
 
 Environment:
   DELEGATE_ROOT       job directories (default ~/.delegate/jobs)
-  DELEGATE_RUNNER     runner executed on the worker (default /usr/local/bin/sandbox-runner)
+  DELEGATE_RUNNER     runner executed on the worker (default: the site policy's runner)
   DELEGATE_PARTITION  Slurm partition (default: Slurm's default)
   DELEGATE_POLICY     site policy file (default /etc/delegate/policy.toml)
   RUST_LOG            log filter (logs are off unless -v or RUST_LOG is given)";

@@ -29,16 +29,19 @@ pub struct Config {
 
 impl Config {
     /// Root from `$DELEGATE_ROOT` (default `~/.delegate/jobs`), runner from
-    /// `$DELEGATE_RUNNER`, partition from `$DELEGATE_PARTITION` (else the
+    /// `$DELEGATE_RUNNER` (else the site policy's `runner`), partition from `$DELEGATE_PARTITION` (else the
     /// site policy's first `partitions` entry, else Slurm's default).
     pub fn from_env() -> Result<Config> {
         let root = match std::env::var_os(ROOT_ENV).filter(|v| !v.is_empty()) {
             Some(r) => PathBuf::from(r),
             None => default_root()?,
         };
+        // The site policy's runner and partition, unless the environment names them.
+        let policy = delegate_protocol::policy::Policy::load_for_client().ok();
         let runner = std::env::var_os(RUNNER_ENV)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
+            .or_else(|| policy.as_ref().map(|p| p.runner.clone()))
             .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNNER));
         let calls_per_allocation = match std::env::var(CALLS_PER_ALLOCATION_ENV) {
             Ok(v) if !v.trim().is_empty() => match v.trim().parse::<u32>() {
@@ -54,9 +57,7 @@ impl Config {
         let mut slurm = Slurm::from_env();
         if slurm.partition.is_none() {
             // On a shared cluster, delegate's own partition (the policy's).
-            slurm.partition = delegate_protocol::policy::Policy::load_for_client()
-                .ok()
-                .and_then(|p| p.partitions.into_iter().next());
+            slurm.partition = policy.and_then(|p| p.partitions.into_iter().next());
         }
         Ok(Config {
             root,
