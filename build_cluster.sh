@@ -16,6 +16,9 @@
 #   ./build_cluster.sh accounts list | remove USER [--archive]
 #   ./build_cluster.sh --stack accounts add|list|remove ...
 #                                       the same for the stack (hub logins)
+#   ./build_cluster.sh packages [--out DIR] [--slurm-headers DIR]
+#                                       Debian packages for a Slurm cluster a
+#                                       site already has (packaging/README.md)
 #   ./build_cluster.sh --help
 #
 #   ./build_cluster.sh deploy [--workers N]   the multi-node cluster as a
@@ -149,6 +152,10 @@ main() {
         shift 2
         stack_accounts_main "$@"
         return
+    fi
+    if [[ ${1:-} == packages ]]; then
+        shift
+        exec "$REPO/packaging/build-debs.sh" "$@"
     fi
     if [[ ${1:-} == accounts ]]; then
         shift

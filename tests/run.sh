@@ -5,8 +5,9 @@
 #   1. tests/lint.sh                (cargo fmt --check, cargo clippy -D
 #                                    warnings, shellcheck, ruff check, ruff
 #                                    format --check; see there)
-#   2. cargo test --workspace --release   (unit and property tests: with
-#                                    stage 1 the fast tier, no cluster needed)
+#   2. cargo test --workspace --release   (unit and property tests) and the
+#                                    job gate's Lua tests on Lua 5.1 and 5.4:
+#                                    with stage 1 the fast tier, no cluster)
 #   3. ./build_cluster.sh --local   (packages, Slurm, Docker, build, images;
 #                                    idempotent, fast when already up)
 #   4. pytest -v tests/e2e          (end-to-end, in a venv)
@@ -62,9 +63,21 @@ else
 fi
 
 # The fast tier: nothing above or here needs the cluster or root's daemons
-# (unit and property tests, the gate's Lua tests run in e2e).
+# (unit and property tests, the golden files, the gate's Lua tests).
 section "cargo test --workspace --release (unit tests)"
 cargo test --workspace --release || fail "unit tests"
+
+section "the job gate's Lua tests (Lua 5.1: Slurm 22.05; Lua 5.4: Debian 13's Slurm 24.11)"
+for lua in lua5.1 lua5.4; do
+    if ! command -v "$lua" >/dev/null; then
+        [[ $(id -u) -eq 0 ]] || fail "$lua is not installed (apt-get install $lua)"
+        apt-get install -y -q "$lua" >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q "$lua" >/dev/null; } \
+            || fail "apt-get install $lua"
+    fi
+    out=$("$lua" tests/lua/job_submit_test.lua 2>&1) \
+        || { grep -v '^ok' <<<"$out"; fail "the job gate's Lua tests on $lua"; }
+    echo "$lua: ${out##*$'\n'}"
+done
 
 section "build_cluster.sh --local (set up and start the cluster)"
 # Two stand-in GPUs (test scaffolding: tests/e2e/test_gpu.py runs without

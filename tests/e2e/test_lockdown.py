@@ -110,14 +110,14 @@ def assert_refused(r, reason: str | None = None):
 
 
 # ------------------------------------------------------------ the gates' own tests
-def test_job_submit_lua_unit_tests():
-    """The slurmctld gate's unit tests (tests/lua/job_submit_test.lua): every
-    generated form accepted, forged scripts refused, fail-closed on errors."""
+def test_job_submit_lua_unit_tests_on_the_installed_gate():
+    """The slurmctld gate's unit tests (tests/lua/job_submit_test.lua; the
+    fast tier runs them on the source) on the gate as installed here
+    (/etc/slurm/job_submit.lua, rendered): every generated form accepted,
+    forged scripts refused, fail-closed on errors."""
     lua = shutil.which("lua5.1")
     assert lua, "lua5.1 is not installed (build_cluster.sh --local installs it)"
-    r = sh(
-        lua, str(REPO / "tests/lua/job_submit_test.lua"), str(REPO / "slurm-conf/job_submit.lua"), check=False
-    )
+    r = sh(lua, str(REPO / "tests/lua/job_submit_test.lua"), "/etc/slurm/job_submit.lua", check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert " 0 failures" in r.stdout, r.stdout
 

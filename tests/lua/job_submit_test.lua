@@ -2,6 +2,8 @@
 -- stub `slurm` table. Run: lua5.1 tests/lua/job_submit_test.lua [job_submit.lua]
 -- (tests/e2e/test_lockdown.py runs it). Lua 5.1: what job_submit_lua.so links.
 -- The site's settings are put above the body here as `delegate-deploy gate` would.
+-- It runs on Lua 5.1 to 5.4 (the Lua of each Slurm release's job_submit_lua.so).
+loadstring = loadstring or load
 slurm = { SUCCESS = 0, ERROR = -1, ESLURM_ACCESS_DENIED = 2002,
   log_info = function(fmt, ...) last_info_msg = string.format(fmt, ...) end, log_error = function(...) end,
   log_user = function(fmt, ...) last_user_msg = string.format(fmt, ...) end }

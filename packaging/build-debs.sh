@@ -1,0 +1,170 @@
+#!/bin/bash
+# packaging/build-debs.sh -- delegate's three Debian packages from the
+# workspace (packaging/README.md): delegate, delegate-node, delegate-controller.
+#
+#   packaging/build-debs.sh [--out DIR] [--slurm-headers DIR]
+#
+#   --out DIR            where the .deb files go (default target/debian)
+#   --slurm-headers DIR  the Slurm headers the SPANK plugin is built against
+#                        (spank.h, slurm_version.h; default /usr/include/slurm):
+#                        those of the Slurm release the nodes run. The node
+#                        package's version names that release (0.1.0+slurm24.11).
+#
+# Needs: cargo (release build of the workspace), gcc, dpkg-deb, and maturin
+# (from $DELEGATE_VENV, default /var/lib/delegate/venv, or PATH) for the
+# wheel. Prints the path of each package built. The packages install no file
+# under /etc/slurm and no file a site already has (tests/site/ checks it).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/.." && pwd)
+OUT=$REPO/target/debian
+HEADERS=/usr/include/slurm
+VENV=${DELEGATE_VENV:-/var/lib/delegate/venv}
+export PATH="$HOME/.cargo/bin:$PATH"
+
+die() { echo "build-debs: $*" >&2; exit 1; }
+
+while (($#)); do
+    case $1 in
+        --out) OUT=${2:?--out needs a directory}; shift 2 ;;
+        --slurm-headers) HEADERS=${2:?--slurm-headers needs a directory}; shift 2 ;;
+        -h|--help) sed -n '2,17{s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+        *) die "unknown argument $1 (see --help)" ;;
+    esac
+done
+
+STAGE=$(mktemp -d "${TMPDIR:-/tmp}/delegate-debs.XXXXXX")
+trap 'rm -rf -- "$STAGE"' EXIT
+
+# The workspace's version (Cargo.toml's [workspace.package]).
+workspace_version() {
+    sed -n '/^\[workspace.package\]/,/^\[/{s/^version = "\([^"]*\)"/\1/p}' "$REPO/Cargo.toml"
+}
+
+# slurm_release HEADERS: "MAJOR.MINOR" of the Slurm whose headers these are.
+slurm_release() {
+    local hex
+    hex=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-fA-F]*\)$/\1/p' "$1/slurm_version.h") \
+        || return 1
+    [[ -n $hex ]] || return 1
+    printf '%d.%02d\n' "$((16#$hex >> 16 & 255))" "$((16#$hex >> 8 & 255))"
+}
+
+# control DIR PACKAGE VERSION ARCH DEPENDS DESCRIPTION: DIR/DEBIAN/control.
+control() {
+    local dir=$1
+    install -d -m 0755 "$dir/DEBIAN"
+    {
+        echo "Package: $2"
+        echo "Version: $3"
+        echo "Architecture: $4"
+        echo "Maintainer: delegate <delegate@localhost>"
+        echo "Section: admin"
+        echo "Priority: optional"
+        [[ -n $5 ]] && echo "Depends: $5"
+        [[ $2 == delegate-node ]] && echo "Recommends: slurmd, docker.io | docker-ce"
+        echo "Installed-Size: $(du -sk --exclude=DEBIAN "$dir" | cut -f1)"
+        echo "Description: $6"
+    } >"$dir/DEBIAN/control"
+}
+
+# build DIR: the package of DIR into $OUT; prints its path.
+build() {
+    local deb
+    deb=$OUT/$(sed -n 's/^Package: //p' "$1/DEBIAN/control")_$(sed -n 's/^Version: //p' "$1/DEBIAN/control")_$(sed -n 's/^Architecture: //p' "$1/DEBIAN/control").deb
+    dpkg-deb --root-owner-group -Zxz --build "$1" "$deb" >/dev/null || die "dpkg-deb failed for $1"
+    echo "$deb"
+}
+
+# doc DIR PACKAGE FILE...: the files into DIR/usr/share/doc/PACKAGE.
+doc() {
+    local dir=$1/usr/share/doc/$2; shift 2
+    install -d -m 0755 "$dir"
+    install -m 0644 "$@" "$dir/"
+}
+
+pkg_delegate() {
+    local d=$STAGE/delegate wheel
+    install -d -m 0755 "$d/usr/bin" "$d/usr/share/delegate/wheels"
+    install -m 0755 "$REPO/target/release/delegate" "$REPO/target/release/delegate-deploy" "$d/usr/bin/"
+    for wheel in "$STAGE"/wheel/*.whl; do install -m 0644 "$wheel" "$d/usr/share/delegate/wheels/"; done
+    doc "$d" delegate "$REPO/README.md" "$REPO/docs/students.md" "$REPO/docs/existing-site.md" \
+        "$REPO/docs/configuration.md"
+    control "$d" delegate "$VERSION" amd64 "libc6" \
+        "delegate: Python functions and CFiddle experiments in sandboxes on Slurm
+ The delegate CLI, delegate-deploy (the site policy, the job gate, the SPANK
+ line) and the Python wheel (/usr/share/delegate/wheels)."
+    build "$d"
+}
+
+pkg_node() {
+    local d=$STAGE/node
+    install -d -m 0755 "$d/usr/bin" "$d/usr/sbin" "$d/usr/lib/delegate" "$d/usr/lib/systemd/system"
+    install -m 0755 "$REPO/target/release/sandbox-runner" "$d/usr/bin/"
+    install -m 0755 "$REPO/target/release/sandbox-agent" "$d/usr/sbin/"
+    install -m 0644 "$STAGE/delegate_lockdown.so" "$d/usr/lib/delegate/"
+    install -m 0755 "$REPO/slurm-conf/epilog.sh" "$d/usr/lib/delegate/epilog.sh"
+    install -m 0644 "$REPO/packaging/delegate-agent.service" "$d/usr/lib/systemd/system/"
+    control "$d" delegate-node "$VERSION+slurm$SLURM" amd64 "delegate (= $VERSION)" \
+        "delegate worker node: sandbox-runner, the root agent, the SPANK plugin
+ For Slurm $SLURM (the SPANK plugin is built against its headers). The agent
+ is the service delegate-agent; nothing under /etc/slurm is written."
+    cat >"$d/DEBIAN/postinst" <<'SH'
+#!/bin/sh
+# delegate-node: the agent's log directory; systemd learns the unit. The
+# site enables the agent itself once /etc/delegate/policy.toml is in place.
+set -e
+if [ "$1" = configure ]; then
+    install -d -m 0750 -o root -g adm /var/log/delegate
+    if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+fi
+exit 0
+SH
+    cat >"$d/DEBIAN/prerm" <<'SH'
+#!/bin/sh
+# delegate-node: the agent stops before its binary goes.
+set -e
+if [ -d /run/systemd/system ]; then systemctl stop delegate-agent.service || true; fi
+exit 0
+SH
+    chmod 0755 "$d/DEBIAN/postinst" "$d/DEBIAN/prerm"
+    build "$d"
+}
+
+pkg_controller() {
+    local d=$STAGE/controller
+    install -d -m 0755 "$d/usr/share/delegate"
+    install -m 0644 "$REPO/slurm-conf/site_job_submit.example.lua" "$d/usr/share/delegate/"
+    doc "$d" delegate-controller "$REPO/docs/existing-site.md"
+    control "$d" delegate-controller "$VERSION" all "delegate (= $VERSION)" \
+        "delegate's job gate for slurmctld (JobSubmitPlugins=lua)
+ delegate-deploy gate --module renders the gate a site's own job_submit.lua
+ loads (/usr/share/delegate/site_job_submit.example.lua shows the lines)."
+    build "$d"
+}
+
+main() {
+    command -v dpkg-deb >/dev/null || die "dpkg-deb not found (apt-get install dpkg-dev)"
+    [[ -r $HEADERS/spank.h && -r $HEADERS/slurm.h && -r $HEADERS/slurm_version.h ]] \
+        || die "$HEADERS has no spank.h, slurm.h and slurm_version.h (libslurm-dev, or --slurm-headers)"
+    VERSION=$(workspace_version)
+    [[ -n $VERSION ]] || die "no version in $REPO/Cargo.toml's [workspace.package]"
+    SLURM=$(slurm_release "$HEADERS") || die "cannot read the Slurm release of $HEADERS/slurm_version.h"
+    local maturin=$VENV/bin/maturin
+    [[ -x $maturin ]] || maturin=$(command -v maturin) || die "maturin not found (tests/venv.sh makes $VENV)"
+    (cd "$REPO" && cargo build -q --release --workspace --bins) || die "cargo build failed"
+    (cd "$REPO/python" && "$maturin" build -q --release -o "$STAGE/wheel" >"$STAGE/maturin.log" 2>&1) \
+        || { cat "$STAGE/maturin.log" >&2; die "maturin build failed"; }
+    # -I of a directory holding slurm/: the plugin includes <slurm/spank.h>.
+    install -d "$STAGE/include"
+    ln -s "$(readlink -f "$HEADERS")" "$STAGE/include/slurm"
+    gcc -std=gnu11 -Wall -Wextra -Werror -O2 -fPIC -shared -I"$STAGE/include" \
+        -o "$STAGE/delegate_lockdown.so" "$REPO/slurm-conf/spank/delegate_lockdown.c" \
+        || die "cannot build the SPANK plugin against $HEADERS"
+    install -d -m 0755 "$OUT"
+    pkg_delegate
+    pkg_node
+    pkg_controller
+}
+
+main
