@@ -316,9 +316,21 @@ end
 
 -- nil when the job's generic-resource request is exactly the script's GPU
 -- line (sbatch turns "--gres=gpu:N" into tres_per_node "gres:gpu:N").
+-- Whether a TRES request names anything but CPUs: "cpu=2" is what Slurm
+-- 23.02 and later put in tres_per_task for --cpus-per-task (delegate's
+-- --cpus), "gres/gpu:1" or "cpu=2,gres/gpu=1" is a GPU request.
+local function beyond_cpus(tres)
+   if tres == nil or tres == "" then return false end
+   for item in (tres .. ","):gmatch("([^,]*),") do
+      if not item:match("^cpu[=:]%d+$") then return true end
+   end
+   return false
+end
+
 local function check_gres(job_desc, gpus)
    local function set(v) return v ~= nil and v ~= "" end
-   if set(job_desc.tres_per_job) or set(job_desc.tres_per_socket) or set(job_desc.tres_per_task) then
+   if beyond_cpus(job_desc.tres_per_job) or beyond_cpus(job_desc.tres_per_socket)
+      or beyond_cpus(job_desc.tres_per_task) then
       return "GPUs are asked for only with delegate's --gpus (no --gpus, --gpus-per-task or --gpus-per-socket)"
    end
    local tpn = job_desc.tres_per_node
