@@ -12,8 +12,10 @@
 #                                    idempotent, fast when already up)
 #   4. pytest -v tests/e2e          (end-to-end, in a venv)
 #   5. maturin build + pip install of python/, pytest -v tests/python
-#   6. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
-#   7. pytest -v tests/acceptance   (the course's day one on the stack, two
+#   6. pytest -v tests/site         (a site's own Slurm 24.11 on Debian 13,
+#                                    delegate's packages installed into it)
+#   7. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
+#   8. pytest -v tests/acceptance   (the course's day one on the stack, two
 #                                    students in a real browser; screenshots
 #                                    in $DELEGATE_ARTIFACTS/acceptance)
 # Extra arguments are passed to pytest (e.g. tests/run.sh -k cancel -x).
@@ -24,7 +26,7 @@
 # when the requirements change (tests/venv.sh).
 # Environment, for a local run only (CI sets neither):
 #   DELEGATE_SKIP_LINT=1    skip stage 1
-#   DELEGATE_SKIP_STACK=1   skip stages 6 and 7
+#   DELEGATE_SKIP_STACK=1   skip stages 6, 7 and 8
 # Exits non-zero on the first failing stage.
 set -euo pipefail
 
@@ -138,6 +140,13 @@ stack_stage() {
     set -e
     ((rc == 0 || (rc == 5 && $# > 0))) || fail "$what (pytest exit $rc)"
 }
+
+section "a site's own Slurm: pytest -v tests/site (Debian 13, Slurm 24.11, delegate's packages)"
+# A cluster delegate did not build (tests/site/site.sh): Debian 13's Slurm
+# 24.11 in three containers, general + course partitions, the site's own
+# job_submit.lua, epilog and plugstack.conf; delegate's Debian packages
+# installed and the site admin's lines added; a student, a researcher, an admin.
+stack_stage tests/site "site tests (Slurm 24.11)" "$@"
 
 section "cluster stack: pytest -v tests/cluster (build_cluster.sh deploy, test, down)"
 # The multi-node deployment as containers on this machine (head, 2 workers,

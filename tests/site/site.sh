@@ -145,6 +145,9 @@ install_delegate() {
         docker cp "$HERE/policy.toml" "site-$n:/etc/delegate/policy.toml"
         on "$n" sh -c 'chown root:root /etc/delegate/policy.toml && chmod 0644 /etc/delegate/policy.toml'
     done
+    # What each node is, for `delegate doctor`: ctl is the users' login node.
+    on ctl sh -c 'echo user >/etc/delegate/node-role'
+    on c1 sh -c 'echo worker >/etc/delegate/node-role'
     # slurmctld's host: the gate as a module, and the site's job_submit.lua
     # calling it (the example shows the three lines).
     # shellcheck disable=SC2016 # expanded in the container
@@ -195,8 +198,8 @@ up() {
     down
     base_image
     log "image $IMAGE (tests/site/site.Dockerfile; cached)"
-    docker build -q -t "$IMAGE" --build-arg "BASE_IMAGE=$BASE" -f "$HERE/site.Dockerfile" "$HERE" >/dev/null \
-        || die "docker build of $IMAGE failed"
+    docker build -t "$IMAGE" --build-arg "BASE_IMAGE=$BASE" -f "$HERE/site.Dockerfile" "$HERE" \
+        >"$TMP/build.log" 2>&1 || { tail -n 30 "$TMP/build.log"; die "docker build of $IMAGE failed"; }
     log "delegate's packages for Slurm 24.11 (./build_cluster.sh packages)"
     packages
     site_files
