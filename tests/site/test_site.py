@@ -120,6 +120,12 @@ def test_plain_slurm_is_refused_in_course(alice):
         assert REFUSED in r.stderr, (cmd, r.stderr)
 
 
+def test_a_delegate_job_cannot_be_sent_to_general(alice):
+    r = alice.run("env", "DELEGATE_PARTITION=general", "delegate", "submit", "--", "true", timeout=60)
+    assert r.returncode != 0, r.stdout
+    assert "run only in its partitions (course)" in r.stderr, r.stderr
+
+
 def test_no_step_joins_a_students_job_on_delegates_node(alice, root):
     """The SPANK plugin (built against 24.11's headers, nodes=c1): a student's
     `srun --jobid=<own delegate job> --overlap` fails on c1."""
