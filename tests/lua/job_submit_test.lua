@@ -21,7 +21,15 @@ else
     .. 'local JOB_ROOTS = { "/home" }\n'
     .. 'local ADMIN_GROUP = "delegate-admin"\n'
     .. 'local ADMIN_UIDS = { [0] = true, [64030] = true }\n'
-    .. 'local MAX_SHARED_MINUTES = 11\n' .. text
+    .. 'local MAX_SHARED_MINUTES = 11\n'
+    .. 'local PARTITIONS = nil\n'
+    .. 'local AS_MODULE = false\n' .. text
+end
+-- The gate with other settings (as the renderer would write them).
+local function with_setting(name, value)
+  local out, n = text:gsub("\nlocal " .. name .. "%s*=[^\n]*", "\nlocal " .. name .. " = " .. value, 1)
+  assert(n == 1, "the gate has no " .. name .. " setting")
+  return out
 end
 assert(loadstring(text, "=job_submit.lua"))()
 local L = _delegate_lockdown
@@ -240,11 +248,7 @@ if rc == 0 then fails = fails + 1; print("FAIL error accepted") else print("ok  
 -- A cluster shared with plain Slurm jobs: the site policy's partitions
 -- (PARTITIONS) are delegate's, "general" is the site's.
 do
-  local scoped = text:gsub("\nlocal MAX_SHARED_MINUTES = 11\n",
-    "\nlocal MAX_SHARED_MINUTES = 11\nlocal PARTITIONS = { [\"course\"] = true }\n", 1)
-  if scoped == text then  -- an installed gate (arg[1]): its own PARTITIONS line
-    scoped = text:gsub("\nlocal PARTITIONS%s*=[^\n]*", "\nlocal PARTITIONS = { [\"course\"] = true }", 1)
-  end
+  local scoped = with_setting("PARTITIONS", '{ ["course"] = true }')
   assert(loadstring(scoped, "=job_submit.lua (scoped)"))()
   _delegate_lockdown.set_account_files(dir .. "/missing", dir .. "/missing")
   local S = _delegate_lockdown
@@ -296,12 +300,8 @@ end
 -- docs/existing-site.md gives): it defines no global, the site's rules keep
 -- their place, delegate's partitions stay delegate's.
 do
-  local module = text:gsub("\nlocal MAX_SHARED_MINUTES = 11\n",
-    "\nlocal MAX_SHARED_MINUTES = 11\nlocal PARTITIONS = { [\"course\"] = true }\nlocal AS_MODULE = true\n", 1)
-  if module == text then  -- an installed gate (arg[1])
-    module = text:gsub("\nlocal PARTITIONS%s*=[^\n]*", "\nlocal PARTITIONS = { [\"course\"] = true }", 1)
-      :gsub("\nlocal AS_MODULE%s*=[^\n]*", "\nlocal AS_MODULE = true", 1)
-  end
+  local module = with_setting("PARTITIONS", '{ ["course"] = true }')
+  module = module:gsub("\nlocal AS_MODULE%s*=[^\n]*", "\nlocal AS_MODULE = true", 1)
   slurm_job_submit, slurm_job_modify, _delegate_lockdown = nil, nil, nil
   local gate = assert(loadstring(module, "=delegate_gate.lua"))()
   check("as a module the gate returns its checks and defines no global",
