@@ -82,11 +82,11 @@ def test_resource_keywords_agree_everywhere():
     extra = {"fn", "self", "backend", "repeat", "warmup"}
 
     def kwargs(fn):
-        return {p for p in inspect.signature(fn).parameters} - extra
+        return set(inspect.signature(fn).parameters) - extra
 
     assert kwargs(delegate.remote) == keys
     assert kwargs(delegate.Executor.__init__) == keys - {"nodes"}
-    core = {p for p in inspect.signature(_core.submit_python).parameters}
+    core = set(inspect.signature(_core.submit_python).parameters)
     assert core - {"payloads", "python_version", "cloudpickle_version"} == keys
 
     pkg = Path(delegate.__file__).parent

@@ -108,6 +108,8 @@ def _given_resources(args: dict) -> dict:
     if "files" in res:
         res["files"] = _files_list(res["files"])
     return res
+
+
 #: The environment variable choosing the backend when none is given:
 #: ``cluster`` (the default) or ``local``.
 BACKEND_ENV = "DELEGATE_BACKEND"
