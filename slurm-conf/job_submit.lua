@@ -58,7 +58,7 @@ local MAX_ARRAY   = 100000
 -- MAX_SHARED_MINUTES) are locals defined above this file by the renderer.
 -- -------------------------------------------------------------------------------
 
--- Lua 5.1 (Slurm 22.05's job_submit_lua.so) to 5.4 (Debian 13's 24.11).
+-- Lua 5.1 (what Debian's Slurm 22.05 and 24.11 link) to 5.4 (a Slurm built with a newer Lua).
 local unpack = table.unpack or unpack
 
 local NO_VAL = 4294967294  -- 0xfffffffe

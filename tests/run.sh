@@ -69,7 +69,7 @@ fi
 section "cargo test --workspace --release (unit tests)"
 cargo test --workspace --release || fail "unit tests"
 
-section "the job gate's Lua tests (Lua 5.1: Slurm 22.05; Lua 5.4: Debian 13's Slurm 24.11)"
+section "the job gate's Lua tests (Lua 5.1: Debian's Slurm 22.05 and 24.11; Lua 5.4: a Slurm built with a newer Lua)"
 for lua in lua5.1 lua5.4; do
     if ! command -v "$lua" >/dev/null; then
         [[ $(id -u) -eq 0 ]] || fail "$lua is not installed (apt-get install $lua)"

@@ -1,6 +1,6 @@
 -- Unit tests of slurm-conf/job_submit.lua (delegate's slurmctld gate), with a
 -- stub `slurm` table. Run: lua5.1 tests/lua/job_submit_test.lua [job_submit.lua]
--- (tests/e2e/test_lockdown.py runs it). Lua 5.1: what job_submit_lua.so links.
+-- (tests/run.sh runs it on lua5.1 and lua5.4; tests/e2e/test_lockdown.py on the installed gate).
 -- The site's settings are put above the body here as `delegate-deploy gate` would.
 -- It runs on Lua 5.1 to 5.4 (the Lua of each Slurm release's job_submit_lua.so).
 loadstring = loadstring or load

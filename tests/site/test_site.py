@@ -51,6 +51,10 @@ def test_the_packages_are_installed_and_the_site_files_kept(root):
     assert g1.returncode != 0, "a general node has no delegate package"
     unit = Shell("root", "c1").run("cat", "/usr/lib/systemd/system/delegate-agent.service", check=True).stdout
     assert "ExecStart=/usr/sbin/sandbox-agent" in unit
+    verify = Shell("root", "c1").run(
+        "systemd-analyze", "verify", "/usr/lib/systemd/system/delegate-agent.service"
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "24.11" in root.run("sinfo", "--version", check=True).stdout
 
 
