@@ -62,7 +62,12 @@ control() {
         echo "Section: admin"
         echo "Priority: optional"
         [[ -n $5 ]] && echo "Depends: $5"
-        [[ $2 == delegate-node ]] && echo "Recommends: slurmd, docker.io | docker-ce"
+        if [[ $2 == delegate-node ]]; then
+            echo "Recommends: slurmd, docker.io | docker-ce"
+            # A SPANK plugin of another Slurm release would fail every job
+            # step (its plugstack line is `required`).
+            echo "Breaks: slurmd (<< $SLURM), slurmd (>= $SLURM_NEXT~)"
+        fi
         echo "Installed-Size: $(du -sk --exclude=DEBIAN "$dir" | cut -f1)"
         echo "Description: $6"
     } >"$dir/DEBIAN/control"
@@ -90,7 +95,7 @@ pkg_delegate() {
     for wheel in "$STAGE"/wheel/*.whl; do install -m 0644 "$wheel" "$d/usr/share/delegate/wheels/"; done
     doc "$d" delegate "$REPO/README.md" "$REPO/docs/students.md" "$REPO/docs/existing-site.md" \
         "$REPO/docs/configuration.md"
-    control "$d" delegate "$VERSION" amd64 "libc6" \
+    control "$d" delegate "$VERSION" "$ARCH" "libc6 (>= $GLIBC)" \
         "delegate: Python functions and CFiddle experiments in sandboxes on Slurm
  The delegate CLI, delegate-deploy (the site policy, the job gate, the SPANK
  line) and the Python wheel (/usr/share/delegate/wheels)."
@@ -105,29 +110,45 @@ pkg_node() {
     install -m 0644 "$STAGE/delegate_lockdown.so" "$d/usr/lib/delegate/"
     install -m 0755 "$REPO/slurm-conf/epilog.sh" "$d/usr/lib/delegate/epilog.sh"
     install -m 0644 "$REPO/packaging/delegate-agent.service" "$d/usr/lib/systemd/system/"
-    control "$d" delegate-node "$VERSION+slurm$SLURM" amd64 "delegate (= $VERSION)" \
+    control "$d" delegate-node "$VERSION+slurm$SLURM" "$ARCH" "delegate (= $VERSION), libc6 (>= $GLIBC)" \
         "delegate worker node: sandbox-runner, the root agent, the SPANK plugin
  For Slurm $SLURM (the SPANK plugin is built against its headers). The agent
  is the service delegate-agent; nothing under /etc/slurm is written."
     cat >"$d/DEBIAN/postinst" <<'SH'
 #!/bin/sh
-# delegate-node: the agent's log directory; systemd learns the unit. The
-# site enables the agent itself once /etc/delegate/policy.toml is in place.
+# delegate-node: the agent's log directory; systemd learns the unit, and an
+# agent that runs (an upgrade) is restarted on the new binary. The site
+# enables the agent itself once /etc/delegate/policy.toml is in place.
 set -e
 if [ "$1" = configure ]; then
     install -d -m 0750 -o root -g adm /var/log/delegate
-    if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+    if [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+        systemctl try-restart delegate-agent.service || true
+    fi
 fi
 exit 0
 SH
     cat >"$d/DEBIAN/prerm" <<'SH'
 #!/bin/sh
-# delegate-node: the agent stops before its binary goes.
+# delegate-node: on removal the agent stops before its binary goes (an
+# upgrade restarts it in postinst instead).
 set -e
-if [ -d /run/systemd/system ]; then systemctl stop delegate-agent.service || true; fi
+if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
+    if [ -d /run/systemd/system ]; then systemctl stop delegate-agent.service || true; fi
+fi
 exit 0
 SH
-    chmod 0755 "$d/DEBIAN/postinst" "$d/DEBIAN/prerm"
+    cat >"$d/DEBIAN/postrm" <<'SH'
+#!/bin/sh
+# delegate-node: systemd forgets the removed unit.
+set -e
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+    if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+fi
+exit 0
+SH
+    chmod 0755 "$d/DEBIAN/postinst" "$d/DEBIAN/prerm" "$d/DEBIAN/postrm"
     build "$d"
 }
 
@@ -150,6 +171,11 @@ main() {
     VERSION=$(workspace_version)
     [[ -n $VERSION ]] || die "no version in $REPO/Cargo.toml's [workspace.package]"
     SLURM=$(slurm_release "$HEADERS") || die "cannot read the Slurm release of $HEADERS/slurm_version.h"
+    # Slurm's releases are YY.MM: the next one is above YY.(MM+1).
+    SLURM_NEXT=${SLURM%%.*}.$(printf '%02d' "$((10#${SLURM#*.} + 1))")
+    ARCH=$(dpkg --print-architecture)
+    # The binaries need the glibc they were built against, or newer.
+    GLIBC=$(dpkg-query -W -f '${Version}' libc6 | sed 's/-.*//') || die "cannot read this machine's libc6 version"
     local maturin=$VENV/bin/maturin
     [[ -x $maturin ]] || maturin=$(command -v maturin) || die "maturin not found (tests/venv.sh makes $VENV)"
     (cd "$REPO" && cargo build -q --release --workspace --bins) || die "cargo build failed"

@@ -73,6 +73,13 @@ pub fn gate(
     slurm_uid: u32,
     form: GateForm,
 ) -> Result<String, RenderError> {
+    if form == GateForm::Module && !policy.exists() {
+        // On a site's cluster the defaults would lock down every partition.
+        return Err(RenderError::Policy {
+            path: policy.display().to_string(),
+            reason: "no such file: the gate of a site's cluster follows its policy (its partitions, its runner)".into(),
+        });
+    }
     let p = read_policy(policy)?;
     if !is_unix_name(admin_group) {
         return Err(RenderError::Invalid(format!(
@@ -158,6 +165,27 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("admin group"), "{err}");
+    }
+
+    #[test]
+    fn the_module_gate_needs_the_sites_policy() {
+        let err = gate(
+            None,
+            Path::new("/nonexistent/policy.toml"),
+            "delegate-admin",
+            1,
+            GateForm::Module,
+        )
+        .expect_err("a module gate without a policy");
+        assert!(err.to_string().contains("/nonexistent/policy.toml"), "{err}");
+        assert!(gate(
+            None,
+            Path::new("/nonexistent/policy.toml"),
+            "delegate-admin",
+            1,
+            GateForm::Whole
+        )
+        .is_ok());
     }
 
     #[test]

@@ -311,13 +311,22 @@ do
   local site_path = here .. "/../../slurm-conf/site_job_submit.example.lua"
   local sf = assert(io.open(site_path, "r"))
   local site = sf:read("*a"); sf:close()
-  local real_dofile = dofile
-  dofile = function(p)
-    assert(p == "/etc/slurm/delegate_gate.lua", "the example loads " .. p)
-    return gate
+  -- The example with `dofile` giving `loaded` (a value, or an error when
+  -- it is a string starting "error:") and the site's rule line replaced.
+  local function load_site(loaded, rule)
+    local text = site
+    if rule then text = text:gsub("      job_desc.time_limit = 60\n", rule .. "\n", 1) end
+    local real_dofile = dofile
+    dofile = function(p)
+      assert(p == "/etc/slurm/delegate_gate.lua", "the example loads " .. p)
+      if type(loaded) == "string" and loaded:match("^error:") then error(loaded) end
+      return loaded
+    end
+    slurm_job_submit, slurm_job_modify = nil, nil
+    assert(loadstring(text, "=site job_submit.lua"))()
+    dofile = real_dofile
   end
-  assert(loadstring(site, "=site job_submit.lua"))()
-  dofile = real_dofile
+  load_site(gate)
   local parts = { { name = "general", flag_default = 1 }, { name = "course", flag_default = 0 } }
   local function submit(j) last_user_msg = nil; return slurm_job_submit(j, parts, 1001) end
   local wrap = "#!/bin/sh\n# This script was created by sbatch --wrap.\nhostname\n"
@@ -330,6 +339,25 @@ do
   check("site + delegate: delegate's job in course passes", submit(ours) == 0 and ours.comment == "delegate:calls=1")
   check("site + delegate: a researcher's job may not move into course",
     slurm_job_modify({ partition = "course" }, { job_id = 1, partition = "general" }, parts, 1001) ~= 0)
+  -- Fail closed where Slurm would accept: a gate that did not load, a site
+  -- rule that raises or returns no number.
+  for _, case in ipairs({ { "the whole gate (a number), not the module", 0 },
+                          { "a missing or unreadable gate file", "error: cannot open /etc/slurm/delegate_gate.lua" },
+                          { "an empty gate file", nil } }) do
+    load_site(case[2])
+    check("site + delegate: " .. case[1] .. " refuses every job, the researcher's too",
+      submit(job(wrap, { partition = "general" })) ~= 0 and last_user_msg:find("not loaded", 1, true) ~= nil
+      and slurm_job_modify({ partition = "general" }, { job_id = 1, partition = "general" }, parts, 1001) ~= 0)
+  end
+  load_site(gate, '      error("a bug in the site\'s rule")')
+  check("site + delegate: a site rule that raises refuses the job",
+    submit(job(wrap, { partition = "general", time_limit = 4294967294 })) ~= 0)
+  load_site(gate, "      return nil")
+  check("site + delegate: a site rule that returns no number refuses the job",
+    submit(job(wrap, { partition = "general", time_limit = 4294967294 })) ~= 0)
+  load_site(gate, "      return slurm.ERROR")
+  check("site + delegate: the site's own refusal stands",
+    submit(job(single, { partition = "course", time_limit = 4294967294 })) == slurm.ERROR)
 end
 print(string.format("%d tests, %d failures", n, fails))
 os.exit(fails == 0 and 0 or 1)

@@ -1,6 +1,6 @@
 -- The test site's own job_submit.lua, before delegate (tests/site/): one
--- rule of its own. site.sh replaces it with delegate's example, which is
--- this rule plus delegate's three lines (docs/existing-site.md).
+-- rule of its own. site.sh then edits it as docs/existing-site.md says: the
+-- two functions renamed, delegate's block added before the final return.
 function slurm_job_submit(job_desc, part_list, submit_uid)
    if job_desc.time_limit == nil or job_desc.time_limit == 4294967294 then
       job_desc.time_limit = 60

@@ -12,7 +12,7 @@
 #   g1   partition `general` (Default): the researchers' node, plain Slurm
 #   c1   partition `course`: delegate's node (the agent, the SPANK plugin)
 #   its own job_submit.lua (a rule of its own: a job without a time limit
-#   gets 60 minutes), its own epilog (Epilog=/etc/slurm/epilog.d/*),
+#   gets 60 minutes; delegate's block is added to it as the docs say), its own epilog (Epilog=/etc/slurm/epilog.d/*),
 #   Debian's plugstack.conf (which includes plugstack.conf.d/*.conf).
 # Users: alice (student, uid 4201), rita (researcher, 4202), ada (group
 # delegate-admin, 4203); homes in /srv/delegate-site/home, the same path
@@ -64,7 +64,8 @@ base_image() {
 packages() {
     local cid
     cid=$(docker create "$IMAGE" true)
-    docker cp "$cid:/usr/include/slurm" "$TMP/slurm-headers" >/dev/null
+    docker cp "$cid:/usr/include/slurm" "$TMP/slurm-headers" >/dev/null \
+        || { docker rm "$cid" >/dev/null; die "cannot copy the Slurm headers out of $IMAGE"; }
     docker rm "$cid" >/dev/null
     rm -rf "$ROOT/debs"
     "$REPO/build_cluster.sh" packages --slurm-headers "$TMP/slurm-headers" --out "$ROOT/debs" \
@@ -85,7 +86,8 @@ start_node() {
         # /proc in a root-only directory, the staging directory shared back.
         install -d -m 0700 "$STAGING"
         if ! findmnt -n --mountpoint "$STAGING" >/dev/null; then
-            mount --bind "$STAGING" "$STAGING" && mount --make-rshared "$STAGING"
+            mount --bind "$STAGING" "$STAGING" || die "cannot bind-mount $STAGING onto itself"
+            mount --make-rshared "$STAGING" || die "cannot make $STAGING a shared mount"
         fi
         extra=(--cap-add SYS_ADMIN --cap-add SYS_PTRACE
             -v /var/run/docker.sock:/run/delegate-engine/docker.sock
@@ -151,9 +153,15 @@ install_delegate() {
     # slurmctld's host: the gate as a module, and the site's job_submit.lua
     # calling it (the example shows the three lines).
     # shellcheck disable=SC2016 # expanded in the container
-    on ctl sh -c 'delegate-deploy gate --module --policy /etc/delegate/policy.toml \
-            --admin-group delegate-admin --slurm-uid "$(id -u slurm)" >/etc/slurm/delegate_gate.lua
-        install -m 0644 /usr/share/delegate/site_job_submit.example.lua /etc/slurm/job_submit.lua'
+    on ctl sh -c 'set -e
+        delegate-deploy gate --module --policy /etc/delegate/policy.toml \
+            --admin-group delegate-admin --slurm-uid "$(id -u slurm)" >/etc/slurm/delegate_gate.lua.new
+        mv /etc/slurm/delegate_gate.lua.new /etc/slurm/delegate_gate.lua
+        f=/etc/slurm/job_submit.lua
+        sed -i "s/^function slurm_job_submit(/local function site_job_submit(/; s/^function slurm_job_modify(/local function site_job_modify(/" "$f"
+        sed -n "/^-- delegate: begin\$/,/^-- delegate: end\$/p" /usr/share/delegate/site_job_submit.example.lua >/tmp/delegate-block
+        last=$(grep -n "^return" "$f" | tail -n 1 | cut -d: -f1)
+        if [ -n "$last" ]; then sed -i "$((last - 1))r /tmp/delegate-block" "$f"; else cat /tmp/delegate-block >>"$f"; fi'
     # delegate's node: the SPANK line in plugstack.conf.d, the epilog beside
     # the site's, the agent's service (no systemd in a container: started
     # with the unit's own ExecStart and Environment).

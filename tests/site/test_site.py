@@ -63,7 +63,12 @@ def test_what_the_site_admin_added_is_all_delegate_touched(root):
     site's rule plus delegate's lines, delegate_gate.lua is delegate's own
     (a module: no global), plugstack.conf is Debian's untouched."""
     js = root.run("cat", "/etc/slurm/job_submit.lua", check=True).stdout
-    assert 'dofile("/etc/slurm/delegate_gate.lua")' in js and "job_desc.time_limit = 60" in js
+    # The site's own script, its two functions renamed, delegate's block added.
+    assert "-- The test site's own job_submit.lua" in js and "job_desc.time_limit = 60" in js
+    assert "local function site_job_submit(" in js and "local function site_job_modify(" in js
+    assert 'pcall(dofile, "/etc/slurm/delegate_gate.lua")' in js and js.rstrip().endswith(
+        "return slurm.SUCCESS"
+    )
     gate = root.run("cat", "/etc/slurm/delegate_gate.lua", check=True).stdout
     assert "local AS_MODULE   = true" in gate and 'local RUNNER      = "/usr/bin/sandbox-runner"' in gate
     c1 = Shell("root", "c1")
@@ -143,6 +148,8 @@ def test_no_step_joins_a_students_job_on_delegates_node(alice, root):
         time.sleep(0.5)
     step = alice.run("srun", f"--jobid={jid}", "--overlap", "hostname", timeout=60)
     assert step.returncode != 0 and "c1" not in step.stdout, step.stdout + step.stderr
+    log = Shell("root", "c1").run("cat", "/var/log/slurm/slurmd.log", check=True).stdout
+    assert "delegate_lockdown: job steps are disabled for users" in log, log[-2000:]
     root.run("scancel", jid)
     wait_gone(root, jid)
 
@@ -168,14 +175,16 @@ def test_a_researchers_plain_slurm_works_in_general(rita, root):
 
 
 def test_a_researcher_cannot_reach_courses_nodes(rita, root):
-    for cmd in (
-        ["srun", "-p", "course", "hostname"],
-        ["srun", "-w", "c1", "hostname"],
-        ["sbatch", "-p", "course", "--wrap", "hostname"],
-        ["salloc", "-w", "c1", "true"],
-    ):
+    # delegate's gate refuses course by name...
+    for cmd in (["srun", "-p", "course", "hostname"], ["sbatch", "-p", "course", "--wrap", "hostname"]):
         r = rita.run(*cmd, timeout=60)
         assert r.returncode != 0, f"{cmd} accepted: {r.stdout}"
+        assert REFUSED in r.stderr, (cmd, r.stderr)
+    # ...and Slurm itself a node of course in general (the default partition).
+    for cmd in (["srun", "-w", "c1", "hostname"], ["salloc", "-w", "c1", "true"]):
+        r = rita.run(*cmd, timeout=60)
+        assert r.returncode != 0, f"{cmd} accepted: {r.stdout}"
+        assert "c1" not in r.stdout, r.stdout
     r = rita.run("sbatch", "-p", "general", "--hold", "--wrap", "hostname", check=True)
     jid = submitted_id(r)
     moved = rita.run("scontrol", "update", f"jobid={jid}", "partition=course")
