@@ -5,6 +5,7 @@
 #   ./build_cluster.sh --local [up]     everything on this one machine (default)
 #   ./build_cluster.sh --local stop     stop the daemons this script started
 #   ./build_cluster.sh --local status   show daemons, sinfo, images
+#   ./build_cluster.sh --local images   build the base and sandbox images only
 #   ./build_cluster.sh --local --gpu-worker [up]
 #                                       the GPU worker profile: this machine's
 #                                       NVIDIA GPUs (/dev/nvidia<N>) as Slurm
@@ -170,7 +171,7 @@ main() {
             --stack) mode=stack ;;
             --workers) (($# > 1)) || die "--workers needs a number"; STACK_WORKERS_ARG=$2; shift ;;
             --workers=*) STACK_WORKERS_ARG=${1#--workers=} ;;
-            up|stop|status) action=$1 ;;
+            up|stop|status|images) action=$1 ;;
             deploy|test|update|down) action=$1; mode=${mode:-stack} ;;
             shell) (($# > 1)) || die "shell needs a user name"; action=shell; mode=${mode:-stack}
                    STACK_SHELL_USER=$2; shift ;;

@@ -496,10 +496,15 @@ local_build_images() {
     wheels=$(mktemp -d -p "$BC_TMP")
     python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheels/wheels" "$pin" \
         || die "cannot download $pin (pip download)"
-    sandbox_cfiddle_wheels "$wheels/wheels-cfiddle" || { rm -rf "$wheels"; die "cannot download the CFiddle wheels"; }
+    if [[ $DELEGATE_SANDBOX_CFIDDLE == 1 ]]; then
+        sandbox_cfiddle_wheels "$wheels/wheels-cfiddle" || { rm -rf "$wheels"; die "cannot download the CFiddle wheels"; }
+    else
+        log "image $DELEGATE_SANDBOX_IMAGE: without CFiddle (DELEGATE_SANDBOX_CFIDDLE=0)"
+        install -d "$wheels/wheels-cfiddle"
+    fi
     tar --exclude=__pycache__ -c -C "$REPO" docker python/pyproject.toml python/pysrc/delegate_sandbox \
         python/requirements-cfiddle.txt -C "$wheels" wheels wheels-cfiddle \
-        | docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" \
+        | docker build -q --build-arg "BASE_IMAGE=$DELEGATE_BASE_IMAGE" --build-arg "CFIDDLE=$DELEGATE_SANDBOX_CFIDDLE" \
             --label "org.delegate.source=$(sandbox_source_hash)" \
             -t "$DELEGATE_SANDBOX_IMAGE" -f docker/sandbox.Dockerfile - \
         || { rm -rf "$wheels"; die "docker build of $DELEGATE_SANDBOX_IMAGE failed"; }
@@ -677,6 +682,15 @@ $out
 }
 
 # ------------------------------------------------------------ actions
+# local_images: `--local images`, step 5 alone: the base and sandbox images
+# (DELEGATE_BASE_IMAGE, DELEGATE_SANDBOX_IMAGE, DELEGATE_SANDBOX_CFIDDLE),
+# e.g. a sandbox image on another Debian for a site (docs/existing-site.md).
+local_images() {
+    need_root images
+    install -d -m 0755 "$DELEGATE_LOG_DIR"
+    local_build_images
+}
+
 # local_up: `--local up`, steps 1-7 (see the top of this file).
 local_up() {
     need_root up

@@ -51,9 +51,13 @@ RUN set -e; \
 # the user image and the test venv install too. Their wheels are downloaded
 # on the host (build_cluster.sh, for this image's Python) and unpacked with
 # --no-deps semantics: only the pinned files, each checked present.
+# CFIDDLE=0 (build_cluster.sh's DELEGATE_SANDBOX_CFIDDLE=0): an image
+# without CFiddle, for a Python its pins have no wheels for.
+ARG CFIDDLE=1
 COPY python/requirements-cfiddle.txt /tmp/cfiddle/requirements-cfiddle.txt
 COPY wheels-cfiddle /tmp/cfiddle/wheels
 RUN set -e; \
+    if [ "$CFIDDLE" = 0 ]; then rm -rf /tmp/cfiddle; echo "no CFiddle in this image (CFIDDLE=0)"; exit 0; fi; \
     site=$(python3 -c 'import site; print([p for p in site.getsitepackages() if p.startswith("/usr/local/")][0])'); \
     n=0; \
     for pin in $(sed -e 's/#.*//' /tmp/cfiddle/requirements-cfiddle.txt); do \

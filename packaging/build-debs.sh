@@ -98,7 +98,7 @@ pkg_delegate() {
     control "$d" delegate "$VERSION" "$ARCH" "libc6 (>= $GLIBC)" \
         "delegate: Python functions and CFiddle experiments in sandboxes on Slurm
  The delegate CLI, delegate-deploy (the site policy, the job gate, the SPANK
- line) and the Python wheel (/usr/share/delegate/wheels)."
+ line) and the Python wheel with cloudpickle at its pin (/usr/share/delegate/wheels)."
     build "$d"
 }
 
@@ -181,6 +181,14 @@ main() {
     (cd "$REPO" && cargo build -q --release --workspace --bins) || die "cargo build failed"
     (cd "$REPO/python" && "$maturin" build -q --release -o "$STAGE/wheel" >"$STAGE/maturin.log" 2>&1) \
         || { cat "$STAGE/maturin.log" >&2; die "maturin build failed"; }
+    # Beside it, the one dependency at its pin (python/pyproject.toml), so a
+    # student's `pip install --no-index --find-links /usr/share/delegate/wheels
+    # delegate` needs no index.
+    local pin
+    pin=$(python3 -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb")); print(*[r for r in d["project"]["dependencies"] if r.startswith("cloudpickle==")])' \
+        "$REPO/python/pyproject.toml") || die "cannot read the cloudpickle pin from python/pyproject.toml"
+    python3 -m pip download -q --no-deps --only-binary=:all: -d "$STAGE/wheel" "$pin" \
+        || die "cannot download $pin (pip download)"
     # -I of a directory holding slurm/: the plugin includes <slurm/spank.h>.
     install -d "$STAGE/include"
     ln -s "$(readlink -f "$HEADERS")" "$STAGE/include/slurm"

@@ -131,6 +131,8 @@ pub const SETTINGS: &[Setting] = &[
       "The mirror debootstrap uses."),
     s("DELEGATE_SANDBOX_IMAGE", "images.sandbox", Kind::Image, Lit("delegate-sandbox:latest"),
       "The image jobs run in (docker/sandbox.Dockerfile), on the workers' engines."),
+    s("DELEGATE_SANDBOX_CFIDDLE", "images.sandbox_cfiddle", Kind::Flag, Lit("1"),
+      "Whether the sandbox image has CFiddle (python/requirements-cfiddle.txt's pins): false for a base whose Python those pins have no wheels for (Debian 13's 3.13); delegate.cfiddle's jobs then end with \"No module named 'cfiddle'\" in the sandbox."),
     s("DELEGATE_CLUSTER_IMAGE", "images.cluster", Kind::Image, Lit("delegate-cluster:latest"),
       "Head and workers (munge, slurmctld/slurmd, Docker CLI, sandbox-runner)."),
     s("DELEGATE_USER_IMAGE", "images.user", Kind::Image, Lit("delegate-user:latest"),

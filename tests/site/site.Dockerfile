@@ -11,6 +11,6 @@ RUN printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: trixie trixi
  && apt-get update -q \
  && apt-get install -y -q --no-install-recommends \
         slurmctld slurmd slurm-client slurm-wlm-basic-plugins libslurm-dev munge \
-        procps util-linux iproute2 docker-cli systemd \
+        procps util-linux iproute2 docker-cli systemd python3-venv \
  && rm -rf /var/lib/apt/lists/* \
  && dpkg-query -W slurmctld slurmd munge

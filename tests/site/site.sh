@@ -33,6 +33,7 @@ CACHE=${DELEGATE_CACHE_DIR:-/var/cache/delegate}
 MIRROR=${DELEGATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 BASE=delegate-site-base:trixie
 IMAGE=delegate-site-slurm:trixie
+SANDBOX=delegate-sandbox:trixie
 NODES=(ctl g1 c1)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/delegate-site.XXXXXX")
 trap 'rm -rf -- "$TMP"' EXIT
@@ -210,6 +211,12 @@ up() {
         >"$TMP/build.log" 2>&1 || { tail -n 30 "$TMP/build.log"; die "docker build of $IMAGE failed"; }
     log "delegate's packages for Slurm 24.11 (./build_cluster.sh packages)"
     packages
+    # The sandbox on the students' Python (Debian 13's 3.13): the calls'
+    # Python must be the sandbox's. CFiddle's pins have no 3.13 wheels.
+    log "image $SANDBOX (./build_cluster.sh --local images on $BASE, without CFiddle)"
+    DELEGATE_BASE_IMAGE=$BASE DELEGATE_SANDBOX_IMAGE=$SANDBOX DELEGATE_SANDBOX_CFIDDLE=0 \
+        "$REPO/build_cluster.sh" --local images >"$TMP/images.log" 2>&1 \
+        || { tail -n 30 "$TMP/images.log"; die "the sandbox image $SANDBOX did not build"; }
     site_files
     homes
     docker network create "$NET" >/dev/null

@@ -111,6 +111,54 @@ def test_a_call_that_fails_reads_failed(alice):
     assert " failed " in row and "exited with code 3" in row, row
 
 
+PYTHON_CALLS = """
+import delegate
+
+@delegate.remote(time="2m")
+def square(x):
+    print("squaring", x)
+    return x * x
+
+class Oops(Exception):
+    pass
+
+@delegate.remote(time="2m")
+def fails():
+    raise Oops("no luck")
+
+print("value", square(7))
+print("map", list(delegate.Executor(time="2m").map(abs, [-1, -2])))
+try:
+    fails()
+except Oops as e:
+    print("raised", type(e).__name__, e, "fails" in str(e.__cause__))
+"""
+
+
+def test_a_students_python_calls_on_the_sites_python(alice):
+    """The wheel of the `delegate` package in a student's venv on Debian
+    13's Python 3.13, calls in a sandbox of the same Python: a value, a map,
+    a remote exception raised as itself with its remote traceback."""
+    venv = alice.run("python3", "-m", "venv", "venv", timeout=300)
+    assert venv.returncode == 0, venv.stderr
+    wheel = alice.run(
+        "venv/bin/pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--find-links",
+        "/usr/share/delegate/wheels",
+        "delegate",
+        timeout=600,
+    )
+    assert wheel.returncode == 0, wheel.stdout + wheel.stderr
+    r = alice.run("venv/bin/python", "-c", PYTHON_CALLS, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "value 49" in r.stdout, r.stdout
+    assert "map [1, 2]" in r.stdout, r.stdout
+    assert "raised Oops no luck True" in r.stdout, r.stdout
+
+
 def test_doctor_on_the_login_node(alice):
     r = alice.run("delegate", "doctor", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
