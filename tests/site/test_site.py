@@ -183,6 +183,23 @@ def test_a_delegate_job_cannot_be_sent_to_general(alice):
     assert "run only in its partitions (course)" in r.stderr, r.stderr
 
 
+def test_a_forged_runner_is_refused(alice):
+    """The client writes the runner it is told; the gate regenerates the
+    script with the policy's runner and compares it whole."""
+    r = alice.run("env", "DELEGATE_RUNNER=/bin/sh", "delegate", "submit", "--", "true", timeout=60)
+    assert r.returncode != 0, r.stdout
+    assert REFUSED in r.stderr, r.stderr
+
+
+def test_a_students_delegate_job_cannot_move_to_general(alice, root):
+    r = alice.run("delegate", "--json", "submit", "--hold", "--", "true", check=True)
+    jid = json.loads(r.stdout)["slurm_id"]
+    moved = alice.run("scontrol", "update", f"jobid={jid}", "partition=general")
+    assert moved.returncode != 0, moved.stdout
+    assert job_field(root, jid, "Partition") == "course"
+    root.run("scancel", jid)
+
+
 def test_no_step_joins_a_students_job_on_delegates_node(alice, root):
     """The SPANK plugin (built against 24.11's headers, nodes=c1): a student's
     `srun --jobid=<own delegate job> --overlap` fails on c1."""
