@@ -111,6 +111,19 @@ def test_a_call_that_fails_reads_failed(alice):
     assert " failed " in row and "exited with code 3" in row, row
 
 
+def test_doctor_names_a_node_shared_with_general(alice, root):
+    """An admin puts c1 into general too: delegate doctor fails, naming the
+    node and both partitions (a call's node would no longer be exclusive)."""
+    root.run("scontrol", "update", "PartitionName=general", "Nodes=g1,c1", check=True)
+    try:
+        r = alice.run("delegate", "doctor", timeout=120)
+        assert r.returncode != 0, r.stdout
+        assert "node c1 is in delegate's partition course and in general" in r.stdout, r.stdout
+    finally:
+        root.run("scontrol", "update", "PartitionName=general", "Nodes=g1", check=True)
+    assert alice.run("delegate", "doctor", timeout=120).returncode == 0
+
+
 PYTHON_CALLS = """
 import delegate
 
