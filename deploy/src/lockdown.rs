@@ -32,11 +32,16 @@ pub enum GateForm {
 }
 
 /// The site policy the gate follows: the file when it exists, else the
-/// policy's defaults (the local setup installs the gate before the policy).
-fn read_policy(path: &Path) -> Result<Policy, RenderError> {
+/// policy's defaults (the local setup installs the gate before the policy)
+/// unless `required` (a site's cluster: the defaults would lock down every
+/// partition).
+fn read_policy(path: &Path, required: bool) -> Result<Policy, RenderError> {
     let fail = |reason: String| RenderError::Policy { path: path.display().to_string(), reason };
     match std::fs::read_to_string(path) {
         Ok(text) => Policy::parse(&text, &path.display().to_string()).map_err(|e| fail(e.to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && required => Err(fail(
+            "no such file: the gate of a site's cluster follows its policy (its partitions, its runner)".into(),
+        )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Policy::default()),
         Err(e) => Err(fail(e.to_string())),
     }
@@ -73,14 +78,7 @@ pub fn gate(
     slurm_uid: u32,
     form: GateForm,
 ) -> Result<String, RenderError> {
-    if form == GateForm::Module && !policy.exists() {
-        // On a site's cluster the defaults would lock down every partition.
-        return Err(RenderError::Policy {
-            path: policy.display().to_string(),
-            reason: "no such file: the gate of a site's cluster follows its policy (its partitions, its runner)".into(),
-        });
-    }
-    let p = read_policy(policy)?;
+    let p = read_policy(policy, form == GateForm::Module)?;
     if !is_unix_name(admin_group) {
         return Err(RenderError::Invalid(format!(
             "the admin group '{admin_group}' is not a group name"
