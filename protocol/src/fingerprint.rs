@@ -7,8 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::{Record, MAX_RECORD_BYTES};
 
-/// The job directory's fingerprint file (per rank: `fingerprint.<rank>`).
-pub const FINGERPRINT: &str = "fingerprint";
+pub use crate::layout::FINGERPRINT;
 /// At most this many entries in each list (names of other tasks, boot
 /// parameters, cores).
 pub const MAX_LIST: usize = 64;

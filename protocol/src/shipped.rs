@@ -5,10 +5,8 @@
 //! line in the [`SHIPPED`] manifest so that the runner accepts exactly
 //! those entries beside its own files.
 
-use crate::layout::{CANCEL, OUTCOME, PAYLOAD, RAISED, RESULT, SLURM_ID, SPEC, STARTED, STDERR, STDOUT};
-
-/// The manifest of the shipped entries (a client file).
-pub const SHIPPED: &str = "shipped";
+use crate::layout::DELEGATE_NAMES;
+pub use crate::layout::SHIPPED;
 /// At most this many top-level entries may be shipped with one job.
 pub const MAX_SHIPPED: usize = 32;
 /// Longest name of a shipped entry (bytes).
@@ -16,9 +14,7 @@ pub const MAX_SHIPPED_NAME: usize = 255;
 
 /// Why a name cannot be shipped, in one sentence (None: it can).
 pub fn shipped_name_problem(name: &str) -> Option<String> {
-    let reserved = [
-        SPEC, PAYLOAD, SLURM_ID, CANCEL, STARTED, STDOUT, STDERR, OUTCOME, RESULT, RAISED, SHIPPED,
-    ];
+    let reserved = DELEGATE_NAMES;
     // A rank's copy of a file (`stdout.3`) is delegate's too.
     let rank_copy = name
         .rsplit_once('.')
@@ -81,6 +77,9 @@ mod tests {
             "outcome.0",
             "shipped",
             "raised",
+            "repeats",
+            "fingerprint",
+            "repeats.2",
             "a\nb",
         ] {
             assert!(shipped_name_problem(bad).is_some(), "{bad:?}");

@@ -70,9 +70,14 @@ impl Client {
 
     /// The machine the call ran on, as the worker's agent recorded it
     /// (`fingerprint`); `None` before the call ended or when the worker
-    /// recorded none. A file that does not decode is an error.
+    /// recorded none. A file that does not decode is an error. Only a call
+    /// that started has one: a job that never ran (held, then cancelled)
+    /// shows none, whatever file stands under that name.
     pub fn fingerprint(&self, id: &JobId) -> Result<Option<Fingerprint>> {
         let fd = self.open_job_dir(id)?;
+        if !exists_at(&fd, protocol::STARTED) {
+            return Ok(None);
+        }
         Ok(optional(read_record_at(&fd, &self.job_dir(id), None))?)
     }
 
