@@ -546,9 +546,18 @@ end
 -- accounting's count of calls), and that the job never runs again (delegate
 -- submits --no-requeue: a job directory is single-use; `Requeue=1` and then
 -- `scontrol requeue` would run the batch script again), and that it sends
--- no mail.
-local function modify_refusal(job_desc)
+-- no mail; and the time limit only shortens (slurmctld lets a user raise a
+-- pending job's limit up to the partition's MaxTime: a held job raised to
+-- hours held its node past max_time and max_allocation_time while others
+-- waited, security round 4, item 2).
+local function modify_refusal(job_desc, job_ptr)
    local function set(v) return v ~= nil and v ~= "" and v ~= NO_VAL end
+   if set(job_desc.time_limit) then
+      local now = job_ptr and job_ptr.time_limit
+      if now == nil or now == NO_VAL or job_desc.time_limit > now then
+         return "a job's time limit may only be shortened; submit it again through delegate with --time"
+      end
+   end
    if job_desc.requeue ~= nil and job_desc.requeue ~= NO_VAL16 then
       return "whether a job may run again is delegate's (a job directory is single-use); only administrators change it"
    end
@@ -586,7 +595,7 @@ local function job_modify(job_desc, job_ptr, part_list, modify_uid)
          -- The site's job: the site's rules, not delegate's.
          if now == "theirs" then return nil end
       end
-      return modify_refusal(job_desc)
+      return modify_refusal(job_desc, job_ptr)
    end)
    -- (22.05 discards log_user messages of job_modify: the user sees
    -- "Access/permission denied"; the reason is in slurmctld's log.)

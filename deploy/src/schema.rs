@@ -120,8 +120,6 @@ pub const SETTINGS: &[Setting] = &[
       "The workers' site policy: max_pids of one sandbox."),
     s("DELEGATE_STACK_TMP_SIZE", "workers.tmp_size", Kind::Size, Lit("256M"),
       "The workers' site policy: the sandbox's private /tmp."),
-    s("DELEGATE_STACK_PART_MAXTIME", "workers.part_maxtime", Kind::SlurmTime, Lit("02:00:00"),
-      "The stack's Slurm partition MaxTime, a backstop above max_time."),
     // [images]
     s("DELEGATE_BASE_IMAGE", "images.base", Kind::Image, Lit("delegate-base:bookworm"),
       "Base of every image: a registry image (debian:bookworm-slim) in a real deployment; when absent and not pullable, built with debootstrap."),
@@ -209,8 +207,6 @@ pub const SETTINGS: &[Setting] = &[
       "max_pids of a new site policy."),
     s("DELEGATE_TMP_SIZE", "local.tmp_size", Kind::Size, Lit("256M"),
       "tmp_size of a new site policy."),
-    s("DELEGATE_PART_MAXTIME", "local.part_maxtime", Kind::SlurmTime, Lit("02:00:00"),
-      "The Slurm partition's MaxTime, a backstop above the policy's max_time."),
     s("DELEGATE_LOCAL_GPUS", "local.gpus", Kind::Text, Lit("auto"),
       "The node's GPUs: auto (the machine's NVIDIA GPUs, else none), nvidia, a device file expression, none, or standin:N (test scaffolding)."),
     s("DELEGATE_PREFIX", "local.prefix", Kind::Path, Lit("/usr/local/bin"),

@@ -85,6 +85,22 @@ pub fn stack_workers(s: &Settings) -> Result<Workers, RenderError> {
     Ok(Workers { count: e.max, elastic: Some(e) })
 }
 
+/// The partition's MaxTime (HH:MM:SS): the policy's longer of max_time and
+/// max_allocation_time (the default policy's) as the client asks Slurm for
+/// it (its minute of slack, delegate-client `time_limit_minutes`). A
+/// student's job cannot ask for more, nor be raised to more (slurmctld
+/// lets a user raise a pending job's limit up to MaxTime; the gate
+/// refuses any raise): security round 4, item 2.
+pub fn part_maxtime(max_time: &str) -> Result<String, RenderError> {
+    let secs = |d: &str| {
+        delegate_protocol::units::parse_duration(d)
+            .map_err(|e| RenderError::Invalid(format!("the duration '{d}': {e}")))
+    };
+    let longest = secs(max_time)?.max(secs(&delegate_protocol::policy::Policy::default().max_allocation_time)?);
+    let minutes = longest.saturating_add(60).div_ceil(60);
+    Ok(format!("{:02}:{:02}:00", minutes / 60, minutes % 60))
+}
+
 fn dir(s: &Settings, name: &str) -> Result<String, RenderError> {
     Ok(s.checked(
         name,
@@ -125,7 +141,7 @@ fn local_context(s: &Settings, n: &LocalNode) -> Result<Context, RenderError> {
         run_dir: dir(s, "DELEGATE_RUN_DIR")?,
         dbd_host: "127.0.0.1",
         dbd_port: s.count("DELEGATE_DBD_PORT", 1, 65535)?,
-        part_maxtime: s.slurm_time("DELEGATE_PART_MAXTIME")?,
+        part_maxtime: part_maxtime(&s.duration("DELEGATE_MAX_TIME")?)?,
         gpus: n.gpus > 0,
         local_gpus: s
             .raw_or("DELEGATE_LOCAL_GPUS", "auto")
@@ -166,7 +182,7 @@ fn stack_context(s: &Settings) -> Result<Context, RenderError> {
         run_dir: "/run/delegate".into(),
         dbd_host: "dbd",
         dbd_port: s.count("DELEGATE_DBD_PORT", 1, 65535)?,
-        part_maxtime: s.slurm_time("DELEGATE_STACK_PART_MAXTIME")?,
+        part_maxtime: part_maxtime(&s.duration("DELEGATE_STACK_MAX_TIME")?)?,
         gpus: gpus > 0,
         local_gpus: String::new(),
         node_lines: workers.node_lines(&hardware),

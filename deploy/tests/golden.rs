@@ -42,7 +42,6 @@ fn local_settings() -> Settings {
         ("DELEGATE_LOG_DIR", "/var/log/delegate"),
         ("DELEGATE_RUN_DIR", "/run/delegate"),
         ("DELEGATE_DBD_PORT", "6819"),
-        ("DELEGATE_PART_MAXTIME", "02:00:00"),
         ("DELEGATE_LOCAL_GPUS", "auto"),
         ("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest"),
         ("DELEGATE_MAX_CPUS", "2"),
@@ -63,7 +62,6 @@ fn stack_settings(elastic: bool) -> Settings {
         ("DELEGATE_STACK_WORKER_MEM_MB", "1024"),
         ("DELEGATE_STACK_WORKER_GPUS", if elastic { "0" } else { "2" }),
         ("DELEGATE_STACK_FIRST_JOB_ID", "30000000"),
-        ("DELEGATE_STACK_PART_MAXTIME", "02:00:00"),
         ("DELEGATE_STACK_MAX_CPUS", "2"),
         ("DELEGATE_STACK_MAX_MEM", "1024M"),
         ("DELEGATE_STACK_MAX_TIME", "1h"),
@@ -277,6 +275,17 @@ fn every_file_starts_with_the_marker_build_cluster_checks() {
 }
 
 #[test]
+fn the_partitions_maxtime_follows_the_policy() {
+    // max_time plus the client's minute; max_allocation_time (10m) when longer.
+    assert_eq!(slurm_conf::part_maxtime("1h").unwrap(), "01:01:00");
+    assert_eq!(slurm_conf::part_maxtime("90s").unwrap(), "00:11:00");
+    assert_eq!(slurm_conf::part_maxtime("2d").unwrap(), "48:01:00");
+    let s = local_settings().with("DELEGATE_MAX_TIME", "30m");
+    let conf = slurm_conf::render(&s, Shape::Local, Some(&node(0))).unwrap();
+    assert!(conf.contains("MaxTime=00:31:00 DefaultTime=00:31:00"), "{conf}");
+}
+
+#[test]
 fn a_bad_setting_is_named_and_nothing_is_rendered() {
     let s = stack_settings(false).with("DELEGATE_STACK_WORKERS", "two");
     let err = slurm_conf::render(&s, Shape::Stack, None).unwrap_err().to_string();
@@ -287,7 +296,7 @@ fn a_bad_setting_is_named_and_nothing_is_rendered() {
     let s = stack_settings(false).with("DELEGATE_STACK_HOME", "/srv/home\"}\nmax_cpus = 999");
     let err = site_policy::render(&s, Shape::Stack, 0, 0).unwrap_err().to_string();
     assert!(err.starts_with("DELEGATE_STACK_HOME must be an absolute path"), "{err}");
-    let s = local_settings().with("DELEGATE_PART_MAXTIME", "2h\nNodeName=evil");
+    let s = local_settings().with("DELEGATE_MAX_TIME", "2h\nNodeName=evil");
     let err = slurm_conf::render(&s, Shape::Local, Some(&node(0))).unwrap_err().to_string();
-    assert!(err.starts_with("DELEGATE_PART_MAXTIME must be a Slurm time"), "{err}");
+    assert!(err.starts_with("DELEGATE_MAX_TIME must be a duration"), "{err}");
 }

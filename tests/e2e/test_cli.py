@@ -229,7 +229,7 @@ def test_refuses_image_not_in_allowlist(alice):
     "opts,expect",
     [
         (("--mem", "999G"), "memory"),
-        (("--time", "90m"), "time limit"),  # above the policy, below the partition MaxTime
+        (("--time", "90m"), "time limit"),  # above the policy (and the partition's MaxTime)
     ],
 )
 def test_refuses_limits_beyond_policy(alice, opts, expect):

@@ -196,8 +196,17 @@ do
   check("a student's job sends no mail", rc == 0 and m.mail_type == 0 and m.mail_user == "")
 end
 local function modify(uid, fields)
-  last_info_msg = nil; return slurm_job_modify(fields, { job_id = 1 }, {}, uid)
+  last_info_msg = nil; return slurm_job_modify(fields, { job_id = 1, time_limit = 10 }, {}, uid)
 end
+-- security round 4, item 2: a student raised a held job's limit to hours
+check("a student may not raise a job's time limit", modify(1001, { time_limit = 120 }) ~= 0
+  and last_info_msg:find("only be shortened", 1, true) ~= nil)
+check("nor make it unlimited", modify(1001, { time_limit = 4294967295 }) ~= 0)
+check("the same limit is no raise", modify(1001, { time_limit = 10 }) == 0)
+check("an administrator may raise it", modify(0, { time_limit = 120 }) == 0)
+last_info_msg = nil
+check("a job whose limit Slurm does not show may not be given one",
+  slurm_job_modify({ time_limit = 5 }, { job_id = 1 }, {}, 1001) ~= 0)
 check("a student may not change a job's comment", modify(1001, { comment = "delegate:calls=9" }) ~= 0
   and last_info_msg:find("only administrators", 1, true) ~= nil)
 check("a student may still hold, release, shorten", modify(1001, { time_limit = 5, priority = 0 }) == 0)
