@@ -23,15 +23,56 @@ pub struct Incoming {
     pub fds: Vec<OwnedFd>,
 }
 
-/// Reads requests until the peer closes or misbehaves; the channel closes then.
-pub fn spawn_reader(stream: Arc<UnixStream>) -> mpsc::Receiver<Incoming> {
+/// An admitted connection: the socket and its place in the agent's bounds
+/// ([`crate::admit::Ticket`]), given back exactly when the descriptor is
+/// closed, that is when the last holder (the serving task or the reader)
+/// drops it.
+pub struct Socket {
+    stream: UnixStream,
+    _ticket: crate::admit::Ticket,
+}
+
+impl Socket {
+    pub fn new(stream: UnixStream, ticket: crate::admit::Ticket) -> Socket {
+        Socket { stream, _ticket: ticket }
+    }
+}
+
+impl std::ops::Deref for Socket {
+    type Target = UnixStream;
+    fn deref(&self) -> &UnixStream {
+        &self.stream
+    }
+}
+
+/// The reader task of a connection. Dropping it (whenever serving ends,
+/// however) ends the reader and shuts the socket both ways, so the
+/// descriptor is closed and the ticket given back at once, whatever the
+/// peer does (security round 4, item 1: a peer that shut its read side
+/// kept its connection, and its place, for as long as it lived).
+pub struct Reader {
+    task: tokio::task::JoinHandle<()>,
+    socket: Arc<Socket>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = nix::sys::socket::shutdown(self.socket.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
+}
+
+/// Reads requests until the peer closes or misbehaves; the channel closes
+/// then. The reader lives no longer than the returned [`Reader`].
+pub fn spawn_reader(socket: Arc<Socket>) -> (mpsc::Receiver<Incoming>, Reader) {
     let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(async move {
+    let stream = socket.clone();
+    let task = tokio::spawn(async move {
         if let Err(e) = read_loop(&stream, &tx).await {
-            tracing::info!("connection closed: {e}");
+            tracing::debug!("connection closed: {e}");
         }
     });
-    rx
+    (rx, Reader { task, socket })
 }
 
 async fn read_loop(stream: &UnixStream, tx: &mpsc::Sender<Incoming>) -> Result<(), String> {

@@ -18,11 +18,13 @@ pub struct Before {
     cur_khz: Option<u64>,
     throttle: Option<u64>,
     others: BTreeSet<String>,
+    /// The uid of the call's student (their own tasks are named).
+    caller: u32,
 }
 
 impl Before {
     /// Nothing known (the reading itself failed).
-    pub fn unknown() -> Before {
+    pub fn unknown(caller: u32) -> Before {
         Before {
             cores: Vec::new(),
             siblings: Vec::new(),
@@ -31,6 +33,7 @@ impl Before {
             cur_khz: None,
             throttle: None,
             others: BTreeSet::new(),
+            caller,
         }
     }
 }
@@ -104,9 +107,28 @@ pub fn task_cpu(stat: &str) -> Option<(String, i64, u32)> {
     Some((comm, rest.get(1)?.parse().ok()?, rest.get(36)?.parse().ok()?))
 }
 
-/// Command names of the tasks (not kernel threads, not `skip`) that last
-/// ran on `cores`, as `proc` shows them (bounded).
-fn others_on(proc: &Path, cores: &[u32], skip: &BTreeSet<i32>) -> BTreeSet<String> {
+/// What the fingerprint names a task of `owner` by, for a call of `caller`:
+/// root's, a system account's (below Debian's UID_MIN, or nobody) and the
+/// caller's own by their command name; another student's never (security
+/// round 4, item 5: a renamed process of another student showed in the
+/// attacker's `delegate result` while `ps` hid it).
+pub fn shown_name(comm: &str, owner: u32, caller: u32) -> String {
+    const FIRST_USER_UID: u32 = 1000;
+    const NOBODY: u32 = 65534;
+    if owner < FIRST_USER_UID || owner == NOBODY || owner == caller {
+        comm.chars().take(32).collect()
+    } else {
+        ANOTHER_USER.to_owned()
+    }
+}
+
+/// How another user's task shows in `others_seen`.
+pub const ANOTHER_USER: &str = "another user's process";
+
+/// Names of the tasks (not kernel threads, not `skip`) that last ran on
+/// `cores`, as `proc` shows them (bounded; see [`shown_name`]).
+fn others_on(proc: &Path, cores: &[u32], skip: &BTreeSet<i32>, caller: u32) -> BTreeSet<String> {
+    use std::os::unix::fs::MetadataExt;
     let mut out = BTreeSet::new();
     let Ok(entries) = std::fs::read_dir(proc) else {
         return out;
@@ -129,8 +151,10 @@ fn others_on(proc: &Path, cores: &[u32], skip: &BTreeSet<i32>) -> BTreeSet<Strin
         if pid == 2 || ppid == 2 || !cores.contains(&cpu) {
             continue;
         }
+        // The task's owner: its /proc directory's (unknown: not shown by name).
+        let owner = std::fs::metadata(e.path()).map_or(u32::MAX, |m| m.uid());
         if out.len() < MAX_LIST {
-            out.insert(comm.chars().take(32).collect());
+            out.insert(shown_name(&comm, owner, caller));
         }
     }
     out
@@ -156,7 +180,7 @@ fn first(cores: &[u32]) -> u32 {
 
 /// The state before the call on `cores`; `proc` shows the node's tasks,
 /// `skip` the pids not to count (the agent's own).
-pub fn before(root: &Path, proc: &Path, cores: &[u32], skip: &BTreeSet<i32>) -> Before {
+pub fn before(root: &Path, proc: &Path, cores: &[u32], skip: &BTreeSet<i32>, caller: u32) -> Before {
     let cores: Vec<u32> = cores.iter().copied().take(MAX_LIST).collect();
     let mut siblings = BTreeSet::new();
     for c in &cores {
@@ -178,7 +202,8 @@ pub fn before(root: &Path, proc: &Path, cores: &[u32], skip: &BTreeSet<i32>) -> 
         )
         .and_then(|s| s.parse().ok()),
         throttle: throttle(root, &cores),
-        others: others_on(proc, &cores, skip),
+        others: others_on(proc, &cores, skip, caller),
+        caller,
         cores,
         siblings,
     }
@@ -217,7 +242,7 @@ pub fn timing_params(cmdline: &str) -> Vec<String> {
 }
 
 /// Ticks per second of /proc/stat.
-fn clock_ticks() -> u64 {
+pub(crate) fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no memory effects.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 {
@@ -252,7 +277,7 @@ pub fn after(
     let delta = |now: Option<u64>, then: Option<u64>| Some(ms(now?.saturating_sub(then?)));
     let freq = |f: &str| read_trim(root, &format!("sys/devices/system/cpu/cpu{cpu}/cpufreq/{f}"));
     let mut others = b.others;
-    others.extend(others_on(proc, &b.cores, skip));
+    others.extend(others_on(proc, &b.cores, skip, b.caller));
     Fingerprint {
         node: node.to_owned(),
         cpu_vendor: get("vendor_id"),
@@ -346,7 +371,7 @@ mod tests {
     fn the_fingerprint_says_what_this_node_says() {
         let root = Path::new("/");
         let skip = BTreeSet::new();
-        let b = before(root, Path::new("/proc"), &[0], &skip);
+        let b = before(root, Path::new("/proc"), &[0], &skip, 4242);
         let f = after(root, Path::new("/proc"), b, &skip, "n", "seccomp", None, hardware_counters());
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
         let model = cpuinfo
@@ -363,5 +388,16 @@ mod tests {
         assert_eq!(f.governor, gov.map(|g| g.trim().to_owned()));
         assert_eq!(f.cores, [0]);
         assert!(f.cores_busy_ms.is_some());
+    }
+
+    #[test]
+    fn another_users_tasks_are_not_named() {
+        assert_eq!(shown_name("sshd", 0, 2000), "sshd");
+        assert_eq!(shown_name("munged", 105, 2000), "munged");
+        assert_eq!(shown_name("nobody-task", 65534, 2000), "nobody-task");
+        assert_eq!(shown_name("my-own", 2000, 2000), "my-own");
+        assert_eq!(shown_name("exam-keygen-v", 2001, 2000), ANOTHER_USER);
+        assert_eq!(shown_name("x", u32::MAX, 2000), ANOTHER_USER);
+        assert_eq!(shown_name(&"a".repeat(40), 0, 1).len(), 32);
     }
 }

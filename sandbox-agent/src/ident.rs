@@ -346,6 +346,15 @@ impl Caller {
     pub fn alive(&self) -> bool {
         matches!(proc_stat(self.pid), Ok((_, s)) if s == self.starttime)
     }
+
+    /// How long the batch task has run: its allocation's age (delegate's
+    /// batch scripts exec the runner at once); None when unknown.
+    pub fn age(&self) -> Option<Duration> {
+        let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+        let up: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+        let started = self.starttime as f64 / crate::fingerprint::clock_ticks() as f64;
+        Some(Duration::from_secs_f64((up - started).max(0.0)))
+    }
 }
 
 #[cfg(test)]

@@ -45,20 +45,29 @@ pub struct Shared {
     /// Told when a call ended: the node's class and report are published
     /// again (crate::node).
     pub republish: Arc<tokio::sync::Notify>,
+    /// The per-user log lines' limiter (crate::quiet).
+    pub quiet: crate::quiet::PerUser,
+    /// The probe's last answer (crate::probe::Cached).
+    pub probe: crate::probe::Cached,
 }
 
 /// The policy: the root-owned default file, or `$DELEGATE_POLICY` of the
 /// agent's own (root) environment.
 pub fn load_policy() -> Result<Policy, delegate_protocol::policy::PolicyError> {
-    let path = std::env::var_os(POLICY_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_POLICY_PATH));
-    Policy::load(&path, true)
+    Policy::load(&policy_path(), true)
 }
 
-/// Serves one connection until the runner closes it.
-/// `_ticket` keeps the connection's place in the agent's bounds.
-pub async fn serve(stream: UnixStream, shared: Arc<Shared>, _ticket: crate::admit::Ticket) {
+/// The policy's path: `$DELEGATE_POLICY` of the agent's own environment,
+/// else the default.
+pub fn policy_path() -> PathBuf {
+    std::env::var_os(POLICY_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_POLICY_PATH))
+}
+
+/// Serves one connection until the runner closes it; when serving ends,
+/// so does the connection (crate::conn::Reader).
+pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
     let cred = match stream.peer_cred() {
         Ok(c) => c,
         Err(e) => {
@@ -68,13 +77,15 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>, _ticket: crate::admi
     };
     let (pid, uid) = (cred.pid().unwrap_or(0), cred.uid());
     let stream = Arc::new(stream);
-    let mut rx = conn::spawn_reader(stream.clone());
+    let (mut rx, _reader) = conn::spawn_reader(stream.clone());
     let mut caller: Option<Caller> = None;
     let mut engine: Option<EngineConn> = None;
     // A connection idle for crate::admit::IDLE between requests is closed.
     while let Ok(Some(Incoming { request, fds })) = tokio::time::timeout(crate::admit::IDLE, rx.recv()).await {
         let answer = match request {
-            Request::Probe => probe_answer().await,
+            Request::Probe => {
+                Answer::Probe(shared.probe.get(crate::probe::cache_key(&policy_path()), probe_report).await)
+            }
             Request::Kill => continue,
             Request::RunRank(rr) => {
                 // One rank per connection.
@@ -91,7 +102,9 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>, _ticket: crate::admi
                             caller = Some(c);
                         }
                         Err(why) => {
-                            tracing::warn!("refused pid {pid} uid {uid}: {why}");
+                            shared
+                                .quiet
+                                .warn(uid, "refused", &format!("refused pid {pid} uid {uid}: {why}"));
                             let _ = conn::send(&stream, &Answer::Refused(why)).await;
                             return;
                         }
@@ -102,19 +115,42 @@ pub async fn serve(stream: UnixStream, shared: Arc<Shared>, _ticket: crate::admi
                     let _ = conn::send(&stream, &Answer::Refused("the batch task has ended".into())).await;
                     return;
                 }
+                // (Every call, not only a connection's later ones: a runner
+                // connects again after a refusal. A job's first call starts
+                // as its batch task does.)
+                if let Some(why) = past_allocation_bound(c) {
+                    tracing::warn!("Slurm job {}: {why}", c.job);
+                    let _ = conn::send(&stream, &Answer::Refused(why)).await;
+                    return;
+                }
                 run(&shared, c, &mut engine, req, fds, &stream, &mut rx, None).await
             }
         };
         if let Err(e) = conn::send(&stream, &answer).await {
-            tracing::info!("pid {pid}: cannot answer ({e}); closing");
+            tracing::debug!("pid {pid}: cannot answer ({e}); closing");
             return;
         }
     }
 }
 
-/// The probe's answer (`delegate doctor` through the runner).
-async fn probe_answer() -> Answer {
-    let report = match load_policy() {
+/// Why a shared allocation may not start another call: it is older than
+/// the site's max_allocation_time (security round 4, item 2: a shared
+/// allocation whose limit was raised held its node for hours while
+/// another student waited). None: it may.
+fn past_allocation_bound(caller: &Caller) -> Option<String> {
+    let bound = load_policy().ok()?.limits().ok()?.max_allocation_secs;
+    let age = caller.age()?;
+    (bound > 0 && age.as_secs() >= bound).then(|| {
+        format!(
+            "this allocation has run {} s, longer than the site's max_allocation_time ({bound} s): it starts no more calls",
+            age.as_secs()
+        )
+    })
+}
+
+/// The probe's report (`delegate doctor` through the runner).
+async fn probe_report() -> delegate_protocol::agent::ProbeReport {
+    match load_policy() {
         Ok(p) => crate::probe::probe(&p).await,
         Err(e) => delegate_protocol::agent::ProbeReport {
             error: e.to_string(),
@@ -122,8 +158,7 @@ async fn probe_answer() -> Answer {
             perf_detail: "the site policy could not be read".into(),
             ..Default::default()
         },
-    };
-    Answer::Probe(report)
+    }
 }
 
 /// Serves a rank's one request: the caller identified as a step's task,
@@ -142,7 +177,9 @@ async fn serve_rank(
         Ok((c, Some(place))) => (c, place),
         Ok((_, None)) => return,
         Err(why) => {
-            tracing::warn!("refused rank pid {pid} uid {uid}: {why}");
+            shared
+                .quiet
+                .warn(uid, "refused", &format!("refused rank pid {pid} uid {uid}: {why}"));
             let _ = conn::send(stream, &Answer::Refused(why)).await;
             return;
         }
@@ -672,9 +709,10 @@ fn node_proc(ctx: &Ctx<'_>) -> PathBuf {
 async fn fingerprint_before(ctx: &Ctx<'_>, cores: Vec<u32>) -> fingerprint::Before {
     let proc = node_proc(ctx);
     let skip = [std::process::id() as i32].into_iter().collect();
-    tokio::task::spawn_blocking(move || fingerprint::before(std::path::Path::new("/"), &proc, &cores, &skip))
+    let caller = ctx.uid;
+    tokio::task::spawn_blocking(move || fingerprint::before(std::path::Path::new("/"), &proc, &cores, &skip, caller))
         .await
-        .unwrap_or_else(|_| fingerprint::Before::unknown())
+        .unwrap_or_else(|_| fingerprint::Before::unknown(caller))
 }
 
 /// The fingerprint of the call that just ended.

@@ -33,19 +33,21 @@ mod ident;
 mod job;
 mod jobdisk;
 mod lifecycle;
+mod logfile;
 mod node;
 mod output;
 mod pin;
 mod power;
 mod probe;
+mod quiet;
 mod rank;
 mod seccomp;
 mod stage;
 mod supervise;
 mod tune;
 
-use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -59,8 +61,8 @@ fn init_logging() {
         let _ = std::fs::create_dir_all(parent);
     }
     // 0640: the log names every student's jobs and uids (root and group
-    // adm read it; build_cluster.sh makes it root:adm).
-    let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o640).open(&path);
+    // adm read it; build_cluster.sh makes it root:adm); rotated at a cap.
+    let file = logfile::Rotating::open(&path, logfile::CAP);
     let builder = tracing_subscriber::fmt()
         .log_internal_errors(false)
         .with_ansi(false)
@@ -153,12 +155,7 @@ fn power_serve() {
 
 /// Serves a new connection if its user is within the bounds of
 /// [`admit`]; else closes it at once (logged once a minute per user).
-fn admit_one(
-    stream: tokio::net::UnixStream,
-    admission: &Arc<admit::Admission>,
-    shared: &Arc<job::Shared>,
-    logged: &mut HashMap<u32, std::time::Instant>,
-) {
+fn admit_one(stream: tokio::net::UnixStream, admission: &Arc<admit::Admission>, shared: &Arc<job::Shared>) {
     let uid = match stream.peer_cred() {
         Ok(c) => c.uid(),
         Err(e) => {
@@ -168,19 +165,9 @@ fn admit_one(
     };
     match admission.admit(uid) {
         Ok(ticket) => {
-            tokio::spawn(job::serve(stream, shared.clone(), ticket));
+            tokio::spawn(job::serve(conn::Socket::new(stream, ticket), shared.clone()));
         }
-        Err(why) => {
-            let now = std::time::Instant::now();
-            if logged.len() > 4096 {
-                logged.clear();
-            }
-            let last = logged.get(&uid).copied();
-            if last.is_none_or(|t| now.duration_since(t) > std::time::Duration::from_secs(60)) {
-                tracing::warn!("closing a new connection: {why} (logged once a minute per user)");
-                logged.insert(uid, now);
-            }
-        }
+        Err(why) => shared.quiet.warn(uid, "admission", &format!("closing a new connection: {why}")),
     }
 }
 
@@ -207,6 +194,8 @@ async fn serve() -> Result<(), String> {
         stepds,
         node: ident::node_name(),
         republish: Arc::new(tokio::sync::Notify::new()),
+        quiet: quiet::PerUser::default(),
+        probe: probe::Cached::default(),
     });
     tokio::spawn(node::keep_published(
         policy.clone(),
@@ -221,7 +210,6 @@ async fn serve() -> Result<(), String> {
         shared.stepds
     );
     let admission = Arc::new(admit::Admission::default());
-    let mut refusals_logged: HashMap<u32, std::time::Instant> = HashMap::new();
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     // SIGHUP: publish the node's class and report now (a deployment that
@@ -230,7 +218,7 @@ async fn serve() -> Result<(), String> {
     loop {
         tokio::select! {
             a = listener.accept() => match a {
-                Ok((stream, _)) => admit_one(stream, &admission, &shared, &mut refusals_logged),
+                Ok((stream, _)) => admit_one(stream, &admission, &shared),
                 Err(e) => {
                     tracing::warn!("accept: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -64,7 +64,8 @@ pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
         p => p.clone(),
     };
     let root = Path::new("/");
-    let before = fingerprint::before(root, &proc, &[0], &Default::default());
+    // No caller: every user's task is "another user's process".
+    let before = fingerprint::before(root, &proc, &[0], &Default::default(), 0);
     let (perf, _) = config::perf_for(policy.perf_mode, config::perf_paranoid());
     let f = fingerprint::after(root, &proc, before, &Default::default(), node, perf.as_str(), None, None);
     let label = label(Path::new(node_class::LABEL_FILE));

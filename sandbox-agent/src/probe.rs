@@ -126,3 +126,77 @@ async fn perfmon_cached(
     }
     Ok(v)
 }
+
+/// How long one probe's report answers every asker.
+pub const PROBE_FOR: Duration = Duration::from_secs(5);
+
+/// The last probe's report, shared by every connection: a flood of
+/// probes costs the engine one probe in [`PROBE_FOR`] (security round 4,
+/// item 6: 16 connections of probes, two engine calls each, slowed
+/// everyone's calls 3-4x). Askers while a probe runs wait for it. A report
+/// is reused only for the same `key` (what the probe reads cheaply: the
+/// policy file, kernel.perf_event_paranoid), so a change of either shows
+/// at once.
+#[derive(Default)]
+pub struct Cached {
+    last: tokio::sync::Mutex<Option<(Instant, String, Report)>>,
+}
+
+impl Cached {
+    /// The report of the last [`PROBE_FOR`] for `key`, or a new one from `probe`.
+    pub async fn get<F, Fut>(&self, key: String, probe: F) -> Report
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Report>,
+    {
+        let mut last = self.last.lock().await;
+        if let Some((at, k, r)) = last.as_ref() {
+            if at.elapsed() < PROBE_FOR && *k == key {
+                return r.clone();
+            }
+        }
+        let r = probe().await;
+        *last = Some((Instant::now(), key, r.clone()));
+        r
+    }
+}
+
+/// What a probe's report depends on that is cheap to read: the policy
+/// file's identity and size and time, and kernel.perf_event_paranoid.
+pub fn cache_key(policy_path: &std::path::Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::metadata(policy_path)
+        .map(|m| format!("{}:{}:{}:{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
+        .unwrap_or_default();
+    format!("{file}|{:?}", config::perf_paranoid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn a_flood_of_probes_costs_one_probe() {
+        let cached = Cached::default();
+        let runs = AtomicUsize::new(0);
+        for _ in 0..100 {
+            let r = cached
+                .get("k".into(), || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Report {
+                        version: "26.1".into(),
+                        ..Default::default()
+                    }
+                })
+                .await;
+            assert_eq!(r.version, "26.1");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        // Another key (the policy or perf_event_paranoid changed): probed afresh.
+        cached.get("k2".into(), || async { Report::default() }).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the counter is the first closure's");
+        let r = cached.get("k2".into(), || async { unreachable!() }).await;
+        assert_eq!(r, Report::default());
+    }
+}
