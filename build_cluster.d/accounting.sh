@@ -66,6 +66,7 @@ start_mariadb() {
     install -d -o mysql -g mysql -m 0755 "$DB_RUN_DIR"
     if [[ ! -d $DELEGATE_DB_DIR/mysql ]]; then
         log "mariadb: initialising $DELEGATE_DB_DIR"
+        private_logs "$DELEGATE_LOG_DIR" mariadb-install.log
         mariadb-install-db --no-defaults --user=mysql --datadir="$DELEGATE_DB_DIR" \
             --auth-root-authentication-method=socket --skip-test-db \
             >>"$DELEGATE_LOG_DIR/mariadb-install.log" 2>&1 \

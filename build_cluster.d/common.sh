@@ -84,6 +84,8 @@ need_root() {
 # listable (0711), each NAME is created, and every file in it is readable
 # by its owner and group adm only (0640). Daemons that write as another
 # user keep their file's owner.
+# (Every delegate log goes through here, the stack's as --local's: a build
+# log names paths and users too; security round 4, item 7.)
 private_logs() {
     local dir=$1 f
     shift

@@ -64,6 +64,7 @@ hub_context() {
         log "hub: npm install $chp (cache $cache)"
         rm -rf "$cache.tmp"
         install -d -m 0755 "$cache.tmp"
+        private_logs "$DELEGATE_LOG_DIR" npm-chp.log
         (cd "$cache.tmp" && npm install --no-audit --no-fund --omit=dev --loglevel=error "$chp" \
             >"$DELEGATE_LOG_DIR/npm-chp.log" 2>&1) \
             || die "npm install $chp failed; see $DELEGATE_LOG_DIR/npm-chp.log"

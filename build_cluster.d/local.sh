@@ -563,6 +563,7 @@ build_base_image() {
     if [[ ! -s $tarball ]]; then
         command -v debootstrap >/dev/null || die "debootstrap not installed"
         dir=$(mktemp -d "$DELEGATE_CACHE_DIR/rootfs.XXXXXX")
+        private_logs "$DELEGATE_LOG_DIR" debootstrap.log
         log "image $DELEGATE_BASE_IMAGE: not pullable; debootstrap $DELEGATE_BASE_SUITE (~1 min, log $DELEGATE_LOG_DIR/debootstrap.log)"
         if ! debootstrap --variant=minbase --include=python3 "$DELEGATE_BASE_SUITE" "$dir" \
                 "$DELEGATE_DEBIAN_MIRROR" >"$DELEGATE_LOG_DIR/debootstrap.log" 2>&1; then

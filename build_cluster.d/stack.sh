@@ -344,7 +344,7 @@ build_image() {
     local -a args=()
     for a in "$@"; do args+=(--build-arg "$a"); done
     local blog="$DELEGATE_LOG_DIR/build-$what-image.log"
-    install -d -m 0755 "$DELEGATE_LOG_DIR"
+    private_logs "$DELEGATE_LOG_DIR" "build-$what-image.log"
     log "image $image: building (log $blog)"
     if ! docker build "${args[@]}" --label "org.delegate.source=$src" -t "$image" \
         -f "$ctx/docker/$what.Dockerfile" "$ctx" >"$blog" 2>&1; then
@@ -422,6 +422,7 @@ stack_wheels() {
             || die "cannot install maturin into $venv"
     fi
     log "wheels: maturin build of the delegate package"
+    private_logs "$DELEGATE_LOG_DIR" maturin.log
     "$venv/bin/maturin" build --release -q -m "$REPO/python/Cargo.toml" -i "$venv/bin/python" -o "$dir" \
         >"$DELEGATE_LOG_DIR/maturin.log" 2>&1 || die "maturin build failed; see $DELEGATE_LOG_DIR/maturin.log"
     pin=$(sed -n 's/.*"\(cloudpickle==[^"]*\)".*/\1/p' "$REPO/python/pyproject.toml" | head -n1)
@@ -528,7 +529,8 @@ $(docker service logs --tail 20 "${STACK}_user" 2>&1)"
 stack_deploy() {
     need_root deploy
     stack_load_config
-    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_LOG_DIR" "$DELEGATE_CACHE_DIR"
+    install -d -m 0755 "$DELEGATE_STATE_DIR" "$DELEGATE_CACHE_DIR"
+    private_logs "$DELEGATE_LOG_DIR"
     stack_preflight
     stack_port_check
     local existed=0
