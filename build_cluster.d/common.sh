@@ -95,6 +95,17 @@ private_logs() {
     find "$dir" -maxdepth 1 -type f -exec chgrp adm {} + -exec chmod 0640 {} +
 }
 
+# install_logrotate DIR: /etc/logrotate.d/delegate for DIR's logs
+# (slurm-conf/logrotate.conf: a size cap of 64M, two older files). The
+# machine's logrotate runs it (Debian: a daily systemd timer or cron job).
+install_logrotate() {
+    local tmp
+    tmp=$(mktemp)
+    sed "s|@LOG_DIR@|$1|" "$REPO/slurm-conf/logrotate.conf" >"$tmp"
+    install -m 0644 "$tmp" /etc/logrotate.d/delegate
+    rm -f "$tmp"
+}
+
 docker_ok() { timeout 10 docker info >/dev/null 2>&1; }
 
 # --- configuration files: rendered by delegate-deploy (deploy/), which

@@ -51,7 +51,7 @@ STARTED_FILE=$DELEGATE_STATE_DIR/started
 PACKAGES=(slurmctld slurmd slurm-client munge docker.io debootstrap
           build-essential pkg-config python3-venv python3-pip ca-certificates
           curl procps libslurm-dev lua5.1 mariadb-server mariadb-client slurmdbd btrfs-progs
-          libpfm4)
+          libpfm4 logrotate)
 
 # local_pgrep NAME: pids of the processes named NAME in this machine's own
 # pid namespace, oldest first -- not those of containers (a swarm stack's
@@ -234,6 +234,7 @@ local_write_slurm_conf() {
     install -d -m 0700 -o "$slurmuser" "$DELEGATE_STATE_DIR/slurm/ctld"
     private_logs "$DELEGATE_LOG_DIR" slurmctld.log epilog.log slurmd.log dockerd.log agent.log
     chown "$slurmuser" "$DELEGATE_LOG_DIR/slurmctld.log"
+    install_logrotate "$DELEGATE_LOG_DIR"
 }
 
 # ---------------------------------------------------- 2b. lockdown
