@@ -389,6 +389,87 @@ def test_one_students_idle_connections_stall_nobody(alice, bob):
         flood.wait(timeout=30)
 
 
+HALF_SHUT = f"""
+import socket, struct, sys, time
+rec = b"DLGTQ\\0" + struct.pack("<H", 1) + b"\\x00"
+held = []
+for i in range(100):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect({AGENT_SOCKET!r})
+        s.shutdown(socket.SHUT_RD)
+        s.sendall(struct.pack("<I", len(rec)) + rec)
+    except OSError:
+        pass
+    held.append(s)
+    time.sleep(0.05)
+print("held", len(held), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _agent_fds() -> int:
+    return len(os.listdir(f"/proc/{_agent_pid()}/fd"))
+
+
+def test_half_shut_connections_do_not_pile_up(alice, bob):
+    """Security round 4, item 1: a connection whose peer shut its read side
+    and sent one probe was served, the answer could not be sent, serving
+    ended and gave back its place, but the reader kept the socket open for
+    as long as the student's process lived: 100 such connections raised
+    the agent's descriptors from 11 to 111, past the per-user bound (16).
+    Now the socket closes when serving ends, and a user opens at most 5
+    connections a second."""
+    before = _agent_fds()
+    flood = subprocess.Popen(
+        ["/usr/sbin/runuser", "-u", bob.name, "--", "python3", "-c", HALF_SHUT],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert flood.stdout.readline().startswith("held 100")
+        time.sleep(2)
+        during = _agent_fds()
+        assert during <= before + 8, f"the agent holds {during} descriptors, {before} before"
+        r = alice.run("submit", "--wait", "--", "echo", "hi", timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("hi"), r.stdout + r.stderr
+    finally:
+        flood.stdin.close()
+        flood.wait(timeout=30)
+
+
+CHURN = f"""
+import socket, time
+end = time.time() + 5
+n = 0
+while time.time() < end:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect({AGENT_SOCKET!r}); s.sendall(b"abcd")
+    except OSError:
+        pass
+    s.close(); n += 1
+print(n)
+"""
+
+
+def test_connection_churn_does_not_grow_the_agents_log(bob):
+    """Security round 4, item 3: every closed connection wrote a line to
+    agent.log on /, without rotation: four loops of connect / send four
+    bytes / close grew it by 9 MiB in 5 s. Connection lines are debug now,
+    refusals one line a minute per user, and the agent rotates its log at
+    a cap (unit tests)."""
+    size = AGENT_LOG.stat().st_size
+    loops = [
+        subprocess.Popen(["/usr/sbin/runuser", "-u", bob.name, "--", "python3", "-c", CHURN],
+                         stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]  # fmt: skip
+    counts = [int(p.communicate(timeout=60)[0]) for p in loops]
+    assert sum(counts) > 1000, counts
+    grown = AGENT_LOG.stat().st_size - size
+    assert grown < 4096, f"agent.log grew by {grown} bytes for {sum(counts)} connections"
+
+
 def _agent_pid() -> int:
     for p in Path("/proc").iterdir():
         try:
@@ -448,3 +529,15 @@ def test_perf_never_gets_a_capability_and_needs_paranoid_2(alice):
         assert "0000000000000000" in (alice.job_dir(job) / "stdout").read_text()
     finally:
         path.write_text(old + "\n")
+
+
+def test_every_delegate_log_has_a_size_cap():
+    """Security round 4, item 3: nothing rotated delegate's logs on `/`.
+    The agent rotates its own at 64 MiB; every other log of the directory
+    (slurmctld's, with a line per refused submission, among them) is in
+    /etc/logrotate.d/delegate with a size cap, which logrotate accepts."""
+    conf = Path("/etc/logrotate.d/delegate").read_text()
+    assert f"{AGENT_LOG.parent}/*.log {{" in conf and "size 64M" in conf, conf
+    r = subprocess.run(["logrotate", "-d", "/etc/logrotate.d/delegate"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "considering log /var/log/delegate/slurmctld.log" in r.stdout + r.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from conftest import User
@@ -79,6 +80,52 @@ def test_a_call_that_never_ran_has_no_fingerprint(alice):
     assert r.returncode == 0, r.stderr
     alice.wait(job)
     assert result_json(alice, job)["fingerprint"] is None
+
+
+def test_a_call_that_never_ran_shows_no_forged_fingerprint(alice):
+    """Security round 4, item 4: a held-then-cancelled job showed the
+    fingerprint a student put in its directory (a real record of another
+    of their jobs here; the attacker's said "XEON9999"). Only a call that
+    started has a fingerprint."""
+    ran = alice.submit("true")
+    assert alice.wait(ran)["state"] == "completed"
+    job, _, _ = alice.held()
+    record = alice.job_dir(ran) / "fingerprint"
+    alice.as_user("cp", str(record), str(alice.job_dir(job) / "fingerprint"))
+    assert alice.run("cancel", job).returncode == 0
+    alice.wait(job)
+    assert result_json(alice, job)["fingerprint"] is None
+    assert "machine:" not in alice.run("result", job).stdout
+
+
+def test_another_students_process_names_do_not_leak(alice, bob):
+    """Security round 4, item 5: a process another student renamed showed
+    by name in the caller's `others_seen` while `ps` hid it. Another
+    user's tasks show as "another user's process"; the caller's own and
+    the system's by name."""
+    hog = (
+        "import ctypes, os, sys\n"
+        "ctypes.CDLL(None).prctl(15, b'exam-keygen-v', 0, 0, 0)\n"
+        "for c in sorted(os.sched_getaffinity(0)):\n"
+        "    if os.fork() == 0:\n"
+        "        os.sched_setaffinity(0, {c})\n"
+        "        while True: pass\n"
+        "print('ready', flush=True); sys.stdin.readline()\n"
+    )
+    p = subprocess.Popen(
+        ["/usr/sbin/runuser", "-u", bob.name, "--", "python3", "-c", hog],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert p.stdout.readline().startswith("ready")
+        job = alice.submit("sleep", "2")
+        assert alice.wait(job)["state"] == "completed"
+        seen = result_json(alice, job)["fingerprint"]["others_seen"]
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait(timeout=30)
+    assert "exam-keygen-v" not in seen, seen
+    assert "another user's process" in seen, seen
 
 
 def test_a_command_repeated_in_one_sandbox(alice):

@@ -251,6 +251,39 @@ def test_a_pending_job_cannot_grow(alice, update, field, fmt):
         gone_from_queue(sid)
 
 
+@pytest.mark.parametrize("raised", ["30", "UNLIMITED"])
+def test_a_student_cannot_raise_a_time_limit(alice, raised):
+    """Security round 4, item 2: slurmctld lets a user raise a pending job's
+    time limit up to the partition's MaxTime; a held call raised to two
+    hours, or a shared allocation raised past max_allocation_time, then
+    released, held its node while another student waited. The gate
+    refuses any raise; shortening still works."""
+    sid = held_delegate_job(alice, "--time=5")
+    try:
+        log = slurmctld_log()
+        offset = log.stat().st_size
+        u = slurm_as(alice, "scontrol", "update", f"jobid={sid}", f"TimeLimit={raised}")
+        assert u.returncode != 0, u.stdout + u.stderr
+        assert job_field(sid, "%l") == "5:00"
+        assert f"refused an update by uid {alice.uid}: a job's time limit may only be shortened" in log_since(
+            log, offset
+        )
+        t = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "TimeLimit=2")
+        assert t.returncode == 0, t.stderr
+        assert job_field(sid, "%l") == "2:00"
+    finally:
+        sh("scancel", sid)
+        gone_from_queue(sid)
+
+
+def test_the_partitions_maxtime_is_the_policys():
+    """Security round 4, item 2: the partition's MaxTime was a fixed two
+    hours above the policy's max_time (1h); it is now the policy's longest
+    limit plus the client's minute, so no student's job asks for more."""
+    part = sh("scontrol", "show", "partition", "-o").stdout
+    assert "MaxTime=01:01:00" in part, part
+
+
 def requeue_flag(sid: str) -> str:
     out = sh("scontrol", "show", "job", sid).stdout
     return next(w.split("=", 1)[1] for w in out.split() if w.startswith("Requeue="))

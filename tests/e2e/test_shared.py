@@ -16,6 +16,7 @@ import json
 import re
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import containers_created_since, containers_with_label, sh
@@ -535,3 +536,27 @@ def test_the_gate_refuses_a_longer_shared_allocation_by_hand(alice, tmp_path):
         "sh", "-c", f"cd && sbatch --hold --time=90 --output=/dev/null <<'EOF'\n{script}EOF", check=False
     )
     assert r.returncode != 0 and "has a time limit of at most 11 minutes" in r.stderr, r.stderr
+
+
+def test_an_allocation_older_than_its_bound_starts_no_more_calls(alice):
+    """Security round 4, item 2: a shared allocation whose time limit was
+    raised held its node for hours while another student waited. Whatever
+    its Slurm limit, the agent starts no call of a shared allocation older
+    than max_allocation_time. Three calls of 6 s share one allocation
+    (planned under the site's 10 minutes); the bound is then cut to 4 s
+    (the agent reads the policy at every call): the first call completes,
+    the later ones end with the reason."""
+    policy = Path("/etc/delegate/policy.toml")
+    old = policy.read_text()
+    ids, _ = submit_count(alice, 3, "sleep", "6")
+    try:
+        keep = [ln for ln in old.splitlines() if not ln.strip().startswith("max_allocation_time")]
+        policy.write_text("\n".join([*keep, 'max_allocation_time = "4s"']) + "\n")
+        st = wait_all(alice, ids)
+    finally:
+        policy.write_text(old)
+    assert len({s["slurm_id"] for s in st}) == 1, st
+    assert st[0]["state"] == "completed", st[0]
+    assert all(s["state"] != "completed" for s in st[1:]), st
+    reasons = " ".join(str(s.get("reason")) for s in st[1:])
+    assert "longer than the site's max_allocation_time" in reasons, st

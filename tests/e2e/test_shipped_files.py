@@ -82,6 +82,14 @@ def test_refusals_leave_nothing_behind(alice, tmp_path):
     os.chown(spec, alice.uid, alice.gid)
     r = alice.run("submit", "--file", str(spec), "--", "true")
     assert r.returncode == 1 and "one of delegate's own files" in r.stderr, r.stderr
+    # Security round 4, item 4: names delegate writes after the call
+    # (its records, read back by `delegate result`) are reserved too.
+    for name in ("repeats", "fingerprint", "cfiddle", "stdout.0"):
+        forged = d / name
+        forged.write_text("XEON9999 FORGED-KERNEL-1")
+        os.chown(forged, alice.uid, alice.gid)
+        r = alice.run("submit", "--file", str(forged), "--", "true")
+        assert r.returncode == 1 and "one of delegate's own files" in r.stderr, (name, r.stderr)
     r = alice.run("submit", "--file", "/etc/shadow", "--", "true")
     assert r.returncode == 1 and "cannot ship /etc/shadow" in r.stderr, r.stderr
     r = alice.run("submit", "--count", "3", "--file", str(big), "--", "true")
