@@ -90,13 +90,17 @@ def excl(workers, at_least=False):
 
 
 def stamp(i):
+    import os
     import socket
     import time
 
     t0 = time.time()
+    # A fresh container's /tmp is empty; this call leaves a mark in it.
+    leftovers = sorted(os.listdir("/tmp"))
+    open(f"/tmp/call-{i}", "w").close()
     time.sleep(1)
-    # Inside the sandbox the hostname is the container's: one per call.
-    return i, socket.gethostname(), t0, time.time()
+    # Inside the sandbox the hostname is the node's.
+    return i, socket.gethostname(), t0, time.time(), leftovers
 
 
 def map_check(workers, at_least=False):
@@ -111,8 +115,10 @@ def map_check(workers, at_least=False):
         fail(f"map results out of order: {[g[0] for g in got]}")
     if _core.sbatch_count() - s0 != 1:
         fail(f"a map of {n} used {_core.sbatch_count() - s0} sbatch calls, not one")
-    if len({g[1] for g in got}) != n:
-        fail(f"calls shared a container: hostnames {[g[1] for g in got]}")
+    if any(g[4] for g in got):
+        fail(f"calls shared a container: /tmp held {[g[4] for g in got]}")
+    if [g[1] for g in got] != [st["host"] for st in sts]:
+        fail(f"a sandbox's hostname is not its node's: {[g[1] for g in got]}")
     allocs = {st["slurm_id"] for st in sts}
     hosts = {st["host"] for st in sts}
     spread = len(hosts) >= workers if at_least else len(allocs) == workers == len(hosts)

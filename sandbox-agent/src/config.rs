@@ -249,10 +249,23 @@ pub fn container_config(p: &Params<'_>) -> ContainerCreateBody {
         tty: Some(false),
         network_disabled: Some(true),
         host_config: Some(host),
+        hostname: sandbox_hostname(p.node),
         ..Default::default()
     };
     p.gpus.apply(&mut body);
     body
+}
+
+/// The sandbox's hostname: the node's name, what a student expects
+/// `hostname` to say (was the container's id); the engine's default when
+/// the name is not a plain host name (RFC 1123 label).
+pub fn sandbox_hostname(node: &str) -> Option<String> {
+    let label_ok = !node.is_empty()
+        && node.len() <= 63
+        && node.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !node.starts_with('-')
+        && !node.ends_with('-');
+    label_ok.then(|| node.to_owned())
 }
 
 #[cfg(test)]
@@ -358,11 +371,21 @@ mod tests {
             assert_eq!(c.working_dir.as_deref(), Some("/job"));
             assert_eq!(c.tty, Some(false));
             assert_eq!(c.network_disabled, Some(true));
+            assert_eq!(c.hostname.as_deref(), Some("n1"), "the node's name");
             let ul = h.ulimits.clone().unwrap();
             let get = |n: &str| ul.iter().find(|u| u.name.as_deref() == Some(n)).map(|u| (u.soft, u.hard));
             assert_eq!(get("core"), Some((Some(0), Some(0))));
             assert_eq!(get("nofile"), Some((Some(1024), Some(1024))));
             assert_eq!(get("fsize"), Some((Some(1 << 30), Some(1 << 30))));
+        }
+    }
+
+    #[test]
+    fn the_sandbox_is_named_after_its_node() {
+        assert_eq!(sandbox_hostname("worker1").as_deref(), Some("worker1"));
+        assert_eq!(sandbox_hostname("vm").as_deref(), Some("vm"));
+        for bad in ["", "-a", "a-", "a.b", "a b", "a_b", &"x".repeat(64)] {
+            assert_eq!(sandbox_hostname(bad), None, "{bad:?}");
         }
     }
 
