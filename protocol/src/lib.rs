@@ -19,6 +19,12 @@
 //! | `outcome`  | runner (client when the runner never ran) | [`Outcome`], encoded          |
 //! | `result`   | the sandbox      | opaque bytes (a pickled return value or exception)    |
 //! | `raised`   | the sandbox, optional | the type name of the exception a Python call raised (read bounded, shown only when a dotted name) |
+//! | `repeats`  | the sandbox's timer, optional | `--repeat`'s measured runs, JSON (read bounded) |
+//! | `fingerprint` | runner | the machine the call ran on, from the agent ([`Fingerprint`]); shown only for a call that started |
+//! | `cfiddle`  | the sandbox, optional | a CFiddle experiment's executables |
+//!
+//! Every one of these names is in [`DELEGATE_NAMES`] (`layout.rs`, the one
+//! list), and none of them can be shipped.
 //!
 //! Slurm's own log of the batch script goes to `<delegate-root>/<job-id>.log`,
 //! beside (not inside) the directory, so a runner that refuses a directory can
@@ -45,8 +51,11 @@
 //! and the lists of shared calls), [`fsio`] (symlink-proof file access),
 //! [`line`] (the lines the runner leaves in Slurm's log), [`policy`] (the
 //! site policy), [`units`] (human sizes and durations), [`cancel`] (the
-//! cancel marker's reason), [`shipped`] (the shipped files' manifest) and
-//! [`clock`].
+//! cancel marker's reason), [`shipped`] (the shipped files' manifest),
+//! [`fingerprint`] (the machine of a call), [`node_class`] (node classes
+//! and their Slurm features), [`agent`] (the wire protocol between the
+//! runner and the root agent), [`cpus`] (core placement on an exclusive
+//! node), [`host`] (this host's name), [`error`] and [`clock`].
 //!
 //! Nothing here is CLI-only: `sandbox-runner` (an ordinary program that
 //! hands the job to the root agent `sandbox-agent`) links this crate and
@@ -89,3 +98,17 @@ pub use record::{
 };
 pub use slurm_id::{format_slurm_id, parse_shared_calls, parse_slurm_id, shared_calls_name};
 pub use spec::{Resources, Spec, Task, MAX_ARGS, MAX_ENV, MAX_STRING};
+
+#[cfg(test)]
+mod tests {
+    /// The crate documentation's module list names every module (issue
+    /// 44: it had drifted, five were missing).
+    #[test]
+    fn the_module_list_names_every_module() {
+        let src = include_str!("lib.rs");
+        let doc: String = src.lines().filter(|l| l.starts_with("//!")).collect();
+        for m in src.lines().filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';')) {
+            assert!(doc.contains(&format!("[`{m}`]")), "the crate doc does not list module {m}");
+        }
+    }
+}
