@@ -31,6 +31,8 @@ import testlib
 from stacklib import REPO, SCRIPT, STACK_DIR, cid, initial_password, on, run
 
 ARTIFACTS = ARTIFACTS_ROOT / "acceptance"
+# When this module was loaded: the screenshots of this run are newer.
+RUN_STARTED = time.time()
 ANN, BEN, PROF = "day-ann", "day-ben", "day-prof"
 ROSTER = (
     "username,full name,email,role\n"
@@ -305,4 +307,6 @@ def test_6_down_leaves_nothing(day):
 
 
 def test_screenshots_are_kept():
-    assert list(Path(ARTIFACTS).glob("*.png")), f"no screenshot in {ARTIFACTS}"
+    # This run's, not an earlier one's (issue 44: any old *.png passed).
+    fresh = [p for p in Path(ARTIFACTS).glob("*.png") if p.stat().st_mtime >= RUN_STARTED]
+    assert fresh, f"no screenshot of this run in {ARTIFACTS}"

@@ -62,7 +62,11 @@ def test_instructor_check(stack):
 def test_deploy_is_idempotent(stack):
     r = run(SCRIPT, "deploy", "--workers", "2")
     assert r.returncode == 0
-    assert "building" not in r.stdout  # images reused
+    # Every image reused, each said so (issue 44: the test passed whenever
+    # the word "building" was absent, a silent deploy included).
+    for image in ("delegate-sandbox", "delegate-cluster", "delegate-user", "delegate-db"):
+        assert f"image {image}:latest: present" in r.stdout, image
+    assert ": building" not in r.stdout + r.stderr
 
 
 def test_local_cluster_untouched(stack):
