@@ -213,6 +213,22 @@ def test_a_students_delegate_job_cannot_move_to_general(alice, root):
     root.run("scancel", jid)
 
 
+def test_a_students_time_limit_cannot_be_raised_on_24_11(alice, root):
+    """Security round 4, item 2, on Slurm 24.11: the gate module refuses
+    a raise of a held delegate job's time limit; shortening still works."""
+    r = alice.run("delegate", "--json", "submit", "--hold", "--time", "1m", "--", "true", check=True)
+    jid = json.loads(r.stdout)["slurm_id"]
+    try:
+        raised = alice.run("scontrol", "update", f"jobid={jid}", "TimeLimit=60")
+        assert raised.returncode != 0, raised.stdout
+        assert job_field(root, jid, "TimeLimit") == "00:02:00"
+        shorter = alice.run("scontrol", "update", f"jobid={jid}", "TimeLimit=1")
+        assert shorter.returncode == 0, shorter.stderr
+        assert job_field(root, jid, "TimeLimit") == "00:01:00"
+    finally:
+        root.run("scancel", jid)
+
+
 def test_no_step_joins_a_students_job_on_delegates_node(alice, root):
     """The SPANK plugin (built against 24.11's headers, nodes=c1): a student's
     `srun --jobid=<own delegate job> --overlap` fails on c1."""
