@@ -26,6 +26,7 @@ pub mod subprocess;
 
 mod cancel;
 mod files;
+mod follow;
 mod list;
 mod load;
 mod reconcile;
@@ -37,6 +38,7 @@ pub use cancel::CANCEL_WAIT;
 pub use client::Client;
 pub use config::{default_root, home_dir, Config, CALLS_PER_ALLOCATION_ENV, DEFAULT_RUNNER, ROOT_ENV, RUNNER_ENV};
 pub use error::{ClientError, Result};
+pub use follow::FOLLOW_PAUSE;
 pub use jobsfile::{JobsFile, JobsFileError};
 pub use list::{JobSummary, MAX_WHAT_CHARS};
 pub use load::LOG_TAIL_BYTES;

@@ -1,9 +1,8 @@
 //! `delegate logs`: a job's output, or both streams followed until it is over.
 
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::time::{Duration, Instant};
+use std::io::{self, Write};
 
-use delegate_client::{Client, JobStatus, Stream, SLURM_INTERVAL};
+use delegate_client::{Client, Stream};
 use delegate_protocol::JobId;
 
 use crate::fail::CliResult;
@@ -70,56 +69,30 @@ pub fn logs(c: &Client, id: &JobId, follow: bool, stderr: bool, json: bool) -> C
         }))?;
         return Ok(0);
     }
-    // Make sure the job exists (a clear error otherwise).
-    c.status(std::slice::from_ref(id))?;
     if !follow {
+        // Make sure the job exists (a clear error otherwise).
+        c.status(std::slice::from_ref(id))?;
         copy_output(c, id, stream)?;
         return Ok(0);
     }
-    // Follow both streams until the job has an outcome; ask Slurm every 2 s
-    // so a job that dies without one still ends the loop.
-    let mut files: [(Stream, Option<std::fs::File>, u64); 2] = [(Stream::Stdout, None, 0), (Stream::Stderr, None, 0)];
-    let mut last_check = Instant::now();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let over = c.has_outcome(id)?
-            || (last_check.elapsed() >= SLURM_INTERVAL && {
-                last_check = Instant::now();
-                c.status(std::slice::from_ref(id))?.iter().all(JobStatus::is_terminal)
-            });
-        let mut progressed = false;
-        for (stream, file, pos) in files.iter_mut() {
-            if file.is_none() {
-                *file = c.open_output(id, *stream)?;
-            }
-            let Some(f) = file.as_mut() else { continue };
-            f.seek(SeekFrom::Start(*pos))?;
-            loop {
-                let n = f.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                *pos += n as u64;
-                progressed = true;
-                let res = match stream {
-                    Stream::Stdout => io::stdout().write_all(&buf[..n]).and_then(|_| io::stdout().flush()),
-                    Stream::Stderr => io::stderr().write_all(&buf[..n]),
-                };
-                if let Err(e) = res {
-                    if e.kind() == io::ErrorKind::BrokenPipe {
-                        return Ok(0);
-                    }
-                    return Err(e.into());
-                }
+    let mut failed: Option<io::Error> = None;
+    c.follow_output(id, |stream, bytes| {
+        let res = match stream {
+            Stream::Stdout => io::stdout().write_all(bytes).and_then(|_| io::stdout().flush()),
+            Stream::Stderr => io::stderr().write_all(bytes),
+        };
+        match res {
+            Ok(()) => true,
+            // A closed pipe (`| head`) ends the following quietly.
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => false,
+            Err(e) => {
+                failed = Some(e);
+                false
             }
         }
-        // `over` was computed before this read, so everything written before
-        // the outcome has been printed.
-        if over {
-            return Ok(0);
-        }
-        if !progressed {
-            std::thread::sleep(Duration::from_millis(200));
-        }
+    })?;
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(0),
     }
 }
