@@ -283,6 +283,34 @@ fn read_file<'py>(py: Python<'py>, id: String, name: String, limit: u64) -> PyRe
     Ok(data.map(|d| PyBytes::new(py, &d)))
 }
 
+/// Hands job `id`'s output to `sink(stream, data)` as it is written
+/// (`stream` "stdout" or "stderr", `data` bytes, empty after a pause
+/// without news) until the job is over. A sink that returns False, or an
+/// interrupt (Ctrl-C, a notebook's stop button), ends it early; an
+/// exception in the sink is raised here.
+#[pyfunction]
+fn follow_output(py: Python<'_>, id: String, sink: Py<PyAny>) -> PyResult<()> {
+    let id = JobId::parse(&id).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let mut raised: Option<PyErr> = None;
+    py.detach(|| -> CoreResult<()> {
+        Ok(client()?.follow_output(&id, |stream, bytes| {
+            Python::attach(|py| {
+                let called = py
+                    .check_signals()
+                    .and_then(|()| sink.call1(py, (stream.file_name(), PyBytes::new(py, bytes))));
+                match called {
+                    Ok(v) => !matches!(v.extract::<bool>(py), Ok(false)),
+                    Err(e) => {
+                        raised = Some(e);
+                        false
+                    }
+                }
+            })
+        })?)
+    })?;
+    raised.map_or(Ok(()), Err)
+}
+
 /// The machine a job's call ran on, as the worker's agent recorded it
 /// (its fingerprint), as JSON; None before the call ended or when the
 /// worker recorded none.
@@ -382,6 +410,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_file, m)?)?;
     m.add_function(wrap_pyfunction!(jobs, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(follow_output, m)?)?;
     m.add_function(wrap_pyfunction!(parse_duration_secs, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(job_dir, m)?)?;

@@ -140,3 +140,42 @@ print("RESULT: " + json.dumps(v))
     assert res == 1
     assert proc.stdout.splitlines() == ["only this", "RESULT: 1"], proc.stdout
     assert proc.stderr == "", proc.stderr
+
+
+FOLLOW = r'''
+import json, sys, nbformat
+from nbclient import NotebookClient
+cell = """
+import delegate, sys, time
+
+def talk():
+    for i in range(3):
+        print("line", i, flush=True)
+        time.sleep(1)
+    print("to stderr", file=sys.stderr, flush=True)
+    return "done"
+
+fut = delegate.remote(time="2m")(talk).submit()
+delegate.logs(fut, follow=True)
+print("followed until", fut.result(timeout=120))
+"""
+nb = nbformat.v4.new_notebook()
+nb.cells = [nbformat.v4.new_code_cell(cell)]
+NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+print("RESULT: " + json.dumps(nb.cells[0].outputs))
+'''
+
+
+def test_a_jobs_output_is_followed_in_a_notebook(alice):
+    """Issue 44, item 2: `delegate.logs(job, follow=True)` (the client's
+    follow_output, as `delegate logs --follow`) shows a running call's
+    output in the cell as it is written, stdout and stderr apart, and
+    returns when the call is over."""
+    outputs, _ = alice.result(FOLLOW, timeout=300, name="follow")
+    streams = [(o["name"], o["text"]) for o in outputs if o["output_type"] == "stream"]
+    out = "".join(t for n, t in streams if n == "stdout")
+    err = "".join(t for n, t in streams if n == "stderr")
+    assert (
+        out.index("line 0") < out.index("line 1") < out.index("line 2") < out.index("followed until done")
+    ), out
+    assert "to stderr" in err, streams

@@ -90,6 +90,7 @@ __all__ = [
     "cancel",
     "compare",
     "jobs",
+    "logs",
     "remote",
     "sbatch_count",
     "status",
@@ -485,6 +486,34 @@ def cancel(job_ids: Iterable[str]) -> None:
     cluster = [i for i in ids if not i.startswith("local-")]
     if cluster:
         _core.cancel(cluster)
+
+
+def logs(job: str | DelegateFuture, follow: bool = False) -> None:
+    """Prints a cluster job's output: its stdout to ``sys.stdout``, its
+    stderr to ``sys.stderr`` (``job``: a job id or a future). With
+    ``follow``, as it is written, until the job is over (a notebook's cell
+    shows it live; interrupt the kernel to stop following, the job goes
+    on). Raises ``NoSuchJobError`` for an unknown job."""
+    job_id = job.job_id if isinstance(job, DelegateFuture) else job
+    outs = {"stdout": sys.stdout, "stderr": sys.stderr}
+    if not follow:
+        for name, out in outs.items():
+            data = _core.read_file(job_id, name)
+            if data:
+                out.write(data.decode("utf-8", "replace"))
+                out.flush()
+        return
+    import codecs
+
+    decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in outs}
+
+    def sink(stream: str, data: bytes) -> None:
+        text = decoders[stream].decode(data)
+        if text:
+            outs[stream].write(text)
+            outs[stream].flush()
+
+    _core.follow_output(job_id, sink)
 
 
 def sbatch_count() -> int:

@@ -4,7 +4,7 @@ readers. Every call that may block releases the GIL. Keep in step with
 lib.rs; ``python -m mypy.stubtest delegate._core`` checks them against a
 built wheel."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypedDict, type_check_only
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "__version__",
     "cancel",
     "fingerprint",
+    "follow_output",
     "job_dir",
     "jobs",
     "parse_duration_secs",
@@ -117,6 +118,12 @@ def read_file(id: str, name: str, limit: int = ...) -> bytes | None:
     """A job's ``stdout``, ``stderr`` (at most ``limit`` bytes, 64 MiB by default),
     ``result`` or a multi-node call's ``result.<rank>``; None when the file
     does not exist."""
+
+def follow_output(id: str, sink: Callable[[str, bytes], bool | None]) -> None:
+    """Hands a job's output to ``sink(stream, data)`` as it is written
+    (``stream`` "stdout" or "stderr"; ``data`` empty after a pause without
+    news) until the job is over. A sink returning False, or an interrupt,
+    ends it early; an exception in the sink is raised here."""
 
 def fingerprint(id: str) -> str | None:
     """The machine a job's call ran on, as the worker's agent recorded it
