@@ -87,6 +87,16 @@ section "build_cluster.sh --local (set up and start the cluster)"
 DELEGATE_LOCAL_GPUS=${DELEGATE_LOCAL_GPUS:-standin:2} ./build_cluster.sh --local up || fail "build_cluster.sh --local"
 
 section "pytest -v tests/e2e (end-to-end tests)"
+# The home over a caching network filesystem (tests/e2e/test_network_home.py):
+# sshd serves it, sshfs (FUSE) mounts it on the caller's side.
+for pkg in openssh-server:/usr/sbin/sshd sshfs:/usr/bin/sshfs; do
+    if [[ ! -x ${pkg#*:} ]]; then
+        [[ $(id -u) -eq 0 ]] || fail "${pkg%%:*} is not installed (apt-get install ${pkg%%:*})"
+        apt-get install -y -q "${pkg%%:*}" >/dev/null \
+            || { apt-get update -q >/dev/null && apt-get install -y -q "${pkg%%:*}" >/dev/null; } \
+            || fail "apt-get install ${pkg%%:*}"
+    fi
+done
 # Made by the lint stage already, unless it was skipped; the test
 # requirements are installed only when they changed (or on a new venv).
 ensure_venv "$VENV" "$REPO/tests/requirements.txt" || fail "the test venv $VENV"

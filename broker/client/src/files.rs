@@ -2,20 +2,70 @@
 //! fingerprint of the machine it ran on.
 
 use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use delegate_protocol::{
-    self as protocol, exists_at, open_regular_at, read_bounded_at, read_record_at, Fingerprint, JobId, MAX_RESULT_BYTES,
+    self as protocol, exists_at, list_entries, open_regular_at, read_bounded_at, read_record_at, Fingerprint, JobId,
+    ProtocolError, MAX_RESULT_BYTES,
 };
 
 use crate::client::optional;
-use crate::{Client, Result, Stream};
+use crate::{Client, ClientError, Result, Stream};
+
+/// How long a file the job directory lists may stay unopenable. A network
+/// filesystem's cached negative lookup (NFS's lookup cache, revalidated
+/// within acdirmax, 60 s by default; FUSE's negative_timeout) hides a file
+/// the server has when its name was looked up before it was written:
+/// `delegate logs --follow` printed nothing of a job's output through such
+/// a home (docs/robustness.md).
+pub const STALE_LOOKUP_PATIENCE: Duration = Duration::from_secs(90);
+
+/// The pause between two opens of a listed file that did not open.
+const STALE_LOOKUP_PAUSE: Duration = Duration::from_millis(500);
+
+/// `attempt` (a read or open of `name` in the directory `fd` at `dir`),
+/// `None` while the file does not exist. A name the directory lists but
+/// whose lookup fails is tried again until it succeeds or
+/// [`STALE_LOOKUP_PATIENCE`] has passed.
+pub(crate) fn when_listed<T>(
+    fd: &OwnedFd,
+    dir: &Path,
+    name: &str,
+    mut attempt: impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let deadline = Instant::now() + STALE_LOOKUP_PATIENCE;
+    loop {
+        if let Some(v) = attempt()? {
+            return Ok(Some(v));
+        }
+        let listed = list_entries(fd, dir, 4096).is_ok_and(|names| names.iter().any(|n| n == name));
+        if !listed {
+            return Ok(None);
+        }
+        if Instant::now() >= deadline {
+            return Err(ClientError::Protocol(ProtocolError::io(
+                dir.join(name).display(),
+                std::io::Error::other(format!(
+                    "listed by its directory but not found for {} s (a network filesystem's stale cache?)",
+                    STALE_LOOKUP_PATIENCE.as_secs()
+                )),
+            )));
+        }
+        tracing::debug!(dir = %dir.display(), name, "listed but not found yet (a stale lookup cache); trying again");
+        std::thread::sleep(STALE_LOOKUP_PAUSE);
+    }
+}
 
 impl Client {
     /// Opens a job's stdout or stderr file for streaming; `None` while it
-    /// does not exist yet.
+    /// does not exist yet (see [`when_listed`]).
     pub fn open_output(&self, id: &JobId, stream: Stream) -> Result<Option<File>> {
-        let fd = self.open_job_dir(id)?;
-        Ok(open_regular_at(&fd, &self.job_dir(id), stream.file_name())?)
+        let (fd, dir) = (self.open_job_dir(id)?, self.job_dir(id));
+        when_listed(&fd, &dir, stream.file_name(), || {
+            Ok(open_regular_at(&fd, &dir, stream.file_name())?)
+        })
     }
 
     /// Opens rank `rank`'s stdout or stderr of a multi-node job
@@ -32,27 +82,19 @@ impl Client {
     /// Reads at most `limit` bytes of a job's stdout or stderr; `None` while
     /// it does not exist.
     pub fn read_output(&self, id: &JobId, stream: Stream, limit: u64) -> Result<Option<Vec<u8>>> {
-        let fd = self.open_job_dir(id)?;
-        Ok(optional(read_bounded_at(
-            &fd,
-            &self.job_dir(id),
-            stream.file_name(),
-            limit,
-            None,
-        ))?)
+        let (fd, dir) = (self.open_job_dir(id)?, self.job_dir(id));
+        when_listed(&fd, &dir, stream.file_name(), || {
+            Ok(optional(read_bounded_at(&fd, &dir, stream.file_name(), limit, None))?)
+        })
     }
 
     /// The `result` file (a pickled return value or exception), bounded by
     /// [`MAX_RESULT_BYTES`]; `None` when the job wrote none.
     pub fn read_result(&self, id: &JobId) -> Result<Option<Vec<u8>>> {
-        let fd = self.open_job_dir(id)?;
-        Ok(optional(read_bounded_at(
-            &fd,
-            &self.job_dir(id),
-            protocol::RESULT,
-            MAX_RESULT_BYTES,
-            None,
-        ))?)
+        let (fd, dir) = (self.open_job_dir(id)?, self.job_dir(id));
+        when_listed(&fd, &dir, protocol::RESULT, || {
+            Ok(optional(read_bounded_at(&fd, &dir, protocol::RESULT, MAX_RESULT_BYTES, None))?)
+        })
     }
 
     /// Rank `rank`'s `result.<rank>` of a multi-node Python call, bounded
