@@ -1,6 +1,6 @@
 """Docs that hold together (issue 31): every relative link of README.md and
 docs/*.md leads to a file that exists, and every #anchor to a heading of
-that file (GitHub's anchor rule). Run by tests/lint.sh; no cluster needed.
+that file (GitHub's anchor rule); the test stages agree (issue 44). Run by tests/lint.sh; no cluster needed.
 The policy keys and the CLI flags are checked against the docs by the unit
 tests (protocol/src/policy.rs, broker/cli/src/cli.rs)."""
 
@@ -81,8 +81,35 @@ def settings_problems() -> list[str]:
     return bad
 
 
+def stage_problems() -> list[str]:
+    """The stages of tests/run.sh (its header's "#   N. pytest -v tests/DIR"
+    lines), tests/README.md's numbered list and every suite's "Run by
+    tests/run.sh (stage N)" agree (issue 44: they had drifted)."""
+    header = (REPO / "tests/run.sh").read_text().split("\nset -", 1)[0]
+    run = {}
+    for n, rest in re.findall(r"^#\s+(\d+)\. (.*)$", header, re.M):
+        m = re.search(r"pytest -v tests/(\w+)", rest)
+        if m:
+            run[m.group(1)] = int(n)
+    readme = (REPO / "tests/README.md").read_text()
+    problems = []
+    for suite, n in run.items():
+        if not re.search(rf"^{n}\. `{suite}/`", readme, re.M):
+            problems.append(f"tests/README.md: stage {n} is not `{suite}/` as in tests/run.sh")
+    for path in sorted((REPO / "tests").glob("*/*.py")):
+        for said in re.findall(r"Run by tests/run\.sh \(stage (\d+)\)", path.read_text()):
+            suite = path.parent.name
+            if run.get(suite) != int(said):
+                problems.append(
+                    f"{path.relative_to(REPO)}: says stage {said}, tests/run.sh runs {suite}/ as {run.get(suite)}"
+                )
+    if len(run) < 4:
+        problems.append(f"tests/run.sh's header names too few suites: {run}")
+    return problems
+
+
 if __name__ == "__main__":
-    problems = broken_links() + settings_problems()
+    problems = broken_links() + settings_problems() + stage_problems()
     for p in problems:
         print(p, file=sys.stderr)
     sys.exit(1 if problems else 0)

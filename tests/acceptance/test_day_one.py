@@ -14,7 +14,7 @@ the order of docs/instructors.md ("The course on the stack"):
 
 The assertions read what the page shows (cell outputs and live status
 lines). Screenshots of every step: $DELEGATE_ARTIFACTS/acceptance (default
-/var/lib/delegate/artifacts/acceptance). Run by tests/run.sh (stage 7).
+/var/lib/delegate/artifacts/acceptance). Run by tests/run.sh (stage 8).
 """
 
 from __future__ import annotations

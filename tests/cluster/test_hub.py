@@ -14,7 +14,7 @@ Also: the same roster again changes nothing (no restart, same uids and
 passwords), each server runs as its student's uid with the hub's limits,
 and `accounts remove --archive` packs a home.
 
-Run by tests/run.sh (stage 6) as root, before test_stack.py; the stack is
+Run by tests/run.sh (stage 7) as root, before test_stack.py; the stack is
 removed at the end.
 """
 
