@@ -115,14 +115,6 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
                     let _ = conn::send(&stream, &Answer::Refused("the batch task has ended".into())).await;
                     return;
                 }
-                // (Every call, not only a connection's later ones: a runner
-                // connects again after a refusal. A job's first call starts
-                // as its batch task does.)
-                if let Some(why) = past_allocation_bound(c) {
-                    tracing::warn!("Slurm job {}: {why}", c.job);
-                    let _ = conn::send(&stream, &Answer::Refused(why)).await;
-                    return;
-                }
                 run(&shared, c, &mut engine, req, fds, &stream, &mut rx, None).await
             }
         };
@@ -133,12 +125,13 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
     }
 }
 
-/// Why a shared allocation may not start another call: it is older than
-/// the site's max_allocation_time (security round 4, item 2: a shared
-/// allocation whose limit was raised held its node for hours while
-/// another student waited). None: it may.
-fn past_allocation_bound(caller: &Caller) -> Option<String> {
-    let bound = load_policy().ok()?.limits().ok()?.max_allocation_secs;
+/// Why an allocation may not start a call: it is older than the site's
+/// max_allocation_time, `bound` seconds (security round 4, item 2: a
+/// shared allocation whose limit was raised held its node for hours while
+/// another student waited). Every call is checked, not only a
+/// connection's later ones (a runner connects again after a refusal); a
+/// job's first call starts as its batch task does. None: it may.
+fn past_allocation_bound(caller: &Caller, bound: u64) -> Option<String> {
     let age = caller.age()?;
     (bound > 0 && age.as_secs() >= bound).then(|| {
         format!(
@@ -371,6 +364,12 @@ async fn run(
         Ok(p) => p,
         Err(answer) => return answer,
     };
+    // (A rank is its job's one call, started with its step.)
+    let bound = place.is_none().then_some(limits.max_allocation_secs);
+    if let Some(why) = bound.and_then(|b| past_allocation_bound(caller, b)) {
+        tracing::warn!("Slurm job {}: {why}", caller.job);
+        return Answer::Refused(why);
+    }
     let spec = req.spec;
     let gid = if req.gid == caller.gid || caller.groups.contains(&req.gid) {
         req.gid
