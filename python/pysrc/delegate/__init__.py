@@ -39,6 +39,7 @@ when a remote call fails without an exception of its own to re-raise.
 
 from __future__ import annotations
 
+import codecs
 import concurrent.futures as cf
 import functools
 import operator
@@ -503,8 +504,6 @@ def logs(job: str | DelegateFuture, follow: bool = False) -> None:
                 out.write(data.decode("utf-8", "replace"))
                 out.flush()
         return
-    import codecs
-
     decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in outs}
 
     def sink(stream: str, data: bytes) -> None:
