@@ -293,3 +293,14 @@ def tiny_root(home: Path, uid: int, gid: int, size: str = "256k"):
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
         mnt.rmdir()
+
+
+def agent_pid() -> int:
+    """The pid of this machine's running `sandbox-agent`."""
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and (p / "comm").read_text().strip() == "sandbox-agent":
+                return int(p.name)
+        except OSError:
+            continue
+    raise AssertionError("no sandbox-agent process")

@@ -18,6 +18,7 @@ failed on the main before the agent (the setgid runner) and passes now.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import pytest
 from conftest import RUNNER, container_creates_since, containers_created_since, sh
+
+import testlib
 
 AGENT_SOCKET = "/run/delegate/agent.sock"
 AGENT_LOG = Path("/var/log/delegate/agent.log")
@@ -368,25 +371,33 @@ sys.stdin.readline()
 """
 
 
+@contextlib.contextmanager
+def students_program(user, code: str):
+    """`python3 -c CODE` as the student in the background, its stdout to
+    read; ended (its stdin closed) when the block ends."""
+    p = subprocess.Popen(
+        ["/usr/sbin/runuser", "-u", user.name, "--", "python3", "-c", code],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        yield p
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+
+
 def test_one_students_idle_connections_stall_nobody(alice, bob):
     """Security round 3, item 3: the socket is 0666 and every connection
     holds a descriptor of the agent's; one student's thousands of idle
     connections filled its file table and another student's call waited.
     Each user gets at most 16 connections at once (the rest are closed at
     once); idle ones are closed after a minute (agent unit tests)."""
-    flood = subprocess.Popen(
-        ["/usr/sbin/runuser", "-u", bob.name, "--", "python3", "-c", FLOOD],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with students_program(bob, FLOOD) as flood:
         line = flood.stdout.readline()
         assert line.startswith("closed "), line
         assert int(line.split()[1]) == 200 - 16, line
         r = alice.run("submit", "--wait", "--", "echo", "hi", timeout=120)
         assert r.returncode == 0 and r.stdout.startswith("hi"), r.stdout + r.stderr
-    finally:
-        flood.stdin.close()
-        flood.wait(timeout=30)
 
 
 HALF_SHUT = f"""
@@ -409,7 +420,7 @@ sys.stdin.readline()
 
 
 def _agent_fds() -> int:
-    return len(os.listdir(f"/proc/{_agent_pid()}/fd"))
+    return len(os.listdir(f"/proc/{testlib.agent_pid()}/fd"))
 
 
 def test_half_shut_connections_do_not_pile_up(alice, bob):
@@ -421,20 +432,13 @@ def test_half_shut_connections_do_not_pile_up(alice, bob):
     Now the socket closes when serving ends, and a user opens at most 5
     connections a second."""
     before = _agent_fds()
-    flood = subprocess.Popen(
-        ["/usr/sbin/runuser", "-u", bob.name, "--", "python3", "-c", HALF_SHUT],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with students_program(bob, HALF_SHUT) as flood:
         assert flood.stdout.readline().startswith("held 100")
         time.sleep(2)
         during = _agent_fds()
         assert during <= before + 8, f"the agent holds {during} descriptors, {before} before"
         r = alice.run("submit", "--wait", "--", "echo", "hi", timeout=120)
         assert r.returncode == 0 and r.stdout.startswith("hi"), r.stdout + r.stderr
-    finally:
-        flood.stdin.close()
-        flood.wait(timeout=30)
 
 
 CHURN = f"""
@@ -470,16 +474,6 @@ def test_connection_churn_does_not_grow_the_agents_log(bob):
     assert grown < 4096, f"agent.log grew by {grown} bytes for {sum(counts)} connections"
 
 
-def _agent_pid() -> int:
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and (p / "comm").read_text().strip() == "sandbox-agent":
-                return int(p.name)
-        except OSError:
-            continue
-    raise AssertionError("no sandbox-agent process")
-
-
 def test_output_is_written_with_the_students_identity_and_no_capability(alice):
     """Security round 3, item 7: the root agent wrote each call's output
     itself, and root's CAP_SYS_RESOURCE writes past a full disk quota. The
@@ -488,7 +482,7 @@ def test_output_is_written_with_the_students_identity_and_no_capability(alice):
     job = alice.submit("sh", "-c", "for i in $(seq 200); do echo line $i; sleep 0.1; done")
     try:
         alice.wait_started(job)
-        pid, seen = _agent_pid(), None
+        pid, seen = testlib.agent_pid(), None
         deadline = time.monotonic() + 30
         while seen is None and time.monotonic() < deadline:
             for t in Path(f"/proc/{pid}/task").iterdir():

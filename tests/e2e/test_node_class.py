@@ -98,22 +98,12 @@ def test_a_relabelled_node_drifts_and_comes_back(unlabelled):
     assert "no drift" in admin_nodes().stdout
 
 
-def _agent_pid() -> int:
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and (p / "comm").read_text().strip() == "sandbox-agent":
-                return int(p.name)
-        except OSError:
-            continue
-    raise AssertionError("no sandbox-agent process")
-
-
 def test_a_reconfigure_loses_the_feature_and_the_agent_puts_it_back(unlabelled):
     """The agent is paused while slurmctld reconfigures, so the loss is
     seen before the agent can put the feature back (issue 44: the test
     never asserted the loss)."""
     cls = published(lambda r: node_class() is not None) and node_class()
-    agent = _agent_pid()
+    agent = testlib.agent_pid()
     os.kill(agent, signal.SIGSTOP)
     try:
         sh("scontrol", "reconfigure")
