@@ -362,9 +362,14 @@ worker)
         # power-up request, and a container would report the host's. slurmd
         # runs in a time namespace whose boot clock starts now (0 s: a
         # boot time even a second old can precede a fast start's request).
+        # slurmctld computes that boot time in whole seconds (its clock,
+        # floored, less slurmd's uptime, rounded up), up to 3 s early: slurmd
+        # starts no sooner than 3 s after this container did (after the
+        # request), else a fast start never counts (docs/elastic.md).
         # CAP_SYS_TIME (the stack gives it to elastic workers for this alone)
         # leaves the bounding and inheritable sets: slurmd and the jobs
         # never hold it (the agent dropped it when it started, above).
+        while ((SECONDS < 4)); do sleep 0.2; done
         up=$(cut -d. -f1 /proc/uptime)
         exec unshare --time --fork --kill-child=SIGTERM --boottime "-$up" \
             setpriv --bounding-set -sys_time --inh-caps -sys_time slurmd -D

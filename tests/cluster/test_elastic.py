@@ -67,8 +67,20 @@ def wait_until(what: str, cond, timeout: float, step: float = 2):
         v = cond()
         if v:
             return v
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; nodes {nodes()}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s; nodes {nodes()}\n{worker_logs()}")
         time.sleep(step)
+
+
+def worker_logs(lines: int = 40) -> str:
+    """The tail of each worker service's output (its entrypoint, slurmd and
+    agent logs), for a failure's record: a worker that did not register says
+    why only there."""
+    out = []
+    for w in WORKERS:
+        r = run("docker", "service", "logs", "--timestamps", "--tail", str(lines), f"{STACK}_{w}", quiet=True)
+        out.append(f"----- docker service logs {STACK}_{w}\n{r.stdout}{r.stderr}")
+    return "\n".join(out)
 
 
 def all_powered_down():
