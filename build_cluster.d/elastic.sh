@@ -98,8 +98,9 @@ elastic_power_states() {
 
 # elastic_reset_nodes: an elastic worker whose service does not run (0
 # replicas: after a down, or a deploy that stopped it) but that Slurm's
-# saved state (the volume <stack>-slurmctld-state) has up, powering up or
-# DOWN is powered down (POWER_DOWN_FORCE; with idle_on_node_suspend it is
+# saved state (the volume <stack>-slurmctld-state) has up, powering up,
+# DOWN, or powered down and not responding (which Slurm never starts) is
+# powered down (POWER_DOWN_FORCE; with idle_on_node_suspend it is
 # idle afterwards), so a deploy starts from "every elastic worker powered
 # down". A worker kept out after a failed start (down~ or drained~ with an
 # "elastic:" reason, power.sh) is resumed and its failure forgotten: a
@@ -116,7 +117,18 @@ elastic_reset_nodes() {
         [[ -n $st ]] || return 1
         why=${st#*|}
         st=${st%%|*}
-        [[ $st == idle~ || $st == *% ]] && continue
+        [[ $st == *% ]] && continue
+        if [[ $st == idle~ ]]; then
+            # Powered down, but NOT_RESPONDING from a run before the state
+            # was saved (a worker that was always on in the last deploy):
+            # Slurm counts it unavailable and never starts it. A forced
+            # power-down clears the flag.
+            stack_exec head scontrol -o show node "$n" 2>/dev/null | grep -q 'State=[^ ]*NOT_RESPONDING' || continue
+            log "elastic: $n is powered down but 'not responding' in Slurm's saved state (Slurm would never start it): powered down afresh"
+            stack_exec head scontrol update "nodename=$n" state=power_down_force \
+                || warn "elastic: scontrol update nodename=$n state=power_down_force failed"
+            continue
+        fi
         if [[ $st == down~ || $st == drained~ ]]; then
             [[ $why == elastic:* ]] || continue   # an operator's own: left alone
             log "elastic: $n was kept out after a failed start ($why): resumed for this deploy"

@@ -513,6 +513,9 @@ $(docker service logs --tail 15 "${STACK}_head" 2>&1)"
         fi
         sleep 2
     done
+    # (once more: a powered-down worker that Slurm's saved state has "not
+    # responding" passes stack_nodes_idle, but is never started)
+    elastic_reset_nodes || true
     log "stack: all $DELEGATE_STACK_WORKERS workers up in Slurm"
     # JupyterHub takes a few seconds more to listen.
     wait_for "$DELEGATE_STACK_WAIT" "stack: JupyterHub" hub_answers \

@@ -277,11 +277,11 @@ def test_call_submitted_while_powering_down_completes(stack):
 
 def test_failed_start_leaves_reason_and_no_lost_call(stack):
     """worker1's service gets an image that does not exist (a real engine
-    failure, not a mock). Two calls, each its own exclusive job, so that
-    Slurm needs both workers (which one it picks for a single job is its
-    own choice): the one given worker1 needs it started; the start fails,
-    worker1 is DOWN with the engine's reason, and both calls run on worker2,
-    each once."""
+    failure, not a mock). worker2 is drained first, so that the two calls
+    (each its own exclusive job) can only go to worker1 (left to itself,
+    Slurm may as well wait for one worker it is starting): the start fails,
+    worker1 is DOWN with the engine's reason; worker2 back in service, both
+    calls run there, each once."""
     wait_until("workers powered down", all_powered_down, STOP_WITHIN)
     svc = f"{STACK}_worker1"
     broken_from["image"] = run(
@@ -291,6 +291,8 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
         "docker", "service", "update", "-d", "--image", "delegate-cluster:no-such-image-elastic-test", svc
     )
     assert r.returncode == 0
+    drain = on("head", "scontrol", "update", "nodename=worker2", "state=drain", "reason=test: worker1 only")
+    assert drain.returncode == 0, drain.stderr
     ids = submit("sh", "-c", "echo once-$DELEGATE_INDEX") + submit("sh", "-c", "echo once-$DELEGATE_INDEX")
 
     def worker1_out(states=("down", "drained")):
@@ -309,6 +311,7 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
     # The doctor names it.
     doc = on("user", "delegate", "doctor", user=STUDENT, quiet=True).stdout
     assert "worker1 could not be started" in doc, doc
+    assert on("head", "scontrol", "update", "nodename=worker2", "state=resume").returncode == 0
     end = wait_terminal(ids, 400)
     for i in ids:
         j = end[i]
