@@ -32,6 +32,11 @@
 #   ./build_cluster.sh shell USER             a login shell as USER on the
 #                                             stack's user node (their own
 #                                             Slurm configuration, as on the hub)
+#   ./build_cluster.sh machine add [--worker N] HOST
+#                                             prepare a worker machine over
+#                                             ssh and join it as worker N
+#   ./build_cluster.sh machine list | remove HOST|workerN
+#                                             (docs/instructors.md, real machines)
 # The settings of both shapes are in cluster.toml (see there).
 #
 # Each mode is a set of functions named <mode>_<action> (local_up,
@@ -101,7 +106,7 @@ SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common packages quota local accounting stack elastic stack_accounting hub check; do
+for part in common packages quota local accounting stack elastic stack_accounting hub check machines; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -131,6 +136,7 @@ source "$REPO/build_cluster.d/stack_accounting.sh"
 source "$REPO/build_cluster.d/hub.sh"
 # shellcheck source=build_cluster.d/check.sh
 source "$REPO/build_cluster.d/check.sh"
+source "$REPO/build_cluster.d/machines.sh"
 
 # ------------------------------------------------------------ usage/main
 # usage: the header comment of this file, without the leading "# ", and
@@ -157,6 +163,11 @@ main() {
     if [[ ${1:-} == packages ]]; then
         shift
         exec "$REPO/packaging/build-debs.sh" "$@"
+    fi
+    if [[ ${1:-} == machine ]]; then
+        shift
+        machines_main "$@"
+        return
     fi
     if [[ ${1:-} == accounts ]]; then
         shift

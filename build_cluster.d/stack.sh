@@ -50,9 +50,12 @@ stack_load_config() {
 }
 
 # --- helpers: containers of a service, exec in them
-# stack_cid SERVICE: id of its running container: the one of the task swarm
-# wants running (while swarm rolls a service onto a new spec, the old
-# container may still run: it is never chosen), else the first running.
+# stack_cid SERVICE: where its running container is: its id on this engine
+# (the one of the task swarm wants running: while swarm rolls a service
+# onto a new spec, the old container may still run: it is never chosen,
+# else the first running), or ID@SSH-TARGET for a task on another machine
+# (placement: the machine `machine add` labelled delegate.ssh, reached
+# over ssh). Empty when none runs. stack_exec and stack_exec_as take both.
 stack_cid() {
     local want c t
     want=$(docker service ps -q --no-trunc --filter desired-state=running "${STACK}_$1" 2>/dev/null)
@@ -63,6 +66,34 @@ stack_cid() {
         fi
     done < <(docker ps --filter "label=com.docker.swarm.service.name=${STACK}_$1" --filter status=running \
         --format '{{.ID}} {{.Label "com.docker.swarm.task.id"}}')
+    [[ $DELEGATE_STACK_PLACEMENT == 1 ]] || return 0
+    local node self target
+    self=$(docker info -f '{{.Swarm.NodeID}}')
+    for t in $want; do
+        node=$(docker inspect -f '{{.NodeID}}' "$t" 2>/dev/null) || continue
+        [[ -n $node && $node != "$self" ]] || continue
+        target=$(docker node inspect -f '{{index .Spec.Labels "delegate.ssh"}}' "$node" 2>/dev/null)
+        [[ -n $target ]] || continue
+        c=$(machine_ssh "$target" docker ps -q --filter "label=com.docker.swarm.task.id=$t" --filter status=running </dev/null)
+        [[ -n $c ]] && { echo "$c@$target"; return 0; }
+    done
+    return 0
+}
+
+# stack_docker_exec WHERE [OPTION...] -- CMD...: `docker exec OPTION...
+# ID CMD...` for WHERE as stack_cid prints it: here, or on its machine
+# over ssh (the words quoted for the remote shell; standard input passed).
+stack_docker_exec() {
+    local where=$1
+    shift
+    local -a opts=()
+    while (($#)) && [[ $1 != -- ]]; do opts+=("$1"); shift; done
+    shift
+    if [[ $where == *@* ]]; then
+        machine_ssh "${where#*@}" "$(printf '%q ' docker exec "${opts[@]}" "${where%%@*}" "$@")"
+    else
+        docker exec "${opts[@]}" "$where" "$@"
+    fi
 }
 
 # stack_service_settled SERVICE: swarm has rolled SERVICE onto the spec it
@@ -102,7 +133,7 @@ stack_exec() {
     local svc=$1 cid; shift
     cid=$(stack_cid "$svc")
     [[ -n $cid ]] || { warn "service ${STACK}_$svc has no running container"; return 1; }
-    docker exec -i "$cid" "$@"
+    stack_docker_exec "$cid" -i -- "$@"
 }
 # stack_exec_as USER SERVICE CMD...: run as USER, in their home, in the
 # service's container; on the user node with their own Slurm configuration
@@ -113,8 +144,8 @@ stack_exec_as() {
     [[ -n $cid ]] || { warn "service ${STACK}_$svc has no running container"; return 1; }
     [[ $svc == user ]] && conf=(-e "SLURM_CONF=/etc/slurm/users/$u/slurm.conf")
     [[ ${STACK_EXEC_TTY:-0} == 1 ]] && conf+=(-t)
-    docker exec -i -u "$u" -w "$DELEGATE_STACK_HOME/$u" \
-        -e HOME="$DELEGATE_STACK_HOME/$u" -e USER="$u" -e LOGNAME="$u" "${conf[@]}" "$cid" "$@"
+    stack_docker_exec "$cid" -i -u "$u" -w "$DELEGATE_STACK_HOME/$u" \
+        -e HOME="$DELEGATE_STACK_HOME/$u" -e USER="$u" -e LOGNAME="$u" "${conf[@]}" -- "$@"
 }
 
 # --- preflight: clear errors for what is missing
@@ -142,10 +173,11 @@ $(ss -Hltnp "sport = :$p" 2>/dev/null)
     fi
 }
 
-# stack_swarm: this engine is a swarm manager; an inactive engine becomes a
-# single-manager swarm, recorded in STACK_SWARM_MARK so `down` leaves it.
+# stack_swarm [ADDR]: this engine is a swarm manager; an inactive engine
+# becomes a single-manager swarm advertising ADDR (default: the engine's
+# choice), recorded in STACK_SWARM_MARK so `down` leaves it.
 stack_swarm() {
-    local state
+    local state want=${1:-}
     state=$(docker info --format '{{.Swarm.LocalNodeState}}')
     case $state in
         active)
@@ -153,9 +185,9 @@ stack_swarm() {
                 || die "this Docker engine is a swarm worker; run build_cluster.sh on a manager"
             log "swarm: active" ;;
         inactive)
-            log "swarm: initializing a single-manager swarm on this host"
+            log "swarm: initializing a single-manager swarm on this host${want:+ (address $want)}"
             # Recorded, so `down` leaves the swarm again (and only then).
-            if ! docker swarm init >/dev/null 2>&1; then
+            if ! docker swarm init ${want:+--advertise-addr "$want"} >/dev/null 2>&1; then
                 local addr
                 addr=$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')
                 docker swarm init --advertise-addr "${addr:-127.0.0.1}" >/dev/null \
@@ -540,11 +572,13 @@ stack_deploy() {
     docker stack services "$STACK" >/dev/null 2>&1 && existed=1
     STACK_IMAGES_REBUILT=0
     stack_build_images "${STACK_FORCE_BUILD:-0}"
-    stack_swarm
+    stack_swarm ""   # (the engine picks the address)
+    machines_placed
     stack_secrets
     stack_accounting_prepare "${STACK_FORCE_BUILD:-0}"
     stack_generate
-    stack_staging_up
+    # (on real machines, `machine add` made each worker machine's)
+    [[ $DELEGATE_STACK_PLACEMENT == 1 ]] || stack_staging_up
     log "stack: docker stack deploy $STACK ($DELEGATE_STACK_WORKERS workers)"
     # (without the engine's four-line warning, per service, that local
     # images have no registry digest: every node here is this engine)

@@ -81,7 +81,7 @@ struct Context {
     worker_scratch: u64,
     user_scratch: u64,
     head_constraint: &'static str,
-    worker_constraint: &'static str,
+    placement: bool,
     user_constraint: &'static str,
     workers: Vec<Worker>,
     elastic: bool,
@@ -166,11 +166,7 @@ pub fn render(s: &Settings, facts: &Facts) -> Result<String, RenderError> {
         worker_scratch: bytes(s, "DELEGATE_STACK_WORKER_SCRATCH")?,
         user_scratch: bytes(s, "DELEGATE_USER_NODE_SCRATCH")?,
         head_constraint: if placement { "\"node.role == manager\"" } else { "" },
-        worker_constraint: if placement {
-            "\"node.labels.delegate.role == worker\""
-        } else {
-            ""
-        },
+        placement,
         user_constraint: if placement {
             "\"node.labels.delegate.role == user\""
         } else {

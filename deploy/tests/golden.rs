@@ -231,10 +231,12 @@ fn stack_file_fixed_elastic_and_placed() {
     );
     let placed = stack_settings(false).with("DELEGATE_STACK_PLACEMENT", "1");
     let text = stack_file::render(&placed, &facts(&[1, 1])).unwrap();
-    assert_eq!(
-        text.matches("constraints: [\"node.labels.delegate.role == worker\"]").count(),
-        2
-    );
+    // Each worker on its own machine, by the label `machine add` gave it.
+    for i in 1..=2 {
+        let want = format!("constraints: [\"node.labels.delegate.worker == {i}\"]");
+        assert_eq!(text.matches(&want).count(), 1, "{want}");
+    }
+    assert_eq!(text.matches("constraints: [\"node.labels.delegate.role == user\"]").count(), 1);
     // A site's power hook replaces the power service.
     let hooked = stack_settings(true).with("DELEGATE_POWER_HOOK", "/usr/local/sbin/ipmi-power");
     let text = stack_file::render(&hooked, &facts(&[1, 0, 0])).unwrap();

@@ -1,0 +1,159 @@
+# shellcheck shell=bash
+# build_cluster.d/machines.sh -- the course's worker machines, from the
+# manager (docs/instructors.md, "On real machines"):
+#   ./build_cluster.sh machine add [--worker N] HOST   prepare HOST over ssh
+#                                  and join it to this swarm as worker N
+#                                  (the next free number by default)
+#   ./build_cluster.sh machine list                    the machines and
+#                                  the worker each one runs
+#   ./build_cluster.sh machine remove HOST|workerN     drain worker N in
+#                                  Slurm (its running calls finish), then
+#                                  take the machine out of the swarm
+# Run on the manager, as root; HOST is what ssh takes (root@host, an alias
+# of ~/.ssh/config). DELEGATE_MACHINE_SSH is the ssh command (default
+# "ssh -o BatchMode=yes"). Everything on the machine is done by
+# machine-prepare.sh, sent over ssh: nothing needs to be copied there first.
+# From the manager rather than on each machine: the join token, the worker
+# numbers and the node labels are the manager's, and the instructor has the
+# checkout and cluster.toml only there.
+#
+# Sourced by build_cluster.sh after common.sh and stack.sh.
+
+MACHINE_SSH=${DELEGATE_MACHINE_SSH:-ssh -o BatchMode=yes}
+
+# machine_ssh HOST CMD...: CMD on HOST as its ssh login (root).
+machine_ssh() {
+    local host=$1
+    shift
+    # shellcheck disable=SC2086  # the ssh command is words by design
+    $MACHINE_SSH "$host" "$@"
+}
+
+# machine_workers: "N NODE-ID HOSTNAME" for each swarm node labelled
+# delegate.worker=N.
+machine_workers() {
+    local id
+    for id in $(docker node ls -q); do
+        docker node inspect -f '{{index .Spec.Labels "delegate.worker"}} {{.ID}} {{.Description.Hostname}}' "$id"
+    done | awk '$1 ~ /^[0-9]+$/' | sort -n
+}
+
+# machine_next_worker: the lowest worker number no machine has.
+machine_next_worker() {
+    local n=1
+    while machine_workers | awk -v n="$n" '$1 == n {f = 1} END {exit !f}'; do n=$((n + 1)); done
+    echo "$n"
+}
+
+machine_add() {
+    local worker="" host="" out node version boot manager token
+    while (($#)); do
+        case $1 in
+            --worker) (($# > 1)) || die "--worker needs a number"; worker=$2; shift ;;
+            -*) die "machine add: unknown option '$1'" ;;
+            *) [[ -z $host ]] || die "machine add takes one host"; host=$1 ;;
+        esac
+        shift
+    done
+    [[ -n $host ]] || die "usage: ./build_cluster.sh machine add [--worker N] HOST"
+    [[ $host =~ ^[A-Za-z0-9@._-]+$ ]] || die "machine add: '$host' is not a host name"
+    need_root
+    stack_load_config
+    # The manager's address is the one it reaches the machine from: the
+    # overlay network's packets from another source address are dropped.
+    local ip src
+    ip=$(getent ahostsv4 "${host#*@}" | awk 'NR == 1 {print $1}')
+    [[ -n $ip ]] || die "machine add: cannot resolve ${host#*@}"
+    src=$(ip -4 route get "$ip" 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')
+    stack_swarm "$src"
+    manager=$(docker info -f '{{.Swarm.NodeAddr}}'):2377
+    [[ -z $src || ${manager%:*} == "$src" ]] \
+        || warn "this swarm's manager advertises ${manager%:*} but reaches $host from $src: the overlay network between them may not carry traffic (a swarm made for the machines: docker swarm init --advertise-addr $src)"
+    token=$(docker swarm join-token -q worker)
+    # Checked before the machine is touched: a machine already in this
+    # swarm keeps its number, and a number is one machine's.
+    local known had
+    known=$(machine_ssh "$host" docker info -f '{{.Swarm.NodeID}}' </dev/null 2>/dev/null) || known=""
+    had=$(machine_workers | awk -v id="$known" '$2 == id {print $1}')
+    if [[ -n $had && -n $worker && $worker != "$had" ]]; then
+        die "machine $host is worker$had already (./build_cluster.sh machine remove worker$had first)"
+    fi
+    [[ -n $worker ]] || worker=${had:-$(machine_next_worker)}
+    [[ $worker =~ ^[1-9][0-9]{0,2}$ ]] || die "--worker must be a number from 1, not '$worker'"
+    local other
+    other=$(machine_workers | awk -v n="$worker" -v id="$known" '$1 == n && $2 != id {print $3}')
+    [[ -z $other ]] || die "worker$worker is already the machine $other's (./build_cluster.sh machine list)"
+    log "machine $host: preparing it as worker$worker (ssh: $MACHINE_SSH)"
+    out=$(machine_ssh "$host" bash -s -- "$DELEGATE_STACK_STAGING" "$worker" "$DELEGATE_STACK_HOME" \
+        "$manager" "$token" <"$REPO/build_cluster.d/machine-prepare.sh" 2>&1) \
+        || die "machine $host: $(tail -n 3 <<<"$out")"
+    read -r _ node version boot < <(grep '^node ' <<<"$out" | tail -n 1)
+    [[ -n ${node:-} ]] || die "machine $host: no node id in its answer: $(tail -n 3 <<<"$out")"
+    wait_for 60 "machine $host in the swarm" docker node inspect "$node" >/dev/null \
+        || die "machine $host: node $node does not show in this swarm"
+    # (delegate.ssh: how `test`, `status` and `shell` reach its containers)
+    docker node update --label-add delegate.role=worker --label-add "delegate.worker=$worker" \
+        --label-add "delegate.ssh=$host" "$node" >/dev/null \
+        || die "cannot label node $node"
+    log "machine $host: worker$worker: in the swarm as node $node (Docker $version), staging $DELEGATE_STACK_STAGING/worker$worker a shared mount, at boot too ($boot)"
+}
+
+machine_list() {
+    local n id hostn state
+    printf '%-8s %-16s %-26s %s\n' WORKER MACHINE NODE STATE
+    while read -r n id hostn; do
+        state=$(docker node inspect -f '{{.Status.State}}/{{.Spec.Availability}}' "$id")
+        printf '%-8s %-16s %-26s %s\n' "worker$n" "$hostn" "$id" "$state"
+    done < <(machine_workers)
+}
+
+# machine_idle N: Slurm runs no job on worker N.
+machine_idle() { [[ -z $(stack_exec head squeue -h -w "worker$1" -o %i) ]]; }
+
+machine_remove() {
+    local what=${1:-} n id hostn
+    [[ -n $what ]] || die "usage: ./build_cluster.sh machine remove HOST|workerN"
+    need_root
+    stack_load_config
+    read -r n id hostn < <(machine_workers | awk -v w="$what" '"worker" $1 == w || $3 == w || $2 == w' | head -n 1)
+    [[ -n ${id:-} ]] || die "no machine '$what' (./build_cluster.sh machine list)"
+    if [[ -n $(stack_cid head) ]]; then
+        log "worker$n: draining in Slurm (running calls finish; new ones go elsewhere)"
+        stack_exec head scontrol update "nodename=worker$n" state=drain "reason=machine $hostn removed" \
+            || die "scontrol update nodename=worker$n state=drain failed"
+        wait_for "$DELEGATE_STACK_WAIT" "worker$n's running jobs to finish" machine_idle "$n" \
+            || die "worker$n still runs jobs after ${DELEGATE_STACK_WAIT}s; try again later"
+    fi
+    docker node update --availability drain "$id" >/dev/null || die "cannot drain node $id"
+    docker node update --label-rm delegate.worker --label-rm delegate.role --label-rm delegate.ssh "$id" >/dev/null || true
+    log "machine $hostn: worker$n drained and out of the swarm's placement; on it: docker swarm leave; then here: docker node rm $id"
+}
+
+# machines_placed: with placement (DELEGATE_STACK_PLACEMENT=1), every worker
+# 1..N has its machine, and some node is labelled for the user node (this
+# manager, when none is). `deploy` and `update` call it.
+machines_placed() {
+    [[ $DELEGATE_STACK_PLACEMENT == 1 ]] || return 0
+    local i missing=""
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        machine_workers | awk -v n="$i" '$1 == n {f = 1} END {exit !f}' || missing+=" worker$i"
+    done
+    [[ -z $missing ]] || die "placement: no machine for${missing}: ./build_cluster.sh machine add HOST (one per worker), or deploy --workers $(machine_workers | wc -l)"
+    if [[ -z $(docker node ls -q --filter node.label=delegate.role=user) ]]; then
+        docker node update --label-add delegate.role=user "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null \
+            || die "cannot label this manager delegate.role=user"
+        log "placement: the user node (JupyterHub) goes to this manager (label delegate.role=user)"
+    fi
+    log "placement: $(machine_workers | awk -v n="$DELEGATE_STACK_WORKERS" '$1 <= n {printf "%sworker%s on %s", s, $1, $3; s = ", "}')"
+}
+
+machines_main() {
+    local action=${1:-}
+    shift || true
+    case $action in
+        add) machine_add "$@" ;;
+        list) machine_list ;;
+        remove) machine_remove "$@" ;;
+        *) die "usage: ./build_cluster.sh machine add [--worker N] HOST | list | remove HOST|workerN" ;;
+    esac
+}
