@@ -6,6 +6,8 @@
 #
 #   tests/site/site.sh up      build (cached), start, install, configure
 #   tests/site/site.sh down    remove the containers and the site's files
+#   tests/site/site.sh base    only the Debian 13 base image (debootstrap,
+#                              cached), which tests/machines/ builds on too
 #
 # The site (its own configuration, written before delegate comes):
 #   ctl  slurmctld, and the login node users run commands on
@@ -239,5 +241,6 @@ down() {
 case ${1:-} in
     up) up ;;
     down) down ;;
-    *) echo "usage: tests/site/site.sh up|down" >&2; exit 2 ;;
+    base) base_image ;;
+    *) echo "usage: tests/site/site.sh up|down|base" >&2; exit 2 ;;
 esac

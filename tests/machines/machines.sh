@@ -1,0 +1,133 @@
+#!/bin/bash
+# tests/machines/machines.sh -- worker machines emulated the way kind
+# emulates Kubernetes nodes: each a container with its own hostname and
+# address on a private network, its own Docker engine (its own images,
+# containers and sandboxes) and an ssh server, nothing of delegate in it.
+# This host is the manager: the instructor's machine, with the checkout,
+# cargo, the images and the swarm's manager engine.
+#
+#   tests/machines/machines.sh up      build the machine images (cached),
+#                                      start the machines, authorize the
+#                                      manager's ssh key on them
+#   tests/machines/machines.sh down    remove them, their engines' data,
+#                                      the network and the key
+#   tests/machines/machines.sh ssh     print the ssh command the manager
+#                                      uses (DELEGATE_MACHINE_SSH)
+#
+# The machines (MACHINES): m1 Debian 12 with its docker.io 20.10, m2 Debian
+# 13 with its docker.io 26. The home is this host's DELEGATE_STACK_HOME,
+# bound at the same path in each machine (not over the network: see
+# docs/instructors.md, "What the emulation shows"). The machines run
+# unprivileged with every capability but CAP_SYS_RESOURCE (which this host's
+# own root lacks, so `docker run --privileged` fails here), unconfined, with
+# every device allowed: what a nested engine needs (the init remounts the
+# cgroup hierarchies writable, machine-entrypoint.sh).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/../.." && pwd)
+HERE=$REPO/tests/machines
+NET=${DELEGATE_MACHINES_NET:-delegate-machines}
+SUBNET=${DELEGATE_MACHINES_SUBNET:-172.31.90.0/24}
+HOME_DIR=${DELEGATE_STACK_HOME:-/srv/delegate-stack/home}
+STATE=${DELEGATE_MACHINES_STATE:-/var/lib/delegate/machines}
+KEY=$STATE/id_ed25519
+# name:image
+MACHINES=("m1:delegate-machine:bookworm" "m2:delegate-machine:trixie")
+
+log() { printf '%s [machines] %s\n' "$(date '+%H:%M:%S')" "$*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+
+ssh_cmd() {
+    echo "ssh -i $KEY -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=$STATE/known_hosts -o BatchMode=yes -o ConnectTimeout=10"
+}
+
+# image SUITE BASE: the machine image of a Debian suite, built on BASE.
+image() {
+    local tag=delegate-machine:$1 base=$2
+    local src
+    src=$(cat "$HERE/machine.Dockerfile" "$HERE/machine-entrypoint.sh" | sha256sum | cut -c1-16)
+    if [[ $(docker image inspect -f '{{index .Config.Labels "org.delegate.source"}}' "$tag" 2>/dev/null) == "$src" ]]; then
+        return 0
+    fi
+    log "image $tag: building on $base"
+    docker build -q --build-arg "BASE_IMAGE=$base" --label "org.delegate.source=$src" \
+        -t "$tag" -f "$HERE/machine.Dockerfile" "$HERE" >/dev/null || die "docker build of $tag failed"
+}
+
+images() {
+    docker image inspect delegate-base:bookworm >/dev/null 2>&1 \
+        || die "delegate-base:bookworm is missing: run ./build_cluster.sh --local first"
+    "$REPO/tests/site/site.sh" base
+    image bookworm delegate-base:bookworm
+    image trixie delegate-site-base:trixie
+}
+
+start() {
+    local name=$1 img=$2
+    if [[ $(docker inspect -f '{{.State.Running}} {{.Image}}' "$name" 2>/dev/null) \
+        == "true $(docker image inspect -f '{{.Id}}' "$img")" ]]; then
+        return 0
+    fi
+    docker rm -f "$name" >/dev/null 2>&1 || true
+    log "machine $name: starting ($img)"
+    docker run -d --name "$name" --hostname "$name" --network "$NET" \
+        --label org.delegate.machine=1 \
+        --cap-add ALL --cap-drop SYS_RESOURCE \
+        --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+        --security-opt systempaths=unconfined --device-cgroup-rule 'a *:* rwm' \
+        --device /dev/fuse --tmpfs /run --tmpfs /tmp \
+        -v "$name-docker:/var/lib/docker" \
+        -v "$HOME_DIR:$HOME_DIR" \
+        "$img" >/dev/null || die "cannot start machine $name"
+    # A new machine: a new host key.
+    [[ -f $STATE/known_hosts ]] && ssh-keygen -q -R "$(address "$name")" -f "$STATE/known_hosts" >/dev/null 2>&1
+    return 0
+}
+
+authorize() {
+    local name=$1 _
+    for _ in $(seq 60); do
+        docker exec "$name" docker info >/dev/null 2>&1 && break
+        sleep 1
+    done
+    docker exec "$name" docker info >/dev/null 2>&1 \
+        || die "machine $name: its Docker engine does not answer: $(docker exec "$name" tail -n 5 /var/log/machine/dockerd.log)"
+    docker exec -i "$name" sh -c 'install -d -m 0700 /root/.ssh && cat >/root/.ssh/authorized_keys && chmod 0600 /root/.ssh/authorized_keys' \
+        <"$KEY.pub"
+    $(ssh_cmd) "root@$(address "$name")" true || die "machine $name: ssh as root does not work"
+    log "machine $name: $(docker exec "$name" docker version -f 'Docker {{.Server.Version}}'), ssh root@$(address "$name")"
+}
+
+address() { docker inspect -f "{{(index .NetworkSettings.Networks \"$NET\").IPAddress}}" "$1"; }
+
+up() {
+    images
+    install -d -m 0700 "$STATE"
+    [[ -s $KEY ]] || ssh-keygen -q -t ed25519 -N '' -C delegate-manager -f "$KEY"
+    install -d -m 0711 "$HOME_DIR"
+    docker network inspect "$NET" >/dev/null 2>&1 \
+        || docker network create --subnet "$SUBNET" "$NET" >/dev/null \
+        || die "cannot create network $NET ($SUBNET)"
+    local m
+    for m in "${MACHINES[@]}"; do start "${m%%:*}" "${m#*:}"; done
+    for m in "${MACHINES[@]}"; do authorize "${m%%:*}"; done
+}
+
+down() {
+    local m name
+    for m in "${MACHINES[@]}"; do
+        name=${m%%:*}
+        docker rm -f "$name" >/dev/null 2>&1 || true
+        docker volume rm "$name-docker" >/dev/null 2>&1 || true
+    done
+    docker network rm "$NET" >/dev/null 2>&1 || true
+    rm -rf "$STATE"
+}
+
+case ${1:-} in
+    up) up ;;
+    down) down ;;
+    ssh) ssh_cmd ;;
+    address) address "${2:?machine}" ;;
+    *) echo "usage: tests/machines/machines.sh up|down|ssh|address NAME" >&2; exit 2 ;;
+esac
