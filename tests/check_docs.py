@@ -108,8 +108,26 @@ def stage_problems() -> list[str]:
     return problems
 
 
+def life_of_a_call_problems() -> list[str]:
+    """Each row of docs/architecture.md's "The life of a call" names a file
+    and a function defined in it (def, fn, function, or a shell NAME())."""
+    text = (REPO / "docs/architecture.md").read_text()
+    section = text.split("## The life of a call", 1)[-1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\|[^|]+\| `([^`]+)` \| `([^`]+)` \|$", section, re.M)
+    problems = [] if len(rows) >= 10 else [f"docs/architecture.md: the life of a call has {len(rows)} steps"]
+    for file, name in rows:
+        path = REPO / file
+        if not path.is_file():
+            problems.append(f"docs/architecture.md, the life of a call: {file} does not exist")
+            continue
+        defined = rf"(\bdef {name}\(|\bfn {name}\b|\bfunction {name}\b|^{name}\(\) *\{{)"
+        if not re.search(defined, path.read_text(), re.M):
+            problems.append(f"docs/architecture.md, the life of a call: {file} defines no {name}")
+    return problems
+
+
 if __name__ == "__main__":
-    problems = broken_links() + settings_problems() + stage_problems()
+    problems = broken_links() + settings_problems() + stage_problems() + life_of_a_call_problems()
     for p in problems:
         print(p, file=sys.stderr)
     sys.exit(1 if problems else 0)
