@@ -38,11 +38,10 @@ machine_workers() {
     done | awk '$1 ~ /^[0-9]+$/' | sort -n
 }
 
-# machine_next_worker: the lowest worker number no machine has.
+# machine_next_worker LIST: the lowest worker number no machine of LIST
+# (machine_workers' lines) has.
 machine_next_worker() {
-    local n=1
-    while machine_workers | awk -v n="$n" '$1 == n {f = 1} END {exit !f}'; do n=$((n + 1)); done
-    echo "$n"
+    awk '{ taken[$1] = 1 } END { n = 1; while (n in taken) n++; print n }' <<<"$1"
 }
 
 machine_add() {
@@ -72,16 +71,17 @@ machine_add() {
     token=$(docker swarm join-token -q worker)
     # Checked before the machine is touched: a machine already in this
     # swarm keeps its number, and a number is one machine's.
-    local known had
+    local known had workers
     known=$(machine_ssh "$host" docker info -f '{{.Swarm.NodeID}}' </dev/null 2>/dev/null) || known=""
-    had=$(machine_workers | awk -v id="$known" '$2 == id {print $1}')
+    workers=$(machine_workers)
+    had=$(awk -v id="$known" '$2 == id {print $1}' <<<"$workers")
     if [[ -n $had && -n $worker && $worker != "$had" ]]; then
         die "machine $host is worker$had already (./build_cluster.sh machine remove worker$had first)"
     fi
-    [[ -n $worker ]] || worker=${had:-$(machine_next_worker)}
+    [[ -n $worker ]] || worker=${had:-$(machine_next_worker "$workers")}
     [[ $worker =~ ^[1-9][0-9]{0,2}$ ]] || die "--worker must be a number from 1, not '$worker'"
     local other
-    other=$(machine_workers | awk -v n="$worker" -v id="$known" '$1 == n && $2 != id {print $3}')
+    other=$(awk -v n="$worker" -v id="$known" '$1 == n && $2 != id {print $3}' <<<"$workers")
     [[ -z $other ]] || die "worker$worker is already the machine $other's (./build_cluster.sh machine list)"
     log "machine $host: preparing it as worker$worker (ssh: $MACHINE_SSH)"
     out=$(machine_ssh "$host" bash -s -- "$DELEGATE_STACK_STAGING" "$worker" "$DELEGATE_STACK_HOME" \
@@ -134,17 +134,17 @@ machine_remove() {
 # manager, when none is). `deploy` and `update` call it.
 machines_placed() {
     [[ $DELEGATE_STACK_PLACEMENT == 1 ]] || return 0
-    local i missing=""
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
-        machine_workers | awk -v n="$i" '$1 == n {f = 1} END {exit !f}' || missing+=" worker$i"
-    done
-    [[ -z $missing ]] || die "placement: no machine for${missing}: ./build_cluster.sh machine add HOST (one per worker), or deploy --workers $(machine_workers | wc -l)"
+    local workers missing
+    workers=$(machine_workers)
+    missing=$(awk -v max="$DELEGATE_STACK_WORKERS" \
+        '{ have[$1] = 1 } END { for (i = 1; i <= max; i++) if (!(i in have)) printf " worker%d", i }' <<<"$workers")
+    [[ -z $missing ]] || die "placement: no machine for${missing}: ./build_cluster.sh machine add HOST (one per worker), or deploy --workers $(grep -c . <<<"$workers")"
     if [[ -z $(docker node ls -q --filter node.label=delegate.role=user) ]]; then
         docker node update --label-add delegate.role=user "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null \
             || die "cannot label this manager delegate.role=user"
         log "placement: the user node (JupyterHub) goes to this manager (label delegate.role=user)"
     fi
-    log "placement: $(machine_workers | awk -v n="$DELEGATE_STACK_WORKERS" '$1 <= n {printf "%sworker%s on %s", s, $1, $3; s = ", "}')"
+    log "placement: $(awk -v n="$DELEGATE_STACK_WORKERS" '$1 <= n {printf "%sworker%s on %s", s, $1, $3; s = ", "}' <<<"$workers")"
 }
 
 machines_main() {
