@@ -113,3 +113,17 @@ def deployed(*args: str, env: dict | None = None) -> Iterator[subprocess.Complet
     finally:
         down = run(SCRIPT, "down", timeout=600, env=env)
         assert down.returncode == 0, "down failed"
+
+
+def wait_until(what: str, cond, timeout: float, step: float = 2, detail=None):
+    """cond()'s first true value, asked every step seconds; after timeout
+    seconds a failure naming what, with detail() (what the caller knows
+    of the state then) appended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s" + (f"; {detail()}" if detail else ""))
+        time.sleep(step)

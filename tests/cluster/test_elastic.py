@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import stacklib
 from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, as_user, cid, deployed, on, run
 
 IDLE = 30
@@ -62,14 +63,7 @@ def running_workers() -> list[str]:
 
 
 def wait_until(what: str, cond, timeout: float, step: float = 2):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s; nodes {nodes()}\n{worker_logs()}")
-        time.sleep(step)
+    return stacklib.wait_until(what, cond, timeout, step, detail=lambda: f"nodes {nodes()}\n{worker_logs()}")
 
 
 def worker_logs(lines: int = 40) -> str:

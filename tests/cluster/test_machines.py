@@ -20,11 +20,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 
 import pytest
 
-from stacklib import REPO, SCRIPT, STACK, STUDENT, deployed, on, run
+from stacklib import REPO, SCRIPT, STACK, STUDENT, deployed, on, run, wait_until
 
 MACHINES = {"m1": "20.10", "m2": "26."}
 TOOL = str(REPO / "tests" / "machines" / "machines.sh")
@@ -39,16 +38,6 @@ def on_machine(m: str, *cmd: str, **kw) -> subprocess.CompletedProcess:
 
 def address(m: str) -> str:
     return run(TOOL, "address", m, quiet=True).stdout.strip()
-
-
-def wait_until(what: str, cond, timeout: float, step: float = 2):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(step)
 
 
 def sandboxes(m: str) -> list[str]:
