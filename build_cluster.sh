@@ -136,6 +136,9 @@ source "$REPO/build_cluster.d/stack_accounting.sh"
 source "$REPO/build_cluster.d/hub.sh"
 # shellcheck source=build_cluster.d/check.sh
 source "$REPO/build_cluster.d/check.sh"
+# shellcheck source=build_cluster.d/registry.sh
+source "$REPO/build_cluster.d/registry.sh"
+# shellcheck source=build_cluster.d/machines.sh
 source "$REPO/build_cluster.d/machines.sh"
 
 # ------------------------------------------------------------ usage/main

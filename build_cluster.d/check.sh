@@ -122,6 +122,41 @@ t_worker_locked() {
     done
     return $rc
 }
+# t_same_sandbox_image: every worker's engine has the policy's sandbox
+# image with the same id (digest) as this manager's.
+t_same_sandbox_image() {
+    local want have i rc=0
+    want=$(docker image inspect -f '{{.Id}}' "$DELEGATE_SANDBOX_IMAGE") || { echo "no $DELEGATE_SANDBOX_IMAGE here"; return 1; }
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        have=$(stack_exec "worker$i" docker image inspect -f '{{.Id}}' "$DELEGATE_SANDBOX_IMAGE" 2>&1)
+        if [[ $have != "$want" ]]; then
+            echo "worker$i: $DELEGATE_SANDBOX_IMAGE is '${have:0:80}', not ${want:0:19}"; rc=1
+        fi
+    done
+    ((rc)) || echo "$DELEGATE_SANDBOX_IMAGE ${want:0:19} on every worker's engine"
+    return $rc
+}
+# t_home_writable USER: on every worker USER writes a file in their home,
+# which the user node sees with USER's uid (the home's server squashes no
+# uid, and USER has the same uid everywhere).
+t_home_writable() {
+    local u=$1 uid i f got rc=0
+    uid=$(stack_exec user id -u "$u") || { echo "no account $u on the user node"; return 1; }
+    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+        f=$DELEGATE_STACK_HOME/$u/.stack-check-home-worker$i
+        # shellcheck disable=SC2016  # $1 and $2 are for the worker's shell
+        if ! stack_exec_as "$u" "worker$i" sh -c 'echo "$1" >"$2"' sh "worker$i" "$f"; then
+            echo "worker$i: $u cannot write $f"; rc=1; continue
+        fi
+        got=$(stack_exec user stat -c '%u %s' "$f" 2>&1)
+        stack_exec_as "$u" user rm -f "$f"
+        if [[ $got != "$uid 8" ]]; then
+            echo "worker$i: $u's file shows on the user node as '$got' (want uid $uid, 8 bytes): a squashed or remapped uid"; rc=1
+        fi
+    done
+    ((rc)) || echo "$u (uid $uid) writes the home from every worker; the user node sees uid $uid"
+    return $rc
+}
 # t_python USER ARGS...: stack/check_user.py on the user node, as USER, with
 # ARGS (basic, excl N, map N: see that file).
 t_python() {
@@ -201,6 +236,8 @@ stack_test() {
     check "$t1 cannot run plain Slurm jobs (srun, sbatch --wrap)" t_plain_slurm_refused "$t1"
     check "the root agent runs and answers on every worker" t_agents "$t1"
     check "$t1 cannot reach the Docker socket on any worker; the runner is not setgid" t_worker_locked "$t1"
+    check "the same sandbox image on every worker" t_same_sandbox_image
+    check "$t1 writes the home from every worker, same uid everywhere" t_home_writable "$t1"
     check "$t1: Python function via delegate, own uid, perf counter" t_python "$t1" basic
     check "$t2: Python function via delegate, own uid, perf counter" t_python "$t2" basic
     check "$t1 cannot read $t2's job directories" t_isolation "$t1" "$t2"

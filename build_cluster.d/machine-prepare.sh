@@ -3,22 +3,25 @@
 # runs on a worker machine, as root, over ssh (the script on its standard
 # input, its arguments on the command line; nothing of delegate needs to be
 # installed there first):
-#   bash -s STAGING WORKER HOME MANAGER TOKEN
+#   bash -s STAGING WORKER HOME MANAGER TOKEN REGISTRY CA
 # It checks the machine (its Docker engine, the shared home), makes the
 # workers' staging directory STAGING a shared mount point with the root-only
 # directory STAGING/workerWORKER, now and at every boot (a systemd unit
 # ordered before docker.service where systemd is the init, else
 # /etc/rc.local), and joins the swarm of MANAGER (address:port) with TOKEN
-# unless already in it. Prints "node NODE-ID DOCKER-VERSION BOOT-MECHANISM"
+# unless already in it. Its engine trusts the course's CA (CA: the
+# certificate in base64) for the registry REGISTRY (address:port), through
+# /etc/docker/certs.d, which the engine reads at each pull. Prints "node NODE-ID DOCKER-VERSION BOOT-MECHANISM"
 # last; errors are one line on stderr, exit 1.
 set -euo pipefail
 
-staging=$1 worker=$2 home=$3 manager=$4 token=$5
+staging=$1 worker=$2 home=$3 manager=$4 token=$5 registry=$6 ca=$7
 die() { printf 'machine %s: %s\n' "$(hostname)" "$*" >&2; exit 1; }
 
 [[ $staging =~ ^/[A-Za-z0-9._/-]+$ && $staging != *..* ]] || die "bad staging directory '$staging'"
 [[ $worker =~ ^[1-9][0-9]{0,2}$ ]] || die "bad worker number '$worker'"
 [[ $manager =~ ^[A-Za-z0-9.:-]+$ ]] || die "bad manager address '$manager'"
+[[ $registry =~ ^[A-Za-z0-9.-]+:[0-9]+$ ]] || die "bad registry address '$registry'"
 
 docker info >/dev/null 2>&1 || die "its Docker engine does not answer (docker info): install docker.io and start it"
 version=$(docker version -f '{{.Server.Version}}')
@@ -65,6 +68,14 @@ else
     fi
     chmod 0755 /etc/rc.local
 fi
+
+# The registry's CA.
+install -d -m 0755 "/etc/docker/certs.d/$registry"
+if ! base64 -d <<<"$ca" >"/etc/docker/certs.d/$registry/ca.crt.new" \
+    || ! grep -q 'BEGIN CERTIFICATE' "/etc/docker/certs.d/$registry/ca.crt.new"; then
+    die "the registry's CA certificate did not arrive whole"
+fi
+mv "/etc/docker/certs.d/$registry/ca.crt.new" "/etc/docker/certs.d/$registry/ca.crt"
 
 state=$(docker info -f '{{.Swarm.LocalNodeState}}')
 case $state in

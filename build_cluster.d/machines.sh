@@ -84,8 +84,12 @@ machine_add() {
     other=$(awk -v n="$worker" -v id="$known" '$1 == n && $2 != id {print $3}' <<<"$workers")
     [[ -z $other ]] || die "worker$worker is already the machine $other's (./build_cluster.sh machine list)"
     log "machine $host: preparing it as worker$worker (ssh: $MACHINE_SSH)"
+    # The course's CA, for the registry the machine pulls its images from.
+    local registry ca
+    registry=$(registry_address)
+    ca=$(base64 -w0 <"$(registry_ca)")
     out=$(machine_ssh "$host" bash -s -- "$DELEGATE_STACK_STAGING" "$worker" "$DELEGATE_STACK_HOME" \
-        "$manager" "$token" <"$REPO/build_cluster.d/machine-prepare.sh" 2>&1) \
+        "$manager" "$token" "$registry" "$ca" <"$REPO/build_cluster.d/machine-prepare.sh" 2>&1) \
         || die "machine $host: $(tail -n 3 <<<"$out")"
     read -r _ node version boot < <(grep '^node ' <<<"$out" | tail -n 1)
     [[ -n ${node:-} ]] || die "machine $host: no node id in its answer: $(tail -n 3 <<<"$out")"
@@ -95,7 +99,7 @@ machine_add() {
     docker node update --label-add delegate.role=worker --label-add "delegate.worker=$worker" \
         --label-add "delegate.ssh=$host" "$node" >/dev/null \
         || die "cannot label node $node"
-    log "machine $host: worker$worker: in the swarm as node $node (Docker $version), staging $DELEGATE_STACK_STAGING/worker$worker a shared mount, at boot too ($boot)"
+    log "machine $host: worker$worker: in the swarm as node $node (Docker $version), staging $DELEGATE_STACK_STAGING/worker$worker a shared mount, at boot too ($boot), trusts the registry $registry"
 }
 
 machine_list() {

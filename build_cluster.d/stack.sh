@@ -330,7 +330,7 @@ stack_generate() {
     deploy_render "$STACK_FILE" stack-file --replicas "$(elastic_replicas)" \
         --config-version "$cfgv" --key-version "$keyv" --hub-version "$(hub_secrets_version)" \
         --db-version "$STACK_DBV" --db-volume "$(stack_db_volume)" --ctld-volume "$(stack_ctld_volume)" \
-        --cgroup-memory "$HUB_CG_MEM" --cgroup-cpu "$HUB_CG_CPU"
+        --cgroup-memory "$HUB_CG_MEM" --cgroup-cpu "$HUB_CG_CPU" "${REGISTRY_FACTS[@]}"
     log "generated $STACK_GEN/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,delegate-stack.yml} ($n workers)"
 }
 
@@ -574,6 +574,7 @@ stack_deploy() {
     stack_build_images "${STACK_FORCE_BUILD:-0}"
     stack_swarm ""   # (the engine picks the address)
     machines_placed
+    registry_publish
     stack_secrets
     stack_accounting_prepare "${STACK_FORCE_BUILD:-0}"
     stack_generate
@@ -581,8 +582,10 @@ stack_deploy() {
     [[ $DELEGATE_STACK_PLACEMENT == 1 ]] || stack_staging_up
     log "stack: docker stack deploy $STACK ($DELEGATE_STACK_WORKERS workers)"
     # (without the engine's four-line warning, per service, that local
-    # images have no registry digest: every node here is this engine)
-    (cd "$STACK_GEN" && docker stack deploy --prune -c "$STACK_FILE" "$STACK" 2>&1 \
+    # images have no registry digest: every node but the workers' machines
+    # is this engine)
+    (cd "$STACK_GEN" && docker "${REGISTRY_CLIENT[@]}" stack deploy "${REGISTRY_DEPLOY[@]}" \
+        --prune -c "$STACK_FILE" "$STACK" 2>&1 \
         | grep -v -e 'could not be accessed on a registry' -e '^its digest\. Each node will access' \
             -e '^possibly leading to different nodes' -e '^versions of the image\.$' -e '^$') || true
     docker stack services "$STACK" >/dev/null 2>&1 || die "docker stack deploy failed"
@@ -745,6 +748,7 @@ stack_down() {
     stack_staging_down
     stack_accounting_down
     hub_cgroups_down
+    registry_down
     if [[ -f $STACK_SWARM_MARK ]]; then
         if [[ -z $(docker service ls -q 2>/dev/null) ]]; then
             log "down: leaving the swarm this script initialized"

@@ -51,6 +51,28 @@ chmod 0644 /etc/delegate/node-role
 install -o root -g root -m 0644 "$CFG/job_submit.lua" /etc/slurm/job_submit.lua
 install -o root -g root -m 0644 "$CFG/plugstack.conf" /etc/slurm/delegate-plugstack.conf
 
+# sandbox_pull REF NAME: the host's engine pulls REF (an image by digest)
+# with the registry's credentials (the registry-auth.json secret, root's
+# only) and tags it NAME; a registry that does not answer yet is tried
+# again for a minute, then the worker fails (and swarm restarts it).
+sandbox_pull() {
+    local ref=$1 name=$2 conf=/run/delegate/registry i out
+    install -d -m 0700 "$conf"
+    install -m 0600 /run/secrets/registry-auth.json "$conf/config.json" \
+        || die "the registry's credentials (secret registry-auth.json) are missing"
+    for i in $(seq 20); do
+        if out=$(docker --config "$conf" pull -q "$ref" 2>&1); then
+            docker tag "$ref" "$name" || die "cannot tag $ref as $name"
+            rm -rf "$conf"
+            log "sandbox image $name: $ref, from the course's registry"
+            return 0
+        fi
+        ((i < 20)) && sleep 3
+    done
+    rm -rf "$conf"
+    die "cannot pull the sandbox image $ref: $out"
+}
+
 # --- the power program of elastic workers (docs/elastic.md, slurm-conf/power.sh)
 install -d -m 0755 /usr/local/lib/delegate
 if [[ -r $CFG/power.sh ]]; then
@@ -333,7 +355,13 @@ worker)
     else
         log "WARNING: the host's /proc is not mounted at $engine/proc: deleted-but-open files of sandboxes are not counted"
     fi
-    docker image inspect "$(sed -n 's/^default_image *= *"\(.*\)"/\1/p' /etc/delegate/policy.toml)" >/dev/null 2>&1 \
+    sandbox_image=$(sed -n 's/^default_image *= *"\(.*\)"/\1/p' /etc/delegate/policy.toml)
+    # On a worker machine: the sandbox image from the course's registry
+    # (build_cluster.d/registry.sh), by digest, tagged as the policy's.
+    if [[ -n ${DELEGATE_SANDBOX_PULL:-} ]]; then
+        sandbox_pull "$DELEGATE_SANDBOX_PULL" "$sandbox_image"
+    fi
+    docker image inspect "$sandbox_image" >/dev/null 2>&1 \
         || log "WARNING: the sandbox image is not present on this host's Docker engine"
     # The root agent, before slurmd: restarted if it ever exits (a job's
     # runner fails with "cannot reach the delegate agent" meanwhile).

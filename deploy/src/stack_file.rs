@@ -36,6 +36,18 @@ pub struct Facts {
     pub cgroup_memory: String,
     #[arg(long)]
     pub cgroup_cpu: String,
+    /// The course's registry (worker machines, `build_cluster.sh machine
+    /// add`): the cluster image's reference there, by digest, which the
+    /// worker services run; empty: the local cluster image.
+    #[arg(long, default_value = "")]
+    pub worker_image: String,
+    /// The sandbox image's reference in the registry, by digest, which each
+    /// worker has its machine's engine pull (with the registry-auth secret).
+    #[arg(long, default_value = "")]
+    pub sandbox_pull: String,
+    /// Hash of the registry's client credentials (their secret's name).
+    #[arg(long, default_value = "")]
+    pub registry_version: String,
 }
 
 /// The replicas of the worker services, in order.
@@ -60,6 +72,9 @@ struct Context {
     marker: &'static str,
     stack: String,
     cluster_image: String,
+    worker_image: String,
+    sandbox_pull: String,
+    registry_version: String,
     user_image: String,
     db_image: String,
     db_name: String,
@@ -145,6 +160,9 @@ pub fn render(s: &Settings, facts: &Facts) -> Result<String, RenderError> {
         marker: MARKER,
         stack: s.checked("DELEGATE_STACK_NAME", "a name of a-z 0-9 _ -", is_unix_name)?,
         cluster_image: s.checked("DELEGATE_CLUSTER_IMAGE", "a Docker image name", is_image)?,
+        worker_image: String::new(),
+        sandbox_pull: String::new(),
+        registry_version: String::new(),
         user_image: s.checked("DELEGATE_USER_IMAGE", "a Docker image name", is_image)?,
         db_image: s.checked("DELEGATE_DB_IMAGE", "a Docker image name", is_image)?,
         db_name: s.checked("DELEGATE_DB_NAME", "a database name of a-z 0-9 _ -", is_unix_name)?,
@@ -190,7 +208,32 @@ pub fn render(s: &Settings, facts: &Facts) -> Result<String, RenderError> {
         hub_cg_mem: fact("memory cgroup", &facts.cgroup_memory, is_safe_path)?,
         hub_cg_cpu: fact("cpu cgroup", &facts.cgroup_cpu, is_safe_path)?,
     };
-    templates::render_yaml("delegate-stack.yml", &ctx)
+    templates::render_yaml("delegate-stack.yml", &with_registry(ctx, facts)?)
+}
+
+/// The context with the registry's facts: all three or none, each checked.
+fn with_registry(mut ctx: Context, facts: &Facts) -> Result<Context, RenderError> {
+    let given = [&facts.worker_image, &facts.sandbox_pull, &facts.registry_version];
+    if given.iter().all(|f| f.is_empty()) {
+        ctx.worker_image = ctx.cluster_image.clone();
+        return Ok(ctx);
+    }
+    if given.iter().any(|f| f.is_empty()) {
+        return Err(RenderError::Invalid(
+            "--worker-image, --sandbox-pull and --registry-version go together".into(),
+        ));
+    }
+    ctx.worker_image = fact("worker image", &facts.worker_image, is_image_digest)?;
+    ctx.sandbox_pull = fact("sandbox image to pull", &facts.sandbox_pull, is_image_digest)?;
+    ctx.registry_version = fact("registry credentials version", &facts.registry_version, is_version)?;
+    Ok(ctx)
+}
+
+/// An image reference pinned by its digest (`host:port/name@sha256:...`).
+fn is_image_digest(s: &str) -> bool {
+    is_image(s)
+        && s.split_once("@sha256:")
+            .is_some_and(|(_, d)| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]

@@ -109,6 +109,19 @@ fn facts(replicas: &[u8]) -> Facts {
         ctld_volume: "delegate-slurmctld-state".into(),
         cgroup_memory: "/sys/fs/cgroup/delegate-hub-delegate".into(),
         cgroup_cpu: "/sys/fs/cgroup/delegate-hub-delegate".into(),
+        ..Facts::default()
+    }
+}
+
+/// The facts of a deploy onto worker machines, whose images come from the
+/// course's registry.
+fn registry_facts(replicas: &[u8]) -> Facts {
+    let digest = "sha256:".to_owned() + &"ab12".repeat(16);
+    Facts {
+        worker_image: format!("172.31.90.1:5000/delegate/cluster@{digest}"),
+        sandbox_pull: format!("172.31.90.1:5000/delegate/sandbox@{digest}"),
+        registry_version: "0c1a2b3d4e".into(),
+        ..facts(replicas)
     }
 }
 
@@ -230,7 +243,17 @@ fn stack_file_fixed_elastic_and_placed() {
         &stack_file::render(&stack_settings(true), &facts(&[1, 0, 1])).unwrap(),
     );
     let placed = stack_settings(false).with("DELEGATE_STACK_PLACEMENT", "1");
-    let text = stack_file::render(&placed, &facts(&[1, 1])).unwrap();
+    let text = stack_file::render(&placed, &registry_facts(&[1, 1])).unwrap();
+    golden("delegate-stack.yml.placed", &text);
+    // The workers run the registry's image and pull its sandbox image; the
+    // manager's services keep the local images.
+    assert_eq!(text.matches("image: 172.31.90.1:5000/delegate/cluster@sha256:").count(), 2);
+    assert_eq!(text.matches("DELEGATE_SANDBOX_PULL: \"172.31.90.1:5000/").count(), 2);
+    assert_eq!(
+        text.matches("source: registry_auth, target: registry-auth.json, mode: 0400")
+            .count(),
+        2
+    );
     // Each worker on its own machine, by the label `machine add` gave it.
     for i in 1..=2 {
         let want = format!("constraints: [\"node.labels.delegate.worker == {i}\"]");
@@ -259,6 +282,15 @@ fn stack_file_refuses_wrong_replicas_and_facts() {
     f.db_volume = "db\"; rm".into();
     let err = stack_file::render(&stack_settings(false), &f).unwrap_err().to_string();
     assert!(err.contains("database volume"), "{err}");
+    // The registry's facts: all or none, each pinned by digest.
+    let mut f = registry_facts(&[1, 1]);
+    f.registry_version = String::new();
+    let err = stack_file::render(&stack_settings(false), &f).unwrap_err().to_string();
+    assert!(err.contains("go together"), "{err}");
+    let mut f = registry_facts(&[1, 1]);
+    f.worker_image = "172.31.90.1:5000/delegate/cluster:latest".into();
+    let err = stack_file::render(&stack_settings(false), &f).unwrap_err().to_string();
+    assert!(err.contains("worker image"), "{err}");
     let s = stack_settings(false).with("DELEGATE_RPC_RATE", "fast");
     let err = stack_file::render(&s, &facts(&[1, 1])).unwrap_err().to_string();
     assert_eq!(err, "DELEGATE_RPC_RATE must be a number from 0 to 999999, not 'fast'");

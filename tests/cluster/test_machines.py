@@ -7,10 +7,10 @@ placement, `test`, then a map whose calls run in sandboxes of both
 machines' own engines; `machine list`; a worker machine restarted (its
 staging mount comes back from its boot script) takes calls again; `down`.
 
-Not yet the instructor's: the images reach the machines' engines by
-`docker save | docker load` here (the test's stand-in until the stack has
-its registry), and the home is this host's directory bound into the
-machines, not a network filesystem.
+The images reach the machines' engines from the course's registry
+(build_cluster.d/registry.sh), nothing else. Not yet the instructor's:
+the home is this host's directory bound into the machines, not a network
+filesystem.
 
 Run by tests/run.sh (stage 7) as root.
 """
@@ -59,10 +59,11 @@ def machines():
         DELEGATE_MACHINE_SSH=run(TOOL, "ssh", quiet=True).stdout.strip(),
     )
     try:
-        # The images, onto each machine's engine (the stand-in, above).
         for m in MACHINES:
-            load = f"docker save {' '.join(IMAGES)} | docker exec -i {m} docker load -q"
-            assert run("sh", "-c", load, timeout=900).returncode == 0, load
+            # Fresh engines: nothing of delegate's images on them.
+            for image in IMAGES:
+                have = on_machine(m, "docker", "image", "inspect", image, quiet=True)
+                assert have.returncode != 0, f"{m} has {image} before the deploy"
         yield env
     finally:
         run(TOOL, "down", timeout=600)
@@ -80,6 +81,7 @@ def joined(machines):
         outs.append(r.stdout)
         assert f"worker{i}: in the swarm as node" in r.stdout, r.stdout
         assert "at boot too (rc.local)" in r.stdout, r.stdout
+        assert "trusts the registry 172.31.90.1:5000" in r.stdout, r.stdout
     return outs
 
 
@@ -135,6 +137,41 @@ def test_each_worker_runs_on_its_machine(stack):
         assert r.stdout.split() == [m], r.stdout
     r = run(SCRIPT, "test", env=stack, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:]
+    for check in (
+        "the same sandbox image on every worker",
+        f"{STUDENT} writes the home from every worker",
+    ):
+        assert f"ok\x1b[0m   {check}" in r.stdout, r.stdout[-3000:]
+    # The images came from the registry: each machine's sandbox image is
+    # the manager's, by id.
+    want = run("docker", "image", "inspect", "-f", "{{.Id}}", IMAGES[1], quiet=True).stdout.strip()
+    for m in MACHINES:
+        have = on_machine(m, "docker", "image", "inspect", "-f", "{{.Id}}", IMAGES[1], quiet=True)
+        assert have.stdout.strip() == want, (m, have.stdout, have.stderr)
+
+
+def test_the_registry_wants_its_password(stack):
+    """A student on the user node reaches the registry's port, but neither
+    lists, pulls nor pushes without the course's password."""
+    url = "https://172.31.90.1:5000/v2"
+    for what, args in (
+        ("list", [f"{url}/_catalog"]),
+        ("pull", [f"{url}/delegate/sandbox/manifests/latest"]),
+        ("push", ["-X", "POST", f"{url}/delegate/sandbox/blobs/uploads/"]),
+    ):
+        r = on(
+            "user",
+            "curl",
+            "-ksS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            *args,
+            user=STUDENT,
+            quiet=True,
+        )
+        assert r.stdout.strip() == "401", (what, r.stdout, r.stderr)
 
 
 def calls_on_both_machines() -> None:
