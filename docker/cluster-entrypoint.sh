@@ -73,6 +73,25 @@ sandbox_pull() {
     die "cannot pull the sandbox image $ref: $out"
 }
 
+# worker_lost_jobs: a worker that starts while Slurm counts jobs as running
+# on it has lost them (its container, Docker engine or machine stopped
+# under them; this container is new). The node is set down with that
+# reason, at once rather than when Slurm misses the jobs: their calls end
+# with Slurm's NODE_FAIL, the down event and its reason are in the
+# accounting (sacctmgr list event), and slurmd's registration brings the
+# node back (ReturnToService=2). Jobs waiting for an elastic worker to boot
+# are CONFIGURING, not running, and are left alone.
+worker_lost_jobs() {
+    local node jobs
+    node=$(hostname -s)
+    jobs=$(timeout 20 squeue -h -w "$node" -t RUNNING,COMPLETING -o %i 2>/dev/null | paste -sd, -) || return 0
+    [[ -n $jobs ]] || return 0
+    log "Slurm counts jobs $jobs as running on $node, which this new container cannot have: setting $node down"
+    timeout 20 scontrol update "nodename=$node" state=down \
+        "reason=restarted under jobs $jobs (its container, Docker engine or machine stopped)" \
+        || log "WARNING: cannot set $node down; Slurm ends jobs $jobs when it finds them missing"
+}
+
 # --- the power program of elastic workers (docs/elastic.md, slurm-conf/power.sh)
 install -d -m 0755 /usr/local/lib/delegate
 if [[ -r $CFG/power.sh ]]; then
@@ -380,6 +399,7 @@ worker)
     for _ in $(seq 40); do [[ -S /run/delegate/agent.sock ]] && break; sleep 0.25; done
     [[ -S /run/delegate/agent.sock ]] || die "sandbox-agent did not open /run/delegate/agent.sock: $(tail -n 20 /var/log/delegate/agent.log)"
     log "sandbox-agent: listening on /run/delegate/agent.sock (log /var/log/delegate/agent.log)"
+    worker_lost_jobs
     log "starting slurmd"
     # slurmd's and the agent's logs go to the container's output too
     # (docker service logs).
