@@ -80,6 +80,7 @@ pub fn doctor(cli: &Cli) -> CliResult {
         checks.push(tuning_check(std::path::Path::new("/")));
     }
     checks.push(root_check(cli));
+    checks.push(home_uids_check(cli));
     checks.push(policy_check());
     if let Some(c) = partitions_check() {
         checks.push(c);
@@ -385,6 +386,23 @@ fn root_check(cli: &Cli) -> Check {
             (
                 e,
                 "make the directory yours and mode 0700, or choose another with --root / DELEGATE_ROOT".into(),
+            )
+        }),
+    )
+}
+
+/// Files in the delegate root keep this user's uid, here and on the workers.
+fn home_uids_check(cli: &Cli) -> Check {
+    let res = client(&cli.root)
+        .map_err(|f| f.msg)
+        .and_then(|c| c.check_home_uids().map_err(|e| e.to_string()));
+    check(
+        "home uids",
+        res.map_err(|e| {
+            (
+                e,
+                "export the home without squashing students' uids, and give each account the same uid on every machine"
+                    .into(),
             )
         }),
     )
