@@ -88,8 +88,10 @@ DELEGATE_LOCAL_GPUS=${DELEGATE_LOCAL_GPUS:-standin:2} ./build_cluster.sh --local
 
 section "pytest -v tests/e2e (end-to-end tests)"
 # The home over a caching network filesystem (tests/e2e/test_network_home.py):
-# sshd serves it, sshfs (FUSE) mounts it on the caller's side.
-for pkg in openssh-server:/usr/sbin/sshd sshfs:/usr/bin/sshfs; do
+# sshd serves it, sshfs (FUSE) mounts it on the caller's side. The worker
+# machines' home (tests/machines/machines.sh, stage 7): GlusterFS's FUSE
+# client mounts it on this host, the manager.
+for pkg in openssh-server:/usr/sbin/sshd sshfs:/usr/bin/sshfs glusterfs-client:/sbin/mount.glusterfs; do
     if [[ ! -x ${pkg#*:} ]]; then
         [[ $(id -u) -eq 0 ]] || fail "${pkg%%:*} is not installed (apt-get install ${pkg%%:*})"
         apt-get install -y -q "${pkg%%:*}" >/dev/null \

@@ -19,6 +19,7 @@ lines). Screenshots of every step: $DELEGATE_ARTIFACTS/acceptance (default
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -28,9 +29,11 @@ import pytest
 from browser import ARTIFACTS_ROOT, URL, HubSession, browser_for
 
 import testlib
-from stacklib import REPO, SCRIPT, STACK_DIR, cid, initial_password, on, run
+from stacklib import REPO, SCRIPT, STACK_DIR, cid, initial_password, on, run, worker_machines
 
-ARTIFACTS = ARTIFACTS_ROOT / "acceptance"
+ARTIFACTS = ARTIFACTS_ROOT / (
+    "acceptance-machines" if os.environ.get("DELEGATE_ACCEPTANCE_MACHINES") == "1" else "acceptance"
+)
 # When this module was loaded: the screenshots of this run are newer.
 RUN_STARTED = time.time()
 ANN, BEN, PROF = "day-ann", "day-ben", "day-prof"
@@ -50,6 +53,12 @@ ENV = {
     "DELEGATE_HUB_STUDENT_MEM": str(1 << 30),
 }
 
+# DELEGATE_ACCEPTANCE_MACHINES=1: the same day on worker machines with
+# their own Docker engines and a home over the network
+# (tests/machines/machines.sh), the instructor having joined each with
+# `build_cluster.sh machine add` first (docs/instructors.md, "On real
+# machines"); screenshots in acceptance-machines/.
+ON_MACHINES = os.environ.get("DELEGATE_ACCEPTANCE_MACHINES") == "1"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
 
 
@@ -66,16 +75,24 @@ def readme_block(after: str) -> str:
 def day(tmp_path_factory):
     roster = tmp_path_factory.mktemp("roster") / "roster.csv"
     roster.write_text(ROSTER)
-    try:
-        r = run(SCRIPT, "deploy", "--workers", "2", env=ENV, timeout=1800)
-        assert r.returncode == 0, "deploy failed"
-        yield roster
-    finally:
-        run(SCRIPT, "down", env=ENV, timeout=600)
-        for u in (ANN, BEN, PROF):
-            run(SCRIPT, "--stack", "accounts", "remove", u, "--archive", env=ENV)
-            for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
-                f.unlink()
+    with contextlib.ExitStack() as machines:
+        env = ENV
+        if ON_MACHINES:
+            env, _ = machines.enter_context(worker_machines(ENV))
+        try:
+            r = run(SCRIPT, "deploy", "--workers", "2", env=env, timeout=1800)
+            assert r.returncode == 0, "deploy failed"
+            yield roster
+        finally:
+            run(SCRIPT, "down", env=env, timeout=600)
+            remove_roster()
+
+
+def remove_roster():
+    for u in (ANN, BEN, PROF):
+        run(SCRIPT, "--stack", "accounts", "remove", u, "--archive", env=ENV)
+        for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
+            f.unlink()
 
 
 def test_1_the_roster_right_after_deploy(day):

@@ -127,3 +127,45 @@ def wait_until(what: str, cond, timeout: float, step: float = 2, detail=None):
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not within {timeout:.0f} s" + (f"; {detail()}" if detail else ""))
         time.sleep(step)
+
+
+# The emulated worker machines (tests/machines/machines.sh) and the worker
+# number each one becomes.
+MACHINES_TOOL = str(REPO / "tests" / "machines" / "machines.sh")
+MACHINES = ("m1", "m2")
+
+
+def machine_address(m: str) -> str:
+    return run(MACHINES_TOOL, "address", m, quiet=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def worker_machines(env: dict | None = None) -> Iterator[tuple[dict, list[str]]]:
+    """The machines up (their home served over the network and mounted
+    here too), each joined with `build_cluster.sh machine add` in order
+    (worker1 on m1, worker2 on m2). Yields the environment of a deploy with
+    placement (ENV and DELEGATE_STACK_PLACEMENT, the workers, the ssh
+    command) and each `machine add`'s output; then the machines down and
+    the swarm left when no stack is in it."""
+    if run("docker", "info", "-f", "{{.Swarm.LocalNodeState}}", quiet=True).stdout.strip() != "inactive":
+        raise AssertionError(
+            "this host's engine is already in a swarm: the machines join the one deploy makes"
+        )
+    try:
+        assert run(MACHINES_TOOL, "up", timeout=1800).returncode == 0, "tests/machines/machines.sh up failed"
+        placed = dict(
+            env or os.environ,
+            DELEGATE_STACK_PLACEMENT="1",
+            DELEGATE_STACK_WORKERS=str(len(MACHINES)),
+            DELEGATE_MACHINE_SSH=run(MACHINES_TOOL, "ssh", quiet=True).stdout.strip(),
+        )
+        outs = []
+        for m in MACHINES:
+            r = run(SCRIPT, "machine", "add", f"root@{machine_address(m)}", env=placed, timeout=600)
+            assert r.returncode == 0, r.stderr
+            outs.append(r.stdout)
+        yield placed, outs
+    finally:
+        run(MACHINES_TOOL, "down", timeout=600)
+        if run("docker", "stack", "ls", "-q", quiet=True).stdout.strip() == "":
+            run("docker", "swarm", "leave", "--force", quiet=True)

@@ -6,7 +6,11 @@
 # engine starts its containers), the ssh server, then the Docker engine,
 # restarted when it dies as systemd's docker.service (Restart=always,
 # RestartSec=2) does. Logs in /var/log/machine/. SIGTERM (docker stop: the
-# machine is shut down) stops the engine first.
+# machine is shut down) stops the engine first. The machine `home`
+# (MACHINE_ROLE=home) is the home's server instead: glusterd, no engine.
+# Every other machine mounts the home from /etc/fstab (the line
+# machines.sh writes, as an instructor's fstab would have it) before its
+# engine starts, waiting for the server as _netdev does.
 set -uo pipefail
 
 LOGS=/var/log/machine
@@ -32,6 +36,24 @@ fi
 
 ssh-keygen -A >/dev/null
 /usr/sbin/sshd -E "$LOGS/sshd.log" || log "sshd did not start"
+
+if [[ ${MACHINE_ROLE:-} == home ]]; then
+    log "the home's server: glusterd ($(glusterd --version | head -n 1))"
+    exec glusterd -N -p /run/glusterd.pid -l "$LOGS/glusterd.log"
+fi
+home=$(awk '$3 == "glusterfs" { print $2 }' /etc/fstab 2>/dev/null)
+if [[ -n $home ]]; then
+    mkdir -p "$home"
+    for _ in $(seq 60); do
+        mountpoint -q "$home" && break
+        mount "$home" >>"$LOGS/home-mount.log" 2>&1 || sleep 1
+    done
+    if mountpoint -q "$home"; then
+        log "home: $(findmnt -n -o SOURCE,FSTYPE,OPTIONS "$home")"
+    else
+        log "home: $home is not mounted (see $LOGS/home-mount.log)"
+    fi
+fi
 
 stopping=0
 engine=0

@@ -6,18 +6,25 @@
 # This host is the manager: the instructor's machine, with the checkout,
 # cargo, the images and the swarm's manager engine.
 #
-#   tests/machines/machines.sh up      build the machine images (cached),
-#                                      start the machines, authorize the
-#                                      manager's ssh key on them
+#   tests/machines/machines.sh up      build the machine image (cached),
+#                                      start the home's server and the
+#                                      machines, mount the home on them and
+#                                      on this host, authorize the
+#                                      manager's ssh key on the machines
 #   tests/machines/machines.sh down    remove them, their engines' data,
+#                                      the home's volume (unmounted here),
 #                                      the network and the key
 #   tests/machines/machines.sh ssh     print the ssh command the manager
 #                                      uses (DELEGATE_MACHINE_SSH)
 #
 # The machines (MACHINES): m1 Debian 12 with its docker.io 20.10, m2 Debian
-# 13 with its docker.io 26. The home is this host's DELEGATE_STACK_HOME,
-# bound at the same path in each machine (not over the network: see
-# docs/instructors.md, "What the emulation shows"). The machines run
+# 13 with its docker.io 26. The home (DELEGATE_STACK_HOME) is served over
+# the network by the machine `home` (GlusterFS, Debian's glusterfs-server:
+# a user-space server; this kernel has no NFS) and mounted at the same
+# path on every machine and on this host (the manager, where the user node
+# runs) by its FUSE client with NFS-like caches: attributes 3 s, entries
+# and negative lookups 30 s (HOME_CACHE), so each side sees the other's
+# writes late. The server squashes no uid. The machines run
 # unprivileged with every capability but CAP_SYS_RESOURCE (which this host's
 # own root lacks, so `docker run --privileged` fails here), unconfined, with
 # every device allowed: what a nested engine needs (the init remounts the
@@ -33,6 +40,10 @@ STATE=${DELEGATE_MACHINES_STATE:-/var/lib/delegate/machines}
 KEY=$STATE/id_ed25519
 # name:image
 MACHINES=("m1:delegate-machine:bookworm" "m2:delegate-machine:trixie")
+# The home's server, its volume and the client's caches.
+HOME_SERVER=home
+HOME_VOLUME=home
+HOME_CACHE=attribute-timeout=3,entry-timeout=30,negative-timeout=30
 
 log() { printf '%s [machines] %s\n' "$(date '+%H:%M:%S')" "$*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
@@ -62,8 +73,10 @@ images() {
     image trixie delegate-site-base:trixie
 }
 
+# start NAME IMAGE [DOCKER-RUN-OPTION...]
 start() {
     local name=$1 img=$2
+    shift 2
     if [[ $(docker inspect -f '{{.State.Running}} {{.Image}}' "$name" 2>/dev/null) \
         == "true $(docker image inspect -f '{{.Id}}' "$img")" ]]; then
         return 0
@@ -76,8 +89,7 @@ start() {
         --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
         --security-opt systempaths=unconfined --device-cgroup-rule 'a *:* rwm' \
         --device /dev/fuse --tmpfs /run --tmpfs /tmp \
-        -v "$name-docker:/var/lib/docker" \
-        -v "$HOME_DIR:$HOME_DIR" \
+        -v "$name-docker:/var/lib/docker" "$@" \
         "$img" >/dev/null || die "cannot start machine $name"
     # A new machine: a new host key.
     [[ -f $STATE/known_hosts ]] && ssh-keygen -q -R "$(address "$name")" -f "$STATE/known_hosts" >/dev/null 2>&1
@@ -98,6 +110,45 @@ authorize() {
     log "machine $name: $(docker exec "$name" docker version -f 'Docker {{.Server.Version}}'), ssh root@$(address "$name")"
 }
 
+# home_server: the home's server answers and serves the volume HOME_VOLUME
+# (made on its first start; its brick on the volume home-brick).
+home_server() {
+    local _ addr
+    start "$HOME_SERVER" delegate-machine:bookworm -e MACHINE_ROLE=home -v home-brick:/bricks
+    for _ in $(seq 60); do
+        docker exec "$HOME_SERVER" gluster volume list >/dev/null 2>&1 && break
+        sleep 1
+    done
+    addr=$(address "$HOME_SERVER")
+    if ! docker exec "$HOME_SERVER" gluster volume info "$HOME_VOLUME" >/dev/null 2>&1; then
+        docker exec "$HOME_SERVER" gluster volume create "$HOME_VOLUME" "$addr:/bricks/$HOME_VOLUME" force >/dev/null \
+            || die "cannot create the home's volume on $HOME_SERVER"
+    fi
+    if [[ $(docker exec "$HOME_SERVER" gluster volume info "$HOME_VOLUME" | sed -n 's/^Status: //p') != Started ]]; then
+        docker exec "$HOME_SERVER" gluster volume start "$HOME_VOLUME" >/dev/null \
+            || die "cannot start the home's volume on $HOME_SERVER"
+    fi
+    log "home: $addr:/$HOME_VOLUME (GlusterFS $(docker exec "$HOME_SERVER" glusterd --version | sed -n '1s/glusterfs //p'))"
+}
+
+# home_mount [MACHINE]: the home mounted at HOME_DIR on MACHINE (from its
+# /etc/fstab, as at boot), or on this host.
+home_mount() {
+    local src
+    src="$(address "$HOME_SERVER"):/$HOME_VOLUME"
+    if [[ -z ${1:-} ]]; then
+        command -v mount.glusterfs >/dev/null || die "mount.glusterfs is missing here: apt-get install glusterfs-client"
+        [[ $(findmnt -n -o FSTYPE --mountpoint "$HOME_DIR") == fuse.glusterfs ]] && return 0
+        install -d "$HOME_DIR"
+        mount -t glusterfs -o "$HOME_CACHE" "$src" "$HOME_DIR" || die "cannot mount $src at $HOME_DIR here"
+        chmod 0711 "$HOME_DIR"
+        return 0
+    fi
+    docker exec -i "$1" sh -c 'grep -q " glusterfs " /etc/fstab || cat >>/etc/fstab; mkdir -p "$1"; mountpoint -q "$1" || mount "$1"' \
+        sh "$HOME_DIR" <<<"$src $HOME_DIR glusterfs defaults,_netdev,$HOME_CACHE 0 0" \
+        || die "machine $1: cannot mount the home"
+}
+
 address() { docker inspect -f "{{(index .NetworkSettings.Networks \"$NET\").IPAddress}}" "$1"; }
 
 up() {
@@ -108,9 +159,14 @@ up() {
     docker network inspect "$NET" >/dev/null 2>&1 \
         || docker network create --subnet "$SUBNET" "$NET" >/dev/null \
         || die "cannot create network $NET ($SUBNET)"
+    home_server
+    home_mount
     local m
     for m in "${MACHINES[@]}"; do start "${m%%:*}" "${m#*:}"; done
-    for m in "${MACHINES[@]}"; do authorize "${m%%:*}"; done
+    for m in "${MACHINES[@]}"; do
+        authorize "${m%%:*}"
+        home_mount "${m%%:*}"
+    done
 }
 
 down() {
@@ -120,6 +176,11 @@ down() {
         docker rm -f "$name" >/dev/null 2>&1 || true
         docker volume rm "$name-docker" >/dev/null 2>&1 || true
     done
+    if [[ $(findmnt -n -o FSTYPE --mountpoint "$HOME_DIR" 2>/dev/null) == fuse.glusterfs ]]; then
+        umount "$HOME_DIR" 2>/dev/null || umount -l "$HOME_DIR" || log "cannot unmount $HOME_DIR"
+    fi
+    docker rm -f "$HOME_SERVER" >/dev/null 2>&1 || true
+    docker volume rm home-brick >/dev/null 2>&1 || true
     docker network rm "$NET" >/dev/null 2>&1 || true
     rm -rf "$STATE"
 }
