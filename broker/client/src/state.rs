@@ -84,7 +84,7 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
         return ended(State::Cancelled, "cancelled by the user before it started".into());
     }
     let (slurm_state, slurm_reason) = match f.slurm {
-        SlurmView::NotAsked | SlurmView::Unavailable if f.started.is_some() => return running(f, note),
+        SlurmView::NotAsked | SlurmView::Unavailable if f.started.is_some() => return running(f, note, ""),
         SlurmView::NotAsked => return live(State::Pending, format!("submitted{note}")),
         SlurmView::Unavailable => {
             return live(State::Pending, format!("submitted; Slurm could not be asked about it{note}"))
@@ -121,9 +121,12 @@ fn ended(state: State, reason: String) -> Verdict {
     Verdict::Ended { state, reason, refused: false }
 }
 
-fn running(f: &Facts<'_>, note: &str) -> Verdict {
+/// Running, on the host its start record names, else on the node Slurm
+/// gave it (a home whose caches still hide the start record).
+fn running(f: &Facts<'_>, note: &str, slurm_nodes: &str) -> Verdict {
     match f.started {
         Some(h) if !h.is_empty() => live(State::Running, format!("running on {h}{note}")),
+        _ if !slurm_nodes.is_empty() => live(State::Running, format!("running on {slurm_nodes}{note}")),
         _ => live(State::Running, format!("running{note}")),
     }
 }
@@ -162,7 +165,7 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
         SlurmPhase::Active if f.shared && f.started.is_none() => {
             live(State::Pending, "waiting for its turn in its shared allocation".into())
         }
-        _ => running(f, note),
+        _ => running(f, note, &j.nodes),
     }
 }
 
@@ -241,6 +244,7 @@ mod tests {
         SlurmJob {
             state: SlurmState::parse(state),
             reason: reason.into(),
+            nodes: String::new(),
         }
     }
 
@@ -299,6 +303,17 @@ mod tests {
             Verdict::Live {
                 state: State::Running,
                 reason: "running on node1".into()
+            }
+        );
+        // Its start record still hidden (a caching home): the node Slurm
+        // gave it.
+        let mut r = sj("RUNNING", "None");
+        r.nodes = "worker2".into();
+        assert_eq!(
+            decide(&facts(SlurmView::Present(&r)), no_log),
+            Verdict::Live {
+                state: State::Running,
+                reason: "running on worker2".into()
             }
         );
         // Slurm unreachable or not asked: never a terminal verdict.

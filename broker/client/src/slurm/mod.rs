@@ -164,7 +164,7 @@ impl Slurm {
             // job directory naming `123_4` would look gone).
             "--array".to_owned(),
             format!("--user={uid}"),
-            "--format=%i|%T|%r".to_owned(),
+            "--format=%i|%T|%N|%r".to_owned(),
         ];
         SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
         Ok(parse_squeue(&self.run(&self.squeue, &args, None)?))

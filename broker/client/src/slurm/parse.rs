@@ -129,6 +129,9 @@ pub struct SlurmJob {
     pub state: SlurmState,
     /// Slurm's reason, e.g. `Priority`, `Resources`, `None`.
     pub reason: String,
+    /// The nodes Slurm gave it (`worker1`, `worker[1-2]`), empty while it
+    /// waits.
+    pub nodes: String,
 }
 
 /// Where a Slurm state is in a job's life.
@@ -240,9 +243,10 @@ pub fn parse_sbatch_parsable(out: &str) -> Result<String, SlurmError> {
     }
 }
 
-/// Parses `squeue --noheader --format='%i|%T|%r'` output into a map from
-/// Slurm job id (`123`, or `123_4` for an array element) to state and
-/// reason. Blank lines are ignored; junk lines are skipped with a warning.
+/// Parses `squeue --noheader --format='%i|%T|%N|%r'` output into a map from
+/// Slurm job id (`123`, or `123_4` for an array element) to state, nodes
+/// and reason (the rest of the line). Blank lines are ignored; junk lines
+/// are skipped with a warning.
 pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
     let mut jobs = HashMap::new();
     for line in out.lines() {
@@ -250,11 +254,11 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
         if line.is_empty() {
             continue;
         }
-        let mut parts = line.splitn(3, '|');
-        let (id, state, reason) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(i), Some(s), r) => (i.trim(), s.trim(), r.unwrap_or("").trim()),
+        let mut parts = line.splitn(4, '|');
+        let (id, state, nodes, reason) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(i), Some(s), n, r) => (i.trim(), s.trim(), n.unwrap_or("").trim(), r.unwrap_or("").trim()),
             _ => {
-                tracing::warn!(line, "skipping an squeue line that is not id|state|reason");
+                tracing::warn!(line, "skipping an squeue line that is not id|state|nodes|reason");
                 continue;
             }
         };
@@ -273,6 +277,7 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
             SlurmJob {
                 state: SlurmState::parse(state),
                 reason: reason.to_owned(),
+                nodes: nodes.to_owned(),
             },
         );
     }
@@ -337,18 +342,20 @@ mod tests {
 
     #[test]
     fn squeue_lines() {
-        let out = "\n12|PENDING|Priority\n13|RUNNING|None\n\n14_2|COMPLETED|None\n15_[3-9]|PENDING|Resources\n\
-                   garbage\n|RUNNING|x\n16|running|x\n17|NODE_FAIL|NodeDown\n18|TIMEOUT\n  19 | CANCELLED | None  \n";
+        let out = "\n12|PENDING||Priority\n13|RUNNING|worker1|None\n\n14_2|COMPLETED|worker2|None\n15_[3-9]|PENDING||Resources\n\
+                   garbage\n|RUNNING||x\n16|running||x\n17|NODE_FAIL|worker1|NodeDown\n18|TIMEOUT\n  19 | CANCELLED | worker1 | None  \n";
         let m = parse_squeue(out);
         assert_eq!(m.len(), 7);
         assert_eq!(
             m["12"],
             SlurmJob {
                 state: SlurmState::Pending,
-                reason: "Priority".into()
+                reason: "Priority".into(),
+                nodes: String::new(),
             }
         );
         assert_eq!(m["13"].state, SlurmState::Running);
+        assert_eq!(m["13"].nodes, "worker1");
         assert_eq!(m["14_2"].state, SlurmState::Completed);
         assert_eq!(m["15_[3-9]"].reason, "Resources");
         assert_eq!(m["17"].reason, "NodeDown");
@@ -356,19 +363,20 @@ mod tests {
             m["18"],
             SlurmJob {
                 state: SlurmState::Timeout,
-                reason: "".into()
+                reason: "".into(),
+                nodes: String::new(),
             }
         );
         assert_eq!(m["19"].state, SlurmState::Cancelled);
         assert!(!m.contains_key("16"));
         assert!(parse_squeue("").is_empty());
         // Reasons may contain the separator.
-        assert_eq!(parse_squeue("5|PENDING|a|b")["5"].reason, "a|b");
+        assert_eq!(parse_squeue("5|PENDING||a|b")["5"].reason, "a|b");
     }
 
     #[test]
     fn array_records() {
-        let q = parse_squeue("26_[1-49%4]|PENDING|JobArrayTaskLimit\n26_0|RUNNING|None\n30_[1,3,5-9]|PENDING|Priority\n31_[0-10:2]|PENDING|None\n");
+        let q = parse_squeue("26_[1-49%4]|PENDING||JobArrayTaskLimit\n26_0|RUNNING|worker1|None\n30_[1,3,5-9]|PENDING||Priority\n31_[0-10:2]|PENDING||None\n");
         assert_eq!(lookup(&q, "26_0").unwrap().state, SlurmState::Running);
         assert_eq!(lookup(&q, "26_1").unwrap().state, SlurmState::Pending);
         assert_eq!(lookup(&q, "26_49").unwrap().reason, "JobArrayTaskLimit");
