@@ -135,11 +135,17 @@ machine_remove() {
 
 # machines_placed: with placement (DELEGATE_STACK_PLACEMENT=1), every worker
 # 1..N has its machine, and some node is labelled for the user node (this
-# manager, when none is). `deploy` and `update` call it.
+# manager, when none is); without, no machine is labelled a worker. `deploy`
+# and `update` call it.
 machines_placed() {
-    [[ $DELEGATE_STACK_PLACEMENT == 1 ]] || return 0
     local workers missing
     workers=$(machine_workers)
+    if [[ $DELEGATE_STACK_PLACEMENT != 1 ]]; then
+        # Without placement swarm would put any service on any machine,
+        # where the manager's directories are not.
+        [[ -z $workers ]] || die "this swarm has worker machines (./build_cluster.sh machine list): deploy with placement (DELEGATE_STACK_PLACEMENT=1 in cluster.toml)"
+        return 0
+    fi
     missing=$(awk -v max="$DELEGATE_STACK_WORKERS" \
         '{ have[$1] = 1 } END { for (i = 1; i <= max; i++) if (!(i in have)) printf " worker%d", i }' <<<"$workers")
     [[ -z $missing ]] || die "placement: no machine for${missing}: ./build_cluster.sh machine add HOST (one per worker), or deploy --workers $(grep -c . <<<"$workers")"

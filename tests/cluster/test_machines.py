@@ -121,6 +121,10 @@ def test_machine_add_prepares_and_labels_each_machine(joined, machines):
     )
     m3 = run(SCRIPT, "machine", "add", "--worker", "2", f"root@{machine_address('m1')}", env=machines)
     assert m3.returncode != 0 and "is worker1 already" in m3.stderr, m3.stderr
+    # A deploy without placement would scatter the manager's services over
+    # the machines: refused while machines are labelled.
+    loose = run(SCRIPT, "deploy", env=dict(machines, DELEGATE_STACK_PLACEMENT="0"), timeout=900)
+    assert loose.returncode != 0 and "deploy with placement" in loose.stderr, loose.stderr
 
 
 def test_each_worker_runs_on_its_machine(stack):
