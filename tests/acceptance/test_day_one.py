@@ -29,7 +29,17 @@ import pytest
 from browser import ARTIFACTS_ROOT, URL, HubSession, browser_for
 
 import testlib
-from stacklib import REPO, SCRIPT, STACK_DIR, cid, initial_password, on, run, worker_machines
+from stacklib import (
+    MACHINES_TOOL,
+    REPO,
+    SCRIPT,
+    STACK_DIR,
+    cid,
+    initial_password,
+    on,
+    run,
+    worker_machines,
+)
 
 ARTIFACTS = ARTIFACTS_ROOT / (
     "acceptance-machines" if os.environ.get("DELEGATE_ACCEPTANCE_MACHINES") == "1" else "acceptance"
@@ -59,6 +69,12 @@ ENV = {
 # `build_cluster.sh machine add` first (docs/instructors.md, "On real
 # machines"); screenshots in acceptance-machines/.
 ON_MACHINES = os.environ.get("DELEGATE_ACCEPTANCE_MACHINES") == "1"
+if ON_MACHINES:
+    # (what the instructor's cluster.toml says on such a cluster)
+    ENV.update(
+        DELEGATE_STACK_PLACEMENT="1",
+        DELEGATE_MACHINE_SSH=run(MACHINES_TOOL, "ssh", quiet=True).stdout.strip(),
+    )
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
 
 
