@@ -172,7 +172,10 @@ class DelegateFuture(cf.Future):
         state = self.state
         if state in ("running", "completed", "failed", "timed-out", "lost"):
             host = self._status.get("host")
-            return "running on %s" % host if host else "running"
+            if host:
+                return "running on %s" % host
+            # (its start record not seen yet: the node Slurm gave it)
+            return self.reason if self.reason.startswith("running on ") else "running"
         if self.reason.startswith("waiting for a worker to start"):
             return self.reason  # an elastic worker's cold start
         return "pending"
