@@ -115,25 +115,34 @@ impl Client {
     /// recorded none. A file that does not decode is an error. Only a call
     /// that started has one: a job that never ran (held, then cancelled)
     /// shows none, whatever file stands under that name.
+    /// Both files are looked up again while listed (see [`when_listed`]):
+    /// the worker writes them, and a caching home may still hide them.
     pub fn fingerprint(&self, id: &JobId) -> Result<Option<Fingerprint>> {
-        let fd = self.open_job_dir(id)?;
-        if !exists_at(&fd, protocol::STARTED) {
+        let (fd, dir) = (self.open_job_dir(id)?, self.job_dir(id));
+        let started = when_listed(&fd, &dir, protocol::STARTED, || {
+            Ok(exists_at(&fd, protocol::STARTED).then_some(()))
+        })?;
+        if started.is_none() {
             return Ok(None);
         }
-        Ok(optional(read_record_at(&fd, &self.job_dir(id), None))?)
+        when_listed(&fd, &dir, protocol::FINGERPRINT, || {
+            Ok(optional(read_record_at(&fd, &dir, None))?)
+        })
     }
 
     /// The `repeats` file of `delegate submit --repeat` (the sandbox's
     /// timer writes it: untrusted JSON), bounded; `None` when absent.
     pub fn read_repeats(&self, id: &JobId) -> Result<Option<Vec<u8>>> {
-        let fd = self.open_job_dir(id)?;
-        Ok(optional(read_bounded_at(
-            &fd,
-            &self.job_dir(id),
-            protocol::REPEATS,
-            protocol::MAX_REPEATS_BYTES,
-            None,
-        ))?)
+        let (fd, dir) = (self.open_job_dir(id)?, self.job_dir(id));
+        when_listed(&fd, &dir, protocol::REPEATS, || {
+            Ok(optional(read_bounded_at(
+                &fd,
+                &dir,
+                protocol::REPEATS,
+                protocol::MAX_REPEATS_BYTES,
+                None,
+            ))?)
+        })
     }
 
     /// True when the job's outcome file exists.
