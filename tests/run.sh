@@ -166,11 +166,16 @@ section "cluster stack: pytest -v tests/cluster (build_cluster.sh deploy, test, 
 # reused when present.
 stack_stage tests/cluster "cluster stack tests" "$@"
 
-section "acceptance: pytest -v tests/acceptance (the course's day one, in a browser)"
-# deploy -> roster right after -> the instructor's test -> two students in
-# JupyterHub (chromium + Playwright) -> down. Screenshots of every step:
-# ${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}/acceptance.
-stack_stage tests/acceptance "acceptance suite" "$@"
+section "acceptance: pytest -v tests/acceptance (the course's day one, in a browser, on worker machines)"
+# The instructor joins two worker machines (tests/machines: own Docker
+# engines, the home over GlusterFS) -> deploy -> roster right after -> the
+# instructor's test -> two students in JupyterHub (chromium + Playwright)
+# -> down. Screenshots of every step:
+# ${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}/acceptance-machines
+# (DELEGATE_ACCEPTANCE_MACHINES=0: the same day on this machine alone, in
+# acceptance/).
+DELEGATE_ACCEPTANCE_MACHINES=${DELEGATE_ACCEPTANCE_MACHINES:-1} \
+    stack_stage tests/acceptance "acceptance suite" "$@"
 
 section "all tests passed"
 printf 'total %ds\n' "$((SECONDS - T0))"

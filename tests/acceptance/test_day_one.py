@@ -14,7 +14,9 @@ the order of docs/instructors.md ("The course on the stack"):
 
 The assertions read what the page shows (cell outputs and live status
 lines). Screenshots of every step: $DELEGATE_ARTIFACTS/acceptance (default
-/var/lib/delegate/artifacts/acceptance). Run by tests/run.sh (stage 8).
+/var/lib/delegate/artifacts/acceptance), or acceptance-machines on the
+worker machines (DELEGATE_ACCEPTANCE_MACHINES=1, below). Run by
+tests/run.sh (stage 8) on the worker machines.
 """
 
 from __future__ import annotations
