@@ -179,40 +179,39 @@ def test_the_registry_wants_its_password(stack):
         assert r.stdout.strip() == "401", (what, r.stdout, r.stderr)
 
 
+def one_call_on_each_machine(seconds: int) -> list[str]:
+    """Two calls of `seconds` each (their own exclusive jobs), submitted by
+    the student; returns their ids once each machine's own engine holds
+    one sandbox."""
+    r = on(
+        "user", "delegate", "submit", "--time", "5m", "--count", "2", "--",
+        "sh", "-c", f"sleep {seconds}; hostname", user=STUDENT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ids = r.stdout.split()
+
+    def detail():
+        queue = on("head", "squeue", "-t", "all", quiet=True).stdout
+        st = on("user", "delegate", "status", *ids, user=STUDENT, quiet=True).stdout
+        return f"\nsqueue:\n{queue}\ncalls:\n{st}"
+
+    wait_until(
+        "a sandbox on each machine's engine",
+        lambda: all(len(sandboxes(m)) == 1 for m in MACHINES),
+        120,
+        1,
+        detail=detail,
+    )
+    return ids
+
+
 def calls_on_both_machines() -> None:
     """Two calls, each its own exclusive job: while they run, each
     machine's own engine holds one sandbox; they end completed, one on
     each worker; their sandboxes are removed on both engines."""
-    r = on(
-        "user",
-        "delegate",
-        "submit",
-        "--time",
-        "5m",
-        "--count",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "sleep 12; hostname",
-        user=STUDENT,
-    )
-    assert r.returncode == 0, r.stderr
-    ids = r.stdout.split()
-    try:
-        wait_until(
-            "a sandbox on each machine's engine",
-            lambda: all(len(sandboxes(m)) == 1 for m in MACHINES),
-            120,
-            1,
-        )
-    except AssertionError as e:
-        queue = on("head", "squeue", "-t", "all", quiet=True).stdout
-        st = on("user", "delegate", "status", *ids, user=STUDENT, quiet=True).stdout
-        raise AssertionError(f"{e}\nsqueue:\n{queue}\ncalls:\n{st}") from None
+    ids = one_call_on_each_machine(12)
     on("user", "delegate", "wait", *ids, user=STUDENT, timeout=300)
-    st = json.loads(on("user", "delegate", "--json", "status", *ids, user=STUDENT, quiet=True).stdout)
-    rows = st if isinstance(st, list) else st.get("jobs", [st])
+    rows = statuses(ids)
     assert sorted(j.get("host") for j in rows) == ["worker1", "worker2"], rows
     assert all(j["state"] == "completed" for j in rows), rows
     wait_until("sandboxes removed", lambda: not any(sandboxes(m) for m in MACHINES), 60, 1)
@@ -278,29 +277,7 @@ def through_a_fault(machine: str, fault, recover=None) -> None:
     take calls again."""
     worker = f"worker{list(MACHINES).index(machine) + 1}"
     since = head_clock()
-    r = on(
-        "user",
-        "delegate",
-        "submit",
-        "--time",
-        "5m",
-        "--count",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "sleep 45; hostname",
-        user=STUDENT,
-    )
-    assert r.returncode == 0, r.stderr
-    ids = r.stdout.split()
-    wait_until(
-        "a sandbox on each machine's engine",
-        lambda: all(len(sandboxes(m)) == 1 for m in MACHINES),
-        120,
-        1,
-        detail=lambda: on("user", "delegate", "status", *ids, user=STUDENT, quiet=True).stdout,
-    )
+    ids = one_call_on_each_machine(45)
     fault()
     if recover:
         recover()
@@ -380,25 +357,7 @@ def test_the_managers_services_killed_mid_call(stack):
     killed at once while calls run on the machines (10 s into them): swarm
     starts them again, slurmctld reads its saved state, and the running
     calls go on and complete."""
-    r = on(
-        "user",
-        "delegate",
-        "submit",
-        "--time",
-        "5m",
-        "--count",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "sleep 45; hostname",
-        user=STUDENT,
-    )
-    assert r.returncode == 0, r.stderr
-    ids = r.stdout.split()
-    wait_until(
-        "a sandbox on each machine's engine", lambda: all(len(sandboxes(m)) == 1 for m in MACHINES), 120, 1
-    )
+    ids = one_call_on_each_machine(45)
     # slurmctld saves a job's start within 5 s; a head that dies before
     # that finds the job running twice and kills it (docs/instructors.md,
     # "Limits of the stack"): killed 10 s into the calls.
