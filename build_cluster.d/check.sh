@@ -51,13 +51,13 @@ t_sinfo_idle() {
 # user node; each must print its worker's hostname.
 t_job_on_each_worker() {
     local i pids=() rc=0 out f
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         stack_exec user timeout 180 sbatch --wait -Q -w "worker$i" -t 2 \
             -o "$DELEGATE_STACK_HOME/.stack-check-worker$i.out" --wrap 'hostname -s' </dev/null &
         pids+=($!)
     done
     for i in "${pids[@]}"; do wait "$i" || rc=1; done
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         f=$DELEGATE_STACK_HOME/.stack-check-worker$i.out
         out=$(stack_exec user cat "$f" 2>/dev/null)
         stack_exec user rm -f "$f"
@@ -93,7 +93,7 @@ t_plain_slurm_refused() {
 # asked by USER (a student) through the unprivileged runner.
 t_agents() {
     local u=$1 i w pid rc=0
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         t_on_demand "$i" && continue
         w=worker$i
         pid=$(stack_exec "$w" pgrep -x -u 0 sandbox-agent | paste -sd, -)
@@ -113,7 +113,7 @@ t_agents() {
 # group owning it and cannot talk to the engine.
 t_worker_locked() {
     local u=$1 i w mode dir gid rc=0
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         t_on_demand "$i" && continue
         w=worker$i
         mode=$(stack_exec "$w" stat -c '%a %U:%G' /usr/local/bin/sandbox-runner)
@@ -137,7 +137,7 @@ t_worker_locked() {
 t_same_sandbox_image() {
     local want have i rc=0
     want=$(docker image inspect -f '{{.Id}}' "$DELEGATE_SANDBOX_IMAGE") || { echo "no $DELEGATE_SANDBOX_IMAGE here"; return 1; }
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         t_on_demand "$i" && continue
         have=$(stack_exec "worker$i" docker image inspect -f '{{.Id}}' "$DELEGATE_SANDBOX_IMAGE" 2>&1)
         if [[ $have != "$want" ]]; then
@@ -153,7 +153,7 @@ t_same_sandbox_image() {
 t_home_writable() {
     local u=$1 uid i f got rc=0
     uid=$(stack_exec user id -u "$u") || { echo "no account $u on the user node"; return 1; }
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         t_on_demand "$i" && continue
         f=$DELEGATE_STACK_HOME/$u/.stack-check-home-worker$i
         # shellcheck disable=SC2016  # $1 and $2 are for the worker's shell

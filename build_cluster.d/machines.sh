@@ -96,10 +96,35 @@ machine_add() {
     wait_for 60 "machine $host in the swarm" docker node inspect "$node" >/dev/null \
         || die "machine $host: node $node does not show in this swarm"
     # (delegate.ssh: how `test`, `status` and `shell` reach its containers)
-    docker node update --label-add delegate.role=worker --label-add "delegate.worker=$worker" \
+    docker node update --availability active --label-add delegate.role=worker --label-add "delegate.worker=$worker" \
         --label-add "delegate.ssh=$host" "$node" >/dev/null \
         || die "cannot label node $node"
     log "machine $host: worker$worker: in the swarm as node $node (Docker $version), staging $DELEGATE_STACK_STAGING/worker$worker a shared mount, at boot too ($boot), trusts the registry $registry"
+    machine_start_worker "$worker" "$host"
+}
+
+# machine_start_worker N HOST: on a course running with placement, start
+# worker N on its new machine HOST: its service (one per slot, 0 replicas
+# while no machine had the number) scaled to 1; Slurm's FUTURE node N
+# comes up when its slurmd registers. No configuration changes, nothing
+# else restarts. Without a running course: `deploy` starts it.
+machine_start_worker() {
+    local n=$1 host=$2 svc=${STACK}_worker$1
+    if [[ $DELEGATE_STACK_PLACEMENT != 1 || -z $(docker stack services -q "$STACK" 2>/dev/null) ]]; then
+        log "machine $host: ./build_cluster.sh deploy runs worker$n there"
+        return 0
+    fi
+    docker service inspect "$svc" >/dev/null 2>&1 \
+        || die "machine $host: the course runs no service worker$n: it was deployed with fewer slots (DELEGATE_STACK_SLOTS); ./build_cluster.sh update starts it"
+    docker service scale -d "$svc=1" >/dev/null || die "cannot scale $svc to 1"
+    wait_for "$DELEGATE_STACK_WAIT" "worker$n up in Slurm" machine_up "$n" \
+        || die "worker$n is not up in Slurm after ${DELEGATE_STACK_WAIT}s: $(docker service ps --no-trunc --format '{{.CurrentState}} {{.Error}}' "$svc" | head -n 2)"
+    log "machine $host: worker$n takes calls (Slurm: $(stack_exec head sinfo -h -n "worker$n" -o %T)); nothing else restarted"
+}
+
+# machine_up N: Slurm on the head has worker N up and taking jobs.
+machine_up() {
+    stack_exec head sinfo -h -n "worker$1" -o %T 2>/dev/null | grep -Eqx '(idle|mixed|allocated|completing)'
 }
 
 machine_list() {
@@ -128,9 +153,18 @@ machine_remove() {
         wait_for "$DELEGATE_STACK_WAIT" "worker$n's running jobs to finish" machine_idle "$n" \
             || die "worker$n still runs jobs after ${DELEGATE_STACK_WAIT}s; try again later"
     fi
+    if docker service inspect "${STACK}_worker$n" >/dev/null 2>&1; then
+        # Its service stops (a later deploy keeps it at 0: no machine has
+        # the number), and Slurm forgets the node until a machine has it.
+        docker service scale "${STACK}_worker$n=0" >/dev/null 2>&1 || die "cannot scale ${STACK}_worker$n to 0"
+        if [[ -n $(stack_cid head) ]]; then
+            stack_exec head scontrol update "nodename=worker$n" state=future \
+                || warn "Slurm keeps worker$n drained (scontrol update state=future failed)"
+        fi
+    fi
     docker node update --availability drain "$id" >/dev/null || die "cannot drain node $id"
     docker node update --label-rm delegate.worker --label-rm delegate.role --label-rm delegate.ssh "$id" >/dev/null || true
-    log "machine $hostn: worker$n drained and out of the swarm's placement; on it: docker swarm leave; then here: docker node rm $id"
+    log "machine $hostn: worker$n stopped after its last call, out of Slurm and the swarm's placement; on it: docker swarm leave; then here: docker node rm $id"
 }
 
 # machines_placed: with placement (DELEGATE_STACK_PLACEMENT=1), every worker
@@ -149,12 +183,21 @@ machines_placed() {
     missing=$(awk -v max="$DELEGATE_STACK_WORKERS" \
         '{ have[$1] = 1 } END { for (i = 1; i <= max; i++) if (!(i in have)) printf " worker%d", i }' <<<"$workers")
     [[ -z $missing ]] || die "placement: no machine for${missing}: ./build_cluster.sh machine add HOST (one per worker), or deploy --workers $(grep -c . <<<"$workers")"
+    stack_worker_ids
+    if ! elastic_on; then
+        local above
+        above=$(awk -v max="$STACK_SLOTS" '$1 > max { printf " worker%d (%s)", $1, $3 }' <<<"$workers")
+        [[ -z $above ]] || warn "placement: no slot for${above}: DELEGATE_STACK_SLOTS is $STACK_SLOTS"
+        # The workers are the machines (those beyond N too: added to the
+        # running course by `machine add`).
+        DELEGATE_STACK_WORKERS=${#STACK_WORKER_IDS[@]}
+    fi
     if [[ -z $(docker node ls -q --filter node.label=delegate.role=user) ]]; then
         docker node update --label-add delegate.role=user "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null \
             || die "cannot label this manager delegate.role=user"
         log "placement: the user node (JupyterHub) goes to this manager (label delegate.role=user)"
     fi
-    log "placement: $(awk -v n="$DELEGATE_STACK_WORKERS" '$1 <= n {printf "%sworker%s on %s", s, $1, $3; s = ", "}' <<<"$workers")"
+    log "placement: $(awk -v n="$STACK_SLOTS" '$1 <= n {printf "%sworker%s on %s", s, $1, $3; s = ", "}' <<<"$workers")$( ((STACK_SLOTS > DELEGATE_STACK_WORKERS)) && echo "; Slurm knows worker1..$STACK_SLOTS, those without a machine wait for one (machine add)")"
 }
 
 machines_main() {

@@ -47,6 +47,38 @@ stack_load_config() {
     STACK_SWARM_MARK=$DELEGATE_STACK_DIR/swarm-initialized-by-delegate
     # Every account: the course's and the test's.
     STACK_ACCOUNTS="$DELEGATE_STACK_USERS $DELEGATE_STACK_TEST_USERS"
+    stack_worker_ids
+}
+
+# stack_worker_ids: STACK_WORKER_IDS, the numbers of the workers there are
+# (1..N; placement: those of the machines `machine add` labelled), and
+# STACK_SLOTS, how many Slurm knows (placement: DELEGATE_STACK_SLOTS, at
+# least N, each FUTURE until its machine runs it; else N).
+stack_worker_ids() {
+    STACK_SLOTS=$DELEGATE_STACK_WORKERS
+    if [[ $DELEGATE_STACK_PLACEMENT == 1 ]] && ! elastic_on; then
+        [[ $DELEGATE_STACK_SLOTS =~ ^[1-9][0-9]{0,2}$ ]] || die "DELEGATE_STACK_SLOTS must be a number 1..999, not '$DELEGATE_STACK_SLOTS'"
+        ((DELEGATE_STACK_SLOTS > STACK_SLOTS)) && STACK_SLOTS=$DELEGATE_STACK_SLOTS
+        DELEGATE_STACK_SLOTS=$STACK_SLOTS
+        mapfile -t STACK_WORKER_IDS < <(machine_workers 2>/dev/null | awk -v max="$STACK_SLOTS" '$1 <= max { print $1 }')
+    else
+        mapfile -t STACK_WORKER_IDS < <(seq 1 "$DELEGATE_STACK_WORKERS")
+    fi
+}
+
+# stack_replicas: "r1 r2 ...", the replicas of each worker service:
+# placement: 1 where a machine has the number, else 0; elastic: what
+# elastic_replicas says; else 1 each.
+stack_replicas() {
+    if [[ $DELEGATE_STACK_PLACEMENT == 1 ]] && ! elastic_on; then
+        local i out=""
+        for ((i = 1; i <= STACK_SLOTS; i++)); do
+            if [[ " ${STACK_WORKER_IDS[*]} " == *" $i "* ]]; then out+="1 "; else out+="0 "; fi
+        done
+        echo "$out"
+    else
+        elastic_replicas
+    fi
 }
 
 # --- helpers: containers of a service, exec in them
@@ -327,7 +359,7 @@ stack_generate() {
     cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,power.sh,power-hook} | sha256sum | cut -c1-10)
     keyv=$(sha256sum <"$STACK_SECRETS/munge.key" | cut -c1-10)
     hub_cgroups
-    deploy_render "$STACK_FILE" stack-file --replicas "$(elastic_replicas)" \
+    deploy_render "$STACK_FILE" stack-file --replicas "$(stack_replicas)" \
         --config-version "$cfgv" --key-version "$keyv" --hub-version "$(hub_secrets_version)" \
         --db-version "$STACK_DBV" --db-volume "$(stack_db_volume)" --ctld-volume "$(stack_ctld_volume)" \
         --cgroup-memory "$HUB_CG_MEM" --cgroup-cpu "$HUB_CG_CPU" "${REGISTRY_FACTS[@]}"
@@ -478,7 +510,7 @@ stack_wheels() {
 # container.
 stack_services_running() {
     local svc want up=0 always=(head dbd db user) i
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         elastic_always_on "$i" && always+=("worker$i")
     done
     elastic_on && [[ -z $DELEGATE_POWER_HOOK ]] && always+=(power)
@@ -510,7 +542,10 @@ stack_nodes_idle() {
         done
         ((want == DELEGATE_STACK_WORKERS))
     else
-        [[ $(grep -Ec " $up\$" <<<"$out") -eq $DELEGATE_STACK_WORKERS ]]
+        local i
+        for i in "${STACK_WORKER_IDS[@]}"; do
+            grep -Eqx "worker$i $up" <<<"$out" || return 1
+        done
     fi
 }
 # stack_wait: wait (up to DELEGATE_STACK_WAIT each) for every service, every
@@ -649,8 +684,12 @@ stack_deployed_workers() {
     local n
     n=$(docker service ls --format '{{.Name}}' --filter "label=com.docker.stack.namespace=$STACK" 2>/dev/null \
         | grep -c "^${STACK}_worker[0-9]*$" || true)
-    if [[ -z $STACK_WORKERS_ARG && ${n:-0} -gt 0 ]]; then
+    if [[ $DELEGATE_STACK_PLACEMENT == 1 ]] && ! elastic_on; then
+        # (a service per slot: the machines are the workers)
+        DELEGATE_STACK_WORKERS=${#STACK_WORKER_IDS[@]}
+    elif [[ -z $STACK_WORKERS_ARG && ${n:-0} -gt 0 ]]; then
         DELEGATE_STACK_WORKERS=$n
+        mapfile -t STACK_WORKER_IDS < <(seq 1 "$n")
     fi
 }
 
@@ -687,7 +726,7 @@ stack_status() {
 # it answers the probe (as nobody), the last line of its log.
 stack_agents_status() {
     local i w pid probe last
-    for ((i = 1; i <= DELEGATE_STACK_WORKERS; i++)); do
+    for i in "${STACK_WORKER_IDS[@]}"; do
         w=worker$i
         if ! elastic_always_on "$i" && [[ -z $(stack_cid "$w") ]]; then
             echo "$w: not running (powered down; Slurm starts it when a job needs it)"

@@ -96,7 +96,8 @@ enum Rendered {
         #[arg(long = "node", value_name = "HOST")]
         nodes: Vec<String>,
     },
-    /// The stack's number of workers (the elastic maximum when elastic).
+    /// The workers Slurm knows (the elastic maximum when elastic; the
+    /// slots for machines with placement).
     StackWorkers,
     /// The roster's checked entries, `line|user|name|email|role` per line.
     Roster {
@@ -243,7 +244,7 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
         Rendered::QueryPlan { slurm_conf, rate, burst, conns, uids } => {
             user_node::query_plan(&read_text(&slurm_conf)?, &uids, user_node::QueryLimits { rate, burst, conns })
         }
-        Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.count)),
+        Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.declared())),
         Rendered::StackFile(facts) => stack_file::render(s, &facts),
     }
 }

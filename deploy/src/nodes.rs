@@ -27,12 +27,22 @@ pub struct Elastic {
 pub struct Workers {
     pub count: u64,
     pub elastic: Option<Elastic>,
+    /// On worker machines (placement): Slurm knows this many workers
+    /// (at least `count`), each FUTURE until the slurmd of a machine
+    /// `machine add` gave its number registers, so that adding a machine
+    /// to a running course changes no configuration.
+    pub slots: Option<u64>,
 }
 
 impl Workers {
+    /// How many workers Slurm knows (and the stack has services for).
+    pub fn declared(&self) -> u64 {
+        self.slots.map_or(self.count, |s| s.max(self.count))
+    }
+
     /// The partition's node list (every worker).
     pub fn all(&self) -> String {
-        range(1, self.count)
+        range(1, self.declared())
     }
 
     /// The always-running workers of an elastic stack ("" when none).
@@ -43,7 +53,8 @@ impl Workers {
     /// slurm.conf's NodeName lines, each with `hardware` (CPUs=, RealMemory=, Gres=).
     pub fn node_lines(&self, hardware: &str) -> Vec<String> {
         let Some(e) = self.elastic else {
-            return vec![format!("NodeName={} {hardware} State=UNKNOWN", self.all())];
+            let state = if self.slots.is_some() { "FUTURE" } else { "UNKNOWN" };
+            return vec![format!("NodeName={} {hardware} State={state}", self.all())];
         };
         let on = range(1, e.min);
         let off = range(e.min + 1, e.max);
@@ -77,7 +88,7 @@ mod tests {
             idle: 600,
             resume_timeout: 180,
         };
-        let w = Workers { count: 3, elastic: Some(e) };
+        let w = Workers { count: 3, elastic: Some(e), slots: None };
         assert_eq!(
             w.node_lines("CPUs=2"),
             [
@@ -89,10 +100,21 @@ mod tests {
         let none_on = Workers {
             count: 2,
             elastic: Some(Elastic { min: 0, ..e }),
+            slots: None,
         };
         assert_eq!(none_on.node_lines("H"), ["NodeName=worker[1-3] H State=CLOUD"]);
         assert_eq!(none_on.always_on(), "");
-        let fixed = Workers { count: 2, elastic: None };
+        let fixed = Workers { count: 2, elastic: None, slots: None };
         assert_eq!(fixed.node_lines("H"), ["NodeName=worker[1-2] H State=UNKNOWN"]);
+    }
+
+    #[test]
+    fn workers_on_machines_are_future_slots() {
+        let w = Workers { count: 2, elastic: None, slots: Some(8) };
+        assert_eq!(w.declared(), 8);
+        assert_eq!(w.all(), "worker[1-8]");
+        assert_eq!(w.node_lines("H"), ["NodeName=worker[1-8] H State=FUTURE"]);
+        let more = Workers { slots: Some(1), ..w };
+        assert_eq!(more.declared(), 2, "never fewer slots than workers");
     }
 }

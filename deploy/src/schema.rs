@@ -99,6 +99,8 @@ pub const SETTINGS: &[Setting] = &[
       "Slurm job ids of this cluster start here: the sandbox containers of every cluster on one Docker engine carry the label delegate.slurm-job=<id>, and the epilog removes leftovers by that label. A disjoint id range keeps the stack's epilog from ever touching a container of another cluster (the single-machine --local one) on the same engine."),
     s("DELEGATE_STACK_PLACEMENT", "stack.placement", Kind::Flag, Lit("0"),
       "1: place services by node labels (real machines): workerN on the machine `build_cluster.sh machine add` labelled delegate.worker=N, the user node on the node labelled delegate.role=user (deploy labels the manager when none is), head and database on a manager; 0: anywhere (one machine)."),
+    s("DELEGATE_STACK_SLOTS", "stack.slots", Kind::Count(1, 999), Lit("16"),
+      "With placement: Slurm knows workers 1..slots (at least `workers`) from the deploy on, each waiting (State=FUTURE, not shown by sinfo) until the machine `machine add` numbered so runs it, so that adding a machine to a running course restarts nothing; a number above it needs `update`. Without placement: unused."),
     s("DELEGATE_STACK_WAIT", "stack.wait", Kind::Count(10, 86_400), Lit("180"),
       "Seconds to wait for the stack's services / the Slurm nodes to come up."),
     // [workers]

@@ -62,12 +62,19 @@ fn is_hardware(s: &str) -> bool {
 }
 
 /// The stack's workers from the settings (`DELEGATE_ELASTIC=1`: the
-/// elastic maximum, whatever `DELEGATE_STACK_WORKERS` says).
+/// elastic maximum, whatever `DELEGATE_STACK_WORKERS` says; placement:
+/// `DELEGATE_STACK_SLOTS` slots for machines).
 pub fn stack_workers(s: &Settings) -> Result<Workers, RenderError> {
     if !s.flag("DELEGATE_ELASTIC")? {
+        let slots = if s.flag("DELEGATE_STACK_PLACEMENT")? {
+            Some(s.count("DELEGATE_STACK_SLOTS", 1, 999)?)
+        } else {
+            None
+        };
         return Ok(Workers {
             count: s.count("DELEGATE_STACK_WORKERS", 1, 999)?,
             elastic: None,
+            slots,
         });
     }
     let e = Elastic {
@@ -82,7 +89,11 @@ pub fn stack_workers(s: &Settings) -> Result<Workers, RenderError> {
             e.min, e.max
         )));
     }
-    Ok(Workers { count: e.max, elastic: Some(e) })
+    Ok(Workers {
+        count: e.max,
+        elastic: Some(e),
+        slots: None,
+    })
 }
 
 /// The partition's MaxTime (HH:MM:SS): the policy's longer of max_time and

@@ -146,10 +146,11 @@ fn cpus(s: &Settings, name: &str) -> Result<String, RenderError> {
 /// The stack file for the settings and `facts`.
 pub fn render(s: &Settings, facts: &Facts) -> Result<String, RenderError> {
     let workers = stack_workers(s)?;
-    if facts.replicas.len() as u64 != workers.count || facts.replicas.iter().any(|r| *r > 1) {
+    if facts.replicas.len() as u64 != workers.declared() || facts.replicas.iter().any(|r| *r > 1) {
         return Err(RenderError::Invalid(format!(
             "--replicas must give 0 or 1 for each of the {} workers, not {:?}",
-            workers.count, facts.replicas
+            workers.declared(),
+            facts.replicas
         )));
     }
     let dir = s.checked("DELEGATE_STACK_DIR", PATH_WANT, is_safe_path)?;
@@ -190,7 +191,7 @@ pub fn render(s: &Settings, facts: &Facts) -> Result<String, RenderError> {
         } else {
             ""
         },
-        workers: (1..=workers.count)
+        workers: (1..=workers.declared())
             .zip(&facts.replicas)
             .map(|(i, r)| Worker { i, replicas: *r })
             .collect(),

@@ -242,20 +242,34 @@ fn stack_file_fixed_elastic_and_placed() {
         "delegate-stack.yml.elastic",
         &stack_file::render(&stack_settings(true), &facts(&[1, 0, 1])).unwrap(),
     );
-    let placed = stack_settings(false).with("DELEGATE_STACK_PLACEMENT", "1");
-    let text = stack_file::render(&placed, &registry_facts(&[1, 1])).unwrap();
+    let placed = stack_settings(false)
+        .with("DELEGATE_STACK_PLACEMENT", "1")
+        .with("DELEGATE_STACK_SLOTS", "3");
+    assert!(
+        stack_file::render(&placed, &registry_facts(&[1, 1])).is_err(),
+        "a service per slot"
+    );
+    let text = stack_file::render(&placed, &registry_facts(&[1, 1, 0])).unwrap();
     golden("delegate-stack.yml.placed", &text);
+    // Slurm knows every slot, each FUTURE until its machine's slurmd
+    // registers: `machine add` on a running course changes no file.
+    let conf = slurm_conf::render(&placed, Shape::Stack, None).unwrap();
+    assert!(
+        conf.contains("\nNodeName=worker[1-3] CPUs=") && conf.contains(" State=FUTURE\n"),
+        "{conf}"
+    );
+    assert!(conf.contains(" Nodes=worker[1-3] "), "{conf}");
     // The workers run the registry's image and pull its sandbox image; the
     // manager's services keep the local images.
-    assert_eq!(text.matches("image: 172.31.90.1:5000/delegate/cluster@sha256:").count(), 2);
-    assert_eq!(text.matches("DELEGATE_SANDBOX_PULL: \"172.31.90.1:5000/").count(), 2);
+    assert_eq!(text.matches("image: 172.31.90.1:5000/delegate/cluster@sha256:").count(), 3);
+    assert_eq!(text.matches("DELEGATE_SANDBOX_PULL: \"172.31.90.1:5000/").count(), 3);
     assert_eq!(
         text.matches("source: registry_auth, target: registry-auth.json, mode: 0400")
             .count(),
-        2
+        3
     );
     // Each worker on its own machine, by the label `machine add` gave it.
-    for i in 1..=2 {
+    for i in 1..=3 {
         let want = format!("constraints: [\"node.labels.delegate.worker == {i}\"]");
         assert_eq!(text.matches(&want).count(), 1, "{want}");
     }

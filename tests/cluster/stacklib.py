@@ -157,6 +157,9 @@ def worker_machines(env: dict | None = None) -> Iterator[tuple[dict, list[str]]]
             env or os.environ,
             DELEGATE_STACK_PLACEMENT="1",
             DELEGATE_STACK_WORKERS=str(len(MACHINES)),
+            # (slots for one machine more than there are: the services
+            # stay few)
+            DELEGATE_STACK_SLOTS=str(len(MACHINES) + 1),
             DELEGATE_MACHINE_SSH=run(MACHINES_TOOL, "ssh", quiet=True).stdout.strip(),
         )
         outs = []

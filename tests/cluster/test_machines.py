@@ -4,8 +4,10 @@ Debian 12 with docker.io 20.10, m2 Debian 13 with docker.io 26), this host
 the manager. The instructor's commands in the order of docs/instructors.md,
 "On real machines": `machine add` for each machine over ssh, `deploy` with
 placement, `test`, then a map whose calls run in sandboxes of both
-machines' own engines; `machine list`; a worker machine restarted (its
-staging mount comes back from its boot script) takes calls again; `down`.
+machines' own engines; `machine list`; a machine removed while a call
+runs there and added again to the running course; a worker machine
+restarted (its staging mount comes back from its boot script) takes calls
+again; `down`.
 
 The images reach the machines' engines from the course's registry
 (build_cluster.d/registry.sh), nothing else. The home is served over the
@@ -235,6 +237,50 @@ def test_a_calls_latency_through_the_caching_home(stack):
     doctor = on("user", "delegate", "doctor", user=STUDENT, quiet=True).stdout
     line = next((ln for ln in doctor.splitlines() if "home uids" in ln), "")
     assert "not squashed, the same on the workers" in line, doctor
+
+
+def running_tasks() -> set[str]:
+    """The ids of the stack's tasks swarm wants running (a restarted
+    service's task has a new id)."""
+    r = run("docker", "stack", "ps", "-q", "--filter", "desired-state=running", STACK, quiet=True)
+    return set(r.stdout.split())
+
+
+def test_a_machine_removed_then_added_to_the_running_course(stack):
+    """`machine remove worker2` while a call runs there: the call finishes
+    first, then worker2 leaves Slurm and its machine's container stops.
+    `machine add` of the same machine, one command on the running course:
+    worker2 takes calls again and no other service restarts."""
+    ids = one_call_on_each_machine(30)
+    before = running_tasks()
+    removing = subprocess.Popen(
+        [SCRIPT, "machine", "remove", "worker2"], env=stack, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_until(
+        "worker2 draining in Slurm",
+        lambda: "drain" in on("head", "sinfo", "-h", "-n", "worker2", "-o", "%T", quiet=True).stdout,
+        60,
+        1,
+    )
+    out, _ = removing.communicate(timeout=600)
+    assert removing.returncode == 0, out
+    rows = statuses(ids)
+    assert all(j["state"] == "completed" for j in rows), rows
+    assert "worker2" not in on("head", "sinfo", "-h", "-N", "-o", "%N", quiet=True).stdout
+    assert not on_machine(
+        "m2", "docker", "ps", "-q", "--filter", f"name={STACK}_worker2", quiet=True
+    ).stdout.strip()
+    assert "m2" not in run(SCRIPT, "machine", "list", env=stack, quiet=True).stdout
+    kept = running_tasks()
+    assert kept < before and len(before - kept) == 1, (before, kept)
+
+    added = run(SCRIPT, "machine", "add", f"root@{machine_address('m2')}", env=stack, timeout=600)
+    assert added.returncode == 0, added.stderr
+    assert "worker2 takes calls" in added.stdout and "nothing else restarted" in added.stdout, added.stdout
+    now = running_tasks()
+    assert kept < now and len(now - kept) == 1, (kept, now)
+    calls_on_both_machines()
 
 
 def statuses(ids: list[str]) -> list[dict]:
