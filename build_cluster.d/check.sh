@@ -8,7 +8,7 @@
 # Python function through delegate as each account (own uid, a perf
 # counter; the user-side script is stack/check_user.py, run on the user
 # node); neither account can read the other's job directories; exclusive
-# nodes; a map sharing one allocation per worker; JupyterHub serving the
+# nodes; a map pulled by an allocation on every worker; JupyterHub serving the
 # stack's certificate and letting a test account log in; the root agent answering on every worker,
 # and no student reaching the Docker socket there. Exits 1 (die) when any check failed.
 # The action is stack_test; each check is a function t_* run by `check`.
@@ -263,7 +263,7 @@ stack_test() {
     fi
     check "exclusive nodes: $((2 * DELEGATE_STACK_WORKERS)) jobs of 5 s at once" \
         t_python "$t1" excl "$DELEGATE_STACK_WORKERS" $atleast
-    check "a map shares one exclusive allocation per worker" t_python "$t1" map "$spread" $atleast
+    check "a map's allocations pull its calls on every worker" t_python "$t1" map "$spread" $atleast
     check "JupyterHub: $t1 logs in over HTTPS" t_hub "$t1"
     if ((STACK_TEST_FAILED)); then
         die "test: some checks failed (see above; ./build_cluster.sh status, docker service logs ${STACK}_<service>)"

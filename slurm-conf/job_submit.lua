@@ -3,7 +3,7 @@ delegate's slurmctld gate (JobSubmitPlugins=lua; Slurm 22.05 reads
 job_submit.lua from the directory of slurm.conf). Installed by
 build_cluster.sh as `delegate-deploy gate` renders it: the site's settings
 (slurm-conf/job_submit.settings.lua.j2: RUNNER, JOB_ROOTS, ADMIN_GROUP,
-ADMIN_UIDS, MAX_SHARED_MINUTES, PARTITIONS) followed by this file
+ADMIN_UIDS, MAX_MAP_MINUTES, PARTITIONS) followed by this file
 (root-owned, 0644).
 
 On a cluster shared with plain Slurm jobs (the site policy's `partitions`,
@@ -16,7 +16,7 @@ Unit tests: tests/lua/job_submit_test.lua.
 Users who are not cluster admins (root, SlurmUser, members of the admin
 group) may only submit batch jobs whose script is byte for byte one of the
 forms delegate's client generates (broker/client/src/slurm/script.rs:
-batch_script, array_script, shared_script), REGENERATED here from the paths
+batch_script, array_script, pull_script), REGENERATED here from the paths
 parsed out of the script and compared whole. Everything else is refused, with
 a one-line reason the user sees ("sbatch: error: delegate: ..."):
   - salloc / srun allocations (they reach this hook with script == nil),
@@ -55,7 +55,7 @@ every submission fails.
 local MAX_SCRIPT  = 1024 * 1024
 local MAX_ARRAY   = 100000
 -- The site's settings (RUNNER, JOB_ROOTS, ADMIN_GROUP, ADMIN_UIDS,
--- MAX_SHARED_MINUTES) are locals defined above this file by the renderer.
+-- MAX_MAP_MINUTES) are locals defined above this file by the renderer.
 -- -------------------------------------------------------------------------------
 
 -- Lua 5.1 (what Debian's Slurm 22.05 and 24.11 link) to 5.4 (a Slurm built with a newer Lua).
@@ -143,27 +143,19 @@ local function array_script(runner, dirs, logs)
    return table.concat(t)
 end
 
-local function shared_line(runner, dirs)
-   local t = { "exec " .. q(runner) .. " batch" }
-   for _, d in ipairs(dirs) do t[#t + 1] = q(d) end
-   return table.concat(t, " ")
-end
-
 -- script.rs: ranks_script (a multi-node rank job, nodes > 1)
 local function ranks_script(runner, dir, nodes)
    return "#!/bin/sh\n#SBATCH --nodes=" .. nodes .. "\nexec " .. q(runner) .. " ranks " .. q(dir) .. "\n"
 end
 local MAX_NODES = 256
 
-local function shared_script(runner, groups)
-   if #groups == 1 then return "#!/bin/sh\n" .. shared_line(runner, groups[1]) .. "\n" end
-   local t = { "#!/bin/sh\n#SBATCH --array=0-" .. (#groups - 1) .. "\n",
-               "case \"$SLURM_ARRAY_TASK_ID\" in\n" }
-   for i = 1, #groups do
-      t[#t + 1] = (i - 1) .. ") " .. shared_line(runner, groups[i]) .. " ;;\n"
-   end
-   t[#t + 1] = "esac\necho \"delegate: no job directories for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
-   return table.concat(t)
+-- script.rs: pull_script (a map's allocations, each given every call)
+local function pull_script(runner, dirs, allocations)
+   local t = { "exec " .. q(runner) .. " pull" }
+   for _, d in ipairs(dirs) do t[#t + 1] = q(d) end
+   local line = table.concat(t, " ")
+   if allocations == 1 then return "#!/bin/sh\n" .. line .. "\n" end
+   return "#!/bin/sh\n#SBATCH --array=0-" .. (allocations - 1) .. "\n" .. line .. "\n"
 end
 
 -- ---- paths ---------------------------------------------------------------------
@@ -202,12 +194,12 @@ end
 
 -- An exec line's body (after "exec "): kind ("single" | "shared"), dirs.
 local function parse_exec(body)
-   local quoted = body:gsub(" batch ", " 'batch' ", 1)
+   local quoted = body:gsub(" pull ", " 'pull' ", 1)
    local w = quoted_words(quoted)
    if not w or w[1] ~= RUNNER or #w < 2 then return nil end
-   if w[2] == "batch" then
+   if w[2] == "pull" then
       if #w < 3 then return nil end
-      return "shared", { unpack(w, 3) }
+      return "map", { unpack(w, 3) }
    end
    if #w ~= 2 then return nil end
    return "single", { w[2] }
@@ -250,12 +242,12 @@ end
 -- nil when the script is one of delegate's forms, else the reason; second
 -- value: the GPUs its own line asks for; third: the nodes (1 but for the
 -- multi-node form); fourth: the calls it runs (its job directories);
--- fifth: the most calls one of its allocations runs.
+-- fifth: whether it is a map's allocations (`sandbox-runner pull`).
 local function check_script(whole, array_inx)
    if #whole > MAX_SCRIPT then return "the script is larger than a delegate script can be" end
    local rwhy, rnodes = check_ranks(whole, array_inx)
    if rwhy then return rwhy end
-   if rwhy == false then return nil, 0, rnodes, 1, 1 end
+   if rwhy == false then return nil, 0, rnodes, 1, false end
    local gpus, script = split_gpus(whole)
    if gpus == nil then return "too many GPUs in the script's --gres line" end
    if script:sub(-1) ~= "\n" then return "not a delegate script" end
@@ -264,25 +256,30 @@ local function check_script(whole, array_inx)
    if lines[1] ~= "#!/bin/sh" or #lines < 2 then return "not a delegate script" end
 
    local expected, dirs
-   local per_alloc = 1   -- the most job directories one allocation runs
+   local map = false
    if lines[2]:sub(1, 5) == "exec " then
       if array_inx ~= nil and array_inx ~= "" then return "--array is not allowed with this script" end
       local kind, d = parse_exec(lines[2]:sub(6))
       if kind == "single" then expected = batch_script(RUNNER, d[1])
-      elseif kind == "shared" then expected = shared_script(RUNNER, { d }); per_alloc = #d
+      elseif kind == "map" then expected = pull_script(RUNNER, d, 1); map = true
       else return "not a delegate script" end
       dirs = d
    else
       local n = tonumber(lines[2]:match("^#SBATCH %-%-array=0%-(%d+)$"))
-      if not n or n + 1 > MAX_ARRAY or #lines ~= n + 7 then return "not a delegate script" end
+      if not n or n + 1 > MAX_ARRAY then return "not a delegate script" end
       if array_inx ~= "0-" .. n then return "--array must be the script's own (0-" .. n .. ")" end
-      local first = lines[4]:match("^0%) (.*) ;;$")
-      if not first then return "not a delegate script" end
-      dirs = {}
-      if first:sub(1, 8) == "exec >>'" then        -- array_script
+      if #lines == 3 and lines[3]:sub(1, 5) == "exec " then   -- pull_script, several allocations
+         local kind, d = parse_exec(lines[3]:sub(6))
+         if kind ~= "map" then return "not a delegate script" end
+         if n + 1 > #d then return "a map has no more allocations than calls" end
+         dirs, map = d, true
+         expected = pull_script(RUNNER, d, n + 1)
+      else                                                     -- array_script
+         if #lines ~= n + 7 then return "not a delegate script" end
          local logs = {}
+         dirs = {}
          for i = 1, n + 1 do
-            local log, body = lines[3 + i]:match("^" .. (i - 1) .. "%) exec >>'([^']*)' 2>&1; exec (.*) ;;$")
+            local log, body = (lines[3 + i] or ""):match("^" .. (i - 1) .. "%) exec >>'([^']*)' 2>&1; exec (.*) ;;$")
             if not log then return "not a delegate script" end
             local kind, d = parse_exec(body)
             if kind ~= "single" then return "not a delegate script" end
@@ -290,18 +287,6 @@ local function check_script(whole, array_inx)
             dirs[i], logs[i] = d[1], log
          end
          expected = array_script(RUNNER, dirs, logs)
-      else                                          -- shared_script, several allocations
-         local groups = {}
-         for i = 1, n + 1 do
-            local body = lines[3 + i]:match("^" .. (i - 1) .. "%) exec (.*) ;;$")
-            if not body then return "not a delegate script" end
-            local kind, d = parse_exec(body)
-            if kind ~= "shared" then return "not a delegate script" end
-            groups[i] = d
-            per_alloc = math.max(per_alloc, #d)
-            for _, x in ipairs(d) do dirs[#dirs + 1] = x end
-         end
-         expected = shared_script(RUNNER, groups)
       end
    end
    for _, d in ipairs(dirs) do
@@ -311,7 +296,7 @@ local function check_script(whole, array_inx)
       end
    end
    if with_gpus(expected, gpus) ~= whole then return "not a delegate script" end
-   return nil, gpus, 1, #dirs, per_alloc
+   return nil, gpus, 1, #dirs, map
 end
 
 -- nil when the job's generic-resource request is exactly the script's GPU
@@ -464,16 +449,17 @@ local function refuse_reason(job_desc, submit_uid)
    if env.SLURM_GET_USER_ENV ~= nil then
       return "--get-user-env and --export other than ALL are not allowed"
    end
-   local why, gpus, nodes, calls, per_alloc = check_script(script, job_desc.array_inx)
+   local why, gpus, nodes, calls, map = check_script(script, job_desc.array_inx)
    if why then return why end
-   -- An allocation that runs several calls holds its node at most the
-   -- site's max_allocation_time (the client plans maps so): another
-   -- student's call waits at most one such allocation.
-   if per_alloc > 1 then
+   -- A map's allocation claims calls while it is younger than the site's
+   -- max_allocation_time (sandbox-runner pull; the agent refuses later
+   -- ones), so it holds its node at most that plus one call's limit: its
+   -- Slurm limit is no longer.
+   if map then
       local t = job_desc.time_limit
-      if t == nil or t == NO_VAL or t == 0 or t > MAX_SHARED_MINUTES then
-         return "an allocation that runs several calls has a time limit of at most "
-                .. MAX_SHARED_MINUTES .. " minutes on this cluster"
+      if t == nil or t == NO_VAL or t == 0 or t > MAX_MAP_MINUTES then
+         return "a map's allocation has a time limit of at most "
+                .. MAX_MAP_MINUTES .. " minutes on this cluster"
       end
    end
    -- The node count is the script's own: 1, or the multi-node form's N
@@ -489,7 +475,7 @@ local function refuse_reason(job_desc, submit_uid)
    end
    local gwhy = check_gres(job_desc, gpus)
    if gwhy then return gwhy end
-   return nil, calls
+   return nil, calls, map
 end
 
 local function job_submit(job_desc, part_list, submit_uid)
@@ -506,7 +492,7 @@ local function job_submit(job_desc, part_list, submit_uid)
       slurm.log_user("%s", "delegate: " .. why)
       return slurm.ESLURM_ACCESS_DENIED
    end
-   local ok2, why, calls = pcall(refuse_reason, job_desc, submit_uid)
+   local ok2, why, calls, map = pcall(refuse_reason, job_desc, submit_uid)
    if not ok2 then
       slurm.log_error("delegate lockdown: check failed (%s); refusing uid %d", tostring(why), submit_uid)
       slurm.log_user("delegate: job refused (internal error of the site's job check)")
@@ -520,12 +506,14 @@ local function job_submit(job_desc, part_list, submit_uid)
    -- The accounting's count of calls is the script's, not the submitter's;
    -- and a job directory is single-use: a student's job never goes back to
    -- the queue to run again (`sbatch --requeue` by hand, then a node
-   -- failure or `scontrol requeue`), whatever the submitter asked; nor does
-   -- it send mail (`--mail-user=<anyone> --mail-type=ALL`: slurmctld's
+   -- failure or `scontrol requeue`), whatever the submitter asked, but for
+   -- a map's allocations: they run only the calls they claim (a claim is
+   -- made once), and requeue themselves to step aside; nor does a job
+   -- send mail (`--mail-user=<anyone> --mail-type=ALL`: slurmctld's
    -- MailProg would write to any address a student names, per job).
    local ok3, err = pcall(function()
       job_desc.comment = CALLS_COMMENT .. calls
-      job_desc.requeue = 0
+      job_desc.requeue = map and 1 or 0
       job_desc.mail_type = 0
       job_desc.mail_user = ""
    end)
@@ -614,7 +602,7 @@ end
 local gate = { job_submit = job_submit, job_modify = job_modify,
                internals = { check_script = check_script, refuse_reason = refuse_reason,
                        batch_script = batch_script, array_script = array_script,
-                       shared_script = shared_script, safe_path = safe_path,
+                       pull_script = pull_script, safe_path = safe_path,
                        with_gpus = with_gpus, check_gres = check_gres,
                        name_refusal = name_refusal, modify_refusal = modify_refusal,
                        scope = scope, job_partitions = job_partitions,

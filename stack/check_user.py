@@ -5,9 +5,9 @@ exits non-zero with the reason on the first failure.
   basic   a Python function through the delegate package: runs as this
           account's uid, and measures with a perf counter (task-clock)
   excl    4 jobs of 5 s at once: no two on one node at the same time
-  map     a map of 3 calls per worker: one sbatch, one shared allocation per
-          worker (every worker used), calls one after another on each node,
-          a fresh container for each call
+  map     a map of 3 calls per worker: one sbatch (one job array, an
+          allocation per worker pulling the calls), every worker used, calls
+          one after another on each node, a fresh container for each call
 
 With a last argument `at-least` (elastic workers: Slurm may keep the work
 on the workers that are up rather than power another one up): `excl`
@@ -121,16 +121,18 @@ def map_check(workers, at_least=False):
         fail(f"a sandbox's hostname is not its node's: {[g[1] for g in got]}")
     allocs = {st["slurm_id"] for st in sts}
     hosts = {st["host"] for st in sts}
-    spread = len(hosts) >= workers if at_least else len(allocs) == workers == len(hosts)
+    if len(allocs) != 1:
+        fail(f"a map of {n} is not one Slurm job (array): {sorted(allocs)}")
+    spread = len(hosts) >= workers if at_least else len(hosts) == workers
     if not spread:
-        fail(f"a map of {n} ran in allocations {sorted(allocs)} on {sorted(hosts)}; expected one per worker")
+        fail(f"a map of {n} ran on {sorted(hosts)}; expected every one of {workers} workers")
     runs = [(st["host"], g[2], g[3]) for st, g in zip(sts, got)]
     for a in runs:
         for b in runs:
             if a is not b and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]:
                 fail(f"two calls of one map overlapped on node {a[0]}")
     print(
-        f"ok: map of {n}: one sbatch, allocations {', '.join(sorted(allocs))} on {', '.join(sorted(hosts))}, "
+        f"ok: map of {n}: one sbatch, job {', '.join(sorted(allocs))} pulled on {', '.join(sorted(hosts))}, "
         f"{n} containers, calls one after another per node",
         flush=True,
     )

@@ -17,7 +17,7 @@ struct GateContext {
     job_roots: Vec<String>,
     admin_group: String,
     slurm_uid: u32,
-    max_shared_minutes: u64,
+    max_map_minutes: u64,
     partitions: Vec<String>,
     as_module: bool,
 }
@@ -57,16 +57,20 @@ fn checked_path(what: &str, p: &str) -> Result<String, RenderError> {
     }
 }
 
-/// The gate's Slurm time limit for a shared allocation: the policy's
-/// max_allocation_time in minutes, rounded up, plus the minute the client
-/// adds (delegate-client `time_limit_minutes`).
-pub fn shared_minutes(max_allocation_time: &str) -> Result<u64, RenderError> {
-    match units::parse_duration(max_allocation_time) {
-        Ok(secs) if secs > 0 => Ok(secs.saturating_add(60).div_ceil(60)),
-        _ => Err(RenderError::Invalid(format!(
-            "max_allocation_time '{max_allocation_time}' is not a duration above 0"
-        ))),
-    }
+/// The gate's Slurm time limit for a map's allocation: the policy's
+/// max_allocation_time (after which it claims no call) plus its max_time
+/// (the call in progress) and the allowance for that call
+/// ([`delegate_protocol::policy::MAP_CALL_ALLOWANCE_SECS`]), in minutes, rounded up,
+/// plus the minute the client adds (delegate-client `time_limit_minutes`).
+pub fn map_minutes(max_allocation_time: &str, max_time: &str) -> Result<u64, RenderError> {
+    let secs = |what: &str, d: &str| match units::parse_duration(d) {
+        Ok(secs) if secs > 0 => Ok(secs),
+        _ => Err(RenderError::Invalid(format!("{what} '{d}' is not a duration above 0"))),
+    };
+    let longest = secs("max_allocation_time", max_allocation_time)?
+        .saturating_add(secs("max_time", max_time)?)
+        .saturating_add(delegate_protocol::policy::MAP_CALL_ALLOWANCE_SECS);
+    Ok(longest.saturating_add(60).div_ceil(60))
 }
 
 /// The gate for `runner` (None: the policy's), the policy at `policy`, the admin group and
@@ -103,7 +107,7 @@ pub fn gate(
         job_roots,
         admin_group: admin_group.into(),
         slurm_uid,
-        max_shared_minutes: shared_minutes(&p.max_allocation_time)?,
+        max_map_minutes: map_minutes(&p.max_allocation_time, &p.max_time)?,
         // (checked by the policy's parser: partition names only)
         partitions: p.partitions.clone(),
         as_module: form == GateForm::Module,
@@ -143,10 +147,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shared_minutes_match_the_clients_time_limit() {
-        assert_eq!(shared_minutes("10m").unwrap(), 11);
-        assert_eq!(shared_minutes("90s").unwrap(), 3);
-        assert!(shared_minutes("0").is_err());
+    fn map_minutes_match_the_clients_time_limit() {
+        // 10 min + 5 min + 30 s, plus the client's minute: 17 (rounded up).
+        assert_eq!(map_minutes("10m", "5m").unwrap(), 17);
+        assert_eq!(map_minutes("90s", "60s").unwrap(), 4);
+        assert!(map_minutes("0", "1m").is_err());
+        assert!(map_minutes("1m", "0").is_err());
     }
 
     #[test]

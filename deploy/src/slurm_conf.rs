@@ -96,18 +96,23 @@ pub fn stack_workers(s: &Settings) -> Result<Workers, RenderError> {
     })
 }
 
-/// The partition's MaxTime (HH:MM:SS): the policy's longer of max_time and
-/// max_allocation_time (the default policy's) as the client asks Slurm for
-/// it (its minute of slack, delegate-client `time_limit_minutes`). A
-/// student's job cannot ask for more, nor be raised to more (slurmctld
-/// lets a user raise a pending job's limit up to MaxTime; the gate
-/// refuses any raise): security round 4, item 2.
+/// The partition's MaxTime (HH:MM:SS): the longest limit a student's job
+/// asks for, a map's allocation's (the default policy's
+/// max_allocation_time, max_time, and the allowance for the call in
+/// progress), as the client asks Slurm for it (its minute of slack,
+/// delegate-client `time_limit_minutes`). A student's job cannot ask for
+/// more, nor be raised to more (slurmctld lets a user raise a pending
+/// job's limit up to MaxTime; the gate refuses any raise): security round
+/// 4, item 2.
 pub fn part_maxtime(max_time: &str) -> Result<String, RenderError> {
     let secs = |d: &str| {
         delegate_protocol::units::parse_duration(d)
             .map_err(|e| RenderError::Invalid(format!("the duration '{d}': {e}")))
     };
-    let longest = secs(max_time)?.max(secs(&delegate_protocol::policy::Policy::default().max_allocation_time)?);
+    let call = secs(max_time)?;
+    let longest = secs(&delegate_protocol::policy::Policy::default().max_allocation_time)?
+        .saturating_add(call)
+        .saturating_add(delegate_protocol::policy::MAP_CALL_ALLOWANCE_SECS);
     let minutes = longest.saturating_add(60).div_ceil(60);
     Ok(format!("{:02}:{:02}:00", minutes / 60, minutes % 60))
 }

@@ -324,13 +324,14 @@ fn every_file_starts_with_the_marker_build_cluster_checks() {
 
 #[test]
 fn the_partitions_maxtime_follows_the_policy() {
-    // max_time plus the client's minute; max_allocation_time (10m) when longer.
-    assert_eq!(slurm_conf::part_maxtime("1h").unwrap(), "01:01:00");
-    assert_eq!(slurm_conf::part_maxtime("90s").unwrap(), "00:11:00");
-    assert_eq!(slurm_conf::part_maxtime("2d").unwrap(), "48:01:00");
+    // A map's allocation: max_allocation_time (10m), max_time and 30 s for
+    // the call in progress, plus the client's minute.
+    assert_eq!(slurm_conf::part_maxtime("1h").unwrap(), "01:12:00");
+    assert_eq!(slurm_conf::part_maxtime("90s").unwrap(), "00:13:00");
+    assert_eq!(slurm_conf::part_maxtime("2d").unwrap(), "48:12:00");
     let s = local_settings().with("DELEGATE_MAX_TIME", "30m");
     let conf = slurm_conf::render(&s, Shape::Local, Some(&node(0))).unwrap();
-    assert!(conf.contains("MaxTime=00:31:00 DefaultTime=00:31:00"), "{conf}");
+    assert!(conf.contains("MaxTime=00:42:00 DefaultTime=00:42:00"), "{conf}");
 }
 
 #[test]

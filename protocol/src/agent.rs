@@ -46,6 +46,19 @@ pub enum Request {
     /// the caller's running job; the agent derives the rank from
     /// slurmctld's node list, never from this message.
     RunRank(RankRequest),
+    /// Whether another user's job waits for a partition (`sandbox-runner
+    /// pull` asks between the calls of a map's allocation: students do not
+    /// see other users' jobs, `PrivateData=jobs`). Served only to the batch
+    /// task of a running job. Appended last: the earlier requests keep
+    /// their encoding.
+    Queue(QueueRequest),
+}
+
+/// [`Request::Queue`]: the partition of the caller's job (its own
+/// `SLURM_JOB_PARTITION`; `None`: any).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueRequest {
+    pub partition: Option<String>,
 }
 
 /// One rank of a multi-node job.
@@ -130,6 +143,12 @@ pub enum Answer {
     /// agent of before has none, the runner then writes none). Appended
     /// last: the earlier answers keep their encoding.
     Fingerprint(Box<crate::Fingerprint>),
+    /// The answer to [`Request::Queue`]: whether a job of another user
+    /// than the caller waits for the partition's nodes (pending for
+    /// resources or priority, not held). Appended last.
+    Queue {
+        others_wait: bool,
+    },
 }
 
 /// Why the container stopped, from the agent's side.
@@ -260,6 +279,7 @@ mod tests {
                 },
                 rank: 1,
             }),
+            Request::Queue(QueueRequest { partition: Some("delegate".into()) }),
         ];
         let mut bytes = Vec::new();
         for r in &reqs {

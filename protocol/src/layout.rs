@@ -38,6 +38,9 @@ pub const SHIPPED: &str = "shipped";
 /// Written by the runner from the agent's record of the machine the call
 /// ran on ([`crate::Fingerprint`]).
 pub const FINGERPRINT: &str = "fingerprint";
+/// Created (`O_EXCL`) by the allocation of a map that runs the call
+/// ([`crate::claim`]): who claimed it.
+pub const CLAIM: &str = "claim";
 /// Where `delegate.cfiddle`'s sandbox half writes the executables a
 /// CFiddle experiment sent (`/job/cfiddle`).
 pub const CFIDDLE: &str = "cfiddle";
@@ -54,6 +57,7 @@ pub const DELEGATE_NAMES: &[&str] = &[
     SLURM_ID,
     CANCEL,
     SHIPPED,
+    CLAIM,
     STARTED,
     STDOUT,
     STDERR,
@@ -66,9 +70,12 @@ pub const DELEGATE_NAMES: &[&str] = &[
 ];
 
 /// Files the client writes before the runner starts; anything else present
-/// when the runner starts is refused.
+/// when the runner starts is refused, but for the allocation's [`CLAIM`].
 /// (The entries a [`SHIPPED`] manifest lists are accepted too.)
 pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL, SHIPPED];
+/// What may be in a job directory when the runner starts the call: the
+/// client's files and the claim.
+pub const BEFORE_START: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL, SHIPPED, CLAIM];
 /// Upper bound on the nodes (ranks) of one job, whatever the policy says.
 pub const MAX_RANKS: u32 = 256;
 

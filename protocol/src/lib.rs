@@ -13,6 +13,7 @@
 //! | `cancel`   | client, optional | marker: the user asked to cancel; its text, if any, says why in the user's words ([`cancel`]) |
 //! | `shipped`  | client, optional | the names of the files shipped with the job, one per line ([`shipped`]) |
 //! | *shipped names* | client, optional | the files and directories the student shipped (`/job/NAME`) |
+//! | `claim`    | runner of a map's allocation | who claimed the call, created `O_EXCL` before it starts ([`claim`]) |
 //! | `started`  | runner           | [`Started`], encoded                                  |
 //! | `stdout`   | runner           | the container's standard output, streamed             |
 //! | `stderr`   | runner           | the container's standard error, streamed              |
@@ -51,7 +52,8 @@
 //! and the lists of shared calls), [`fsio`] (symlink-proof file access),
 //! [`line`] (the lines the runner leaves in Slurm's log), [`policy`] (the
 //! site policy), [`units`] (human sizes and durations), [`cancel`] (the
-//! cancel marker's reason), [`shipped`] (the shipped files' manifest),
+//! cancel marker's reason), [`claim`] (a map's allocation claiming a call),
+//! [`shipped`] (the shipped files' manifest),
 //! [`fingerprint`] (the machine of a call), [`node_class`] (node classes
 //! and their Slurm features), [`agent`] (the wire protocol between the
 //! runner and the root agent), [`cpus`] (core placement on an exclusive
@@ -63,6 +65,7 @@
 
 pub mod agent;
 pub mod cancel;
+pub mod claim;
 pub mod clock;
 pub mod cpus;
 pub mod error;

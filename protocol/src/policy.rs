@@ -115,18 +115,17 @@ pub struct Policy {
     pub job_roots: Vec<PathBuf>,
     pub docker_socket: PathBuf,
     pub allow_root: bool,
-    /// The calls of one submission (a `map`) run one after another in
-    /// shared exclusive allocations, at most this many per allocation, each
-    /// call still in its own fresh container. `1`: one Slurm job per call.
-    /// Read by the client when it submits (fairness towards other users of
-    /// the partition is the site's call).
+    /// `1`: every call of a submission (a `map`) is its own Slurm job;
+    /// above 1, a map's calls are pulled by its allocations (one per usable
+    /// node, each running the next unclaimed call, each call still in its
+    /// own fresh container). Read by the client when it submits.
     pub calls_per_allocation: u32,
-    /// The longest a shared allocation of one submission may hold its node
-    /// (Slurm's time limit of the allocation, minus Slurm's minute of
-    /// slack): a map becomes several allocations of at most this long, so
-    /// another student's call waits at most one of them. Calls longer than
-    /// this run one per allocation. The site's job gate refuses longer
-    /// shared allocations.
+    /// How long a map's allocation claims calls: once this old it runs no
+    /// new call (the agent refuses one), and with calls left it requeues
+    /// itself, so the rest waits in Slurm's queue again. It also steps
+    /// aside between calls as soon as another user's job waits for the
+    /// partition. Its Slurm limit is this plus the call's own limit (and
+    /// 30 s), which the site's job gate and the partition's MaxTime allow.
     pub max_allocation_time: String,
     /// Bytes of stdout plus stderr one call may produce (`0`: no limit).
     pub max_output: String,
@@ -252,6 +251,12 @@ pub enum Violation {
     #[error("the spec asks to run as uid {asked}, but the job runs as uid {actual}")]
     Uid { asked: u32, actual: u32 },
 }
+
+/// Seconds a map's allocation is given, on top of `max_allocation_time`
+/// and the call's own limit, for the call in progress when it reaches its
+/// bound (container create, start, removal; output draining): the client
+/// asks Slurm for it, the gate and the partition's MaxTime allow it.
+pub const MAP_CALL_ALLOWANCE_SECS: u64 = 30;
 
 /// Policy values in machine units, checked once at load.
 #[derive(Clone, Debug)]

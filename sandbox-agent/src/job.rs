@@ -49,6 +49,9 @@ pub struct Shared {
     pub quiet: crate::quiet::PerUser,
     /// The probe's last answer (crate::probe::Cached).
     pub probe: crate::probe::Cached,
+    /// Whether others wait, asked of Slurm at most once a second
+    /// (crate::queue::Cached).
+    pub queue: crate::queue::Cached,
 }
 
 /// The policy: the root-owned default file, or `$DELEGATE_POLICY` of the
@@ -95,27 +98,18 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
                 return;
             }
             Request::Run(req) => {
-                if caller.is_none() {
-                    match ident::identify(pid, uid, &shared.stepds, &shared.node).await {
-                        Ok(c) => {
-                            tracing::info!("pid {pid} uid {uid}: batch task of Slurm job {}", c.job);
-                            caller = Some(c);
-                        }
-                        Err(why) => {
-                            shared
-                                .quiet
-                                .warn(uid, "refused", &format!("refused pid {pid} uid {uid}: {why}"));
-                            let _ = conn::send(&stream, &Answer::Refused(why)).await;
-                            return;
-                        }
-                    }
-                }
-                let Some(c) = caller.as_ref() else { return };
-                if !c.alive() {
-                    let _ = conn::send(&stream, &Answer::Refused("the batch task has ended".into())).await;
+                let Some(c) = batch_task(&shared, &mut caller, pid, uid, &stream).await else {
+                    return;
+                };
+                run(&shared, c, &mut engine, req, fds, &stream, &mut rx, None).await
+            }
+            Request::Queue(q) => {
+                if batch_task(&shared, &mut caller, pid, uid, &stream).await.is_none() {
                     return;
                 }
-                run(&shared, c, &mut engine, req, fds, &stream, &mut rx, None).await
+                Answer::Queue {
+                    others_wait: shared.queue.others_wait(q.partition.as_deref(), uid).await,
+                }
             }
         };
         if let Err(e) = conn::send(&stream, &answer).await {
@@ -123,6 +117,39 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
             return;
         }
     }
+}
+
+/// The connection's caller, identified once as the batch task of a running
+/// Slurm job on this node; `None` (after telling it why) when it is not,
+/// or no longer.
+async fn batch_task<'a>(
+    shared: &Shared,
+    caller: &'a mut Option<Caller>,
+    pid: i32,
+    uid: u32,
+    stream: &UnixStream,
+) -> Option<&'a Caller> {
+    if caller.is_none() {
+        match ident::identify(pid, uid, &shared.stepds, &shared.node).await {
+            Ok(c) => {
+                tracing::info!("pid {pid} uid {uid}: batch task of Slurm job {}", c.job);
+                *caller = Some(c);
+            }
+            Err(why) => {
+                shared
+                    .quiet
+                    .warn(uid, "refused", &format!("refused pid {pid} uid {uid}: {why}"));
+                let _ = conn::send(stream, &Answer::Refused(why)).await;
+                return None;
+            }
+        }
+    }
+    let c = caller.as_ref()?;
+    if !c.alive() {
+        let _ = conn::send(stream, &Answer::Refused("the batch task has ended".into())).await;
+        return None;
+    }
+    Some(c)
 }
 
 /// Why an allocation may not start a call: it is older than the site's

@@ -39,6 +39,7 @@ mod output;
 mod pin;
 mod power;
 mod probe;
+mod queue;
 mod quiet;
 mod rank;
 mod seccomp;
@@ -196,6 +197,7 @@ async fn serve() -> Result<(), String> {
         republish: Arc::new(tokio::sync::Notify::new()),
         quiet: quiet::PerUser::default(),
         probe: probe::Cached::default(),
+        queue: queue::Cached::default(),
     });
     tokio::spawn(node::keep_published(
         policy.clone(),

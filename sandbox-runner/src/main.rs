@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! sandbox-runner <JOB_DIR>                 run the job in the absolute job directory
-//! sandbox-runner batch <JOB_DIR>...        run several jobs one after another (one allocation)
+//! sandbox-runner pull <JOB_DIR>...         one allocation of a map: the calls it claims, one after another
 //! sandbox-runner probe [--json]            report engine, image and perf mode (for `delegate doctor`)
 //! sandbox-runner ranks <JOB_DIR>           the batch step of a multi-node job: srun one rank per node
 //! sandbox-runner rank <JOB_DIR>            one rank (the task of that srun step; see `ranks`)
@@ -25,23 +25,30 @@
 //!   already exists. Nothing was written into it.
 //! - `4`: internal error: no outcome could be written.
 //!
-//! `batch` runs the directories in the order given, each exactly as
-//! `sandbox-runner <JOB_DIR>` would, each in its own fresh container. While
-//! a call runs, stderr goes to its own log file `<parent>/<job-id>.log`
-//! (the file that is a single job's Slurm log): opened without following
-//! symlinks, created as the user's group, it must be a regular file of the
-//! caller; when it cannot be opened, that call logs to the batch's stderr
-//! with a warning. The batch's stderr gets one summary line per call.
-//! After SIGTERM/SIGINT/SIGHUP the call in progress is cancelled and every
-//! later call gets a `cancelled` outcome at once, without any container
-//! (after the usual directory checks). A directory that already holds an
-//! outcome (the client cancelled the call before its turn) is skipped.
-//! Exit codes of `batch`: `0` every call ended with an outcome (or was
-//! skipped as above); `3` some directory was refused without an outcome;
-//! `4` some call ended with an internal error (4 wins over 3).
+//! `pull` is one allocation of a map (an element of the map's job array,
+//! each given every call of the map): it goes through the directories in
+//! map order and runs each one it claims (the `claim` file, created
+//! `O_EXCL`: exactly one allocation runs a call), exactly as
+//! `sandbox-runner <JOB_DIR>` would, each in its own fresh container. It
+//! stops claiming once it is as old as the site's `max_allocation_time`,
+//! once another user's job waits for the partition (squeue, at most once a
+//! second, between calls; at least one call per start), or after
+//! SIGTERM/SIGINT/SIGHUP (the call in progress is cancelled); with calls
+//! left unclaimed and not signalled, it requeues its own job (`scontrol
+//! requeue`) so that they wait in Slurm's queue again. While a call runs,
+//! stderr goes to its own log file `<parent>/<job-id>.log` (the file that
+//! is a single job's Slurm log): opened without following symlinks,
+//! created as the user's group, it must be a regular file of the caller;
+//! when it cannot be opened, that call logs to the allocation's stderr with
+//! a warning. The allocation's stderr gets one summary line per call. A
+//! directory that already holds an outcome (the client cancelled the call
+//! before its turn) is skipped. Exit codes of `pull`: `0` every call it
+//! claimed ended with an outcome (or was skipped as above); `3` some
+//! directory was refused without an outcome; `4` some call ended with an
+//! internal error (4 wins over 3).
 //!
-//! A running job (single or in a batch) whose `cancel` marker appears is
-//! killed and ends `cancelled` ("cancelled by the user"); in a batch only
+//! A running job (single or in a map) whose `cancel` marker appears is
+//! killed and ends `cancelled` ("cancelled by the user"); in a map only
 //! that call stops.
 //!
 //! Exit codes of `probe`: `0` when the engine is reachable and the default
@@ -63,9 +70,9 @@ macro_rules! say {
 }
 
 mod agent;
-mod batch;
 mod calllog;
 mod probe;
+mod pull;
 mod ranks;
 mod run;
 mod validate;
@@ -95,10 +102,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run several jobs one after another, each in its own container, each
-    /// logging to `<parent>/<job-id>.log`.
-    Batch {
-        /// Absolute paths of the job directories, in the order to run them.
+    /// One allocation of a map: run the calls it claims, in order, each in
+    /// its own container, each logging to `<parent>/<job-id>.log`, until
+    /// every call is claimed, the allocation is as old as the site's
+    /// max_allocation_time or another user's job waits (then it requeues
+    /// itself when calls are left).
+    Pull {
+        /// Absolute paths of the map's job directories, in map order.
         #[arg(required = true, num_args = 1.., value_name = "JOB_DIR")]
         dirs: Vec<PathBuf>,
     },
@@ -221,12 +231,12 @@ async fn async_main(cli: Cli) -> i32 {
                 1
             }
         }
-        (Some(Command::Batch { dirs }), _) => {
+        (Some(Command::Pull { dirs }), _) => {
             let signals = match signal_handlers() {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            batch::run_batch(&dirs, signals).await
+            pull::run_pull(&dirs, signals).await
         }
         (Some(Command::Ranks { dir }), _) => match signal_handlers() {
             Ok(s) => ranks::run_ranks(&dir, s).await,
@@ -271,10 +281,10 @@ mod tests {
     }
 
     #[test]
-    fn batch_dirs_in_order() {
-        let c = parse(&["batch", "/j/a", "/j/b", "/j/c"]).unwrap();
+    fn pull_dirs_in_order() {
+        let c = parse(&["pull", "/j/a", "/j/b", "/j/c"]).unwrap();
         match c.command {
-            Some(Command::Batch { dirs }) => {
+            Some(Command::Pull { dirs }) => {
                 assert_eq!(dirs, vec![PathBuf::from("/j/a"), PathBuf::from("/j/b"), PathBuf::from("/j/c")])
             }
             other => panic!("{other:?}"),
@@ -294,8 +304,9 @@ mod tests {
     }
 
     #[test]
-    fn batch_needs_a_dir() {
-        assert!(parse(&["batch"]).is_err());
+    fn pull_needs_a_dir() {
+        assert!(parse(&["pull"]).is_err());
+        assert!(parse(&["batch", "/j/a"]).is_err(), "the planned batch of old is gone");
     }
 
     #[test]

@@ -480,7 +480,7 @@ async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
                 return o;
             }
             Ok(Answer::Failed(reason)) => return ctx.outcome(State::Failed, reason),
-            Ok(Answer::Probe(_)) => {}
+            Ok(Answer::Probe(_) | Answer::Queue { .. }) => {}
             Err(e) => {
                 *agent = None;
                 return ctx.outcome(State::Failed, e);

@@ -7,7 +7,7 @@ use delegate_protocol::policy::Policy;
 use delegate_protocol::shipped::{parse_shipped_manifest, MAX_SHIPPED, SHIPPED};
 use delegate_protocol::{
     check_clean_absolute, check_owner, list_entries, open_dir_nofollow, read_bounded_at, read_record_at, JobId,
-    ProtocolError, Spec, CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
+    ProtocolError, Spec, BEFORE_START, CANCEL, CLIENT_FILES, MAX_PAYLOAD_BYTES, OUTCOME, PAYLOAD, STARTED,
 };
 use nix::fcntl::AtFlags;
 use nix::sys::stat::{fstatat, SFlag};
@@ -111,18 +111,18 @@ pub fn check_job_as(dir: &JobDir, uid: u32, policy: &Policy, rank: bool) -> Resu
     let cancelled = entries.iter().any(|n| n == CANCEL);
     if let Some(bad) = entries
         .iter()
-        .find(|n| !cancelled && !CLIENT_FILES.contains(&n.as_str()) && !shipped.contains(n))
+        .find(|n| !cancelled && !BEFORE_START.contains(&n.as_str()) && !shipped.contains(n))
     {
         return Err(Refusal::job(format!(
             "unexpected file {} in the job directory (only {} may exist before the job starts)",
             shown_name(bad),
-            CLIENT_FILES.join(", ")
+            BEFORE_START.join(", ")
         )));
     }
     // Every client file present must be a regular file of the caller.
     for name in entries
         .iter()
-        .filter(|n| !shipped.contains(n) && CLIENT_FILES.contains(&n.as_str()))
+        .filter(|n| !shipped.contains(n) && BEFORE_START.contains(&n.as_str()))
     {
         let shown = dir.path.join(name).display().to_string();
         let st = fstatat(dir.fd.as_fd(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)

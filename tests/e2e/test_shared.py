@@ -1,10 +1,13 @@
-"""Shared allocations, end to end: the calls of one submission
-(`delegate submit --count N`) run one after another in ONE exclusive Slurm
-job (`sandbox-runner batch <dir>...` on this one-node cluster), each in its
-own fresh container with its own output, state, log and outcome; cancelling
-one call leaves the others running; `scancel` of the allocation ends them all;
-a refused directory fails only its own call. `DELEGATE_CALLS_PER_ALLOCATION=1`
-gives back one Slurm job (array element) per call.
+"""Maps, end to end: the calls of one submission (`delegate submit --count
+N`) are pulled by the map's allocations, one per usable node (ONE exclusive
+Slurm job on this one-node cluster, `sandbox-runner pull <dir>...`), each
+call claimed once and run in its own fresh container with its own output,
+state, log and outcome; cancelling one call leaves the others running;
+`scancel` of the allocation ends them all; a refused directory fails only
+its own call; another student's call waits only for the map's current
+call (the allocation requeues itself to step aside).
+`DELEGATE_CALLS_PER_ALLOCATION=1` gives back one Slurm job (array element)
+per call.
 
 Every call reads `$DELEGATE_INDEX` (set by `submit --count`) to know which
 call it is; the waits are generous, the sleeps short.
@@ -22,7 +25,7 @@ import pytest
 from conftest import containers_created_since, containers_with_label, sh
 
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "lost"}
-WAITING_REASON = "waiting for its turn in its shared allocation"
+WAITING_REASON = "waiting for an allocation of its map to claim it"
 JOB_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{8}$")
 
 
@@ -160,11 +163,11 @@ def test_count_is_one_slurm_job_and_every_call_runs_in_its_own_container(alice):
     assert sid.isdigit(), f"one plain Slurm job expected, got {sid!r}"
     for j in jobs:
         assert slurm_id_file(alice, j) == f"{sid}\nshared {n}\n", j
-    # Its batch script runs the runner's batch mode on the job dirs, in order.
+    # Its batch script runs the runner's pull mode on the job dirs, in order.
     script = sh("scontrol", "write", "batch_script", sid, "-", check=False)
     if script.returncode == 0:
         line = [ln for ln in script.stdout.splitlines() if "sandbox-runner" in ln]
-        assert line and " batch " in line[0], script.stdout
+        assert line and " pull " in line[0], script.stdout
         positions = [line[0].find(str(alice.job_dir(j))) for j in jobs]
         assert all(p > 0 for p in positions) and positions == sorted(positions), (line, jobs)
 
@@ -498,61 +501,92 @@ def test_calls_per_allocation_env_must_be_a_positive_number(alice):
         assert r.stdout == ""
 
 
-def test_calls_per_allocation_2_splits_into_an_array_of_allocations(alice):
-    # 5 calls, at most 2 per allocation: 3 allocations (array elements), dealt round-robin.
-    jobs, handles = submit_count(
-        alice, 5, "sh", "-c", 'echo "idx=$DELEGATE_INDEX"', env={"DELEGATE_CALLS_PER_ALLOCATION": "2"}
-    )
-    sids = [h["slurm_id"] for h in handles]
-    base = sids[0].split("_")[0]
-    assert sids == [f"{base}_{i % 3}" for i in range(5)], sids
-    counts = {s: sids.count(s) for s in sids}
-    for j, s in zip(jobs, sids):
-        assert slurm_id_file(alice, j) == f"{s}\nshared {counts[s]}\n", j
+def test_a_map_is_one_allocation_per_node_whatever_its_calls_limits(alice):
+    """Issue 42: calls were planned into allocations by their time limits,
+    so `--count 30 --time 5m` was 30 Slurm jobs and `--time 1m` 4. The
+    map's allocations now pull its calls: one allocation per usable node
+    (one here) either way, each call's `claim` made by the allocation that
+    runs it."""
+    for limit in ("5m", "1m"):
+        jobs, handles = submit_count(alice, 30, "true", opts=("--hold", "--time", limit))
+        assert len({h["slurm_id"] for h in handles}) == 1, handles
+        sid = handles[0]["slurm_id"]
+        assert sid.isdigit(), sid
+        assert sh("squeue", "-h", "-r", "-j", sid, "-o", "%i").stdout.split() == [sid]
+        alice.run("cancel", *jobs, timeout=120)
+    jobs, _ = submit_count(alice, 3, "true", opts=("--time", "5m"))
     st = wait_all(alice, jobs)
-    assert [s["state"] for s in st] == ["completed"] * 5, st
-    assert [stdout_of(alice, j) for j in jobs] == [f"idx={i}\n" for i in range(5)]
+    assert [s["state"] for s in st] == ["completed"] * 3, st
+    for j in jobs:
+        claim = (alice.job_dir(j) / "claim").read_text()
+        assert claim == f"{allocation_of(alice, j)} {st[0]['host']}\n", claim
 
 
-def test_a_map_holds_its_node_at_most_the_sites_allocation_time(alice):
-    """Security round 3, item 6: `--count 60 -- sleep 3` was one allocation
-    of 1:31:00 and another student's call waited behind it. The site's
-    max_allocation_time (10 minutes by default) bounds every shared
-    allocation: 60 calls of the default one-minute limit are 10
-    allocations of 6 calls ((60 + 30) s each), at most 11 minutes each
-    (Slurm's minute of slack), still one submission."""
+def test_a_maps_allocation_holds_its_node_at_most_the_bound_and_one_call(alice):
+    """Security round 3, item 6, and issue 42: a map's allocation claims
+    calls while it is younger than the site's max_allocation_time (10
+    minutes by default): its Slurm limit is that, plus one call's limit
+    (1 minute) and 30 s, plus Slurm's minute of slack."""
     jobs, handles = submit_count(alice, 60, "true", opts=("--hold", "--time", "1m"))
     sids = sorted({h["slurm_id"] for h in handles})
-    assert len(sids) == 10 and len({s.split("_")[0] for s in sids}) == 1, sids
-    limits = sh("squeue", "-h", "-r", "-j", sids[0].split("_")[0], "-o", "%l").stdout.split()
-    assert len(limits) == 10 and all(t in ("9:00", "10:00", "11:00") for t in limits), limits
+    assert len(sids) == 1, sids
+    limits = sh("squeue", "-h", "-r", "-j", sids[0], "-o", "%l").stdout.split()
+    assert limits == ["13:00"], limits
     alice.run("cancel", *jobs, timeout=120)
 
 
-def test_the_gate_refuses_a_longer_shared_allocation_by_hand(alice, tmp_path):
-    """The same bound when a student writes the shared form by hand with
-    `sbatch --time=90`: refused at submission."""
+def test_the_gate_refuses_a_longer_map_allocation_by_hand(alice, tmp_path):
+    """The same bound when a student writes the map's form by hand with
+    `sbatch --time=100`: refused at submission (10 minutes, the site's max
+    time of an hour, 30 s and the client's minute: 72)."""
     runner = "/usr/local/bin/sandbox-runner"
     dirs = [str(alice.root / (time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8])) for _ in range(2)]
-    script = f"#!/bin/sh\nexec '{runner}' batch " + " ".join(f"'{d}'" for d in dirs) + "\n"
+    script = f"#!/bin/sh\nexec '{runner}' pull " + " ".join(f"'{d}'" for d in dirs) + "\n"
     r = alice.as_user(
-        "sh", "-c", f"cd && sbatch --hold --time=90 --output=/dev/null <<'EOF'\n{script}EOF", check=False
+        "sh", "-c", f"cd && sbatch --hold --time=100 --output=/dev/null <<'EOF'\n{script}EOF", check=False
     )
-    assert r.returncode != 0 and "has a time limit of at most 11 minutes" in r.stderr, r.stderr
+    assert r.returncode != 0 and "has a time limit of at most 72 minutes" in r.stderr, r.stderr
+
+
+def test_another_students_call_waits_only_for_the_maps_current_call(alice, bob):
+    """Issue 42: a map's allocation checks between its calls whether
+    another user's job waits for the partition; when one does, it ends
+    after its current call and requeues itself. Bob's call, submitted while
+    Alice's first call (4 s) runs, starts before her second; her map goes
+    on afterwards (requeued: eligible again after slurm.conf's
+    cred_expire) and every call completes once."""
+    jobs, handles = submit_count(alice, 3, "sleep", "4", opts=("--time", "1m"))
+    wait_until(alice, jobs[:1], lambda st: st[0]["state"] == "running", what="the first call running")
+    r = bob.run("submit", "--json", "--time", "1m", "--", "true")
+    assert r.returncode == 0, r.stderr
+    bob_job = json.loads(r.stdout)["id"]
+    _SUBMITTED.append(json.loads(r.stdout)["slurm_id"])
+    b = wait_all(bob, [bob_job])[0]
+    assert b["state"] == "completed", b
+    st = wait_all(alice, jobs, timeout=240)
+    assert [s["state"] for s in st] == ["completed"] * 3, st
+    assert b["started_ms"] < st[1]["started_ms"], (b, st)
+    assert st[0]["finished_ms"] <= b["started_ms"], (st[0], b)
+    log = (alice.job_dir(jobs[0]).parent / f"{jobs[0]}.map.log").read_text()
+    assert "steps aside after 1 calls: another user's job waits for the partition" in log, log
+    restarts = sh("sacct", "-n", "-X", "-D", "-j", handles[0]["slurm_id"], "-o", "State").stdout.split()
+    assert restarts[:1] == ["REQUEUED"], restarts
 
 
 def test_an_allocation_older_than_its_bound_starts_no_more_calls(alice):
     """Security round 4, item 2: a shared allocation whose time limit was
     raised held its node for hours while another student waited. Whatever
-    its Slurm limit, the agent starts no call of a shared allocation older
-    than max_allocation_time. Three calls of 6 s share one allocation
-    (planned under the site's 10 minutes); the bound is then cut to 4 s
-    (the agent reads the policy at every call): the first call completes,
-    the later ones end with the reason."""
+    its Slurm limit and whatever its runner believes, the agent starts no
+    call of a map's allocation older than max_allocation_time. Three calls
+    of 6 s share one allocation, whose runner read the site's 10 minutes
+    when it started; the bound is then cut to 4 s (the agent reads the
+    policy at every call): the first call completes, the later ones end
+    with the reason."""
     policy = Path("/etc/delegate/policy.toml")
     old = policy.read_text()
     ids, _ = submit_count(alice, 3, "sleep", "6")
     try:
+        wait_until(alice, ids[:1], lambda st: st[0]["state"] == "running", what="the first call running")
         keep = [ln for ln in old.splitlines() if not ln.strip().startswith("max_allocation_time")]
         policy.write_text("\n".join([*keep, 'max_allocation_time = "4s"']) + "\n")
         st = wait_all(alice, ids)

@@ -21,7 +21,7 @@ else
     .. 'local JOB_ROOTS = { "/home" }\n'
     .. 'local ADMIN_GROUP = "delegate-admin"\n'
     .. 'local ADMIN_UIDS = { [0] = true, [64030] = true }\n'
-    .. 'local MAX_SHARED_MINUTES = 11\n'
+    .. 'local MAX_MAP_MINUTES = 17\n'
     .. 'local PARTITIONS = nil\n'
     .. 'local AS_MODULE = false\n' .. text
 end
@@ -31,6 +31,9 @@ local function with_setting(name, value)
   assert(n == 1, "the gate has no " .. name .. " setting")
   return out
 end
+-- The bound of a map's allocation the tests below assume (an installed
+-- gate's is its site's): 10m + 5m + 30 s, plus the client's minute.
+text = with_setting("MAX_MAP_MINUTES", "17")
 assert(loadstring(text, "=job_submit.lua"))()
 local L = _delegate_lockdown
 local D1 = "/home/alice/.delegate/jobs/20261123T103000-abcdef01"
@@ -62,22 +65,26 @@ local arr = "#!/bin/sh\n#SBATCH --array=0-1\ncase \"$SLURM_ARRAY_TASK_ID\" in\n"
   "0) exec >>'" .. D1 .. ".log' 2>&1; exec '" .. R .. "' '" .. D1 .. "' ;;\n" ..
   "1) exec >>'" .. D2 .. ".log' 2>&1; exec '" .. R .. "' '" .. D2 .. "' ;;\n" ..
   "esac\necho \"delegate: no job directory for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
-local sh1 = "#!/bin/sh\nexec '" .. R .. "' batch '" .. D1 .. "' '" .. D2 .. "'\n"
-local sh2 = "#!/bin/sh\n#SBATCH --array=0-1\ncase \"$SLURM_ARRAY_TASK_ID\" in\n" ..
-  "0) exec '" .. R .. "' batch '" .. D1 .. "' ;;\n1) exec '" .. R .. "' batch '" .. D2 .. "' ;;\n" ..
-  "esac\necho \"delegate: no job directories for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
+local sh1 = "#!/bin/sh\nexec '" .. R .. "' pull '" .. D1 .. "' '" .. D2 .. "'\n"
+local sh2 = "#!/bin/sh\n#SBATCH --array=0-1\nexec '" .. R .. "' pull '" .. D1 .. "' '" .. D2 .. "'\n"
 assert(L.batch_script(R, D1) == single and L.array_script(R, {D1, D2}, {D1..".log", D2..".log"}) == arr)
-assert(L.shared_script(R, {{D1, D2}}) == sh1 and L.shared_script(R, {{D1}, {D2}}) == sh2)
+assert(L.pull_script(R, {D1, D2}, 1) == sh1 and L.pull_script(R, {D1, D2}, 2) == sh2)
 
 expect("single form", true, job(single))
 expect("array form", true, job(arr, { array_inx = "0-1" }))
-expect("shared form", true, job(sh1))
-expect("shared array form", true, job(sh2, { array_inx = "0-1" }))
--- a shared allocation holds its node at most max_allocation_time (+1 min)
-expect("shared form at the bound", true, job(sh1, { time_limit = 11 }))
-expect("shared form over the bound", false, job(sh1, { time_limit = 12 }))
-expect("shared form without a time limit", false, job(sh1, { time_limit = 4294967294 }))
-expect("shared array of one call each: no bound", true, job(sh2, { array_inx = "0-1", time_limit = 600 }))
+expect("map form", true, job(sh1))
+expect("map array form", true, job(sh2, { array_inx = "0-1" }))
+expect("map array, --array not the script's", false, job(sh2, { array_inx = "0-5" }))
+expect("map with more allocations than calls", false,
+  job(replace(sh2, "--array=0-1", "--array=0-2"), { array_inx = "0-2" }))
+-- the planned batch of old (sandbox-runner batch) is no form any more
+expect("old batch form", false, job("#!/bin/sh\nexec '" .. R .. "' batch '" .. D1 .. "' '" .. D2 .. "'\n"))
+-- a map's allocation: max_allocation_time (10m) + max_time (5m) + 30 s,
+-- plus the client's minute
+expect("map form at the bound", true, job(sh1, { time_limit = 17 }))
+expect("map form over the bound", false, job(sh1, { time_limit = 18 }))
+expect("map form without a time limit", false, job(sh1, { time_limit = 4294967294 }))
+expect("array of one call each: no bound", true, job(arr, { array_inx = "0-1", time_limit = 600 }))
 expect("a single call keeps its own limit", true, job(single, { time_limit = 600 }))
 -- GPUs: the script's own "#SBATCH --gres=gpu:N" line (script.rs: with_gpus),
 -- and the job's request (tres_per_node) must be exactly that line's.
@@ -86,7 +93,7 @@ assert(L.with_gpus(single, 1) == g1 and L.with_gpus(single, 0) == single)
 local g2arr = L.with_gpus(arr, 2)
 expect("gpu single form", true, job(g1, { tres_per_node = "gres:gpu:1" }))
 expect("gpu array form", true, job(g2arr, { array_inx = "0-1", tres_per_node = "gres:gpu:2" }))
-expect("gpu shared form", true, job(L.with_gpus(sh1, 1), { tres_per_node = "gres:gpu:1" }))
+expect("gpu map form", true, job(L.with_gpus(sh1, 1), { tres_per_node = "gres:gpu:1" }))
 expect("gpu line, command line asks more", false, job(g1, { tres_per_node = "gres:gpu:2" }))
 expect("gpu line, request dropped", false, job(g1))
 expect("no gpu line, --gres on the command line", false, job(single, { tres_per_node = "gres:gpu:1" }))
@@ -183,14 +190,18 @@ check("a forged calls comment is replaced by the script's (1)", rc1 == 0 and c1 
 local rc2, c2 = comment_of(arr, { array_inx = "0-1" })
 check("an array's comment counts its elements", rc2 == 0 and c2 == "delegate:calls=2")
 local _, c3 = comment_of(sh1, { comment = "x" })
-check("a shared allocation's comment counts its calls", c3 == "delegate:calls=2")
+check("a map's allocation's comment counts its calls", c3 == "delegate:calls=2")
 local _, c4 = comment_of(sh2, { array_inx = "0-1" })
-check("shared allocations' comment counts all their calls", c4 == "delegate:calls=2")
+check("a map's allocations' comment counts its calls", c4 == "delegate:calls=2")
 local _, c5 = comment_of(rk, { min_nodes = 2, comment = "delegate:calls=50" })
 check("a multi-node job is one call", c5 == "delegate:calls=1")
 do
   local j = job(single, { requeue = 1 }); local rc = slurm_job_submit(j, {}, 1001)
   check("a student's job is never requeueable, even asked for", rc == 0 and j.requeue == 0)
+  local a = job(arr, { array_inx = "0-1", requeue = 1 }); rc = slurm_job_submit(a, {}, 1001)
+  check("nor an array of one call each", rc == 0 and a.requeue == 0)
+  local m = job(sh2, { array_inx = "0-1", requeue = 0 }); rc = slurm_job_submit(m, {}, 1001)
+  check("a map's allocations are (they requeue themselves to step aside)", rc == 0 and m.requeue == 1)
   local m = job(single, { mail_type = 0x7f, mail_user = "victim@example.org" })
   rc = slurm_job_submit(m, {}, 1001)
   check("a student's job sends no mail", rc == 0 and m.mail_type == 0 and m.mail_user == "")

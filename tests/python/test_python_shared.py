@@ -1,7 +1,8 @@
-"""Shared allocations through the Python package: `Executor.map` of N calls
-is ONE sbatch and ONE exclusive Slurm job (on this one-node cluster) whose
-runner runs the calls one after another, each in its own container; results
-come back in order; cancelling one map future cancels only that call."""
+"""Maps through the Python package: `Executor.map` of N calls is ONE
+sbatch and ONE exclusive Slurm job (one allocation per node: this cluster
+has one) whose runner claims and runs the calls one after another, each in
+its own container; results come back in order; cancelling one map future
+cancels only that call."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ ex.shutdown(wait=False)
     before = res["before"]
     assert before[0][0] == "running", before
     for state, reason in before[1:]:
-        assert state == "pending" and reason == "waiting for its turn in its shared allocation", before
+        assert state == "pending" and reason == "waiting for an allocation of its map to claim it", before
     assert res["ok"] == [True, True], res
     assert res["after_pending"] == ["cancelled", "cancelled by the user before it started"], res
     assert res["st0"] == ["cancelled", "cancelled by the user"], res

@@ -5,6 +5,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
+use delegate_protocol::claim::{Claim, MAX_CLAIM_BYTES};
 use delegate_protocol::{
     self as protocol, exists_at, now_ms, open_regular_at, read_bounded_at, read_record_at, JobId, Outcome, Spec,
     Started,
@@ -30,6 +31,8 @@ pub(crate) struct JobFiles {
     pub(crate) slurm_id: Option<String>,
     /// Calls of the allocation this call runs in, when it shares one.
     pub(crate) shared: Option<u32>,
+    /// The allocation of its map that claimed it (`123_4`), once one did.
+    pub(crate) claimed_by: Option<String>,
     pub(crate) started: Option<Started>,
     pub(crate) outcome: Option<Outcome>,
     pub(crate) cancel: bool,
@@ -54,6 +57,7 @@ impl Client {
                     unreadable: Some(e.to_string()),
                     slurm_id: None,
                     shared: None,
+                    claimed_by: None,
                     started: None,
                     outcome: None,
                     cancel: false,
@@ -88,6 +92,12 @@ impl Client {
                 }
             },
         };
+        let claimed_by = match shared {
+            Some(_) => optional(read_bounded_at(&fd, &dir, protocol::CLAIM, MAX_CLAIM_BYTES, None))?
+                .and_then(|b| Claim::parse(&String::from_utf8_lossy(&b)))
+                .map(|c| c.allocation),
+            None => None,
+        };
         let started: Option<Started> = optional(read_record_at(&fd, &dir, None))?;
         let outcome: Option<Outcome> = optional(read_record_at(&fd, &dir, None))?;
         let cancel = exists_at(&fd, protocol::CANCEL);
@@ -109,6 +119,7 @@ impl Client {
             unreadable: None,
             slurm_id,
             shared,
+            claimed_by,
             started,
             outcome,
             cancel,

@@ -176,11 +176,18 @@ impl Client {
                     continue;
                 }
             };
+            // A map's call that started: the allocation that claimed it.
+            let claimer = match (&f.claimed_by, &f.started) {
+                (Some(by), Some(_)) if f.shared.is_some() => Some(by.as_str()),
+                _ => None,
+            };
             let view = match (&f.slurm_id, ask_slurm, &queue) {
                 (_, false, _) => SlurmView::NotAsked,
                 (None, true, _) => SlurmView::NotAsked,
                 (Some(_), true, None) => SlurmView::Unavailable,
-                (Some(sid), true, Some(q)) => slurm::lookup(q, sid).map_or(SlurmView::Absent, SlurmView::Present),
+                (Some(sid), true, Some(q)) => {
+                    slurm::lookup(q, claimer.unwrap_or(sid)).map_or(SlurmView::Absent, SlurmView::Present)
+                }
             };
             let facts = Facts {
                 submitted: f.slurm_id.is_some(),
@@ -188,6 +195,7 @@ impl Client {
                 started: f.started.as_ref().map(|s| s.host.as_str()),
                 cancel_requested: f.cancel,
                 shared: f.shared.is_some(),
+                by_claimer: claimer.is_some(),
                 slurm: view,
             };
             match decide(&facts, || self.log_facts(&f.id)) {

@@ -32,11 +32,18 @@ pub struct Facts<'a> {
     pub started: Option<&'a str>,
     /// The `cancel` marker exists.
     pub cancel_requested: bool,
-    /// The call shares its Slurm allocation with other calls of the same
-    /// submission, which run one after another in it.
+    /// The call is one of a map's, whose allocations claim its calls one
+    /// after another (`slurm` is then the map's job: its liveliest
+    /// element, or, once the call started, the element that claimed it).
     pub shared: bool,
+    /// `slurm` is the allocation that claimed this call of a map (its
+    /// `claim` file was read), not the map's job as a whole.
+    pub by_claimer: bool,
     pub slurm: SlurmView<'a>,
 }
+
+/// What a map's waiting call says while one of the map's allocations runs.
+pub const WAITING_FOR_AN_ALLOCATION: &str = "waiting for an allocation of its map to claim it";
 
 /// What Slurm's log of the batch script says, read only when needed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -160,12 +167,40 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
                 "" | "None" => String::new(),
                 r => format!(" ({r})"),
             };
-            live(State::Pending, format!("waiting in Slurm's queue{why}{note}"))
+            let what = if f.shared {
+                "waiting for an allocation of its map, in Slurm's queue"
+            } else {
+                "waiting in Slurm's queue"
+            };
+            live(State::Pending, format!("{what}{why}{note}"))
         }
         SlurmPhase::Active if f.shared && f.started.is_none() => {
-            live(State::Pending, "waiting for its turn in its shared allocation".into())
+            live(State::Pending, format!("{WAITING_FOR_AN_ALLOCATION}{note}"))
         }
+        // The allocation that started it runs again (requeued: its node
+        // failed) or elsewhere: this call's run is over.
+        _ if f.by_claimer && f.started.is_some_and(|host| moved(j, host)) => ended(
+            State::Lost,
+            format!(
+                "its allocation was requeued (Slurm: {}{}) before the runner wrote an outcome",
+                j.state,
+                match j.reason.as_str() {
+                    "" | "None" => String::new(),
+                    r => format!(", {r}"),
+                }
+            ),
+        ),
         _ => running(f, note, &j.nodes),
+    }
+}
+
+/// Whether the allocation `j` that started a map's call on `host` is no
+/// longer that run: queued again, or running on another node.
+fn moved(j: &SlurmJob, host: &str) -> bool {
+    match j.state.phase() {
+        SlurmPhase::Queued => true,
+        SlurmPhase::Active => !j.nodes.is_empty() && !j.nodes.split(',').any(|n| n == host),
+        SlurmPhase::Ended => false,
     }
 }
 
@@ -236,8 +271,13 @@ mod tests {
             started: None,
             cancel_requested: false,
             shared: false,
+            by_claimer: false,
             slurm,
         }
+    }
+
+    fn facts_shared<'a>(slurm: SlurmView<'a>) -> Facts<'a> {
+        Facts { shared: true, ..facts(slurm) }
     }
 
     fn sj(state: &str, reason: &str) -> SlurmJob {
@@ -267,6 +307,7 @@ mod tests {
             started: None,
             cancel_requested: false,
             shared: false,
+            by_claimer: false,
             slurm: SlurmView::Present(&cf),
         };
         assert_eq!(
@@ -399,16 +440,44 @@ mod tests {
         let running = sj("RUNNING", "None");
         let mut f = facts(SlurmView::Present(&running));
         f.shared = true;
-        // Its allocation runs an earlier call.
+        // An allocation of its map runs other calls.
         assert_eq!(
             decide(&f, no_log),
             Verdict::Live {
                 state: State::Pending,
-                reason: "waiting for its turn in its shared allocation".into()
+                reason: WAITING_FOR_AN_ALLOCATION.into()
+            }
+        );
+        let queued = sj("PENDING", "Resources");
+        assert_eq!(
+            decide(&facts_shared(SlurmView::Present(&queued)), no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "waiting for an allocation of its map, in Slurm's queue (Resources)".into()
             }
         );
         f.started = Some("n1");
         assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        // The allocation that claimed it runs on its node, or (requeued
+        // after its node failed) waits again or runs elsewhere: lost.
+        let mut on_n1 = sj("RUNNING", "None");
+        on_n1.nodes = "n1".into();
+        let mut elsewhere = on_n1.clone();
+        elsewhere.nodes = "n2".into();
+        // (the map's job as a whole: another allocation may run elsewhere)
+        f.slurm = SlurmView::Present(&elsewhere);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        f.by_claimer = true;
+        f.slurm = SlurmView::Present(&on_n1);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        for view in [SlurmView::Present(&elsewhere), SlurmView::Present(&queued)] {
+            f.slurm = view;
+            let v = decide(&f, no_log);
+            assert_eq!(state_of(&v), State::Lost, "{v:?}");
+            assert!(format!("{v:?}").contains("its allocation was requeued"), "{v:?}");
+        }
+        f.by_claimer = false;
+        f.slurm = SlurmView::Present(&running);
         // Cancelled before it started: over at once, whatever Slurm says.
         f.started = None;
         f.cancel_requested = true;

@@ -1,5 +1,6 @@
 //! Submission: job directories prepared, then ONE `sbatch` for all the
-//! calls of a submission (a batch job, a job array, or shared allocations).
+//! calls of a submission (a batch job, a job array, or a map's allocations
+//! that pull its calls).
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -11,7 +12,7 @@ use delegate_protocol::{
 use nix::errno::Errno;
 use nix::sys::stat::Mode;
 
-use crate::plan::{plan_allocations, DEFAULT_MAX_ALLOCATION_SECS, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
+use crate::plan::{plan_map, MapPlan, DEFAULT_MAX_ALLOCATION_SECS, MAX_ARRAY};
 use crate::slurm::{self, BatchRequest, SlurmError};
 use crate::{Client, ClientError, JobHandle, Result, SubmitRequest};
 
@@ -59,12 +60,11 @@ impl Client {
         let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
         let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
         let class = self.class_for(first, jobs.len());
-        let groups = self.allocations(first, jobs.len(), &policy, class.as_ref().and_then(|c| c.1));
-        // For each call: its allocation (array element) and how many calls share it.
-        let (mut batch, placement) = self.batch_request(first, &ids, &dirs, groups.as_deref());
+        let map = self.allocations(first, jobs.len(), &policy, class.as_ref().and_then(|c| c.1));
+        let mut batch = self.batch_request(first, &ids, &dirs, map);
         batch.constraint = class.map(|c| c.0);
         let slurm_id = self.sbatch(&batch, &jobs, &ids[0])?;
-        self.record_slurm_ids(&slurm_id, &jobs, &ids, groups.as_deref(), &placement)
+        self.record_slurm_ids(&slurm_id, &jobs, &ids, map.is_some())
     }
 
     /// Every call's job directory, made and synced; each distinct shipment
@@ -130,16 +130,17 @@ impl Client {
         Some((choice.constraint(), Some(choice.nodes)))
     }
 
-    /// How `calls` calls share allocations (the site's calls_per_allocation,
-    /// this client's own lower setting, the partition and the site's
-    /// max_allocation_time), or None: one Slurm job per call.
+    /// The allocations that pull `calls` calls (sharing on: the site's
+    /// calls_per_allocation and this client's own setting above 1; the
+    /// partition's nodes and limit; the site's max_allocation_time), or
+    /// None: one Slurm job per call.
     fn allocations(
         &self,
         first: &SubmitRequest,
         calls: usize,
         policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
         class_nodes: Option<u32>,
-    ) -> Option<Vec<Vec<usize>>> {
+    ) -> Option<MapPlan> {
         let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
         let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
         if calls <= 1 || per_allocation <= 1 {
@@ -154,7 +155,7 @@ impl Client {
             Ok(mut info) => {
                 // (the nodes of the one class the calls keep to)
                 info.nodes = class_nodes.map_or(info.nodes, |n| n.min(info.nodes));
-                plan_allocations(calls, per_allocation, first.resources.time_limit_secs, &info, max_allocation)
+                plan_map(calls, per_allocation, first.resources.time_limit_secs, &info, max_allocation)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot ask Slurm about the partition; one Slurm job per call");
@@ -163,43 +164,36 @@ impl Client {
         }
     }
 
-    /// The one sbatch of a submission: a shared allocation (or an array of
-    /// them) when `groups` says so, a multi-node rank job, one plain job,
-    /// or an array of one job per call; and for each call, its allocation
-    /// (array element) and how many calls share it.
+    /// The one sbatch of a submission: a map's allocations that pull its
+    /// calls when `map` says so, a multi-node rank job, one plain job, or
+    /// an array of one job per call.
     fn batch_request(
         &self,
         first: &SubmitRequest,
         ids: &[JobId],
         dirs: &[PathBuf],
-        groups: Option<&[Vec<usize>]>,
-    ) -> (BatchRequest, Vec<(usize, Option<u32>)>) {
+        map: Option<MapPlan>,
+    ) -> BatchRequest {
         let calls = ids.len();
-        let mut placement: Vec<(usize, Option<u32>)> = (0..calls).map(|i| (i, None)).collect();
-        let batch = if let Some(groups) = groups {
-            for (k, g) in groups.iter().enumerate() {
-                for &i in g {
-                    placement[i] = (k, Some(g.len() as u32));
-                }
-            }
-            let longest = groups.iter().map(Vec::len).max().unwrap_or(1) as u64;
-            let dir_groups: Vec<Vec<PathBuf>> =
-                groups.iter().map(|g| g.iter().map(|&i| dirs[i].clone()).collect()).collect();
+        if let Some(map) = map {
             BatchRequest {
-                job_name: format!("{}-shared", ids[0]),
+                job_name: format!("{}-map", ids[0]),
                 chdir: self.root.clone(),
-                output: self.root.join(if groups.len() == 1 {
-                    format!("{}.shared.log", ids[0])
+                output: self.root.join(if map.allocations == 1 {
+                    format!("{}.map.log", ids[0])
                 } else {
-                    format!("{}.shared-%a.log", ids[0])
+                    format!("{}.map-%a.log", ids[0])
                 }),
                 cpus: first.resources.cpus,
-                time_limit_secs: longest
-                    .saturating_mul(first.resources.time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS)),
-                script: slurm::with_gpus(slurm::shared_script(&self.config.runner, &dir_groups), first.resources.gpus),
+                time_limit_secs: map.time_limit_secs,
+                script: slurm::with_gpus(
+                    slurm::pull_script(&self.config.runner, dirs, map.allocations),
+                    first.resources.gpus,
+                ),
                 hold: first.hold,
                 calls,
                 constraint: None,
+                map: true,
             }
         } else if calls == 1 && first.resources.nodes > 1 {
             BatchRequest {
@@ -212,6 +206,7 @@ impl Client {
                 hold: first.hold,
                 calls,
                 constraint: None,
+                map: false,
             }
         } else if calls == 1 {
             BatchRequest {
@@ -224,6 +219,7 @@ impl Client {
                 hold: first.hold,
                 calls,
                 constraint: None,
+                map: false,
             }
         } else {
             let logs: Vec<PathBuf> = ids.iter().map(|id| self.log_path(id)).collect();
@@ -237,9 +233,9 @@ impl Client {
                 hold: first.hold,
                 calls,
                 constraint: None,
+                map: false,
             }
-        };
-        (batch, placement)
+        }
     }
 
     /// Runs sbatch; on failure nothing of the submission is left behind
@@ -274,47 +270,44 @@ impl Client {
         }
     }
 
-    /// Writes each call's `slurm-id` (and each shared allocation's list of
-    /// calls), synced together; the handles in the order of the calls.
+    /// Writes each call's `slurm-id` (and a map's list of calls), synced
+    /// together; the handles in the order of the calls. The calls of a map
+    /// all name the map's job (every element of its array): whichever
+    /// allocation claims a call runs it.
     fn record_slurm_ids(
         &self,
         slurm_id: &str,
         jobs: &[(JobId, PathBuf, OwnedFd)],
         ids: &[JobId],
-        groups: Option<&[Vec<usize>]>,
-        placement: &[(usize, Option<u32>)],
+        map: bool,
     ) -> Result<Vec<JobHandle>> {
         let mut handles = Vec::with_capacity(jobs.len());
-        let elements = groups.map_or(jobs.len(), <[_]>::len);
-        // The Slurm id of allocation (array element) `k`.
-        let sid_of = |k: usize| {
-            if elements == 1 {
+        // The Slurm id of call `i`.
+        let sid_of = |i: usize| {
+            if map || jobs.len() == 1 {
                 slurm_id.to_string()
             } else {
-                format!("{slurm_id}_{k}")
+                format!("{slurm_id}_{i}")
             }
         };
-        if let Some(groups) = groups {
-            // The calls of each allocation, for a cancel that reaches its
-            // last live call one by one. Best effort: without the list only
-            // a cancel of all its calls at once cancels the allocation.
-            for (k, g) in groups.iter().enumerate() {
-                let sid = sid_of(k);
-                let text: String = g.iter().map(|&i| format!("{}\n", ids[i])).collect();
-                if let Err(e) = atomic_write_at_deferred(
-                    &self.root_fd,
-                    &self.root,
-                    &protocol::shared_calls_name(&sid),
-                    text.as_bytes(),
-                    0o644,
-                ) {
-                    tracing::warn!(error = %e, slurm_id = %sid, "cannot record the calls of a shared allocation");
-                }
+        let shared = map.then_some(jobs.len() as u32);
+        if map {
+            // The map's calls, for a cancel that reaches its last live call
+            // one by one. Best effort: without the list only a cancel of
+            // all its calls at once cancels the allocations.
+            let text: String = ids.iter().map(|id| format!("{id}\n")).collect();
+            if let Err(e) = atomic_write_at_deferred(
+                &self.root_fd,
+                &self.root,
+                &protocol::shared_calls_name(slurm_id),
+                text.as_bytes(),
+                0o644,
+            ) {
+                tracing::warn!(error = %e, slurm_id = %slurm_id, "cannot record the calls of a map");
             }
         }
         for (i, (id, dir, fd)) in jobs.iter().enumerate() {
-            let (element, shared) = placement[i];
-            let sid = sid_of(element);
+            let sid = sid_of(i);
             let text = protocol::format_slurm_id(&sid, shared);
             if let Err(e) = atomic_write_at_deferred(fd, dir, protocol::SLURM_ID, text.as_bytes(), 0o644) {
                 // Without the id nobody can follow the job: withdraw it.
@@ -334,7 +327,7 @@ impl Client {
         if let Err(e) = sync_filesystem(&self.root_fd, &self.root) {
             tracing::warn!(error = %e, "cannot sync the recorded Slurm ids to disk");
         }
-        tracing::info!(jobs = handles.len(), allocations = elements, slurm_id = %slurm_id, "submitted");
+        tracing::info!(jobs = handles.len(), map, slurm_id = %slurm_id, "submitted");
         Ok(handles)
     }
 

@@ -112,7 +112,7 @@ fn submit_many_is_one_sbatch_of_an_array() {
 }
 
 #[test]
-fn shared_submission_and_cancel() {
+fn map_submission_and_cancel() {
     let tmp = tempfile::tempdir().unwrap();
     let bin = bin_dir(tmp.path());
     let mut slurm = fake_slurm(
@@ -139,14 +139,16 @@ fn shared_submission_and_cancel() {
     let dirs: Vec<String> = hs.iter().map(|h| format!("'{}'", h.dir.display())).collect();
     assert_eq!(
         script,
-        format!("#!/bin/sh\nexec '/nonexistent/runner' batch {}\n", dirs.join(" "))
+        format!("#!/bin/sh\nexec '/nonexistent/runner' pull {}\n", dirs.join(" ")),
+        "one node: one allocation, given every call"
     );
-    // Slurm's time: 3 x (60 s + allowance), plus a minute of slack.
+    // Slurm's time: the bound on the allocation (the default policy's
+    // 10 minutes), the call in progress (60 s + allowance), a minute of slack.
     let args = std::fs::read_to_string(bin.join("args")).unwrap();
     assert!(
         args.contains(&format!(
             "--time={}",
-            slurm::time_limit_minutes(3 * (60 + SHARED_CALL_ALLOWANCE_SECS))
+            slurm::time_limit_minutes(600 + 60 + SHARED_CALL_ALLOWANCE_SECS)
         )),
         "{args}"
     );
@@ -154,17 +156,17 @@ fn shared_submission_and_cancel() {
         assert_eq!(h.slurm_id, "77");
         assert_eq!(std::fs::read_to_string(h.dir.join("slurm-id")).unwrap(), "77\nshared 3\n");
     }
-    // The first call runs; the others wait their turn in the allocation.
+    // The first call runs; the others wait for the allocation to claim them.
     write_started(&hs[0].dir);
     let st = c.status(&hs.iter().map(|h| h.id.clone()).collect::<Vec<_>>()).unwrap();
     assert_eq!(st[0].state, State::Running);
     assert_eq!(st[1].state, State::Pending);
-    assert_eq!(st[1].reason, "waiting for its turn in its shared allocation");
+    assert_eq!(st[1].reason, "waiting for an allocation of its map to claim it");
     // Cancelling one call that has not started ends it at once, without scancel.
     let st = c.cancel(std::slice::from_ref(&hs[2].id)).unwrap();
     assert_eq!(st[0].state, State::Cancelled);
     assert_eq!(st[0].reason, "cancelled by the user before it started");
-    assert!(!log.exists(), "scancel must not be called for a shared allocation");
+    assert!(!log.exists(), "scancel must not be called for a map's allocations");
     assert_eq!(c.status(std::slice::from_ref(&hs[1].id)).unwrap()[0].state, State::Pending);
     // Cancelling the last live call cancels the allocation in Slurm, once
     // (the list of its calls says the others are over).

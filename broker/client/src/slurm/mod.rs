@@ -22,7 +22,7 @@ pub use parse::{
 };
 pub use refusal::{classify_sbatch_error, Refusal};
 pub use script::{
-    array_script, batch_script, ranks_script, sbatch_args, shared_script, shell_quote, time_limit_minutes, with_gpus,
+    array_script, batch_script, pull_script, ranks_script, sbatch_args, shell_quote, time_limit_minutes, with_gpus,
     BatchRequest,
 };
 
@@ -295,6 +295,7 @@ mod tests {
             hold: false,
             calls: 1,
             constraint: None,
+            map: false,
         };
         let e = s.submit(&req).unwrap_err();
         let _ = std::fs::remove_file(&fake);

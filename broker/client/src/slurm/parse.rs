@@ -310,12 +310,21 @@ fn b_step(part: &str) -> u64 {
 
 /// Looks up a Slurm job id in parsed squeue output. An array element
 /// `123_4` also matches a pending array record such as `123_[0-9]`, which
-/// is how squeue shows elements that have not started yet.
+/// is how squeue shows elements that have not started yet. A whole array
+/// `123` (a map's allocations) is its liveliest element: a running one,
+/// else a queued one, else one that ended (a cancelled one first).
 pub fn lookup<'a>(queue: &'a HashMap<String, SlurmJob>, id: &str) -> Option<&'a SlurmJob> {
     if let Some(j) = queue.get(id) {
         return Some(j);
     }
-    let (base, task) = id.split_once('_')?;
+    let Some((base, task)) = id.split_once('_') else {
+        let prefix = format!("{id}_");
+        return queue
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .min_by_key(|(k, j)| (liveliness(j), k.as_str()))
+            .map(|(_, j)| j);
+    };
     let task: u64 = task.parse().ok()?;
     let prefix = format!("{base}_[");
     queue.iter().find_map(|(k, j)| {
@@ -324,9 +333,29 @@ pub fn lookup<'a>(queue: &'a HashMap<String, SlurmJob>, id: &str) -> Option<&'a 
     })
 }
 
+/// The order in which the elements of an array speak for it (lowest first).
+fn liveliness(j: &SlurmJob) -> u8 {
+    match (j.state.phase(), &j.state) {
+        (SlurmPhase::Active, _) => 0,
+        (SlurmPhase::Queued, _) => 1,
+        (SlurmPhase::Ended, SlurmState::Cancelled) => 2,
+        (SlurmPhase::Ended, _) => 3,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_whole_array_is_its_liveliest_element() {
+        let q = parse_squeue("7_0|COMPLETED|w1|None\n7_1|RUNNING|w2|None\n7_[2-3]|PENDING||Resources\n8_0|COMPLETED|w1|None\n8_[1]|PENDING||Priority\n9_0|COMPLETED|w1|None\n9_1|CANCELLED|w2|None\n");
+        assert_eq!(lookup(&q, "7").map(|j| &j.state), Some(&SlurmState::Running));
+        assert_eq!(lookup(&q, "8").map(|j| &j.state), Some(&SlurmState::Pending));
+        assert_eq!(lookup(&q, "9").map(|j| &j.state), Some(&SlurmState::Cancelled));
+        assert_eq!(lookup(&q, "70"), None, "not another job's elements");
+        assert_eq!(lookup(&q, "7_3").map(|j| &j.state), Some(&SlurmState::Pending));
+    }
 
     #[test]
     fn sbatch_parsable() {

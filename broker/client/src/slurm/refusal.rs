@@ -45,7 +45,7 @@ impl fmt::Display for Refusal {
             Refusal::SubmitLimit => {
                 "You already have as many jobs queued or running as a student may \
                  (the course's limit of submitted jobs per student, MaxSubmitJobsPerUser; \
-                 every call not sharing an allocation counts): wait for some to finish or \
+                 a map counts one job per node, every other call one job): wait for some to finish or \
                  cancel some, then submit again."
             }
             Refusal::CourseSubmitLimit => {

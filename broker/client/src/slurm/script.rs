@@ -42,30 +42,22 @@ pub fn array_script(runner: &Path, job_dirs: &[PathBuf], logs: &[PathBuf]) -> St
     s
 }
 
-/// The batch script of calls that share allocations: allocation `k` (array
-/// element `k` when there are several, the whole job when there is one)
-/// execs `sandbox-runner batch` on `groups[k]`, which runs those job
-/// directories one after another, each in its own fresh container, and
-/// writes each call's log to `<root>/<job-id>.log` itself.
-pub fn shared_script(runner: &Path, groups: &[Vec<PathBuf>]) -> String {
-    let line = |dirs: &[PathBuf]| {
-        let mut l = format!("exec {} batch", shell_quote(&runner.display().to_string()));
-        for d in dirs {
-            l.push(' ');
-            l.push_str(&shell_quote(&d.display().to_string()));
-        }
-        l
-    };
-    if let [only] = groups {
-        return format!("#!/bin/sh\n{}\n", line(only));
+/// The batch script of a map's allocations: `allocations` of them (the
+/// elements of a job array when there are several, the whole job when
+/// there is one), each execing `sandbox-runner pull` on every call's job
+/// directory: each runs the calls it claims, one after another, each in
+/// its own fresh container, and writes each call's log to
+/// `<root>/<job-id>.log` itself.
+pub fn pull_script(runner: &Path, dirs: &[PathBuf], allocations: usize) -> String {
+    let mut line = format!("exec {} pull", shell_quote(&runner.display().to_string()));
+    for d in dirs {
+        line.push(' ');
+        line.push_str(&shell_quote(&d.display().to_string()));
     }
-    let mut s = format!("#!/bin/sh\n#SBATCH --array=0-{}\n", groups.len().saturating_sub(1));
-    s.push_str("case \"$SLURM_ARRAY_TASK_ID\" in\n");
-    for (i, dirs) in groups.iter().enumerate() {
-        s.push_str(&format!("{i}) {} ;;\n", line(dirs)));
+    if allocations <= 1 {
+        return format!("#!/bin/sh\n{line}\n");
     }
-    s.push_str("esac\necho \"delegate: no job directories for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n");
-    s
+    format!("#!/bin/sh\n#SBATCH --array=0-{}\n{line}\n", allocations - 1)
 }
 
 /// The script asking Slurm for `gpus` GPUs (GRES `gpu`) per node: an
@@ -116,6 +108,10 @@ pub struct BatchRequest {
     /// `--constraint`: the hardware class the calls keep to (a node
     /// feature `dlgclass_<id>`, or `[a|b]` for one of several).
     pub constraint: Option<String>,
+    /// A map's allocations (`pull_script`): requeued when they step aside
+    /// (or their node fails: they run only what they claim), their log
+    /// appended to across runs.
+    pub map: bool,
 }
 
 /// The arguments of `sbatch` for `req`.
@@ -124,8 +120,10 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
         "--parsable".to_owned(),
         "--exclusive".to_owned(),
         // A job directory is single-use: a job whose node failed must end
-        // (lost, with Slurm's reason), not silently run again on the same dir.
-        "--no-requeue".to_owned(),
+        // (lost, with Slurm's reason), not silently run again on the same
+        // dir. A map's allocation runs only the calls it claims, and
+        // requeues itself to step aside for another user.
+        if req.map { "--requeue" } else { "--no-requeue" }.to_owned(),
         format!("--job-name={}", req.job_name),
         format!("--chdir={}", req.chdir.display()),
         format!("--output={}", req.output.display()),
@@ -135,6 +133,9 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
     ];
     if let Some(p) = partition.filter(|p| !p.is_empty()) {
         args.push(format!("--partition={p}"));
+    }
+    if req.map {
+        args.push("--open-mode=append".to_owned());
     }
     if req.hold {
         args.push("--hold".to_owned());
@@ -165,6 +166,7 @@ mod tests {
             hold: false,
             calls: 1,
             constraint: None,
+            map: false,
         };
         let a = sbatch_args(&req, None);
         assert_eq!(
@@ -218,15 +220,35 @@ mod tests {
     }
 
     #[test]
-    fn shared_scripts() {
+    fn a_maps_allocations_requeue_and_append() {
+        let req = BatchRequest {
+            job_name: "x-map".into(),
+            chdir: "/h".into(),
+            output: "/h/x.map.log".into(),
+            cpus: 1,
+            time_limit_secs: 690,
+            script: String::new(),
+            hold: false,
+            calls: 3,
+            constraint: None,
+            map: true,
+        };
+        let args = sbatch_args(&req, None);
+        assert!(args.contains(&"--requeue".to_owned()) && !args.contains(&"--no-requeue".to_owned()));
+        assert!(args.contains(&"--open-mode=append".to_owned()), "{args:?}");
+        let single = sbatch_args(&BatchRequest { map: false, ..req }, None);
+        assert!(single.contains(&"--no-requeue".to_owned()) && !single.iter().any(|a| a.starts_with("--open-mode")));
+    }
+
+    #[test]
+    fn pull_scripts() {
         let r = Path::new("/r");
-        let one = shared_script(r, &[vec!["/h/a".into(), "/h/b".into()]]);
-        assert_eq!(one, "#!/bin/sh\nexec '/r' batch '/h/a' '/h/b'\n");
-        let two = shared_script(r, &[vec!["/h/a".into(), "/h/c".into()], vec!["/h/b".into()]]);
-        assert!(two.starts_with("#!/bin/sh\n#SBATCH --array=0-1\n"), "{two}");
-        assert!(
-            two.contains("0) exec '/r' batch '/h/a' '/h/c' ;;\n1) exec '/r' batch '/h/b' ;;\n"),
-            "{two}"
+        let dirs: Vec<PathBuf> = vec!["/h/a".into(), "/h/b".into(), "/h/c".into()];
+        assert_eq!(pull_script(r, &dirs, 1), "#!/bin/sh\nexec '/r' pull '/h/a' '/h/b' '/h/c'\n");
+        assert_eq!(
+            pull_script(r, &dirs, 2),
+            "#!/bin/sh\n#SBATCH --array=0-1\nexec '/r' pull '/h/a' '/h/b' '/h/c'\n",
+            "every allocation is given every call"
         );
     }
 }
