@@ -123,9 +123,11 @@ pub struct Policy {
     /// How long a map's allocation claims calls: once this old it runs no
     /// new call (the agent refuses one), and with calls left it requeues
     /// itself, so the rest waits in Slurm's queue again. It also steps
-    /// aside between calls as soon as another user's job waits for the
-    /// partition. Its Slurm limit is this plus the call's own limit (and
-    /// 30 s), which the site's job gate and the partition's MaxTime allow.
+    /// aside between calls as soon as another user's job that has not run
+    /// yet waits for the partition (a map's allocation that stepped aside
+    /// before waits its turn). Its Slurm limit is this plus the call's own
+    /// limit (and 30 s), which the site's job gate and the partition's
+    /// MaxTime allow.
     pub max_allocation_time: String,
     /// Bytes of stdout plus stderr one call may produce (`0`: no limit).
     pub max_output: String,

@@ -1,6 +1,6 @@
 //! Whether another user's job waits for a partition: the question a map's
 //! allocation asks between its calls (`Request::Queue`), so that it steps
-//! aside when another student waits. Students do not see other users' jobs
+//! aside when another student's job waits that has not run yet. Students do not see other users' jobs
 //! (`PrivateData=jobs`); the agent, root, asks squeue, at most once per
 //! [`FRESH`] per partition whoever asks.
 
@@ -43,7 +43,7 @@ impl Cached {
                 l
             }
         };
-        others_waiting(&lines, uid)
+        others_waiting(&lines, uid, &now_utc())
     }
 }
 
@@ -52,10 +52,23 @@ fn is_partition(p: &str) -> bool {
     !p.is_empty() && p.len() <= 64 && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
-/// squeue's `uid|reason` lines of the pending jobs of `partition` ("": all).
+/// Now as squeue prints times with `TZ=UTC`: `YYYY-MM-DDTHH:MM:SS`.
+fn now_utc() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S").to_string()
+}
+
+/// squeue's `uid|reason|eligible time|restarts` lines (UTC) of the
+/// pending jobs of `partition` ("": all).
 async fn pending(partition: &str) -> Result<String, String> {
     let mut cmd = tokio::process::Command::new("squeue");
-    cmd.args(["-h", "-t", "PENDING", "-o", "%U|%r"]);
+    cmd.args([
+        "-h",
+        "-t",
+        "PENDING",
+        "-O",
+        "UserId:|,Reason:|,EligibleTime:|,RestartCnt:",
+    ])
+    .env("TZ", "UTC");
     if !partition.is_empty() {
         cmd.args(["-p", partition]);
     }
@@ -70,15 +83,26 @@ async fn pending(partition: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// squeue's `%U|%r` lines of pending jobs: whether one of another user
-/// waits for nodes (not one held, waiting on a dependency, a begin time or
-/// its own limits).
-pub fn others_waiting(squeue: &str, uid: u32) -> bool {
+/// squeue's `uid|reason|eligible time|restarts` lines of pending jobs:
+/// whether one of another user waits for nodes now and has not run yet:
+/// not held, not waiting on a dependency, a begin time or its own limits,
+/// eligible already, never requeued. A map's allocation that stepped aside
+/// (requeued) waits for the one holding the node to finish or reach its
+/// bound: were it counted, two maps would trade the node call by call,
+/// each switch costing Slurm's requeue delay (cred_expire), and ten maps
+/// left the node idle while every one of them waited out that delay.
+pub fn others_waiting(squeue: &str, uid: u32, now: &str) -> bool {
     squeue.lines().any(|l| {
-        let Some((u, reason)) = l.trim().split_once('|') else {
+        let mut f = l.trim().split('|').map(str::trim);
+        let (Some(u), Some(reason)) = (f.next(), f.next()) else {
             return false;
         };
-        u.parse::<u32>().is_ok_and(|u| u != uid) && matches!(reason.trim(), "None" | "Priority" | "Resources")
+        let (eligible, restarts) = (f.next().unwrap_or(""), f.next().unwrap_or("0"));
+        let eligible_now = !eligible.starts_with(|c: char| c.is_ascii_digit()) || eligible <= now;
+        u.parse::<u32>().is_ok_and(|u| u != uid)
+            && matches!(reason, "None" | "Priority" | "Resources")
+            && eligible_now
+            && restarts == "0"
     })
 }
 
@@ -88,10 +112,16 @@ mod tests {
 
     #[test]
     fn who_waits_for_the_partition() {
-        assert!(!others_waiting("", 1000));
-        assert!(!others_waiting("1000|Resources\n1000|Priority\n", 1000), "the same user's jobs");
-        assert!(others_waiting("1000|Resources\n1001|Priority\n", 1000));
-        assert!(others_waiting("1001|None\n", 1000), "just submitted");
+        const NOW: &str = "2026-11-27T09:00:00";
+        let waits = |lines: &str| others_waiting(lines, 1000, NOW);
+        assert!(!waits(""));
+        assert!(
+            !waits("1000|Resources|2026-11-27T08:59:00\n1000|Priority|N/A\n"),
+            "the same user's jobs"
+        );
+        assert!(waits("1000|Resources|2026-11-27T08:59:00\n1001|Priority|2026-11-27T08:59:00\n"));
+        assert!(waits("1001|None|2026-11-27T09:00:00\n"), "just submitted");
+        assert!(waits("1001|Resources|N/A\n"), "no eligible time: waits");
         for reason in [
             "Dependency",
             "JobHeldUser",
@@ -99,9 +129,15 @@ mod tests {
             "QOSMaxJobsPerUserLimit",
             "AssocGrpCPURunMinutesLimit",
         ] {
-            assert!(!others_waiting(&format!("1001|{reason}\n"), 1000), "{reason}");
+            assert!(!waits(&format!("1001|{reason}|2026-11-27T08:00:00\n")), "{reason}");
         }
-        assert!(!others_waiting("garbage\nx|Resources\n", 1000));
+        assert!(!waits("1001|None|2026-11-27T09:00:31\n"), "requeued, eligible in 31 s");
+        assert!(waits("1001|Priority|2026-11-27T08:59:00|0\n"));
+        assert!(
+            !waits("1001|Priority|2026-11-27T08:59:00|3\n"),
+            "a map's allocation that stepped aside before waits its turn"
+        );
+        assert!(!waits("garbage\nx|Resources|N/A\n"));
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! ([`delegate_protocol::claim`]), each in its own fresh container with its
 //! own log, as long as
 //! - the allocation is younger than the site's `max_allocation_time`, and
-//! - no other user's job waits for the partition (asked of the node's
-//!   agent between calls, at most once a second).
+//! - no other user's job that has not run yet waits for the partition
+//!   (asked of the node's agent between calls, at most once a second; a
+//!   map's allocation that stepped aside before waits its turn).
 //!
 //! When it stops early with calls left unclaimed, it asks Slurm to requeue
 //! it (`scontrol requeue`, which the gate allows a map's allocations): the
