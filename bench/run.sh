@@ -7,7 +7,7 @@
 #   bench/run.sh --fidelity [--no-build]
 #
 #   --quick     smoke mode: 3 repetitions, no map of 200, short windows (~2 min)
-#   --skip-200  everything but the map of 200 calls
+#   --skip-200  everything but the maps of 200 calls (and bench/maps.py)
 #   --no-build  reuse the delegate wheel already in the bench venv
 #   --out DIR   where results.json and latency.png go (default bench/results)
 #   --fidelity  only the CPU loop, bare node against sandbox, round by round
@@ -125,3 +125,9 @@ fi
     BENCH_REPS="${BENCH_REPS:-10}" BENCH_SLURM_REPS="${BENCH_SLURM_REPS:-6}" \
     "$VENV/bin/python" "$work/bench.py" user "$work/user.json")
 "$VENV/bin/python" "$work/bench.py" report "$OUT" "$work/root.json" "$work/user.json"
+
+# 3. Maps whose allocations pull their calls (issue 42): each against its
+# baseline in the same run (bench/maps.py; two course accounts, not admins).
+if ((!BENCH_QUICK && !BENCH_SKIP_200)); then
+    "$VENV/bin/python" bench/maps.py --out "$OUT/maps.json"
+fi
