@@ -159,7 +159,8 @@ def test_each_worker_runs_on_its_machine(stack):
 
 def test_the_registry_wants_its_password(stack):
     """A student on the user node reaches the registry's port, but neither
-    lists, pulls nor pushes without the course's password."""
+    lists, pulls nor pushes without the course's password, nor reads it
+    (or the munge key) in a worker's container on a machine."""
     url = "https://172.31.90.1:5000/v2"
     for what, args in (
         ("list", [f"{url}/_catalog"]),
@@ -179,6 +180,17 @@ def test_the_registry_wants_its_password(stack):
             quiet=True,
         )
         assert r.stdout.strip() == "401", (what, r.stdout, r.stderr)
+    # Nor does the student read the password where the workers keep it:
+    # a root-only secret in each worker's container.
+    uid = on("user", "id", "-u", STUDENT, quiet=True).stdout.strip()
+    for m, worker in zip(MACHINES, ("worker1", "worker2")):
+        c = on_machine(
+            m, "docker", "ps", "-q", "--filter", f"name={STACK}_{worker}", quiet=True
+        ).stdout.split()
+        assert c, (m, worker)
+        for secret in ("registry-auth.json", "munge.key"):
+            r = on_machine(m, "docker", "exec", "-u", uid, c[0], "cat", f"/run/secrets/{secret}", quiet=True)
+            assert r.returncode != 0 and "Permission denied" in r.stderr, (m, secret, r.stdout, r.stderr)
 
 
 def one_call_on_each_machine(seconds: int) -> list[str]:
@@ -271,7 +283,8 @@ def test_a_machine_removed_then_added_to_the_running_course(stack):
     assert not on_machine(
         "m2", "docker", "ps", "-q", "--filter", f"name={STACK}_worker2", quiet=True
     ).stdout.strip()
-    assert "m2" not in run(SCRIPT, "machine", "list", env=stack, quiet=True).stdout
+    listed = run(SCRIPT, "machine", "list", env=stack, quiet=True).stdout.splitlines()[1:]
+    assert [ln.split()[1] for ln in listed] == ["m1"], listed
     kept = running_tasks()
     assert kept < before and len(before - kept) == 1, (before, kept)
 
@@ -361,6 +374,41 @@ def test_a_machine_whose_engine_is_killed_mid_call(stack):
     """m1's dockerd killed: its containers (worker1, the sandbox) die with
     it; the machine's init starts the engine again, swarm the worker."""
     through_a_fault("m1", lambda: on_machine("m1", "pkill", "-KILL", "-x", "dockerd"))
+
+
+def test_a_maps_allocations_pull_its_calls_past_a_dead_machine(stack):
+    """Issue 42: a map of 4 calls of 20 s, one allocation per machine, each
+    claiming the next call over the caching home. m1's engine is killed
+    while both run: m1's call ends with a state and a reason, Slurm
+    requeues m1's allocation, and the calls nobody had claimed run on the
+    other allocation (or on m1's once it is back): each call is claimed
+    once, by an allocation of the map, and the three others complete."""
+    r = on(
+        "user", "delegate", "submit", "--time", "5m", "--count", "4", "--",
+        "sh", "-c", "sleep 20; hostname", user=STUDENT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ids = r.stdout.split()
+    wait_until(
+        "a sandbox on each machine's engine", lambda: all(len(sandboxes(m)) == 1 for m in MACHINES), 120, 1
+    )
+    on_machine("m1", "pkill", "-KILL", "-x", "dockerd")
+    on("user", "delegate", "wait", *ids, user=STUDENT, timeout=900, quiet=True)
+    rows = statuses(ids)
+    print(json.dumps(rows, indent=1))
+    ended = {"completed", "failed", "lost", "cancelled", "timed_out"}
+    assert all(j["state"] in ended and j["reason"] for j in rows), rows
+    done = [j for j in rows if j["state"] == "completed"]
+    assert len(done) == 3, rows
+    assert [j["state"] for j in rows if j["state"] != "completed"] in (["lost"], ["failed"]), rows
+    base = rows[0]["slurm_id"]
+    claims = [
+        on("user", "cat", f"{HOME}/{STUDENT}/.delegate/jobs/{i}/claim", user=STUDENT, quiet=True).stdout
+        for i in ids
+    ]
+    assert all(c.startswith(f"{base}_") for c in claims), claims
+    assert {c.split()[0] for c in claims} == {f"{base}_0", f"{base}_1"}, claims
+    wait_until("worker1 idle again", lambda: worker_idle("worker1"), 300, 3)
 
 
 def test_a_machine_cut_off_the_network_mid_call(stack):
