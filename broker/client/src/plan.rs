@@ -34,8 +34,9 @@ pub struct MapPlan {
 /// nodes; each runs calls until none is left, until it is as old as
 /// `max_allocation_secs`, or until another user waits, then requeues
 /// itself). `None` when sharing is off (`per_allocation` below 2), for a
-/// single call, or when the partition's time limit leaves an allocation
-/// no room for a second call.
+/// single call, or when the partition's time limit is shorter than an
+/// allocation's (the bound plus one call: a call started just before the
+/// bound must not meet Slurm's limit).
 pub fn plan_map(
     calls: usize,
     per_allocation: u32,
@@ -49,8 +50,8 @@ pub fn plan_map(
     let per_call = time_limit_secs.saturating_add(SHARED_CALL_ALLOWANCE_SECS).max(1);
     // Slurm's limit is rounded up to minutes with one minute of slack.
     let partition_secs = partition.max_time_secs.map_or(u64::MAX, |max| max.saturating_sub(120));
-    let limit = max_allocation_secs.saturating_add(per_call).min(partition_secs);
-    if limit < per_call.saturating_mul(2) {
+    let limit = max_allocation_secs.saturating_add(per_call);
+    if limit > partition_secs {
         return None;
     }
     let allocations = calls.min(partition.nodes.max(1) as usize).min(MAX_ARRAY);
@@ -78,9 +79,13 @@ mod tests {
         assert_eq!(plan(1000, 60, &part(0, None)).map(|p| p.allocations), Some(1));
         // The bound, plus the call in progress.
         assert_eq!(plan(200, 300, &part(2, None)).map(|p| p.time_limit_secs), Some(600 + 330));
-        // The partition's limit caps it; too short for two calls: none.
-        assert_eq!(plan(200, 300, &part(2, Some(1000))).map(|p| p.time_limit_secs), Some(880));
-        assert_eq!(plan(4, 3600, &part(1, Some(7200))), None);
+        // The default limit (10 minutes) under the default bound: pulled.
+        assert_eq!(plan(200, 600, &part(1, Some(7200))).map(|p| p.time_limit_secs), Some(1230));
+        // Calls of an hour: the first may end past the bound, then the
+        // allocation requeues itself; it still fits a 2-hour partition.
+        assert_eq!(plan(4, 3600, &part(1, Some(7200))).map(|p| p.time_limit_secs), Some(4230));
+        // A partition shorter than the bound plus a call: one job per call.
+        assert_eq!(plan(200, 300, &part(2, Some(1000))), None);
         // Nothing to share: one call, or sharing off.
         assert_eq!(plan_map(1, 100, 60, &part(1, None), U), None);
         assert_eq!(plan_map(4, 1, 60, &part(1, None), U), None);

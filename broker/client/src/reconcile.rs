@@ -176,9 +176,9 @@ impl Client {
                     continue;
                 }
             };
-            // A map's call that started: the allocation that claimed it.
-            let claimer = match (&f.claimed_by, &f.started) {
-                (Some(by), Some(_)) if f.shared.is_some() => Some(by.as_str()),
+            // A map's call that an allocation claimed: that allocation.
+            let claimer = match &f.claimed_by {
+                Some(by) if f.shared.is_some() => Some(by.as_str()),
                 _ => None,
             };
             let view = match (&f.slurm_id, ask_slurm, &queue) {

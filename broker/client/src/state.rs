@@ -157,7 +157,23 @@ fn unsubmitted(f: &Facts<'_>, note: &str) -> Verdict {
 
 /// A job Slurm still holds (queued or active).
 fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
+    let slurm_says = || match j.reason.as_str() {
+        "" | "None" => j.state.to_string(),
+        r => format!("{}, {r}", j.state),
+    };
     match j.state.phase() {
+        // Claimed, not started, and its allocation queued again (its node
+        // failed): no allocation runs a claimed call, it never will.
+        SlurmPhase::Queued if f.by_claimer && f.started.is_none() => ended(
+            State::Lost,
+            format!(
+                "its allocation claimed it and was requeued (Slurm: {}) before it started",
+                slurm_says()
+            ),
+        ),
+        SlurmPhase::Active if f.by_claimer && f.started.is_none() => {
+            live(State::Pending, format!("claimed by an allocation of its map, starting{note}"))
+        }
         // Slurm gave it a node that is being powered up.
         SlurmPhase::Queued if f.started.is_none() && j.state == SlurmState::Configuring => {
             live(State::Pending, format!("{COLD_START}{note}"))
@@ -182,12 +198,8 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
         _ if f.by_claimer && f.started.is_some_and(|host| moved(j, host)) => ended(
             State::Lost,
             format!(
-                "its allocation was requeued (Slurm: {}{}) before the runner wrote an outcome",
-                j.state,
-                match j.reason.as_str() {
-                    "" | "None" => String::new(),
-                    r => format!(", {r}"),
-                }
+                "its allocation was requeued (Slurm: {}) before the runner wrote an outcome",
+                slurm_says()
             ),
         ),
         _ => running(f, note, &j.nodes),
@@ -476,6 +488,25 @@ mod tests {
             assert_eq!(state_of(&v), State::Lost, "{v:?}");
             assert!(format!("{v:?}").contains("its allocation was requeued"), "{v:?}");
         }
+        // Claimed, not started: starting while its allocation runs, lost
+        // once that allocation is queued again.
+        f.started = None;
+        f.slurm = SlurmView::Present(&on_n1);
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "claimed by an allocation of its map, starting".into()
+            }
+        );
+        f.slurm = SlurmView::Present(&queued);
+        let v = decide(&f, no_log);
+        assert_eq!(state_of(&v), State::Lost, "{v:?}");
+        assert!(
+            format!("{v:?}").contains("claimed it and was requeued (Slurm: PENDING, Resources)"),
+            "{v:?}"
+        );
+        f.started = Some("n1");
         f.by_claimer = false;
         f.slurm = SlurmView::Present(&running);
         // Cancelled before it started: over at once, whatever Slurm says.
