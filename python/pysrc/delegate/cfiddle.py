@@ -30,8 +30,9 @@ are re-attached to the caller's own invocation objects: ``as_df()``,
 ``as_csv()`` and the rest see exactly what a local run gives.
 
 A run of many invocations may be split (``invocations_per_job``) into
-several calls of one submission (one sbatch, sharing exclusive
-allocations); the results come back as one list in the original order.
+several calls of one submission (one sbatch; the map's allocations, one per
+node, claim them one by one); the results come back as one list in the
+original order.
 
 CFiddle's version must be the same on both sides (both install
 python/requirements-cfiddle.txt); a difference raises
