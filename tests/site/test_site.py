@@ -96,9 +96,9 @@ def test_a_students_call_runs_in_course_on_24_11(alice, root):
     assert " completed " in row and " c1 " in row, row
 
 
-def test_a_students_map_is_one_shared_allocation_in_course(alice):
-    """delegate's shared form (the gate's `unpack`: Lua 5.1 here, 5.4 in
-    the fast tier's Lua tests)."""
+def test_a_students_map_is_pulled_by_one_allocation_in_course(alice):
+    """delegate's map form, `sandbox-runner pull` (the gate's `unpack`:
+    Lua 5.1 here, 5.4 in the fast tier's Lua tests), on Slurm 24.11."""
     r = alice.run("delegate", "submit", "--count", "3", "--wait", "--", "python3", "-c", "print('map call')")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("map call") == 3, r.stdout
