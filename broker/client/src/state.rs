@@ -470,45 +470,6 @@ mod tests {
         );
         f.started = Some("n1");
         assert_eq!(state_of(&decide(&f, no_log)), State::Running);
-        // The allocation that claimed it runs on its node, or (requeued
-        // after its node failed) waits again or runs elsewhere: lost.
-        let mut on_n1 = sj("RUNNING", "None");
-        on_n1.nodes = "n1".into();
-        let mut elsewhere = on_n1.clone();
-        elsewhere.nodes = "n2".into();
-        // (the map's job as a whole: another allocation may run elsewhere)
-        f.slurm = SlurmView::Present(&elsewhere);
-        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
-        f.by_claimer = true;
-        f.slurm = SlurmView::Present(&on_n1);
-        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
-        for view in [SlurmView::Present(&elsewhere), SlurmView::Present(&queued)] {
-            f.slurm = view;
-            let v = decide(&f, no_log);
-            assert_eq!(state_of(&v), State::Lost, "{v:?}");
-            assert!(format!("{v:?}").contains("its allocation was requeued"), "{v:?}");
-        }
-        // Claimed, not started: starting while its allocation runs, lost
-        // once that allocation is queued again.
-        f.started = None;
-        f.slurm = SlurmView::Present(&on_n1);
-        assert_eq!(
-            decide(&f, no_log),
-            Verdict::Live {
-                state: State::Pending,
-                reason: "claimed by an allocation of its map, starting".into()
-            }
-        );
-        f.slurm = SlurmView::Present(&queued);
-        let v = decide(&f, no_log);
-        assert_eq!(state_of(&v), State::Lost, "{v:?}");
-        assert!(
-            format!("{v:?}").contains("claimed it and was requeued (Slurm: PENDING, Resources)"),
-            "{v:?}"
-        );
-        f.started = Some("n1");
-        f.by_claimer = false;
-        f.slurm = SlurmView::Present(&running);
         // Cancelled before it started: over at once, whatever Slurm says.
         f.started = None;
         f.cancel_requested = true;
@@ -550,6 +511,49 @@ mod tests {
             }
             v => panic!("{v:?}"),
         }
+    }
+
+    #[test]
+    fn a_maps_call_and_the_allocation_that_claimed_it() {
+        let queued = sj("PENDING", "Resources");
+        let mut f = facts_shared(SlurmView::NotAsked);
+        f.started = Some("n1");
+        // The allocation that claimed it runs on its node, or (requeued
+        // after its node failed) waits again or runs elsewhere: lost.
+        let mut on_n1 = sj("RUNNING", "None");
+        on_n1.nodes = "n1".into();
+        let mut elsewhere = on_n1.clone();
+        elsewhere.nodes = "n2".into();
+        // (the map's job as a whole: another allocation may run elsewhere)
+        f.slurm = SlurmView::Present(&elsewhere);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        f.by_claimer = true;
+        f.slurm = SlurmView::Present(&on_n1);
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        for view in [SlurmView::Present(&elsewhere), SlurmView::Present(&queued)] {
+            f.slurm = view;
+            let v = decide(&f, no_log);
+            assert_eq!(state_of(&v), State::Lost, "{v:?}");
+            assert!(format!("{v:?}").contains("its allocation was requeued"), "{v:?}");
+        }
+        // Claimed, not started: starting while its allocation runs, lost
+        // once that allocation is queued again.
+        f.started = None;
+        f.slurm = SlurmView::Present(&on_n1);
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "claimed by an allocation of its map, starting".into()
+            }
+        );
+        f.slurm = SlurmView::Present(&queued);
+        let v = decide(&f, no_log);
+        assert_eq!(state_of(&v), State::Lost, "{v:?}");
+        assert!(
+            format!("{v:?}").contains("claimed it and was requeued (Slurm: PENDING, Resources)"),
+            "{v:?}"
+        );
     }
 
     #[test]
