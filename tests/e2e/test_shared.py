@@ -373,6 +373,41 @@ def test_scancel_of_the_allocation_ends_every_call(alice):
     wait_slurm_gone(sid)
 
 
+def test_an_allocation_cancelled_mid_call_leaves_the_rest_to_another(alice):
+    """Issue 42: one of a map's two allocations (the map's form written by
+    hand as an array of two on this one node, over calls `delegate submit
+    --hold` prepared) is scancelled while it runs the first call: that call
+    ends cancelled, and the other allocation claims and runs the two calls
+    nobody had claimed; each call is claimed once."""
+    jobs, handles = submit_count(alice, 3, "sleep", "4", opts=("--hold",))
+    sh("scancel", handles[0]["slurm_id"])  # (delegate's own, held: replaced by the array below)
+    runner = "/usr/local/bin/sandbox-runner"
+    dirs = " ".join(f"'{alice.job_dir(j)}'" for j in jobs)
+    script = f"#!/bin/sh\n#SBATCH --array=0-1\nexec '{runner}' pull {dirs}\n"
+    r = alice.as_user(
+        "sh", "-c", f"cd && sbatch --parsable --exclusive --time=13 --output=/dev/null <<'EOF'\n{script}EOF",
+        check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    array = r.stdout.strip().split(";")[0]
+    _SUBMITTED.append(array)
+    claim = alice.job_dir(jobs[0]) / "started"
+    deadline = time.monotonic() + 60
+    while not claim.exists():
+        assert time.monotonic() < deadline, "the first call never started"
+        time.sleep(0.2)
+    sh("scancel", f"{array}_0")
+    deadline = time.monotonic() + 120
+    while not all((alice.job_dir(j) / "outcome").exists() for j in jobs):
+        assert time.monotonic() < deadline, [sorted(p.name for p in alice.job_dir(j).iterdir()) for j in jobs]
+        time.sleep(0.5)
+    claims = [(alice.job_dir(j) / "claim").read_text().split()[0] for j in jobs]
+    assert claims == [f"{array}_0", f"{array}_1", f"{array}_1"], claims
+    st = statuses(alice, jobs)
+    assert [s["state"] for s in st] == ["cancelled", "completed", "completed"], st
+    assert "Slurm" in st[0]["reason"], st[0]
+
+
 # ---------------------------------------------------------------------------
 # A refused call among good ones
 # ---------------------------------------------------------------------------
