@@ -124,7 +124,7 @@ machine_start_worker() {
 
 # machine_up N: Slurm on the head has worker N up and taking jobs.
 machine_up() {
-    stack_exec head sinfo -h -n "worker$1" -o %T 2>/dev/null | grep -Eqx '(idle|mixed|allocated|completing)'
+    stack_exec head sinfo -h -n "worker$1" -o %T 2>/dev/null | grep -Eqx "$STACK_NODE_UP"
 }
 
 machine_list() {

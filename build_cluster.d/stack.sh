@@ -50,6 +50,9 @@ stack_load_config() {
     stack_worker_ids
 }
 
+# Slurm's states of a worker that is up and takes jobs (sinfo %T).
+STACK_NODE_UP='(idle|mixed|allocated|completing)'
+
 # stack_worker_ids: STACK_WORKER_IDS, the numbers of the workers there are
 # (1..N; placement: those of the machines `machine add` labelled), and
 # STACK_SLOTS, how many Slurm knows (placement: DELEGATE_STACK_SLOTS, at
@@ -525,7 +528,7 @@ stack_services_running() {
 # they start as soon as the workers are back); elastic: the always-on ones
 # so, the others so or powered down ("idle~").
 stack_nodes_idle() {
-    local out up='(idle|mixed|allocated|completing)'
+    local out up=$STACK_NODE_UP
     out=$(stack_exec head sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
     if elastic_on; then
         # The always-on ones up, the others powered down ("idle~").

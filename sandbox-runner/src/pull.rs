@@ -70,20 +70,22 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
     let mut code = EXIT_OUTCOME;
     let mut ran = 0usize;
     let mut stop = Stop::Done;
+    // Where it stopped: every call before was claimed (by it or another).
+    let mut rest = dirs.len();
     let total = dirs.len();
     for (i, dir) in dirs.iter().enumerate() {
         let dir = dir.as_ref();
         if signals.borrow().is_some() {
-            stop = Stop::Signalled;
+            (stop, rest) = (Stop::Signalled, i);
             break;
         }
         // At least one call each time the allocation starts.
         if ran > 0 && born.elapsed() >= bound {
-            stop = Stop::Bound;
+            (stop, rest) = (Stop::Bound, i);
             break;
         }
         if ran > 0 && queue.others_wait(&mut agent).await {
-            stop = Stop::Others;
+            (stop, rest) = (Stop::Others, i);
             break;
         }
         match claim(dir, &me) {
@@ -102,7 +104,7 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
         code = code.max(run_one(call, saved.as_ref(), &mut agent, signals.clone()).await);
     }
     if stop != Stop::Done {
-        step_aside(stop, dirs, ran);
+        step_aside(stop, &dirs[rest..], ran);
     }
     code
 }
@@ -185,10 +187,11 @@ async fn run_one(call: Call<'_>, saved: Option<&OwnedFd>, agent: &mut Option<Age
     c
 }
 
-/// Ends the allocation early: with calls left unclaimed, back into Slurm's
-/// queue (requeue), else simply over.
-fn step_aside(stop: Stop, dirs: &[impl AsRef<Path>], ran: usize) {
-    let left = dirs.iter().filter(|d| !claimed(d.as_ref())).count();
+/// Ends the allocation early: with calls left unclaimed among `rest` (the
+/// calls from where it stopped), back into Slurm's queue (requeue), else
+/// simply over.
+fn step_aside(stop: Stop, rest: &[impl AsRef<Path>], ran: usize) {
+    let left = rest.iter().filter(|d| !claimed(d.as_ref())).count();
     let why = match stop {
         Stop::Bound => "it is as old as the site's max_allocation_time",
         Stop::Others => "another user's job waits for the partition",

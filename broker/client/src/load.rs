@@ -92,14 +92,15 @@ impl Client {
                 }
             },
         };
-        let claimed_by = match shared {
-            Some(_) => optional(read_bounded_at(&fd, &dir, protocol::CLAIM, MAX_CLAIM_BYTES, None))?
-                .and_then(|b| Claim::parse(&String::from_utf8_lossy(&b)))
-                .map(|c| c.allocation),
-            None => None,
-        };
         let started: Option<Started> = optional(read_record_at(&fd, &dir, None))?;
         let outcome: Option<Outcome> = optional(read_record_at(&fd, &dir, None))?;
+        // (only a map's call still without an outcome asks Slurm about it)
+        let claimed_by = match (shared, &outcome) {
+            (Some(_), None) => optional(read_bounded_at(&fd, &dir, protocol::CLAIM, MAX_CLAIM_BYTES, None))?
+                .and_then(|b| Claim::parse(&String::from_utf8_lossy(&b)))
+                .map(|c| c.allocation),
+            _ => None,
+        };
         let cancel = exists_at(&fd, protocol::CANCEL);
         let cancel_reason = if cancel {
             protocol::cancel::read_cancel_reason(&fd, &dir)
