@@ -304,3 +304,16 @@ def agent_pid() -> int:
         except OSError:
             continue
     raise AssertionError("no sandbox-agent process")
+
+
+def record_started(name: str, pid: int) -> None:
+    """As build_cluster.sh's record_started: one "name pid" line per daemon
+    we started, so `--local stop` finds a daemon a test restarted."""
+    f = Path(os.environ.get("DELEGATE_STATE_DIR", "/var/lib/delegate")) / "started"
+    if not f.exists():
+        return
+    lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith(name + " ")]
+    lines.append(f"{name} {pid}")
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(f)

@@ -166,14 +166,4 @@ def containers_created_since(job: str, since: float) -> list[str]:
     return container_creates_since(since, f"delegate.job={job}")
 
 
-def record_started(name: str, pid: int) -> None:
-    """As build_cluster.sh's record_started: one "name pid" line per daemon
-    we started, so `--local stop` finds a daemon a test restarted."""
-    f = Path(os.environ.get("DELEGATE_STATE_DIR", "/var/lib/delegate")) / "started"
-    if not f.exists():
-        return
-    lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith(name + " ")]
-    lines.append(f"{name} {pid}")
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.rename(f)
+record_started = testlib.record_started

@@ -4,7 +4,11 @@
 # address on a private network, its own Docker engine (its own images,
 # containers and sandboxes) and an ssh server, nothing of delegate in it.
 # This host is the manager: the instructor's machine, with the checkout,
-# cargo, the images and the swarm's manager engine.
+# cargo, the images and the swarm's manager engine. The machines are not
+# containers of that engine but of a second one, the machines' own
+# (ENGINE_SOCK, its bridge BRIDGE, no iptables of its own: `up` lets the
+# bridge's traffic through FORWARD), so the manager's engine can be stopped
+# and started, as when the manager restarts, while the machines run on.
 #
 #   tests/machines/machines.sh up      build the machine image (cached),
 #                                      start the home's server and the
@@ -16,6 +20,11 @@
 #                                      the network and the key
 #   tests/machines/machines.sh ssh     print the ssh command the manager
 #                                      uses (DELEGATE_MACHINE_SSH)
+#   tests/machines/machines.sh home    mount the home on this host (as at
+#                                      its boot) unless it is mounted
+#   tests/machines/machines.sh docker ARG...
+#                                      docker ARG... on the machines' engine
+#                                      (`docker exec m1 ...`)
 #
 # The machines (MACHINES): m1 Debian 12 with its docker.io 20.10, m2 Debian
 # 13 with its docker.io 26. The home (DELEGATE_STACK_HOME) is served over
@@ -44,9 +53,80 @@ MACHINES=("m1:delegate-machine:bookworm" "m2:delegate-machine:trixie")
 HOME_SERVER=home
 HOME_VOLUME=home
 HOME_CACHE=attribute-timeout=3,entry-timeout=30,negative-timeout=30
+# The machines' own engine: its socket and state (kept between runs: the
+# machine images stay loaded), its log and its bridge.
+ENGINE_RUN=${DELEGATE_MACHINES_ENGINE:-/run/delegate-machines}
+ENGINE_SOCK=unix://$ENGINE_RUN/docker.sock
+ENGINE_DATA=/var/lib/delegate/machines-engine
+ENGINE_LOG=/var/log/delegate/machines-dockerd.log
+BRIDGE=dlg-machines
+ENGINE_BRIDGE=dlg-machines0
+ENGINE_BRIDGE_NET=${DELEGATE_MACHINES_ENGINE_NET:-172.31.91.1/24}
 
 log() { printf '%s [machines] %s\n' "$(date '+%H:%M:%S')" "$*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
+
+mdocker() { docker -H "$ENGINE_SOCK" "$@"; }
+
+# engine: the machines' own Docker engine answers (started unless it does):
+# no iptables or masquerading (the machines need no route out), its
+# containers' cgroups under /delegate-machines, and a default bridge of its
+# own (ENGINE_BRIDGE, unused: without one, `--bridge none`, dockerd deletes
+# docker0, the manager's engine's).
+engine() {
+    mdocker info >/dev/null 2>&1 && return 0
+    install -d "$ENGINE_RUN" "$ENGINE_DATA" "$(dirname "$ENGINE_LOG")"
+    if ! ip link show "$ENGINE_BRIDGE" >/dev/null 2>&1; then
+        ip link add name "$ENGINE_BRIDGE" type bridge || die "cannot make the bridge $ENGINE_BRIDGE"
+        ip addr add "$ENGINE_BRIDGE_NET" dev "$ENGINE_BRIDGE"
+        ip link set "$ENGINE_BRIDGE" up
+    fi
+    log "engine: starting the machines' own dockerd ($ENGINE_SOCK)"
+    setsid dockerd -H "$ENGINE_SOCK" --data-root "$ENGINE_DATA" --exec-root "$ENGINE_RUN/exec" \
+        --pidfile "$ENGINE_RUN/docker.pid" --bridge "$ENGINE_BRIDGE" --iptables=false --ip-masq=false \
+        --cgroup-parent /delegate-machines >>"$ENGINE_LOG" 2>&1 </dev/null &
+    local _
+    for _ in $(seq 60); do
+        mdocker info >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    die "the machines' engine does not answer: $(tail -n 5 "$ENGINE_LOG")"
+}
+
+# engine_down: the machines' engine stopped (its state kept).
+engine_down() {
+    local pid _
+    pid=$(cat "$ENGINE_RUN/docker.pid" 2>/dev/null) || return 0
+    kill "$pid" 2>/dev/null || return 0
+    for _ in $(seq 60); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 1
+    done
+    log "the machines' engine (pid $pid) did not stop"
+}
+
+# forward [-I|-D]: the machines' bridge's traffic allowed through this
+# host's FORWARD chain (whose policy the manager's engine sets to DROP), to
+# and from the manager's own networks (the registry's published port).
+forward() {
+    local op=$1 dir
+    for dir in -i -o; do
+        if iptables -C FORWARD "$dir" "$BRIDGE" -j ACCEPT 2>/dev/null; then
+            [[ $op == -D ]] && iptables -D FORWARD "$dir" "$BRIDGE" -j ACCEPT
+        elif [[ $op == -I ]]; then
+            iptables -I FORWARD "$dir" "$BRIDGE" -j ACCEPT
+        fi
+    done
+}
+
+# load IMAGE: IMAGE (built by this host's engine) in the machines' engine.
+load() {
+    local id
+    id=$(docker image inspect -f '{{.Id}}' "$1")
+    [[ $(mdocker image inspect -f '{{.Id}}' "$1" 2>/dev/null) == "$id" ]] && return 0
+    log "image $1: into the machines' engine"
+    docker save "$1" | mdocker load -q >/dev/null || die "cannot load $1 into the machines' engine"
+}
 
 ssh_cmd() {
     echo "ssh -i $KEY -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=$STATE/known_hosts -o BatchMode=yes -o ConnectTimeout=10"
@@ -71,19 +151,22 @@ images() {
     "$REPO/tests/site/site.sh" base
     image bookworm delegate-base:bookworm
     image trixie delegate-site-base:trixie
+    engine
+    load delegate-machine:bookworm
+    load delegate-machine:trixie
 }
 
 # start NAME IMAGE [DOCKER-RUN-OPTION...]
 start() {
     local name=$1 img=$2
     shift 2
-    if [[ $(docker inspect -f '{{.State.Running}} {{.Image}}' "$name" 2>/dev/null) \
-        == "true $(docker image inspect -f '{{.Id}}' "$img")" ]]; then
+    if [[ $(mdocker inspect -f '{{.State.Running}} {{.Image}}' "$name" 2>/dev/null) \
+        == "true $(mdocker image inspect -f '{{.Id}}' "$img")" ]]; then
         return 0
     fi
-    docker rm -f "$name" >/dev/null 2>&1 || true
+    mdocker rm -f "$name" >/dev/null 2>&1 || true
     log "machine $name: starting ($img)"
-    docker run -d --name "$name" --hostname "$name" --network "$NET" \
+    mdocker run -d --name "$name" --hostname "$name" --network "$NET" \
         --label org.delegate.machine=1 \
         --cap-add ALL --cap-drop SYS_RESOURCE \
         --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
@@ -99,15 +182,15 @@ start() {
 authorize() {
     local name=$1 _
     for _ in $(seq 60); do
-        docker exec "$name" docker info >/dev/null 2>&1 && break
+        mdocker exec "$name" docker info >/dev/null 2>&1 && break
         sleep 1
     done
-    docker exec "$name" docker info >/dev/null 2>&1 \
-        || die "machine $name: its Docker engine does not answer: $(docker exec "$name" tail -n 5 /var/log/machine/dockerd.log)"
-    docker exec -i "$name" sh -c 'install -d -m 0700 /root/.ssh && cat >/root/.ssh/authorized_keys && chmod 0600 /root/.ssh/authorized_keys' \
+    mdocker exec "$name" docker info >/dev/null 2>&1 \
+        || die "machine $name: its Docker engine does not answer: $(mdocker exec "$name" tail -n 5 /var/log/machine/dockerd.log)"
+    mdocker exec -i "$name" sh -c 'install -d -m 0700 /root/.ssh && cat >/root/.ssh/authorized_keys && chmod 0600 /root/.ssh/authorized_keys' \
         <"$KEY.pub"
     $(ssh_cmd) "root@$(address "$name")" true || die "machine $name: ssh as root does not work"
-    log "machine $name: $(docker exec "$name" docker version -f 'Docker {{.Server.Version}}'), ssh root@$(address "$name")"
+    log "machine $name: $(mdocker exec "$name" docker version -f 'Docker {{.Server.Version}}'), ssh root@$(address "$name")"
 }
 
 # home_server: the home's server answers and serves the volume HOME_VOLUME
@@ -116,19 +199,19 @@ home_server() {
     local _ addr
     start "$HOME_SERVER" delegate-machine:bookworm -e MACHINE_ROLE=home -v home-brick:/bricks
     for _ in $(seq 60); do
-        docker exec "$HOME_SERVER" gluster volume list >/dev/null 2>&1 && break
+        mdocker exec "$HOME_SERVER" gluster volume list >/dev/null 2>&1 && break
         sleep 1
     done
     addr=$(address "$HOME_SERVER")
-    if ! docker exec "$HOME_SERVER" gluster volume info "$HOME_VOLUME" >/dev/null 2>&1; then
-        docker exec "$HOME_SERVER" gluster volume create "$HOME_VOLUME" "$addr:/bricks/$HOME_VOLUME" force >/dev/null \
+    if ! mdocker exec "$HOME_SERVER" gluster volume info "$HOME_VOLUME" >/dev/null 2>&1; then
+        mdocker exec "$HOME_SERVER" gluster volume create "$HOME_VOLUME" "$addr:/bricks/$HOME_VOLUME" force >/dev/null \
             || die "cannot create the home's volume on $HOME_SERVER"
     fi
-    if [[ $(docker exec "$HOME_SERVER" gluster volume info "$HOME_VOLUME" | sed -n 's/^Status: //p') != Started ]]; then
-        docker exec "$HOME_SERVER" gluster volume start "$HOME_VOLUME" >/dev/null \
+    if [[ $(mdocker exec "$HOME_SERVER" gluster volume info "$HOME_VOLUME" | sed -n 's/^Status: //p') != Started ]]; then
+        mdocker exec "$HOME_SERVER" gluster volume start "$HOME_VOLUME" >/dev/null \
             || die "cannot start the home's volume on $HOME_SERVER"
     fi
-    log "home: $addr:/$HOME_VOLUME (GlusterFS $(docker exec "$HOME_SERVER" glusterd --version | sed -n '1s/glusterfs //p'))"
+    log "home: $addr:/$HOME_VOLUME (GlusterFS $(mdocker exec "$HOME_SERVER" glusterd --version | sed -n '1s/glusterfs //p'))"
 }
 
 # home_mount [MACHINE]: the home mounted at HOME_DIR on MACHINE (from its
@@ -144,21 +227,23 @@ home_mount() {
         chmod 0711 "$HOME_DIR"
         return 0
     fi
-    docker exec -i "$1" sh -c 'grep -q " glusterfs " /etc/fstab || cat >>/etc/fstab; mkdir -p "$1"; mountpoint -q "$1" || mount "$1"' \
+    # shellcheck disable=SC2016 # (expanded by the machine's sh)
+    mdocker exec -i "$1" sh -c 'grep -q " glusterfs " /etc/fstab || cat >>/etc/fstab; mkdir -p "$1"; mountpoint -q "$1" || mount "$1"' \
         sh "$HOME_DIR" <<<"$src $HOME_DIR glusterfs defaults,_netdev,$HOME_CACHE 0 0" \
         || die "machine $1: cannot mount the home"
 }
 
-address() { docker inspect -f "{{(index .NetworkSettings.Networks \"$NET\").IPAddress}}" "$1"; }
+address() { mdocker inspect -f "{{(index .NetworkSettings.Networks \"$NET\").IPAddress}}" "$1"; }
 
 up() {
     images
     install -d -m 0700 "$STATE"
     [[ -s $KEY ]] || ssh-keygen -q -t ed25519 -N '' -C delegate-manager -f "$KEY"
     install -d -m 0711 "$HOME_DIR"
-    docker network inspect "$NET" >/dev/null 2>&1 \
-        || docker network create --subnet "$SUBNET" "$NET" >/dev/null \
+    mdocker network inspect "$NET" >/dev/null 2>&1 \
+        || mdocker network create --subnet "$SUBNET" -o "com.docker.network.bridge.name=$BRIDGE" "$NET" >/dev/null \
         || die "cannot create network $NET ($SUBNET)"
+    forward -I
     home_server
     home_mount
     local m
@@ -173,15 +258,18 @@ down() {
     local m name
     for m in "${MACHINES[@]}"; do
         name=${m%%:*}
-        docker rm -f "$name" >/dev/null 2>&1 || true
-        docker volume rm "$name-docker" >/dev/null 2>&1 || true
+        mdocker rm -f "$name" >/dev/null 2>&1 || true
+        mdocker volume rm "$name-docker" >/dev/null 2>&1 || true
     done
     if [[ $(findmnt -n -o FSTYPE --mountpoint "$HOME_DIR" 2>/dev/null) == fuse.glusterfs ]]; then
         umount "$HOME_DIR" 2>/dev/null || umount -l "$HOME_DIR" || log "cannot unmount $HOME_DIR"
     fi
-    docker rm -f "$HOME_SERVER" >/dev/null 2>&1 || true
-    docker volume rm home-brick >/dev/null 2>&1 || true
-    docker network rm "$NET" >/dev/null 2>&1 || true
+    mdocker rm -f "$HOME_SERVER" >/dev/null 2>&1 || true
+    mdocker volume rm home-brick >/dev/null 2>&1 || true
+    mdocker network rm "$NET" >/dev/null 2>&1 || true
+    forward -D
+    engine_down
+    ip link del "$ENGINE_BRIDGE" 2>/dev/null || true
     rm -rf "$STATE"
 }
 
@@ -189,6 +277,8 @@ case ${1:-} in
     up) up ;;
     down) down ;;
     ssh) ssh_cmd ;;
+    home) home_mount ;;
+    docker) shift; mdocker "$@" ;;
     address) address "${2:?machine}" ;;
-    *) echo "usage: tests/machines/machines.sh up|down|ssh|address NAME" >&2; exit 2 ;;
+    *) echo "usage: tests/machines/machines.sh up|down|ssh|home|address NAME|docker ARG..." >&2; exit 2 ;;
 esac
