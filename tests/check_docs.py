@@ -126,8 +126,22 @@ def life_of_a_call_problems() -> list[str]:
     return problems
 
 
+def docs_listing_problems() -> list[str]:
+    """README's "Documentation" list names every document in docs/, and
+    only those (issue 44: it named 7 of 12)."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Documentation", 1)[-1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^- \[docs/([\w.-]+\.md)\]", section, re.M))
+    present = {p.name for p in (REPO / "docs").glob("*.md")}
+    return [f"README.md's Documentation list lacks docs/{n}" for n in sorted(present - listed)] + [
+        f"README.md's Documentation list names docs/{n}, which does not exist"
+        for n in sorted(listed - present)
+    ]
+
+
 if __name__ == "__main__":
     problems = broken_links() + settings_problems() + stage_problems() + life_of_a_call_problems()
+    problems += docs_listing_problems()
     for p in problems:
         print(p, file=sys.stderr)
     sys.exit(1 if problems else 0)
