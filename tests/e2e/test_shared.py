@@ -373,39 +373,76 @@ def test_scancel_of_the_allocation_ends_every_call(alice):
     wait_slurm_gone(sid)
 
 
-def test_an_allocation_cancelled_mid_call_leaves_the_rest_to_another(alice):
-    """Issue 42: one of a map's two allocations (the map's form written by
-    hand as an array of two on this one node, over calls `delegate submit
-    --hold` prepared) is scancelled while it runs the first call: that call
-    ends cancelled, and the other allocation claims and runs the two calls
-    nobody had claimed; each call is claimed once."""
-    jobs, handles = submit_count(alice, 3, "sleep", "4", opts=("--hold",))
+def map_of_two_allocations(user, n, *cmd, time_limit="1m"):
+    """A map's form written by hand as an array of two on this one node
+    (the client makes one allocation here) over N calls `delegate submit
+    --hold` prepared; returns the calls and the array's id once the first
+    call has started (in element 0: the node is exclusive)."""
+    jobs, handles = submit_count(user, n, *cmd, opts=("--time", time_limit, "--hold"))
     sh("scancel", handles[0]["slurm_id"])  # (delegate's own, held: replaced by the array below)
     runner = "/usr/local/bin/sandbox-runner"
-    dirs = " ".join(f"'{alice.job_dir(j)}'" for j in jobs)
+    dirs = " ".join(f"'{user.job_dir(j)}'" for j in jobs)
     script = f"#!/bin/sh\n#SBATCH --array=0-1\nexec '{runner}' pull {dirs}\n"
-    r = alice.as_user(
+    r = user.as_user(
         "sh", "-c", f"cd && sbatch --parsable --exclusive --time=13 --output=/dev/null <<'EOF'\n{script}EOF",
         check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     array = r.stdout.strip().split(";")[0]
     _SUBMITTED.append(array)
-    claim = alice.job_dir(jobs[0]) / "started"
+    started = user.job_dir(jobs[0]) / "started"
     deadline = time.monotonic() + 60
-    while not claim.exists():
+    while not started.exists():
         assert time.monotonic() < deadline, "the first call never started"
         time.sleep(0.2)
-    sh("scancel", f"{array}_0")
-    deadline = time.monotonic() + 120
-    while not all((alice.job_dir(j) / "outcome").exists() for j in jobs):
-        assert time.monotonic() < deadline, [sorted(p.name for p in alice.job_dir(j).iterdir()) for j in jobs]
+    return jobs, array
+
+
+def wait_outcomes(user, jobs, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not all((user.job_dir(j) / "outcome").exists() for j in jobs):
+        assert time.monotonic() < deadline, [sorted(p.name for p in user.job_dir(j).iterdir()) for j in jobs]
         time.sleep(0.5)
+
+
+def test_an_allocation_cancelled_mid_call_leaves_the_rest_to_another(alice):
+    """Issue 42: one of a map's two allocations is scancelled while it runs
+    the first call: that call ends cancelled, and the other allocation
+    claims and runs the two calls nobody had claimed; each call is claimed
+    once."""
+    jobs, array = map_of_two_allocations(alice, 3, "sleep", "4")
+    sh("scancel", f"{array}_0")
+    wait_outcomes(alice, jobs)
     claims = [(alice.job_dir(j) / "claim").read_text().split()[0] for j in jobs]
     assert claims == [f"{array}_0", f"{array}_1", f"{array}_1"], claims
     st = statuses(alice, jobs)
     assert [s["state"] for s in st] == ["cancelled", "completed", "completed"], st
     assert "Slurm" in st[0]["reason"], st[0]
+
+
+def test_an_allocation_out_of_time_mid_call_leaves_the_rest_to_another(alice):
+    """Issue 42: one of a map's two allocations reaches its Slurm time
+    limit while it runs the first call (an administrator ended it now: with
+    the limits the client sets, a call cannot outlast its allocation). That
+    call ends with a state and a reason that names the time limit; the
+    other allocation claims and runs the two calls nobody had claimed."""
+    # (the first call, DELEGATE_INDEX=0, outlasts the allocation's new end,
+    # now, and Slurm's 30 s pass that enforces it, well within its own
+    # limit of five minutes)
+    jobs, array = map_of_two_allocations(
+        alice, 3, "sh", "-c", 'if [ "$DELEGATE_INDEX" = 0 ]; then sleep 120; fi', time_limit="5m"
+    )
+    sh("scontrol", "update", f"jobid={array}_0", "EndTime=now")
+    # (slurmctld enforces time limits in its background pass, every 30 s)
+    wait_outcomes(alice, jobs, timeout=180)
+    claims = [(alice.job_dir(j) / "claim").read_text().split()[0] for j in jobs]
+    assert claims == [f"{array}_0", f"{array}_1", f"{array}_1"], claims
+    st = statuses(alice, jobs)
+    assert [s["state"] for s in st[1:]] == ["completed", "completed"], st
+    assert st[0]["state"] in ("cancelled", "timed_out"), st[0]
+    assert "time limit" in st[0]["reason"], st[0]
+    sacct = sh("sacct", "-n", "-X", "-P", "-j", f"{array}_0", "-o", "State").stdout
+    assert "TIMEOUT" in sacct, sacct
 
 
 # ---------------------------------------------------------------------------
