@@ -223,9 +223,9 @@ mod tests {
     #[test]
     fn the_node_table_names_classes_and_drift() {
         let rows = parse_nodes(
-            "worker1|delegate*|idle|dlgclass_aaaaaaaaaa|delegate class=aaaaaaaaaa deployed=aaaaaaaaaa label=none governor=performance boost=off perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
-             worker2|delegate*|idle|dlgclass_bbbbbbbbbb|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
-             worker3|delegate*|idle~|(null)||\n",
+            "worker1|delegate*|idle|dlgclass_aaaaaaaaaa|none|delegate class=aaaaaaaaaa deployed=aaaaaaaaaa label=none governor=performance boost=off perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
+             worker2|delegate*|idle|dlgclass_bbbbbbbbbb|none|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
+             worker3|delegate*|idle~|(null)|none||\n",
         );
         let lines = node_lines(&rows);
         assert!(

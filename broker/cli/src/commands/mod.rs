@@ -6,7 +6,6 @@ pub mod cancel;
 pub mod doctor;
 pub mod list;
 pub mod logs;
-pub mod power;
 pub mod status;
 pub mod submit;
 pub mod wait;

@@ -190,14 +190,19 @@ impl Slurm {
     /// The nodes of the partition jobs go to, with their hardware class and
     /// their agent's report, in one `sinfo`.
     pub fn nodes(&self) -> Result<Vec<nodes::NodeRow>, SlurmError> {
+        let partition = self.partition.as_deref().filter(|p| !p.is_empty());
+        Ok(nodes::in_partition(self.all_nodes()?, partition))
+    }
+
+    /// Every node this user may see, once per partition, in one `sinfo`.
+    pub fn all_nodes(&self) -> Result<Vec<nodes::NodeRow>, SlurmError> {
         let args = vec![
             "--Node".to_owned(),
             "--noheader".to_owned(),
             format!("--Format={}", nodes::SINFO_NODES_FORMAT),
         ];
         let out = self.run(&self.sinfo, &args, None)?;
-        let partition = self.partition.as_deref().filter(|p| !p.is_empty());
-        Ok(nodes::in_partition(nodes::parse_nodes(&out), partition))
+        Ok(nodes::parse_nodes(&out))
     }
 
     /// Every user's allocations that ran, ended or were recorded since

@@ -1,6 +1,7 @@
-//! The partition's nodes as `sinfo` shows them to anyone: state, features
-//! (the hardware class each node's agent publishes as `dlgclass_<id>`) and
-//! the agent's report in the node comment (see
+//! The nodes as `sinfo` shows them to anyone, the one parser of its node
+//! lines: state and power state, features (the hardware class each node's
+//! agent publishes as `dlgclass_<id>`), the reason it is out, and the
+//! agent's report in the node comment (see
 //! [`delegate_protocol::node_class`]); and the choice of one class for the
 //! calls of one experiment.
 
@@ -11,7 +12,7 @@ use serde::Serialize;
 
 /// `sinfo --Node --noheader --Format=` of [`parse_nodes`]: the comment last
 /// (it has spaces; the agent's report never holds `|`).
-pub const SINFO_NODES_FORMAT: &str = "NodeList:|,Partition:|,StateLong:|,Features:|,Comment:|";
+pub const SINFO_NODES_FORMAT: &str = "NodeList:|,Partition:|,StateLong:|,Features:|,Reason:|,Comment:|";
 /// At most this many nodes are read.
 const MAX_NODES: usize = 10_000;
 
@@ -24,8 +25,24 @@ pub struct NodeRow {
     pub state: String,
     /// Its hardware class id, if its agent published one.
     pub class: Option<String>,
+    /// Why it is down or drained ("" when it is not).
+    pub reason: String,
     /// Its agent's report, if any.
     pub report: Option<NodeReport>,
+}
+
+/// A node's power state (Slurm's power saving, elastic workers), from the
+/// suffix of its long state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Power {
+    /// Running (no power flag).
+    Up,
+    /// `~`: powered down, started on demand.
+    Down,
+    /// `#`: being started (POWERING_UP / configuring).
+    PoweringUp,
+    /// `%` or `!`: being stopped.
+    PoweringDown,
 }
 
 impl NodeRow {
@@ -35,14 +52,38 @@ impl NodeRow {
         let s = self.state.trim_end_matches(['~', '#', '%', '*', '!', '$', '@', '^', '-']);
         matches!(s, "idle" | "mixed" | "allocated" | "completing" | "planned")
     }
+
+    /// Its power state.
+    pub fn power(&self) -> Power {
+        let s = self.state.to_ascii_lowercase();
+        match s.chars().last() {
+            Some('~') => Power::Down,
+            Some('#') => Power::PoweringUp,
+            Some('%' | '!') => Power::PoweringDown,
+            _ if s.contains("powering_up") => Power::PoweringUp,
+            _ if s.contains("powered_down") => Power::Down,
+            _ if s.contains("powering_down") => Power::PoweringDown,
+            _ => Power::Up,
+        }
+    }
+
+    /// Its state without the power and other flags (`idle`, `down`,
+    /// `drained`, ...), lower case.
+    pub fn base_state(&self) -> String {
+        self.state
+            .to_ascii_lowercase()
+            .trim_end_matches(['~', '#', '%', '!', '*', '$', '@', '^', '-'])
+            .to_owned()
+    }
 }
 
 /// `sinfo` lines in [`SINFO_NODES_FORMAT`]; odd lines are skipped.
 pub fn parse_nodes(text: &str) -> Vec<NodeRow> {
     text.lines()
         .filter_map(|line| {
-            let mut f = line.splitn(5, '|');
+            let mut f = line.splitn(6, '|');
             let (name, partition, state, features) = (f.next()?, f.next()?, f.next()?, f.next()?);
+            let reason = f.next().unwrap_or("").trim();
             let comment = f.next().unwrap_or("").trim_end_matches('|');
             if name.is_empty() || name.len() > 200 {
                 return None;
@@ -52,11 +93,19 @@ pub fn parse_nodes(text: &str) -> Vec<NodeRow> {
                 partition: partition.to_owned(),
                 state: state.to_owned(),
                 class: features.split(',').find_map(class_of_feature).map(str::to_owned),
+                reason: if reason == "none" { "" } else { reason }.chars().take(200).collect(),
                 report: NodeReport::parse(comment),
             })
         })
         .take(MAX_NODES)
         .collect()
+}
+
+/// Each node once (sinfo shows a node once per partition).
+pub fn each_node_once(mut rows: Vec<NodeRow>) -> Vec<NodeRow> {
+    let mut seen = std::collections::BTreeSet::new();
+    rows.retain(|r| seen.insert(r.name.clone()));
+    rows
 }
 
 /// The rows of `partition` (None: the default partition, marked `*`).
@@ -141,30 +190,38 @@ mod tests {
     use super::*;
 
     const SINFO: &str = "\
-worker1|delegate*|idle|dlgclass_aaaaaaaaaa|delegate class=aaaaaaaaaa deployed=aaaaaaaaaa label=none governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|
-worker2|delegate*|mixed|avx2,dlgclass_bbbbbbbbbb|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|
-worker3|delegate*|idle~|dlgclass_bbbbbbbbbb||
-worker4|delegate*|down*|dlgclass_aaaaaaaaaa|(null)|
-worker5|gpu|idle|(null)|rack 4|
+worker1|delegate*|idle|dlgclass_aaaaaaaaaa|none|delegate class=aaaaaaaaaa deployed=aaaaaaaaaa label=none governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|
+worker2|delegate*|mixed|avx2,dlgclass_bbbbbbbbbb|none|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|
+worker3|delegate*|idle~|dlgclass_bbbbbbbbbb|none||
+worker4|delegate*|down*|dlgclass_aaaaaaaaaa|Not responding|(null)|
+worker5|gpu|idle|(null)|none|rack 4|
+worker5|delegate*|idle|(null)|none|rack 4|
 garbage
 ";
 
     #[test]
     fn nodes_are_read_with_their_class_and_report() {
         let rows = parse_nodes(SINFO);
-        assert_eq!(rows.len(), 5);
+        assert_eq!(rows.len(), 6);
         assert_eq!(rows[1].class.as_deref(), Some("bbbbbbbbbb"));
         assert!(rows[1].report.as_ref().is_some_and(NodeReport::drifted));
         assert_eq!(rows[2].report, None);
         assert_eq!(rows[4].class, None);
         assert!(rows[2].usable() && !rows[3].usable());
-        assert_eq!(in_partition(rows.clone(), None).len(), 4);
-        assert_eq!(in_partition(rows, Some("gpu")).len(), 1);
+        assert_eq!((rows[3].reason.as_str(), rows[0].reason.as_str()), ("Not responding", ""));
+        assert_eq!((rows[2].power(), rows[2].base_state().as_str()), (Power::Down, "idle"));
+        assert_eq!((rows[3].power(), rows[3].base_state().as_str()), (Power::Up, "down"));
+        assert_eq!(in_partition(rows.clone(), None).len(), 5);
+        assert_eq!(in_partition(rows.clone(), Some("gpu")).len(), 1);
+        assert_eq!(each_node_once(rows).len(), 5);
     }
 
     #[test]
     fn the_class_with_most_usable_nodes_is_chosen() {
-        let rows = in_partition(parse_nodes(SINFO), None);
+        let rows: Vec<NodeRow> = in_partition(parse_nodes(SINFO), None)
+            .into_iter()
+            .filter(|r| r.name != "worker5")
+            .collect();
         // worker4 (class a) is down: b has 2 usable nodes, a 1.
         let c = choose_class(&rows).unwrap();
         assert_eq!((c.id.as_str(), c.nodes, c.classes), ("bbbbbbbbbb", 2, 2));
@@ -185,6 +242,7 @@ garbage
             partition: "p*".into(),
             state: "idle".into(),
             class: Some(c.into()),
+            reason: String::new(),
             report: None,
         };
         let rows = [row("a", "2222222222"), row("b", "1111111111")];

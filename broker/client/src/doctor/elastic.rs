@@ -3,65 +3,11 @@
 //! needs them. A job that waits for that is not stuck; this module says so
 //! in one sentence, and names a worker that failed to start.
 //!
-//! Everything here is parsed from `sinfo` and `squeue` output (untrusted
-//! text: unknown lines are skipped, nothing panics on it).
+//! The nodes are sinfo's, read by the one parser of its node lines
+//! ([`crate::slurm::nodes`]); the caller's waiting jobs are squeue's
+//! (untrusted text: unknown lines are skipped, nothing panics on it).
 
-/// A node's power state, from sinfo's long state (`%T`) and its suffix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Power {
-    /// Running (no power flag).
-    Up,
-    /// `~`: powered down, started on demand.
-    Down,
-    /// `#`: being started (POWERING_UP / configuring).
-    PoweringUp,
-    /// `%` or `!`: being stopped.
-    PoweringDown,
-}
-
-/// One node line of `sinfo -h -N -o '%N|%T|%E'`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Node {
-    pub name: String,
-    /// The state without its power suffix (idle, alloc, down, ...).
-    pub state: String,
-    pub power: Power,
-    pub reason: String,
-}
-
-/// Parses `sinfo -h -N -o '%N|%T|%E'` (one node per line; duplicates, one
-/// per partition, are merged).
-pub fn parse_nodes(out: &str) -> Vec<Node> {
-    let mut nodes: Vec<Node> = Vec::new();
-    for line in out.lines() {
-        let mut f = line.trim().splitn(3, '|');
-        let (Some(name), Some(st)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let reason = f.next().unwrap_or("").trim();
-        if name.is_empty() || st.is_empty() || nodes.iter().any(|n| n.name == name) {
-            continue;
-        }
-        let lower = st.to_ascii_lowercase();
-        let (state, power) = match lower.chars().last() {
-            Some('~') => (&lower[..lower.len() - 1], Power::Down),
-            Some('#') => (&lower[..lower.len() - 1], Power::PoweringUp),
-            Some('%' | '!') => (&lower[..lower.len() - 1], Power::PoweringDown),
-            _ if lower.contains("powering_up") => (lower.as_str(), Power::PoweringUp),
-            _ if lower.contains("powered_down") => (lower.as_str(), Power::Down),
-            _ if lower.contains("powering_down") => (lower.as_str(), Power::PoweringDown),
-            _ => (lower.as_str(), Power::Up),
-        };
-        let reason = if reason == "none" { "" } else { reason };
-        nodes.push(Node {
-            name: name.chars().take(64).collect(),
-            state: state.trim_end_matches(['*', '$', '@', '^', '-']).to_owned(),
-            power,
-            reason: reason.chars().take(200).collect(),
-        });
-    }
-    nodes
-}
+use crate::slurm::nodes::{NodeRow as Node, Power};
 
 /// One of the caller's waiting jobs: `squeue --me -h -t PD,CF -o '%i|%T|%r'`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,7 +50,10 @@ pub fn explain(nodes: &[Node], waiting: &[Waiting]) -> Option<Result<String, (St
         .iter()
         // DOWN when the start failed; DRAINED once Slurm's power saving has
         // powered it down (power.sh keeps it out until an operator acts).
-        .filter(|n| (n.state.starts_with("down") || n.state.starts_with("drain")) && n.reason.starts_with("elastic:"))
+        .filter(|n| {
+            let st = n.base_state();
+            (st.starts_with("down") || st.starts_with("drain")) && n.reason.starts_with("elastic:")
+        })
         .collect();
     if let Some(f) = failed.first() {
         return Some(Err((
@@ -117,11 +66,11 @@ pub fn explain(nodes: &[Node], waiting: &[Waiting]) -> Option<Result<String, (St
     }
     let up: Vec<&str> = nodes
         .iter()
-        .filter(|n| n.power == Power::PoweringUp)
+        .filter(|n| n.power() == Power::PoweringUp)
         .map(|n| n.name.as_str())
         .collect();
-    let down = nodes.iter().filter(|n| n.power == Power::Down).count();
-    let stopping = nodes.iter().filter(|n| n.power == Power::PoweringDown).count();
+    let down = nodes.iter().filter(|n| n.power() == Power::Down).count();
+    let stopping = nodes.iter().filter(|n| n.power() == Power::PoweringDown).count();
     let starting_jobs: Vec<&str> = waiting
         .iter()
         .filter(|w| w.state == "CONFIGURING" || (!up.is_empty() && w.state == "PENDING"))
@@ -143,7 +92,7 @@ pub fn explain(nodes: &[Node], waiting: &[Waiting]) -> Option<Result<String, (St
     }
     Some(Ok(format!(
         "{} running, {} starting, {stopping} stopping, {down} powered down (started when a job needs them)",
-        nodes.iter().filter(|n| n.power == Power::Up).count(),
+        nodes.iter().filter(|n| n.power() == Power::Up).count(),
         up.len()
     )))
 }
@@ -151,14 +100,27 @@ pub fn explain(nodes: &[Node], waiting: &[Waiting]) -> Option<Result<String, (St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slurm::nodes::{each_node_once, parse_nodes as sinfo_nodes};
+
+    /// "NAME|STATE|REASON" lines as sinfo's node lines in the one format.
+    fn parse_nodes(lines: &str) -> Vec<Node> {
+        let full: String = lines
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.splitn(3, '|');
+                Some(format!("{}|delegate*|{}||{}||\n", f.next()?, f.next()?, f.next().unwrap_or("")))
+            })
+            .collect();
+        each_node_once(sinfo_nodes(&full))
+    }
 
     #[test]
     fn powering_up_job_gets_one_sentence() {
         let nodes = parse_nodes("worker1|idle#|none\nworker2|idle~|none\nworker1|idle#|none\n");
         assert_eq!(nodes.len(), 2);
-        assert_eq!(nodes[0].power, Power::PoweringUp);
-        assert_eq!(nodes[0].state, "idle");
-        assert_eq!(nodes[1].power, Power::Down);
+        assert_eq!(nodes[0].power(), Power::PoweringUp);
+        assert_eq!(nodes[0].base_state(), "idle");
+        assert_eq!(nodes[1].power(), Power::Down);
         let w = parse_waiting("70000001|CONFIGURING|None\n");
         let s = explain(&nodes, &w).unwrap().unwrap();
         assert!(s.starts_with("job 70000001 waits while worker1 is being powered up"), "{s}");

@@ -1,8 +1,10 @@
-//! `delegate doctor`: checks what a healthy node of its role has (Slurm,
+//! `delegate doctor`'s checks: what a healthy node of its role has (Slurm,
 //! munge with the socket this user's Slurm configuration names; where
 //! sandboxes run: Docker through the root agent, the sandbox image, perf
 //! mode; the delegate root, the site policy), each with a fix when not.
+//! The CLI prints them.
 
+mod elastic;
 mod role;
 
 pub use role::NodeRole;
@@ -10,21 +12,19 @@ pub use role::NodeRole;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use delegate_client::{subprocess, Config, DEFAULT_RUNNER};
 use delegate_protocol::policy::{PerfMode, Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
 
-use super::client;
-use crate::cli::Cli;
-use crate::fail::{CliResult, Fail};
-use crate::output::print_json;
+use crate::slurm::nodes::{each_node_once, parse_nodes, NodeRow, SINFO_NODES_FORMAT};
+use crate::{subprocess, Client, Config, DEFAULT_RUNNER};
 
-#[derive(serde::Serialize)]
-struct Check {
-    check: &'static str,
-    ok: bool,
-    detail: String,
+/// One check: what was found, and how to fix it when it failed.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Check {
+    pub check: &'static str,
+    pub ok: bool,
+    pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    fix: Option<String>,
+    pub fix: Option<String>,
 }
 
 fn check(check: &'static str, res: Result<String, (String, String)>) -> Check {
@@ -65,7 +65,9 @@ fn run_cmd(program: &str, args: &[&str], stdin: Option<Vec<u8>>, limit: Duration
     })
 }
 
-pub fn doctor(cli: &Cli) -> CliResult {
+/// Every check of this node, in order; `client` is the caller's client
+/// (or why it could not be made).
+pub fn run(client: Result<&Client, String>) -> Vec<Check> {
     let role = NodeRole::of_this_node();
     let mut checks = vec![Check {
         check: "node role",
@@ -73,25 +75,36 @@ pub fn doctor(cli: &Cli) -> CliResult {
         detail: role.describe().to_owned(),
         fix: None,
     }];
-    slurm_checks(&mut checks);
+    let nodes = sinfo_nodes();
+    slurm_checks(&mut checks, &nodes);
     checks.push(munge_check(role::munge_socket_in_use()));
     if role.runs_sandboxes() {
         sandbox_checks(&mut checks);
-        checks.push(tuning_check(std::path::Path::new("/")));
+        checks.push(tuning_check(Path::new("/")));
     }
-    checks.push(root_check(cli));
-    checks.push(home_uids_check(cli));
+    checks.push(root_check(client.clone()));
+    checks.push(home_uids_check(client));
     checks.push(policy_check());
-    if let Some(c) = partitions_check() {
+    if let Some(c) = partitions_check(&nodes) {
         checks.push(c);
     }
-    report(cli, &checks)
+    checks
+}
+
+/// Every node line of sinfo (the one parser), or sinfo's complaint.
+fn sinfo_nodes() -> Result<Vec<NodeRow>, String> {
+    let format = format!("--Format={SINFO_NODES_FORMAT}");
+    match run_cmd("sinfo", &["--noheader", "--Node", &format], None, T) {
+        Ok(o) if o.ok => Ok(parse_nodes(&o.stdout)),
+        Ok(o) => Err(format!("sinfo: {}", o.first_line())),
+        Err(e) => Err(e),
+    }
 }
 
 /// On a cluster shared with plain Slurm jobs (the policy's `partitions`):
 /// delegate's partitions exist and none of their nodes is in another
 /// partition. None on a cluster that is delegate's alone.
-fn partitions_check() -> Option<Check> {
+fn partitions_check(nodes: &Result<Vec<NodeRow>, String>) -> Option<Check> {
     let ours = Policy::load_for_client().ok()?.partitions;
     if ours.is_empty() {
         return None;
@@ -99,26 +112,20 @@ fn partitions_check() -> Option<Check> {
     let fix = "give delegate's partitions nodes of their own (slurm.conf's PartitionName=... Nodes=)";
     Some(check(
         "partitions",
-        match run_cmd("sinfo", &["--noheader", "--Node", "--Format=NodeList:|,Partition:|"], None, T) {
-            Ok(o) if o.ok => partition_overlap(&o.stdout, &ours).map_err(|why| (why, fix.into())),
-            Ok(o) => Err((format!("sinfo: {}", o.first_line()), fix.into())),
-            Err(e) => Err((e, fix.into())),
+        match nodes {
+            Ok(rows) => partition_overlap(rows, &ours).map_err(|why| (why, fix.into())),
+            Err(e) => Err((e.clone(), fix.into())),
         },
     ))
 }
 
-/// `sinfo --Node --Format=NodeList:|,Partition:|` against delegate's
-/// partitions `ours`: what is delegate's, or the first problem.
-fn partition_overlap(sinfo: &str, ours: &[String]) -> Result<String, String> {
+/// The nodes' partitions against delegate's partitions `ours`: what is
+/// delegate's, or the first problem.
+fn partition_overlap(rows: &[NodeRow], ours: &[String]) -> Result<String, String> {
     use std::collections::{BTreeMap, BTreeSet};
     let mut parts_of: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for line in sinfo.lines() {
-        let mut f = line.split('|');
-        if let (Some(node), Some(part)) = (f.next(), f.next()) {
-            if !node.is_empty() && !part.is_empty() {
-                parts_of.entry(node).or_default().insert(part.trim_end_matches('*'));
-            }
-        }
+    for r in rows.iter().filter(|r| !r.partition.is_empty()) {
+        parts_of.entry(&r.name).or_default().insert(r.partition.trim_end_matches('*'));
     }
     let is_ours = |p: &str| ours.iter().any(|o| o == p);
     if let Some(missing) = ours.iter().find(|o| !parts_of.values().any(|ps| ps.contains(o.as_str()))) {
@@ -148,7 +155,7 @@ fn partition_overlap(sinfo: &str, ours: &[String]) -> Result<String, String> {
 const T: Duration = Duration::from_secs(20);
 
 /// The controller answers, a node is usable; elastic workers explained.
-fn slurm_checks(checks: &mut Vec<Check>) {
+fn slurm_checks(checks: &mut Vec<Check>, nodes: &Result<Vec<NodeRow>, String>) {
     let slurm_fix = "start Slurm (build_cluster.sh --local on a single machine) and check that slurmctld is running and SLURM_CONF points at its configuration";
 
     checks.push(check(
@@ -188,18 +195,15 @@ fn slurm_checks(checks: &mut Vec<Check>) {
     ));
     // Elastic workers (docs/elastic.md): a job waiting for a worker Slurm
     // is powering up, or a worker that failed to start.
-    if let (Ok(n), Ok(q)) = (
-        run_cmd("sinfo", &["--noheader", "--Node", "--format=%N|%T|%E"], None, T),
-        run_cmd(
-            "squeue",
-            &["--me", "--noheader", "--states=PD,CF", "--format=%i|%T|%r"],
-            None,
-            T,
-        ),
-    ) {
-        if let Some(res) =
-            super::power::explain(&super::power::parse_nodes(&n.stdout), &super::power::parse_waiting(&q.stdout))
-        {
+    let waiting = run_cmd(
+        "squeue",
+        &["--me", "--noheader", "--states=PD,CF", "--format=%i|%T|%r"],
+        None,
+        T,
+    );
+    if let (Ok(rows), Ok(q)) = (nodes, waiting) {
+        let rows = each_node_once(rows.clone());
+        if let Some(res) = elastic::explain(&rows, &elastic::parse_waiting(&q.stdout)) {
             checks.push(check("elastic workers", res));
         }
     }
@@ -344,7 +348,7 @@ fn gpu_check(g: &serde_json::Value) -> Check {
 /// Whether this node's cores can be tuned for measurement (the policy's
 /// tune_cpus: performance governor, boost off): informational, never a
 /// failure (a VM has no cpufreq; the calls' fingerprints then say so).
-fn tuning_check(root: &std::path::Path) -> Check {
+fn tuning_check(root: &Path) -> Check {
     let read = |rel: &str| std::fs::read_to_string(root.join(rel)).ok().map(|s| s.trim().to_owned());
     let governor = read("sys/devices/system/cpu/cpu0/cpufreq/scaling_governor");
     let available = read("sys/devices/system/cpu/cpu0/cpufreq/scaling_available_governors").unwrap_or_default();
@@ -372,11 +376,11 @@ fn tuning_check(root: &std::path::Path) -> Check {
 }
 
 /// The delegate root is writable.
-fn root_check(cli: &Cli) -> Check {
+fn root_check(client: Result<&Client, String>) -> Check {
     check(
         "delegate root",
         (|| -> Result<String, String> {
-            let c = client(&cli.root).map_err(|f| f.msg)?;
+            let c = client?;
             let probe = c.root().join(format!(".doctor-{}", std::process::id()));
             std::fs::write(&probe, b"ok").map_err(|e| format!("cannot write in {}: {e}", c.root().display()))?;
             let _ = std::fs::remove_file(&probe);
@@ -392,10 +396,8 @@ fn root_check(cli: &Cli) -> Check {
 }
 
 /// Files in the delegate root keep this user's uid, here and on the workers.
-fn home_uids_check(cli: &Cli) -> Check {
-    let res = client(&cli.root)
-        .map_err(|f| f.msg)
-        .and_then(|c| c.check_home_uids().map_err(|e| e.to_string()));
+fn home_uids_check(client: Result<&Client, String>) -> Check {
+    let res = client.and_then(|c| c.check_home_uids().map_err(|e| e.to_string()));
     check(
         "home uids",
         res.map_err(|e| {
@@ -427,45 +429,30 @@ fn policy_check() -> Check {
     )
 }
 
-/// One line per check (or JSON); exit 1 when any failed.
-fn report(cli: &Cli, checks: &[Check]) -> CliResult {
-    let all_ok = checks.iter().all(|c| c.ok);
-    if cli.json {
-        print_json(&checks)?;
-    } else {
-        for c in checks {
-            if c.ok {
-                println!("ok    {:<16} {}", c.check, c.detail);
-            } else {
-                println!("FAIL  {:<16} {} (fix: {})", c.check, c.detail, c.fix.as_deref().unwrap_or(""));
-            }
-        }
-    }
-    if all_ok {
-        Ok(0)
-    } else {
-        Err(Fail::new("", 1))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// "NODE|PARTITION|" lines as sinfo's node lines in the one format.
+    fn rows(lines: &str) -> Vec<NodeRow> {
+        let full: String = lines.lines().map(|l| format!("{l}idle||none||\n")).collect();
+        parse_nodes(&full)
+    }
+
     #[test]
     fn delegates_partitions_must_have_nodes_of_their_own() {
         let ours = ["course".to_owned()];
-        let ok = "c1|course|\nc2|course|\ng1|general*|\n";
+        let ok = rows("c1|course|\nc2|course|\ng1|general*|\n");
         assert_eq!(
-            partition_overlap(ok, &ours).unwrap(),
+            partition_overlap(&ok, &ours).unwrap(),
             "delegate's partitions course have 2 node(s) of their own: c1, c2"
         );
-        let shared = "c1|course|\nc1|general*|\n";
-        assert!(partition_overlap(shared, &ours)
+        let shared = rows("c1|course|\nc1|general*|\n");
+        assert!(partition_overlap(&shared, &ours)
             .unwrap_err()
             .starts_with("node c1 is in delegate's partition course and in general"));
         assert_eq!(
-            partition_overlap("g1|general*|\n", &ours).unwrap_err(),
+            partition_overlap(&rows("g1|general*|\n"), &ours).unwrap_err(),
             "the site policy's partition course has no node in Slurm"
         );
     }
