@@ -41,7 +41,8 @@ REPS = 3 if QUICK else int(os.environ.get("BENCH_REPS", "10"))  # cheap figures
 SREPS = 3 if QUICK else int(os.environ.get("BENCH_SLURM_REPS", "6"))  # each waits for an idle node
 LOOP_N = 200_000 if QUICK else 2_000_000  # iterations of the CPU-bound loop
 LOOP_K = 5 if QUICK else 15  # timings of it per side
-FIDELITY_ROUNDS = 3 if QUICK else 5  # bare/sandbox alternations
+# bare/sandbox alternations (run.sh's tuning comparison runs one at a time)
+FIDELITY_ROUNDS = int(os.environ.get("BENCH_FIDELITY_ROUNDS", "3" if QUICK else "5"))
 ROUND_K = max(1, LOOP_K // FIDELITY_ROUNDS) if QUICK else 5  # timings per side per round
 
 # The CPU-bound loop, timed the same way on both sides (same Python 3.11).
@@ -589,6 +590,77 @@ def fidelity_phase(out: str):
     cleanup(created)
 
 
+# Spreads (IQR, % of the median) closer than this are the same spread.
+MATERIAL_IQR = 5
+
+
+def tuning_summary(blocks: dict) -> dict:
+    """The tuning comparison (bench/run.sh --fidelity): BLOCKS maps "on"
+    and "off" (the policy's pin_cpus and tune_cpus) to fidelity results of
+    blocks that alternated in one run. Per setting the pooled spread (IQR)
+    of the C loop's task clock and wall time, bare and in the sandbox, and
+    the verdict: the tuning is the cause when the sandbox spreads over 1.5x
+    and MATERIAL_IQR points wider with it than without it while the bare
+    node's spread, measured in the same blocks, does not; the machine's
+    own speed phases when the bare node spreads that much too; else
+    neither (a steady machine)."""
+
+    def iqr(xs):
+        s = stats(xs)
+        return 100 * (s["q3"] - s["q1"]) / s["median"] if s.get("n") else float("nan")
+
+    out = {}
+    for setting, results in blocks.items():
+        row = {}
+        for key in ("c_task_clock", "c_wall"):
+            bare = [x for r in results for x in r.get(key + "_bare", {}).get("samples", [])]
+            sand = [x for r in results for x in r.get(key + "_sandbox", {}).get("samples", [])]
+            if bare and sand:
+                row[key] = {"bare_iqr": iqr(bare), "sandbox_iqr": iqr(sand),
+                            "medians": statistics.median(sand) / statistics.median(bare),
+                            "minimums": min(sand) / min(bare), "n": len(sand)}  # fmt: skip
+        out[setting] = row
+    on, off = out.get("on", {}).get("c_task_clock"), out.get("off", {}).get("c_task_clock")
+    if not (on and off):
+        out["verdict"] = "no verdict: a setting has no task-clock readings"
+        return out
+    said = "the sandbox spreads %.1f%% with the tuning and %.1f%% without it, the bare node %.1f%% and %.1f%%" % (
+        on["sandbox_iqr"], off["sandbox_iqr"], on["bare_iqr"], off["bare_iqr"])  # fmt: skip
+    wider = (
+        on["sandbox_iqr"] > 1.5 * off["sandbox_iqr"] and on["sandbox_iqr"] - off["sandbox_iqr"] > MATERIAL_IQR
+    )
+    if wider and on["bare_iqr"] <= 1.5 * off["bare_iqr"]:
+        out["verdict"] = "ours, the tuning: " + said
+    elif max(on["bare_iqr"], off["bare_iqr"]) > MATERIAL_IQR:
+        out["verdict"] = "the machine's speed phases, not the tuning: " + said
+    else:
+        out["verdict"] = (
+            "neither in this run: the machine was steady and the tuning changes the spread by less than"
+            " %d points (%s)" % (MATERIAL_IQR, said)
+        )
+    return out
+
+
+def tuning_phase(out: str, files: list[str]):
+    """bench/run.sh --fidelity's report: FILES are fidelity blocks named
+    ...-on-N.json / ...-off-N.json."""
+    blocks: dict[str, list] = {"on": [], "off": []}
+    for f in files:
+        setting = "on" if "-on-" in os.path.basename(f) else "off"
+        with open(f) as fh:
+            blocks[setting].append(json.load(fh))
+    res = tuning_summary(blocks)
+    for setting in ("on", "off"):
+        for key, v in res.get(setting, {}).items():
+            log(
+                "tuning %s, %s: sandbox/bare medians %.3f, minimums %.3f; IQR bare %.1f%%, sandbox %.1f%% (n=%d)"
+                % (setting, key, v["medians"], v["minimums"], v["bare_iqr"], v["sandbox_iqr"], v["n"])
+            )
+    log("verdict: " + res["verdict"])
+    with open(out, "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
 def user_phase(out: str):
     import delegate
     from delegate import _core
@@ -947,6 +1019,8 @@ if __name__ == "__main__":
         user_phase(sys.argv[2])
     elif cmd == "fidelity":
         fidelity_phase(sys.argv[2])
+    elif cmd == "tuning":
+        tuning_phase(sys.argv[2], sys.argv[3:])
     elif cmd == "report":
         report(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

@@ -10,8 +10,13 @@
 #   --skip-200  everything but the maps of 200 calls (and bench/maps.py)
 #   --no-build  reuse the delegate wheel already in the bench venv
 #   --out DIR   where results.json and latency.png go (default bench/results)
-#   --fidelity  only the CPU loop, bare node against sandbox, round by round
-#               (~3 min; prints the ratios, writes nothing under bench/)
+#   --fidelity  only the CPU loop, bare node against sandbox, in blocks of
+#               one round that alternate the node's tuning on and off (the
+#               policy's pin_cpus and tune_cpus, put back afterwards;
+#               BENCH_TUNING_BLOCKS of each, default 8): prints the ratios,
+#               each setting's spread and which of the two, the tuning or
+#               the machine's speed phases, widens the sandbox's spread
+#               (~4 min; writes DIR/tuning.json)
 #
 # Environment: BENCH_REPS (10, cheap figures), BENCH_SLURM_REPS (6, figures
 # that wait for an idle node first), BENCH_IDLE_WAIT (300 s; a sample whose
@@ -111,12 +116,30 @@ chmod 0777 "$work"
 trap 'rm -rf "$work"' EXIT
 cp bench/bench.py "$work/bench.py"
 chmod 0644 "$work/bench.py"
+# tuning true|false: the site policy's pin_cpus and tune_cpus (the agent
+# reads the policy at each call).
+POLICY=${DELEGATE_POLICY:-/etc/delegate/policy.toml}
+tuning() { sed -i -E "s/^(pin_cpus|tune_cpus) = .*/\1 = $1/" "$POLICY"; }
 if ((FIDELITY)); then
-    (cd "$work" && runuser -u "$BENCH_USER" -- env BENCH_USER="$BENCH_USER" \
-        BENCH_IDLE_WAIT="${BENCH_IDLE_WAIT:-300}" "$VENV/bin/python" "$work/bench.py" fidelity "$work/fidelity.json")
+    if ! grep -q '^pin_cpus = ' "$POLICY" || ! grep -q '^tune_cpus = ' "$POLICY"; then
+        echo "bench/run.sh: $POLICY does not set pin_cpus and tune_cpus" >&2
+        exit 1
+    fi
+    cp -p "$POLICY" "$work/policy.toml"
+    trap 'cp -p "$work/policy.toml" "$POLICY"; rm -rf "$work"' EXIT
+    for block in $(seq "${BENCH_TUNING_BLOCKS:-8}"); do
+        for setting in on off; do
+            if [[ $setting == on ]]; then tuning true; else tuning false; fi
+            echo "block $block: tuning $setting"
+            (cd "$work" && runuser -u "$BENCH_USER" -- env BENCH_USER="$BENCH_USER" BENCH_FIDELITY_ROUNDS=1 \
+                BENCH_IDLE_WAIT="${BENCH_IDLE_WAIT:-300}" "$VENV/bin/python" "$work/bench.py" fidelity \
+                "$work/fidelity-$setting-$block.json")
+        done
+    done
+    cp -p "$work/policy.toml" "$POLICY"
     mkdir -p "$OUT"
-    cp "$work/fidelity.json" "$OUT/fidelity.json"
-    echo "wrote $OUT/fidelity.json"
+    "$VENV/bin/python" "$work/bench.py" tuning "$OUT/tuning.json" "$work"/fidelity-*.json
+    echo "wrote $OUT/tuning.json"
     exit 0
 fi
 "$VENV/bin/python" "$work/bench.py" root "$work/root.json"
