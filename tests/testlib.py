@@ -317,3 +317,12 @@ def record_started(name: str, pid: int) -> None:
     tmp = f.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.rename(f)
+
+
+RUNUSER = "/usr/sbin/runuser"
+
+
+def as_user_argv(user: str, *cmd) -> list[str]:
+    """CMD run as USER (runuser -u): the one way every suite runs a command
+    as a student (each suite's user helper builds on it)."""
+    return [RUNUSER, "-u", user, "--", *map(str, cmd)]

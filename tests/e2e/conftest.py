@@ -59,7 +59,7 @@ class User:
             **(env_extra or {}),
         }
         return subprocess.run(
-            ["/usr/sbin/runuser", "-u", self.name, "--", DELEGATE, *args],
+            self.argv(DELEGATE, *args),
             capture_output=True,
             text=text,
             timeout=timeout,
@@ -69,15 +69,37 @@ class User:
             cwd="/",
         )
 
-    def as_user(self, *cmd, check=True, timeout=60):
+    def argv(self, *cmd) -> list[str]:
+        """CMD as this student (testlib.as_user_argv)."""
+        return testlib.as_user_argv(self.name, *cmd)
+
+    def env(self, extra=None) -> dict:
+        """What the student's shell has: a plain PATH, their HOME."""
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            **(extra or {}),
+        }
+
+    def as_user(self, *cmd, check=True, timeout=60, input=None, env_extra=None, in_home=False):
+        """CMD as the student, its output captured; with env_extra or
+        in_home, in the student's own environment (env) and home."""
+        plain = env_extra is not None or in_home
         return subprocess.run(
-            ["/usr/sbin/runuser", "-u", self.name, "--", *cmd],
+            self.argv(*cmd),
             capture_output=True,
             text=True,
             timeout=timeout,
             check=check,
-            cwd="/",
+            input=input,
+            env=self.env(env_extra) if plain else None,
+            cwd=str(self.home) if in_home else "/",
         )
+
+    def popen(self, *cmd, **kw) -> subprocess.Popen:
+        """CMD as the student in the background (Popen's options in kw)."""
+        return subprocess.Popen(self.argv(*cmd), **kw)
 
     def held(self):
         """A held job of `true` (it waits until released): its id, its job

@@ -64,13 +64,7 @@ def test_sacct_shows_each_students_jobs(alice, bob):
         assert seen[sid][1] == name and seen[sid][2] == "COMPLETED", seen[sid]
         assert seen[sid][3] == testlib.COURSE_ACCOUNT, seen[sid]
     # PrivateData: a student's sacct shows their own jobs only.
-    r = subprocess.run(
-        ["/usr/sbin/runuser", "-u", bob.name, "--", "sacct", "-a", "-X", "-n", "-P", "-o", "JobID,User"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd="/",
-    )
+    r = bob.as_user("sacct", "-a", "-X", "-n", "-P", "-o", "JobID,User", check=False)
     assert ids[alice.name] not in r.stdout and alice.name not in r.stdout, r.stdout
 
 

@@ -135,12 +135,7 @@ def test_runner_with_closed_or_full_stderr_does_not_panic(alice):
     try:
         time.sleep(max(0.0, t0 + 1 - time.time()))
         # stderr closed
-        r = subprocess.run(
-            ["/usr/sbin/runuser", "-u", alice.name, "--", "sh", "-c", f"exec {RUNNER} {d} 2>&-"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = alice.as_user("sh", "-c", f"exec {RUNNER} {d} 2>&-", check=False)
         assert r.returncode in (0, 3), (r.returncode, r.stderr)
         # stderr a full non-blocking pipe: fill it first, never read it.
         rfd, wfd = os.pipe()
@@ -151,7 +146,7 @@ def test_runner_with_closed_or_full_stderr_does_not_panic(alice):
         except BlockingIOError:
             pass
         p = subprocess.run(
-            ["/usr/sbin/runuser", "-u", alice.name, "--", RUNNER, str(d)],
+            alice.argv(RUNNER, d),
             stdout=subprocess.DEVNULL,
             stderr=wfd,
             timeout=60,
@@ -177,11 +172,7 @@ def agent_pause():
 
 def test_pause_and_swap_never_mounts_another_students_dir(alice, bob, agent_pause):
     victim = bob.home / "victim-private"
-    sh(
-        "runuser",
-        "-u",
-        bob.name,
-        "--",
+    bob.as_user(
         "sh",
         "-c",
         f"mkdir -p {victim} && chmod 0700 {victim} && echo VICTIM > {victim}/secret && chmod 0700 {bob.home}",
@@ -204,7 +195,7 @@ def test_pause_and_swap_never_mounts_another_students_dir(alice, bob, agent_paus
     else:
         pytest.fail("the agent never paused")
     # The swap, as alice: her dir away, a symlink to bob's private dir in its place.
-    sh("runuser", "-u", alice.name, "--", "sh", "-c", f"mv {d} {moved} && ln -s {victim} {d}")
+    alice.as_user("sh", "-c", f"mv {d} {moved} && ln -s {victim} {d}")
     try:
         deadline = time.monotonic() + 120
         while not (moved / "outcome").exists():
@@ -375,10 +366,7 @@ sys.stdin.readline()
 def students_program(user, code: str):
     """`python3 -c CODE` as the student in the background, its stdout to
     read; ended (its stdin closed) when the block ends."""
-    p = subprocess.Popen(
-        ["/usr/sbin/runuser", "-u", user.name, "--", "python3", "-c", code],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    p = user.popen("python3", "-c", code, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         yield p
     finally:
@@ -464,8 +452,7 @@ def test_connection_churn_does_not_grow_the_agents_log(bob):
     a cap (unit tests)."""
     size = AGENT_LOG.stat().st_size
     loops = [
-        subprocess.Popen(["/usr/sbin/runuser", "-u", bob.name, "--", "python3", "-c", CHURN],
-                         stdout=subprocess.PIPE, text=True)
+        bob.popen("python3", "-c", CHURN, stdout=subprocess.PIPE, text=True)
         for _ in range(4)
     ]  # fmt: skip
     counts = [int(p.communicate(timeout=60)[0]) for p in loops]

@@ -211,24 +211,17 @@ def test_slurmd_killed_mid_job(alice, healthy_after):
 
 def test_caller_killed_and_a_new_process_reattaches(alice):
     before = {p.name for p in alice.root.iterdir()} if alice.root.exists() else set()
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(alice.home), "LANG": "C.UTF-8"}
-    caller = subprocess.Popen(
-        [
-            "/usr/sbin/runuser",
-            "-u",
-            alice.name,
-            "--",
-            DELEGATE,
-            "submit",
-            "--wait",
-            "--",
-            "sh",
-            "-c",
-            "sleep 3; echo reattached-output; exit 5",
-        ],
+    caller = alice.popen(
+        DELEGATE,
+        "submit",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "sleep 3; echo reattached-output; exit 5",
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=alice.env(),
         cwd="/",
     )
     deadline = time.monotonic() + 60
@@ -277,16 +270,7 @@ def test_delegate_root_full(alice, tiny_root, when):
         assert r.returncode == 0, r.stderr
         job = r.stdout.split()[-1]
         d = tiny_root / job
-        sh(
-            "runuser",
-            "-u",
-            alice.name,
-            "--",
-            "sh",
-            "-c",
-            f"head -c 1M /dev/zero > {tiny_root}/filler",
-            check=False,
-        )
+        alice.as_user("sh", "-c", f"head -c 1M /dev/zero > {tiny_root}/filler", check=False)
         alice.as_user("scontrol", "release", (d / "slurm-id").read_text().strip())
     else:
         r = run_with_root(alice, tiny_root, "submit", "--", "sh", "-c", cmd)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import grp
 import re
 import shutil
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -32,17 +31,7 @@ REFUSED = "delegate: only delegate's own jobs may run here"
 def slurm_as(user: User, *cmd, input=None, timeout=120, env_extra=None):
     """A Slurm command (or any) as the student, in their home, with a plain
     environment: what the student can type in their shell."""
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(user.home), "LANG": "C.UTF-8"}
-    env.update(env_extra or {})
-    return subprocess.run(
-        ["/usr/sbin/runuser", "-u", user.name, "--", *cmd],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        input=input,
-        env=env,
-        cwd=str(user.home),
-    )
+    return user.as_user(*cmd, check=False, timeout=timeout, input=input, env_extra=env_extra, in_home=True)
 
 
 def marker(user: User) -> Path:

@@ -14,6 +14,7 @@ cache's time (docs/robustness.md)."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import socket
 import subprocess
@@ -73,7 +74,8 @@ def through_cached_home(server, user, script: str, timeout: float = 240) -> subp
         f"sshfs -p {port} -o IdentityFile={d}/client,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,"
         f"LogLevel=ERROR,BatchMode=yes -o allow_other,idmap=none,{CACHES} {user.name}@127.0.0.1:{home} {home}"
     )
-    inner = f"set -e; {mount}; grep -q ' {home} fuse.sshfs ' /proc/self/mounts; exec runuser -u {user.name} -- sh -c \"$0\""
+    as_user = shlex.join(user.argv("sh", "-c"))
+    inner = f"set -e; {mount}; grep -q ' {home} fuse.sshfs ' /proc/self/mounts; exec {as_user} \"$0\""
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, f"cd {home} && {script}"],
         capture_output=True,

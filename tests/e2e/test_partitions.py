@@ -28,20 +28,7 @@ DEPLOY = REPO / "target" / "release" / "delegate-deploy"
 
 
 def slurm_as(user: User, *cmd, env_extra=None) -> subprocess.CompletedProcess:
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(user.home),
-        "LANG": "C.UTF-8",
-        **(env_extra or {}),
-    }
-    return subprocess.run(
-        ["/usr/sbin/runuser", "-u", user.name, "--", *cmd],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=str(user.home),
-    )
+    return user.as_user(*cmd, check=False, timeout=120, env_extra=env_extra, in_home=True)
 
 
 def install_gate(policy: Path) -> None:

@@ -28,7 +28,6 @@ import testlib
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 
 
 def _problem() -> str | None:
@@ -66,12 +65,16 @@ class Student:
             "DELEGATE_POLL_INTERVAL": "1",
         }
 
+    def argv(self, *cmd) -> list[str]:
+        """CMD as this student (testlib.as_user_argv)."""
+        return testlib.as_user_argv(self.name, *cmd)
+
     def run(self, code: str, timeout: float = 300, name: str = "script") -> subprocess.CompletedProcess:
         path = self.scripts / f"{name}.py"
         path.write_text(textwrap.dedent(code))
         os.chmod(path, 0o644)
         return subprocess.run(
-            [RUNUSER, "-u", self.name, "--", PYTHON, str(path)],
+            self.argv(PYTHON, path),
             capture_output=True,
             text=True,
             timeout=timeout,

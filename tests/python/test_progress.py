@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import RUNUSER
-
 SCRIPT = """
 import json, time
 import delegate
@@ -58,7 +56,7 @@ def test_states_in_the_users_words_and_the_listings(alice):
     assert res["html"].count("<tr>") == 4, res["html"]
 
     r = subprocess.run(
-        [RUNUSER, "-u", alice.name, "--", "delegate", "list", "--json"],
+        alice.argv("delegate", "list", "--json"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -73,7 +71,7 @@ def test_states_in_the_users_words_and_the_listings(alice):
     assert mine[0]["host"], "the node that ran the call: %r" % mine[0]
 
     r = subprocess.run(
-        [RUNUSER, "-u", alice.name, "--", "delegate", "list"],
+        alice.argv("delegate", "list"),
         capture_output=True,
         text=True,
         timeout=120,

@@ -22,7 +22,6 @@ import pytest
 import testlib
 
 PY = sys.executable
-RUNUSER = "/usr/sbin/runuser"
 
 
 class U:
@@ -56,7 +55,7 @@ def run_script(user, path, *args, env_extra=None, timeout=300):
         **(env_extra or {}),
     }
     return subprocess.run(
-        [RUNUSER, "-u", user.name, "--", PY, str(path), *map(str, args)],
+        testlib.as_user_argv(user.name, PY, path, *args),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -173,7 +172,7 @@ def test_many_users_submit_concurrently():
         }
         procs.append(
             subprocess.Popen(
-                [RUNUSER, "-u", u.name, "--", PY, str(d / "stress.py"), str(per_user)],
+                testlib.as_user_argv(u.name, PY, d / "stress.py", per_user),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
