@@ -5,13 +5,16 @@
 #   1. tests/lint.sh                (cargo fmt --check, cargo clippy -D
 #                                    warnings, shellcheck, ruff check, ruff
 #                                    format --check; see there)
-#   2. cargo test --workspace --release   (unit and property tests) and the
-#                                    job gate's Lua tests on Lua 5.1 and 5.4:
-#                                    with stage 1 the fast tier, no cluster)
+#   2. cargo test --workspace --release   (unit and property tests), the
+#                                    job gate's Lua tests on Lua 5.1 and 5.4,
+#                                    maturin build + pip install of python/,
+#                                    pytest -v tests/unit (the package's and
+#                                    the harness's pure tests): with stage 1
+#                                    the fast tier, no cluster
 #   3. ./build_cluster.sh --local   (packages, Slurm, Docker, build, images;
 #                                    idempotent, fast when already up)
 #   4. pytest -v tests/e2e          (end-to-end, in a venv)
-#   5. maturin build + pip install of python/, pytest -v tests/python
+#   5. pytest -v tests/python       (the package as students, on the cluster)
 #   6. pytest -v tests/site         (a site's own Slurm 24.11 on Debian 13,
 #                                    delegate's packages installed into it)
 #   7. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
@@ -22,7 +25,7 @@
 # The venv ($DELEGATE_VENV, default /var/lib/delegate/venv) gets
 # tests/requirements.txt when it exists (pip -r syntax, so it may name the
 # Python package: ./python), else just pytest; it is made in stage 1 (ruff
-# runs from it), or in stage 4 when stage 1 is skipped, and updated only
+# runs from it), or in stage 2 when stage 1 is skipped, and updated only
 # when the requirements change (tests/venv.sh).
 # Environment, for a local run only (CI sets neither):
 #   DELEGATE_SKIP_LINT=1    skip stage 1
@@ -81,6 +84,22 @@ for lua in lua5.1 lua5.4; do
     echo "$lua: ${out##*$'\n'}"
 done
 
+section "Python package: maturin build, install, pytest -v tests/unit (no cluster)"
+# Made by the lint stage already, unless it was skipped.
+ensure_venv "$VENV" "$REPO/tests/requirements.txt" || fail "the test venv $VENV"
+# The wheel is built with maturin into the test venv (readable by the test
+# students of stage 5: jobs are submitted as delegate-alice, never as root).
+"$VENV/bin/python" -c 'import maturin' 2>/dev/null \
+    || "$VENV/bin/pip" install -q "maturin>=1.8,<2" || fail "pip install maturin"
+wheels=$(mktemp -d)
+"$VENV/bin/maturin" build --release -q -m python/Cargo.toml -i "$VENV/bin/python" -o "$wheels" \
+    || fail "maturin build of the Python package"
+{ "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/delegate-*.whl \
+    && "$VENV/bin/pip" install -q "$wheels"/delegate-*.whl; } || fail "pip install of the delegate wheel"
+rm -rf "$wheels"
+chmod -R a+rX "$VENV"
+"$VENV/bin/python" -m pytest -v tests/unit || fail "the fast tier's Python tests (tests/unit)"
+
 section "build_cluster.sh --local (set up and start the cluster)"
 # Two stand-in GPUs (test scaffolding: tests/e2e/test_gpu.py runs without
 # real GPUs); a plain `--local` gives the machine's real GPUs or none.
@@ -118,18 +137,7 @@ else
     echo "WARNING: no tests/e2e directory; end-to-end tests skipped" >&2
 fi
 
-section "Python package: maturin build, install, pytest -v tests/python"
-# The wheel is built with maturin into the test venv (readable by the test
-# students: jobs are submitted as delegate-alice, never as root).
-"$VENV/bin/python" -c 'import maturin' 2>/dev/null \
-    || "$VENV/bin/pip" install -q "maturin>=1.8,<2" || fail "pip install maturin"
-wheels=$(mktemp -d)
-"$VENV/bin/maturin" build --release -q -m python/Cargo.toml -i "$VENV/bin/python" -o "$wheels" \
-    || fail "maturin build of the Python package"
-{ "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/delegate-*.whl \
-    && "$VENV/bin/pip" install -q "$wheels"/delegate-*.whl; } || fail "pip install of the delegate wheel"
-rm -rf "$wheels"
-chmod -R a+rX "$VENV"
+section "Python package: pytest -v tests/python (as students, on the cluster)"
 set +e
 "$VENV/bin/python" -m pytest -v tests/python "$@"
 rc=$?

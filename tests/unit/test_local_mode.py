@@ -1,8 +1,8 @@
 """Local mode (``backend="local"``, ``DELEGATE_BACKEND=local``): every call
 runs in a fresh local subprocess through the same payload, executor and
-result files as in the sandbox. No cluster is used (none is needed: these
-tests also pass with ``--noconftest`` on a machine without Slurm), and no
-Slurm command may run: PATH holds a fake ``sbatch`` that records any call.
+result files as in the sandbox. No cluster is used (run by tests/run.sh
+(stage 2), the fast tier, before there is one), and no Slurm command may
+run: PATH holds a fake ``sbatch`` that records any call.
 Also the trimmed tracebacks of a plain interpreter and the terminal's
 progress line, which behave the same with either backend."""
 

@@ -1,18 +1,13 @@
 """The test harness's account logic (tests/testlib.py), against fake account
-databases: no Slurm, no Docker, no account is read or written. It sits in
-tests/e2e so that tests/run.sh runs it; alone, without the cluster fixture:
-    python -m pytest --noconftest tests/e2e/test_testlib.py
-"""
+databases: no Slurm, no Docker, no account is read or written. Run by
+tests/run.sh (stage 2), the fast tier."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import testlib
 
 
