@@ -373,6 +373,29 @@ def test_scancel_of_the_allocation_ends_every_call(alice):
     wait_slurm_gone(sid)
 
 
+def test_a_student_requeueing_their_maps_allocation_runs_nothing_twice(alice):
+    """Hostile (issue 42): a map's allocations are requeueable (the gate
+    allows it for them alone), so a student may `scontrol requeue` their
+    own map's allocation, again and again, while it runs a call. Nothing
+    runs twice: the call it ran ends with a state and a reason, the
+    allocation runs again later (requeued: eligible after slurm.conf's
+    cred_expire) and runs the calls nobody had claimed, each once; no
+    container is left."""
+    t0 = time.time() - 1
+    jobs, handles = submit_count(alice, 3, "sh", "-c", "echo ran-$DELEGATE_INDEX; sleep 8")
+    sid = handles[0]["slurm_id"]
+    alice.wait_started(jobs[0])
+    tries = [alice.as_user("scontrol", "requeue", sid, check=False) for _ in range(5)]
+    assert tries[0].returncode == 0, tries[0].stderr  # (the others find it pending)
+    st = wait_all(alice, jobs, timeout=300)
+    assert all(s["reason"] for s in st), st
+    assert [s["state"] for s in st[1:]] == ["completed", "completed"], st
+    for i, j in enumerate(jobs):
+        assert len(containers_created_since(j, t0)) == 1, f"call {i} ran in more than one sandbox"
+        assert (alice.job_dir(j) / "stdout").read_text().count(f"ran-{i}") == 1
+        assert containers_with_label(j) == [], j
+
+
 def map_of_two_allocations(user, n, *cmd, time_limit="1m"):
     """A map's form written by hand as an array of two on this one node
     (the client makes one allocation here) over N calls `delegate submit
