@@ -99,7 +99,7 @@ __all__ = [
 __version__ = _core.__version__
 
 #: The resource keywords of remote(), Executor(), compare() and the
-#: extension's submit_python (tests/python/test_stubs.py checks they agree).
+#: extension's submit_python (tests/unit/test_stubs.py checks they agree).
 _RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env", "files", "mix_classes")
 
 

@@ -1,7 +1,7 @@
 """Type stubs of the public API of ``delegate`` (everything in ``__all__``).
 Keep in step with __init__.py, _futures.py and _jobs.py;
 ``python -m mypy.stubtest delegate`` checks them against the installed
-package (tests/python/test_stubs.py)."""
+package (tests/unit/test_stubs.py)."""
 
 import concurrent.futures as cf
 import os
