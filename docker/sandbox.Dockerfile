@@ -46,13 +46,14 @@ RUN set -e; \
     python3 -c 'import cloudpickle, delegate_sandbox; assert cloudpickle.__version__ == "'"$ver"'"; print("cloudpickle", cloudpickle.__version__)'
 
 # CFiddle and its run-time needs (delegate.cfiddle runs cfiddle-run here on
-# the executables CFiddle built on the caller's side), at exactly the versions
+# the executables CFiddle built on the caller's side), and Dask (a graph's
+# tasks run here, docs/ml.md), at exactly the versions
 # of python/requirements-cfiddle.txt -- the one place they are pinned, which
 # the user image and the test venv install too. Their wheels are downloaded
 # on the host (build_cluster.sh, for this image's Python) and unpacked with
 # --no-deps semantics: only the pinned files, each checked present.
 # CFIDDLE=0 (build_cluster.sh's DELEGATE_SANDBOX_CFIDDLE=0): an image
-# without CFiddle, for a Python its pins have no wheels for.
+# without CFiddle (nor Dask), for a Python its pins have no wheels for.
 ARG CFIDDLE=1
 COPY python/requirements-cfiddle.txt /tmp/cfiddle/requirements-cfiddle.txt
 COPY wheels-cfiddle /tmp/cfiddle/wheels
@@ -74,6 +75,7 @@ RUN set -e; \
     chmod -R a+rX "$site"; \
     python3 -m compileall -q "$site" >/dev/null 2>&1 || true; \
     python3 -c 'import ctypes, importlib.metadata as m, os, cfiddle, cfiddle.Runner, cfiddle.paths; lib = cfiddle.paths.cfiddle_lib_path(); ctypes.CDLL(os.path.join(lib, "libcfiddle.so")); print("cfiddle", m.version("cfiddle"), "pandas", m.version("pandas"), "libcfiddle in", lib)'; \
+    python3 -c 'import importlib.metadata as m, dask, dask.array, dask.local; print("dask", m.version("dask"))'; \
     echo "$n CFiddle wheels unpacked"
 
 LABEL org.opencontainers.image.title="delegate-sandbox" \
