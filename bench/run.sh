@@ -154,3 +154,9 @@ fi
 if ((!BENCH_QUICK && !BENCH_SKIP_200)); then
     "$VENV/bin/python" bench/maps.py --out "$OUT/maps.json"
 fi
+
+# 4. A Dask graph whose tasks each run in a sandbox (issue 43): its overhead
+# per task against Dask's threads and delegate's own map, in the same run
+# (bench/dask_graph.py; Dask at the pins both sides install).
+"$VENV/bin/pip" install -q --no-deps -r python/requirements-cfiddle.txt
+"$VENV/bin/python" bench/dask_graph.py --out "$OUT/dask.json"
