@@ -402,6 +402,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let terminal: Vec<&str> = State::terminal().map(State::as_str).collect();
     m.add("TERMINAL_STATES", pyo3::types::PyTuple::new(py, terminal)?)?;
     m.add("MAX_RESULT_BYTES", MAX_RESULT_BYTES)?;
+    // The job directory's files local mode writes itself (protocol/layout.rs).
+    m.add("STDOUT", delegate_protocol::layout::STDOUT)?;
+    m.add("STDERR", delegate_protocol::layout::STDERR)?;
+    m.add("RESULT", delegate_protocol::layout::RESULT)?;
     m.add_function(wrap_pyfunction!(submit_python, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(wait, m)?)?;

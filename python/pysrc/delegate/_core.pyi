@@ -9,6 +9,9 @@ from typing import TypedDict, type_check_only
 
 __all__ = [
     "MAX_RESULT_BYTES",
+    "RESULT",
+    "STDERR",
+    "STDOUT",
     "TERMINAL_STATES",
     "DelegateError",
     "NoSuchJobError",
@@ -36,6 +39,11 @@ __version__: str
 TERMINAL_STATES: tuple[str, ...]
 #: The largest result file read back, in bytes (the protocol's payload bound).
 MAX_RESULT_BYTES: int
+#: The job directory's file names of a call's output and its result
+#: (protocol/src/layout.rs, the one list).
+STDOUT: str
+STDERR: str
+RESULT: str
 
 class DelegateError(Exception):
     """A delegate operation failed (submission, Slurm, the job directory)."""

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Literal
+from typing import Any
 
 import delegate_sandbox as fmt  # type: ignore[import-untyped]
 from delegate import _core, _traceback
@@ -209,7 +209,7 @@ class DelegateFuture(cf.Future):
         """One of the job's files (None when absent); raises DelegateError."""
         return _core.read_file(self.job_id, name, limit)
 
-    def _read_log(self, name: Literal["stdout", "stderr"]) -> str:
+    def _read_log(self, name: str) -> str:
         try:
             data = self._read(name, MAX_LOG)
         except DelegateError:
@@ -219,11 +219,11 @@ class DelegateFuture(cf.Future):
     @property
     def stdout(self) -> str:
         """The remote standard output so far (all of it once the job ended)."""
-        return self._stdout if self._stdout is not None else self._read_log("stdout")
+        return self._stdout if self._stdout is not None else self._read_log(_core.STDOUT)
 
     @property
     def stderr(self) -> str:
-        return self._stderr if self._stderr is not None else self._read_log("stderr")
+        return self._stderr if self._stderr is not None else self._read_log(_core.STDERR)
 
     # -- concurrent.futures ------------------------------------------------
     def cancel(self) -> bool:
@@ -280,10 +280,10 @@ class DelegateFuture(cf.Future):
     def _finish(self, st: dict) -> None:
         self._status = st
         state = self.state
-        self._stdout = self._read_log("stdout")
-        self._stderr = self._read_log("stderr")
+        self._stdout = self._read_log(_core.STDOUT)
+        self._stderr = self._read_log(_core.STDERR)
         try:
-            data = self._read("result", _core.MAX_RESULT_BYTES)
+            data = self._read(_core.RESULT, _core.MAX_RESULT_BYTES)
         except DelegateError as e:
             data = None
             if state == "completed":
@@ -321,7 +321,7 @@ class DelegateFuture(cf.Future):
         out = []
         for k in range(256):
             try:
-                data = self._read("result.%d" % k, _core.MAX_RESULT_BYTES)
+                data = self._read("%s.%d" % (_core.RESULT, k), _core.MAX_RESULT_BYTES)
             except DelegateError:
                 data = None
             if data is None:

@@ -101,7 +101,7 @@ class LocalFuture(DelegateFuture):
         path = os.path.join(self.directory, name)
         try:
             with open(path, "rb") as f:
-                return f.read(limit if name != "result" else _core.MAX_RESULT_BYTES)
+                return f.read(limit if name != _core.RESULT else _core.MAX_RESULT_BYTES)
         except FileNotFoundError:
             return None
 
@@ -141,8 +141,8 @@ class LocalFuture(DelegateFuture):
         env.update(self._env)
         env["PYTHONUNBUFFERED"] = "1"
         with (
-            open(os.path.join(self.directory, "stdout"), "wb") as out,
-            open(os.path.join(self.directory, "stderr"), "wb") as err,
+            open(os.path.join(self.directory, _core.STDOUT), "wb") as out,
+            open(os.path.join(self.directory, _core.STDERR), "wb") as err,
         ):
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "delegate_sandbox", self.directory],
@@ -173,7 +173,7 @@ class LocalFuture(DelegateFuture):
             st.update(state="cancelled", reason="cancelled")
         elif timed_out:
             st.update(state="timed-out", reason="time limit of %s reached" % _duration(self._time_limit))
-        elif rc == 0 and os.path.exists(os.path.join(self.directory, "result")):
+        elif rc == 0 and os.path.exists(os.path.join(self.directory, _core.RESULT)):
             st.update(state="completed", reason="completed")
         elif rc < 0:
             st.update(state="failed", reason="the executor was killed by signal %d" % -rc)
