@@ -49,8 +49,10 @@ impl NodeRow {
     /// Whether Slurm may start a job on it now or soon (a powered-down
     /// elastic node, `idle~`, counts: Slurm starts it for a job).
     pub fn usable(&self) -> bool {
-        let s = self.state.trim_end_matches(['~', '#', '%', '*', '!', '$', '@', '^', '-']);
-        matches!(s, "idle" | "mixed" | "allocated" | "completing" | "planned")
+        matches!(
+            self.base_state().as_str(),
+            "idle" | "mixed" | "allocated" | "completing" | "planned"
+        )
     }
 
     /// Its power state.
