@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
 
-USER = os.environ.get("BENCH_MAP_USER", "delegate-load0")
+from maps import USER, as_user
 
 SCRIPT = """
 import json, sys, time
@@ -63,13 +62,10 @@ def main() -> None:
         f.write(textwrap.dedent(SCRIPT))
     os.chmod(f.name, 0o644)
     try:
-        r = subprocess.run(["runuser", "-u", USER, "--", sys.executable, f.name, str(a.tasks)],
-                           capture_output=True, text=True, timeout=1800, cwd="/tmp")  # fmt: skip
+        out = as_user(USER, sys.executable, f.name, str(a.tasks), timeout=1800)
     finally:
         os.unlink(f.name)
-    if r.returncode != 0:
-        sys.exit(f"the graph failed as {USER}: {r.stderr.strip()[-800:]}")
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = json.loads(out.strip().splitlines()[-1])
     per_task = (res["sandboxed_s"] - res["threads_s"]) / res["tasks"]
     res["overhead_per_task_s"] = per_task
     print(f"graph of {res['tasks']} tasks on Dask's threads: {res['threads_s']:.3f} s")
