@@ -25,7 +25,7 @@
 # The venv ($DELEGATE_VENV, default /var/lib/delegate/venv) gets
 # tests/requirements.txt when it exists (pip -r syntax, so it may name the
 # Python package: ./python), else just pytest; it is made in stage 1 (ruff
-# runs from it), or in stage 2 when stage 1 is skipped, and updated only
+# runs from it) and brought up to date in stage 2, and updated only
 # when the requirements change (tests/venv.sh).
 # Environment, for a local run only (CI sets neither):
 #   DELEGATE_SKIP_LINT=1    skip stage 1
@@ -85,7 +85,8 @@ for lua in lua5.1 lua5.4; do
 done
 
 section "Python package: maturin build, install, pytest -v tests/unit (no cluster)"
-# Made by the lint stage already, unless it was skipped.
+# Made by the lint stage already, unless it was skipped; the test
+# requirements are installed only when they changed (or on a new venv).
 ensure_venv "$VENV" "$REPO/tests/requirements.txt" || fail "the test venv $VENV"
 # The wheel is built with maturin into the test venv (readable by the test
 # students of stage 5: jobs are submitted as delegate-alice, never as root).
@@ -118,9 +119,7 @@ for pkg in openssh-server:/usr/sbin/sshd sshfs:/usr/bin/sshfs glusterfs-client:/
             || fail "apt-get install ${pkg%%:*}"
     fi
 done
-# Made by the lint stage already, unless it was skipped; the test
-# requirements are installed only when they changed (or on a new venv).
-ensure_venv "$VENV" "$REPO/tests/requirements.txt" || fail "the test venv $VENV"
+# (the test venv: made or updated in stage 2)
 if [[ -d tests/e2e ]]; then
     set +e
     "$VENV/bin/python" -m pytest -v tests/e2e "$@"

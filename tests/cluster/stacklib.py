@@ -133,18 +133,13 @@ def wait_until(what: str, cond, timeout: float, step: float = 2, detail=None):
 # number each one becomes.
 MACHINES_TOOL = str(REPO / "tests" / "machines" / "machines.sh")
 MACHINES = ("m1", "m2")
-# The machines are containers of their own engine, not of this host's (the
-# manager's): machines.sh's ENGINE_SOCK.
-MACHINES_ENGINE = [
-    "docker",
-    "-H",
-    f"unix://{os.environ.get('DELEGATE_MACHINES_ENGINE', '/run/delegate-machines')}/docker.sock",
-]
 
 
 def machine_docker(*args, **kw) -> subprocess.CompletedProcess:
-    """docker ARGS on the machines' engine (`exec m1 ...`, `stop m2`)."""
-    return run(*MACHINES_ENGINE, *args, **kw)
+    """docker ARGS on the machines' engine (`exec m1 ...`, `stop m2`): the
+    machines are containers of their own engine, not of this host's (the
+    manager's); machines.sh knows its socket."""
+    return run(MACHINES_TOOL, "docker", *args, **kw)
 
 
 def machine_address(m: str) -> str:
