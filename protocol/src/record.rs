@@ -9,8 +9,10 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::{atomic_write_at, read_bounded_at, Outcome, ProtocolError, Result, Spec, Started, OUTCOME, SPEC, STARTED};
 
-/// Version of every encoded file of the protocol. Bump on any change of
-/// [`Spec`], [`Started`] or [`Outcome`].
+/// Version of the encoded records that have not changed since the first
+/// (spec, started, outcome, the agent's requests). A record whose type
+/// changes gets a version of its own ([`Record::VERSION`]); bump it on any
+/// change of that type.
 pub const PROTOCOL_VERSION: u16 = 1;
 /// First four bytes of every encoded file.
 pub const MAGIC: &[u8; 4] = b"DLGT";
@@ -26,6 +28,14 @@ pub trait Record: Serialize + DeserializeOwned {
     const KIND: u8;
     const MAX_BYTES: u64;
     const NAME: &'static str;
+    /// The version written into this record's header.
+    const VERSION: u16 = PROTOCOL_VERSION;
+
+    /// The body of an older version of this record, rewritten as the body
+    /// of [`Record::VERSION`]; None: that version is not read.
+    fn upgrade(_version: u16, _body: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 impl Record for Spec {
@@ -50,7 +60,7 @@ pub fn encode<R: Record>(r: &R) -> Result<Vec<u8>> {
     out.extend_from_slice(MAGIC);
     out.push(R::KIND);
     out.push(0);
-    out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    out.extend_from_slice(&R::VERSION.to_le_bytes());
     let body = postcard::to_allocvec(r).map_err(|e| ProtocolError::Decode {
         path: R::NAME.into(),
         reason: format!("encoding failed: {e}"),
@@ -79,14 +89,6 @@ pub fn decode<R: Record>(bytes: &[u8], path: &str) -> Result<R> {
     if bytes.len() < HEADER_LEN || &bytes[..4] != MAGIC {
         return Err(ProtocolError::BadMagic { path: path.into() });
     }
-    let version = u16::from_le_bytes([bytes[6], bytes[7]]);
-    if version != PROTOCOL_VERSION {
-        return Err(ProtocolError::VersionMismatch {
-            path: path.into(),
-            found: version,
-            expected: PROTOCOL_VERSION,
-        });
-    }
     if bytes[4] != R::KIND {
         return Err(ProtocolError::WrongKind {
             path: path.into(),
@@ -94,7 +96,19 @@ pub fn decode<R: Record>(bytes: &[u8], path: &str) -> Result<R> {
             expected: R::KIND as char,
         });
     }
-    let (value, rest) = postcard::take_from_bytes::<R>(&bytes[HEADER_LEN..])
+    let version = u16::from_le_bytes([bytes[6], bytes[7]]);
+    let upgraded;
+    let body = if version == R::VERSION {
+        &bytes[HEADER_LEN..]
+    } else {
+        upgraded = R::upgrade(version, &bytes[HEADER_LEN..]).ok_or_else(|| ProtocolError::VersionMismatch {
+            path: path.into(),
+            found: version,
+            expected: R::VERSION,
+        })?;
+        &upgraded[..]
+    };
+    let (value, rest) = postcard::take_from_bytes::<R>(body)
         .map_err(|e| ProtocolError::Decode { path: path.into(), reason: e.to_string() })?;
     if !rest.is_empty() {
         return Err(ProtocolError::Decode {
