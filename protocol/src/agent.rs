@@ -210,6 +210,9 @@ impl Record for Answer {
     const KIND: u8 = b'A';
     const MAX_BYTES: u64 = MAX_FRAME_BYTES;
     const NAME: &'static str = "agent answer";
+    /// 2: the fingerprint it carries has GPUs. A runner and an agent of
+    /// different versions refuse each other's answers by name.
+    const VERSION: u16 = 2;
 }
 
 /// A frame: length prefix and the encoded record.

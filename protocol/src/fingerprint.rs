@@ -2,6 +2,9 @@
 //! before and after the call (never the student's code): the `fingerprint`
 //! file of a job directory. A field the node cannot tell is `None` (shown
 //! as unknown), never guessed.
+//!
+//! Version 2 added the GPUs given to the call ([`Gpu`]); a version 1
+//! fingerprint reads as one without GPUs.
 
 use serde::{Deserialize, Serialize};
 
@@ -65,12 +68,81 @@ pub struct Fingerprint {
     pub tuning: Vec<String>,
     /// When the agent took the end of it (ms since the epoch).
     pub taken_ms: u64,
+    /// The GPUs given to the call, in the order the sandbox numbers them
+    /// (`CUDA_VISIBLE_DEVICES=0` first), as NVIDIA's driver described them
+    /// when the call started. Appended last (version 2).
+    pub gpus: Vec<Gpu>,
+}
+
+/// One GPU as the node's driver describes it (`nvidia-smi --query-gpu`);
+/// unknown fields (no driver tool, `[N/A]`) are `None`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// The device file given to the sandbox (`/dev/nvidia3`).
+    pub device: String,
+    /// The driver's index of it (the device's minor number).
+    pub index: Option<u32>,
+    pub model: Option<String>,
+    pub driver: Option<String>,
+    pub uuid: Option<String>,
+    pub memory_mib: Option<u64>,
+    /// Streaming-multiprocessor and memory clocks, now and at most (MHz).
+    pub sm_mhz: Option<u32>,
+    pub sm_max_mhz: Option<u32>,
+    pub memory_mhz: Option<u32>,
+    pub memory_max_mhz: Option<u32>,
+    pub persistence: Option<bool>,
+    /// `Default`, `Exclusive_Process`, `Prohibited`.
+    pub compute_mode: Option<String>,
+    /// MIG mode on (true) or off.
+    pub mig: Option<bool>,
+    /// ECC on (true) or off.
+    pub ecc: Option<bool>,
+}
+
+impl Gpu {
+    /// What must be equal for two GPUs' results to be compared: model,
+    /// memory, driver, MIG and ECC mode, in words.
+    pub fn identity(&self) -> String {
+        let u = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
+        let on = |v: Option<bool>| v.map_or("unknown", |b| if b { "on" } else { "off" });
+        format!(
+            "{} ({} MiB, driver {}, MIG {}, ECC {})",
+            self.model.as_deref().unwrap_or("unknown GPU"),
+            self.memory_mib.map_or("?".to_owned(), |m| m.to_string()),
+            u(&self.driver),
+            on(self.mig),
+            on(self.ecc)
+        )
+    }
+}
+
+/// `gpus` in words, alike ones counted: `2 x NVIDIA H100 80GB HBM3 (81559
+/// MiB, driver 580.159.04, MIG off, ECC on)`; `none` for no GPU.
+pub fn gpus_identity(gpus: &[Gpu]) -> String {
+    let mut groups: Vec<(String, usize)> = Vec::new();
+    for id in gpus.iter().map(Gpu::identity) {
+        match groups.iter_mut().find(|(g, _)| *g == id) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((id, 1)),
+        }
+    }
+    if groups.is_empty() {
+        return "none".into();
+    }
+    groups.iter().map(|(g, n)| format!("{n} x {g}")).collect::<Vec<_>>().join(", ")
 }
 
 impl Record for Fingerprint {
     const KIND: u8 = b'F';
     const MAX_BYTES: u64 = MAX_RECORD_BYTES;
     const NAME: &'static str = FINGERPRINT;
+    const VERSION: u16 = 2;
+
+    /// Version 1 had no GPUs: its body and an empty list.
+    fn upgrade(version: u16, body: &[u8]) -> Option<Vec<u8>> {
+        (version == 1).then(|| [body, &[0]].concat())
+    }
 }
 
 impl Fingerprint {
@@ -85,7 +157,11 @@ impl Fingerprint {
             u(&self.governor),
             self.boost.map_or("unknown", |b| if b { "on" } else { "off" }),
             u(&self.kernel)
-        )
+        ) + &if self.gpus.is_empty() {
+            String::new()
+        } else {
+            format!(", GPUs {}", gpus_identity(&self.gpus))
+        }
     }
 
     /// The CPU in words: `vendor model (family F model M stepping S,
@@ -127,5 +203,64 @@ mod tests {
             "{}",
             back.class()
         );
+        assert!(!back.class().contains("GPU"), "{}", back.class());
+    }
+
+    fn h100(uuid: &str) -> Gpu {
+        Gpu {
+            device: "/dev/nvidia0".into(),
+            index: Some(0),
+            model: Some("NVIDIA H100 80GB HBM3".into()),
+            driver: Some("580.159.04".into()),
+            uuid: Some(uuid.into()),
+            memory_mib: Some(81559),
+            mig: Some(false),
+            ecc: Some(true),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_gpus_join_the_class_counted_and_without_their_uuids() {
+        let f = Fingerprint {
+            gpus: vec![
+                h100("GPU-a"),
+                h100("GPU-b"),
+                Gpu {
+                    device: "/dev/x".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let back: Fingerprint = decode(&encode(&f).unwrap(), "t").unwrap();
+        assert_eq!(back, f);
+        assert!(
+            f.class().ends_with(
+                ", GPUs 2 x NVIDIA H100 80GB HBM3 (81559 MiB, driver 580.159.04, MIG off, ECC on), \
+                 1 x unknown GPU (? MiB, driver unknown, MIG unknown, ECC unknown)"
+            ),
+            "{}",
+            f.class()
+        );
+        assert_eq!(gpus_identity(&[]), "none");
+    }
+
+    #[test]
+    fn a_version_1_fingerprint_reads_as_one_without_gpus() {
+        let f = Fingerprint {
+            node: "worker1".into(),
+            cpu_model: Some("Xeon".into()),
+            perf_mode: "seccomp".into(),
+            ..Default::default()
+        };
+        let mut v1 = encode(&f).unwrap();
+        // Version 1 wrote the same fields without the GPU list (its last byte, 0: empty).
+        assert_eq!(v1.pop(), Some(0));
+        v1[6] = 1;
+        let back: Fingerprint = decode(&v1, "fingerprint").unwrap();
+        assert_eq!(back, f);
+        v1[6] = 3;
+        assert!(decode::<Fingerprint>(&v1, "fingerprint").is_err());
     }
 }

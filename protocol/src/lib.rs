@@ -86,7 +86,7 @@ pub mod units;
 
 pub use clock::now_ms;
 pub use error::{ProtocolError, Result};
-pub use fingerprint::{Fingerprint, FINGERPRINT};
+pub use fingerprint::{Fingerprint, Gpu, FINGERPRINT};
 pub use fsio::{
     atomic_write_at, atomic_write_at_deferred, check_clean_absolute, check_owner, exists_at, list_entries,
     open_dir_nofollow, open_regular_at, read_bounded_at, sync_filesystem,

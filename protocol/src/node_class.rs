@@ -3,7 +3,8 @@
 //!
 //! A node's class is what must be equal for two measurements on two nodes
 //! to be compared: CPU vendor, model, family/model/stepping, microcode,
-//! kernel release, the boot parameters that bear on timing, and the label
+//! kernel release, the boot parameters that bear on timing, the node's
+//! GPUs (model, memory, driver, MIG and ECC mode, how many), and the label
 //! an operator may give nodes that the fingerprint cannot tell apart
 //! (`/etc/delegate/node-class`). Its id is a short hash of those; Slurm
 //! carries it as the node feature `dlgclass_<id>`, so that the calls of one
@@ -11,7 +12,7 @@
 //!
 //! The agent also writes a one-line report into the node's Slurm comment
 //! (`delegate class=... deployed=... governor=... boost=... perf=...
-//! counters=... cpu=...`), readable by everyone with `sinfo`: the
+//! counters=... gpus=... cpu=...`), readable by everyone with `sinfo`: the
 //! instructor's `delegate admin nodes` reads it. `deployed=` is the class
 //! the node had when the cluster was last deployed (the deployment clears
 //! it, the agent sets it to the class it finds next): a node whose class
@@ -31,6 +32,8 @@ pub const REPORT_TAG: &str = "delegate";
 pub const MAX_LABEL: usize = 32;
 /// At most this many characters of the CPU model in a report.
 const MAX_CPU: usize = 96;
+/// At most this many characters of the GPUs in a report.
+const MAX_GPUS: usize = 96;
 
 /// The node's CPU topology: what BIOS settings change (SMT, cores turned
 /// off); `None` when the node cannot tell.
@@ -64,6 +67,9 @@ impl NodeClass {
         );
         if !f.boot_params.is_empty() {
             summary.push_str(&format!(", boot {}", f.boot_params.join(" ")));
+        }
+        if !f.gpus.is_empty() {
+            summary.push_str(&format!(", GPUs {}", crate::fingerprint::gpus_identity(&f.gpus)));
         }
         if let Some(l) = label {
             summary.push_str(&format!(", label {l}"));
@@ -122,8 +128,26 @@ pub struct NodeReport {
     pub perf: String,
     /// Hardware counters (true), software only (false), unknown.
     pub hardware_counters: Option<bool>,
+    /// The node's GPUs in short: `2xNVIDIA_H100_80GB_HBM3` (count and
+    /// model, alike ones together), None for no GPU.
+    pub gpus: Option<String>,
     /// The CPU model, in words.
     pub cpu: String,
+}
+
+/// The GPUs of a report in short: how many of each model, the model's
+/// spaces as `_` (`2xNVIDIA_H100_80GB_HBM3,1xunknown`); None for none.
+pub fn gpus_in_short(gpus: &[crate::Gpu]) -> Option<String> {
+    let mut groups: Vec<(String, usize)> = Vec::new();
+    for g in gpus {
+        let model = word(&g.model);
+        match groups.iter_mut().find(|(m, _)| *m == model) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((model, 1)),
+        }
+    }
+    let short: Vec<String> = groups.iter().map(|(m, n)| format!("{n}x{m}")).collect();
+    (!short.is_empty()).then(|| short.join(",").chars().take(MAX_GPUS).collect())
 }
 
 /// `text` with only printable ASCII and no separators of the report, at
@@ -154,6 +178,16 @@ fn word(v: &Option<String>) -> String {
 }
 
 impl NodeReport {
+    /// How many GPUs the report names (0: none, or an unreadable list).
+    pub fn gpu_count(&self) -> u32 {
+        let Some(short) = &self.gpus else { return 0 };
+        short
+            .split(',')
+            .map(|g| g.split_once('x').and_then(|(n, _)| n.parse::<u32>().ok()))
+            .try_fold(0u32, |sum, n| sum.checked_add(n?))
+            .unwrap_or(0)
+    }
+
     /// Whether the class changed since the last deployment.
     pub fn drifted(&self) -> bool {
         self.deployed.as_ref().is_some_and(|d| *d != self.class)
@@ -172,12 +206,15 @@ impl NodeReport {
             None => "unknown",
         };
         format!(
-            "{REPORT_TAG} class={} deployed={} label={} governor={} boost={boost} perf={} counters={counters} cpu={}",
+            "{REPORT_TAG} class={} deployed={} label={} governor={} boost={boost} perf={} counters={counters} gpus={} cpu={}",
             word(&Some(self.class.clone())),
             word(&self.deployed),
             self.label.as_deref().map_or("none".to_owned(), |l| word(&Some(l.to_owned()))),
             word(&self.governor),
             word(&Some(self.perf.clone())),
+            self.gpus
+                .as_deref()
+                .map_or("none".to_owned(), |g| clean(g, MAX_GPUS).replace(' ', "_")),
             clean(&self.cpu, MAX_CPU)
         )
     }
@@ -201,6 +238,7 @@ impl NodeReport {
                 "boost" => r.boost = known(v).map(|b| b == "on"),
                 "perf" => r.perf = v.to_owned(),
                 "counters" => r.hardware_counters = known(v).map(|c| c == "hardware"),
+                "gpus" => r.gpus = known(v),
                 _ => {}
             }
         }
@@ -286,12 +324,13 @@ mod tests {
             boost: Some(false),
             perf: "seccomp".into(),
             hardware_counters: Some(false),
+            gpus: Some("2xNVIDIA_H100_80GB_HBM3".into()),
             cpu: "AMD EPYC 7B13 64-Core Processor".into(),
         };
         let c = r.to_comment();
         assert_eq!(
             c,
-            "delegate class=0123456789 deployed=9876543210 label=slow governor=performance boost=off perf=seccomp counters=software cpu=AMD EPYC 7B13 64-Core Processor"
+            "delegate class=0123456789 deployed=9876543210 label=slow governor=performance boost=off perf=seccomp counters=software gpus=2xNVIDIA_H100_80GB_HBM3 cpu=AMD EPYC 7B13 64-Core Processor"
         );
         assert_eq!(NodeReport::parse(&c), Some(r.clone()));
         assert!(r.drifted());
@@ -301,6 +340,7 @@ mod tests {
             boost: None,
             hardware_counters: None,
             label: None,
+            gpus: None,
             ..r
         };
         assert!(!fresh.drifted());
@@ -320,6 +360,46 @@ mod tests {
         assert_eq!(back.deployed, None);
         assert_eq!(back.governor.as_deref(), Some("x_deployed_0000000000"));
         assert!(!back.cpu.contains('\n') && !back.cpu.contains('|'), "{}", back.cpu);
+    }
+
+    #[test]
+    fn the_gpus_are_part_of_the_class_and_shown_in_short() {
+        let t = Topology::default();
+        let gpu = |model: &str, driver: &str| crate::Gpu {
+            device: "/dev/nvidia0".into(),
+            model: Some(model.into()),
+            driver: Some(driver.into()),
+            uuid: Some(format!("GPU-{model}-{driver}")),
+            ..Default::default()
+        };
+        let with = |gpus: Vec<crate::Gpu>| Fingerprint { gpus, ..epyc() };
+        let h100 = NodeClass::of(&with(vec![gpu("NVIDIA H100 80GB HBM3", "580.159.04")]), t, None);
+        assert_ne!(h100.id, NodeClass::of(&epyc(), t, None).id);
+        assert_ne!(
+            h100.id,
+            NodeClass::of(&with(vec![gpu("NVIDIA A100-SXM4-80GB", "580.159.04")]), t, None).id
+        );
+        assert_ne!(
+            h100.id,
+            NodeClass::of(&with(vec![gpu("NVIDIA H100 80GB HBM3", "570.86.15")]), t, None).id
+        );
+        let two = vec![gpu("NVIDIA H100 80GB HBM3", "580.159.04"); 2];
+        assert_ne!(h100.id, NodeClass::of(&with(two.clone()), t, None).id);
+        // Another card of the same model (another UUID) is the same class.
+        let mut other = gpu("NVIDIA H100 80GB HBM3", "580.159.04");
+        other.uuid = Some("GPU-other".into());
+        assert_eq!(h100.id, NodeClass::of(&with(vec![other]), t, None).id);
+        assert!(h100.summary.contains(", GPUs 1 x NVIDIA H100 80GB HBM3 ("), "{}", h100.summary);
+        assert_eq!(gpus_in_short(&two).as_deref(), Some("2xNVIDIA_H100_80GB_HBM3"));
+        assert_eq!(gpus_in_short(&[crate::Gpu::default()]).as_deref(), Some("1xunknown"));
+        assert_eq!(gpus_in_short(&[]), None);
+        let report = |gpus: Option<&str>| NodeReport {
+            gpus: gpus.map(str::to_owned),
+            ..Default::default()
+        };
+        assert_eq!(report(Some("2xNVIDIA_H100_80GB_HBM3,1xunknown")).gpu_count(), 3);
+        assert_eq!(report(None).gpu_count(), 0);
+        assert_eq!(report(Some("lots")).gpu_count(), 0);
     }
 
     #[test]

@@ -308,6 +308,7 @@ pub fn after(
         perf_mode: perf_mode.to_owned(),
         hardware_counters,
         tuning: Vec::new(),
+        gpus: Vec::new(),
         taken_ms: delegate_protocol::now_ms(),
         cores: b.cores,
         smt_siblings: b.siblings,

@@ -410,7 +410,7 @@ pub fn node_devices(policy: &Policy, node: &str) -> Result<Vec<PathBuf>, GpuErro
 }
 
 /// A character device's minor number (NVIDIA's index for /dev/nvidiaN).
-fn char_device_minor(path: &Path) -> Result<u64, GpuError> {
+pub(crate) fn char_device_minor(path: &Path) -> Result<u64, GpuError> {
     let dev = |reason: String| GpuError::Device { path: path.display().to_string(), reason };
     let m = std::fs::metadata(path).map_err(|e| dev(e.to_string()))?;
     if !m.file_type().is_char_device() {

@@ -654,6 +654,7 @@ async fn engine_phase(
         let call = Call {
             docker: &docker,
             id: &id,
+            gpus: &gpus,
             perf,
             dir,
             stream,
@@ -686,6 +687,7 @@ async fn engine_phase(
 struct Call<'a> {
     docker: &'a Docker,
     id: &'a str,
+    gpus: &'a gpu::Passthrough,
     perf: Perf,
     dir: &'a OwnedFd,
     stream: &'a UnixStream,
@@ -708,10 +710,12 @@ async fn measured_call(
         crate::tune::untouched()
     };
     let before = fingerprint_before(ctx, cores).await;
+    let gpus = crate::gpu_info::now(&call.gpus.devices, &call.gpus.ordinals).await;
     let (docker, perf) = (call.docker, call.perf);
     let ended = supervise::supervise(ctx, docker, call.id, perf, call.dir, out, err, call.stream, rx).await;
     let mut fp = fingerprint_after(ctx, docker, before, perf).await;
     fp.tuning = tuned.notes.clone();
+    fp.gpus = gpus;
     drop(tuned);
     let _ = conn::send(call.stream, &Answer::Fingerprint(Box::new(fp))).await;
     ended

@@ -29,6 +29,7 @@ mod conn;
 mod engine;
 mod fingerprint;
 mod gpu;
+mod gpu_info;
 mod ident;
 mod job;
 mod jobdisk;

@@ -57,8 +57,24 @@ pub fn topology(root: &Path) -> Topology {
     }
 }
 
-/// This node's class and report now (without the deployed class).
-pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
+/// This node's GPUs (gres.conf's devices) as its driver describes them
+/// now; none when gres.conf cannot be trusted (logged).
+async fn node_gpus(policy: &Policy, node: &str) -> Vec<delegate_protocol::Gpu> {
+    match crate::gpu::node_devices(policy, node) {
+        Ok(devices) => {
+            let (devices, indexes) = crate::gpu_info::indexes(&devices);
+            crate::gpu_info::now(&devices, &indexes).await
+        }
+        Err(e) => {
+            tracing::warn!("{e}; the node's class counts no GPU");
+            Vec::new()
+        }
+    }
+}
+
+/// This node's class and report now (without the deployed class), with
+/// its `gpus`.
+pub fn current(policy: &Policy, node: &str, gpus: Vec<delegate_protocol::Gpu>) -> (NodeClass, NodeReport) {
     let proc = match &policy.host_proc {
         p if p.as_os_str().is_empty() => std::path::PathBuf::from("/proc"),
         p => p.clone(),
@@ -67,7 +83,8 @@ pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
     // No caller: every user's task is "another user's process".
     let before = fingerprint::before(root, &proc, &[0], &Default::default(), 0);
     let (perf, _) = config::perf_for(policy.perf_mode, config::perf_paranoid());
-    let f = fingerprint::after(root, &proc, before, &Default::default(), node, perf.as_str(), None, None);
+    let mut f = fingerprint::after(root, &proc, before, &Default::default(), node, perf.as_str(), None, None);
+    f.gpus = gpus;
     let label = label(Path::new(node_class::LABEL_FILE));
     let class = NodeClass::of(&f, topology(root), label.as_deref());
     let report = NodeReport {
@@ -78,6 +95,7 @@ pub fn current(policy: &Policy, node: &str) -> (NodeClass, NodeReport) {
         boost: f.boost,
         perf: perf.as_str().to_owned(),
         hardware_counters: fingerprint::hardware_counters(),
+        gpus: node_class::gpus_in_short(&f.gpus),
         cpu: f.cpu_model.clone().unwrap_or_else(|| "unknown".into()),
     };
     (class, report)
@@ -179,9 +197,10 @@ async fn scontrol(args: &[String]) -> Result<String, String> {
 /// Publishes this node's class and report; Ok(true) when Slurm's record
 /// changed.
 pub async fn publish(policy: &Policy, node: &str) -> Result<bool, String> {
+    let gpus = node_gpus(policy, node).await;
     let (class, now) = {
         let (policy, node) = (policy.clone(), node.to_owned());
-        tokio::task::spawn_blocking(move || current(&policy, &node))
+        tokio::task::spawn_blocking(move || current(&policy, &node, gpus))
             .await
             .map_err(|e| format!("the fingerprint task failed: {e}"))?
     };
@@ -316,7 +335,7 @@ mod tests {
     #[test]
     fn the_class_of_this_machine_is_read_from_its_proc_and_sys() {
         let policy = Policy::default();
-        let (class, report) = current(&policy, "here");
+        let (class, report) = current(&policy, "here", Vec::new());
         let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let model = info.lines().find_map(|l| {
             l.strip_prefix("model name")

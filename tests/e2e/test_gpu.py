@@ -15,7 +15,8 @@ node's GRES gpu in gres.conf. The tests raise the site policy's max_gpus to
 - asking for 2 (beyond max_gpus = 1) is refused with the reason, no container;
 - a hand-made sbatch of a delegate script with --gres on the command line is
   refused by the slurmctld gate;
-- `sandbox-runner probe` reports the GPU path (devices) and the two GPUs.
+- `sandbox-runner probe` reports the GPU path (devices) and the two GPUs;
+- the call's fingerprint names the GPU it was given, and no other.
 """
 
 import json
@@ -119,6 +120,12 @@ def test_one_of_two_gpus_is_exactly_the_allocated_one(alice, max_gpus_1):
     assert s["env"] == {"CUDA_VISIBLE_DEVICES": "0", "NVIDIA_VISIBLE_DEVICES": "0"}, s
     log = Path("/var/log/delegate/agent.log").read_text(errors="replace")
     assert f'GPUs ["{chosen}"] (devices)' in log
+    # The fingerprint names the GPU given, by its device and the driver's
+    # index (its minor number); no NVIDIA driver here to say more.
+    minor = os.minor(os.stat(chosen).st_rdev)
+    shown = alice.run("result", job).stdout
+    assert f"gpu 0:     unknown ({chosen}, index {minor}) · unknown" in shown, shown
+    assert "gpu 1:" not in shown, shown
 
 
 def test_calls_sharing_an_allocation_each_get_the_gpu(alice, max_gpus_1):
@@ -143,6 +150,7 @@ def test_no_gpus_asked_sees_none(alice, max_gpus_1):
     s = seen(alice, job)
     assert s["devs"] == {}, s
     assert s["env"] == {"NVIDIA_VISIBLE_DEVICES": "void"}, s
+    assert "gpu 0:" not in alice.run("result", job).stdout
 
 
 def test_gpus_beyond_the_policy_are_refused(alice, max_gpus_1):

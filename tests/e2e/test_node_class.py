@@ -72,11 +72,15 @@ def test_the_node_publishes_its_class_and_report(unlabelled):
     comment = row["comment"]
     assert comment.startswith(f"delegate class={cls} deployed="), comment
     assert comment.endswith(f"cpu={cpu0_model()}"), comment
+    # The node's two stand-in GPUs (gres.conf's, tests/run.sh's standin:2):
+    # no NVIDIA driver here to name their model.
+    assert " gpus=2xunknown cpu=" in comment, comment
     # The instructor's view (root here).
     r = admin_nodes()
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith(NODE + " "))
-    assert cls in line and cpu0_model() in line, r.stdout
+    assert cls in line and cpu0_model() in line and " 2xunknown " in line, r.stdout
+    assert " GPUS " in r.stdout.splitlines()[0], r.stdout
     data = json.loads(admin_nodes("--json").stdout)
     me = next(n for n in data if n["name"] == NODE)
     assert me["class"] == cls and me["report"]["class"] == cls, me

@@ -92,6 +92,30 @@ pub fn lines(f: &Fingerprint) -> Vec<String> {
         ),
         format!("image:     {}", known(&f.image_id)),
     ]
+    .into_iter()
+    .chain(f.gpus.iter().enumerate().map(|(i, g)| gpu_line(i, g)))
+    .collect()
+}
+
+/// One GPU given to the call, numbered as the sandbox saw it.
+fn gpu_line(i: usize, g: &delegate_protocol::Gpu) -> String {
+    let mhz = |now: Option<u32>, max: Option<u32>| format!("{} of {} MHz", known(&now), known(&max));
+    let on = |v: Option<bool>| v.map_or("unknown", |b| if b { "on" } else { "off" });
+    format!(
+        "gpu {i}:     {} ({}, index {}) · {} · {} MiB · driver {} · SM {} · memory {} at the start · persistence {} · compute mode {} · MIG {} · ECC {}",
+        known(&g.model),
+        g.device,
+        known(&g.index),
+        known(&g.uuid),
+        known(&g.memory_mib),
+        known(&g.driver),
+        mhz(g.sm_mhz, g.sm_max_mhz),
+        mhz(g.memory_mhz, g.memory_max_mhz),
+        on(g.persistence),
+        known(&g.compute_mode),
+        on(g.mig),
+        on(g.ecc)
+    )
 }
 
 #[cfg(test)]
@@ -125,5 +149,41 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("software only"), "{text}");
+        assert!(!text.contains("gpu "), "{text}");
+    }
+
+    #[test]
+    fn each_gpu_given_has_a_line_of_its_own() {
+        let f = Fingerprint {
+            gpus: vec![
+                delegate_protocol::Gpu {
+                    device: "/dev/nvidia3".into(),
+                    index: Some(3),
+                    model: Some("NVIDIA H100 80GB HBM3".into()),
+                    driver: Some("580.159.04".into()),
+                    uuid: Some("GPU-4f1b".into()),
+                    memory_mib: Some(81559),
+                    sm_mhz: Some(345),
+                    sm_max_mhz: Some(1980),
+                    persistence: Some(true),
+                    compute_mode: Some("Default".into()),
+                    mig: Some(false),
+                    ecc: Some(true),
+                    ..Default::default()
+                },
+                delegate_protocol::Gpu {
+                    device: "/dev/delegate-gpu1".into(),
+                    index: Some(5),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let text = lines(&f);
+        assert_eq!(
+            text[text.len() - 2],
+            "gpu 0:     NVIDIA H100 80GB HBM3 (/dev/nvidia3, index 3) · GPU-4f1b · 81559 MiB · driver 580.159.04 · SM 345 of 1980 MHz · memory unknown of unknown MHz at the start · persistence on · compute mode Default · MIG off · ECC on"
+        );
+        assert!(text[text.len() - 1].starts_with("gpu 1:     unknown (/dev/delegate-gpu1, index 5) · unknown"));
     }
 }

@@ -107,13 +107,15 @@ impl Client {
     /// The hardware class a submission keeps to, as `--constraint` and the
     /// number of its usable nodes: a map's calls stay on the partition's
     /// largest class, a multi-node job's nodes on any one class, unless the
-    /// request mixes classes (or the partition has one class only).
+    /// request mixes classes (or the partition has one class only). Calls
+    /// that ask for GPUs choose among the nodes with as many GPUs (a GPU
+    /// node's class includes its GPUs' model, memory, driver, MIG and ECC).
     fn class_for(&self, first: &SubmitRequest, calls: usize) -> Option<(String, Option<u32>)> {
         if first.mix_classes || (calls < 2 && first.resources.nodes < 2) {
             return None;
         }
         let rows = match self.config.slurm.nodes() {
-            Ok(r) => r,
+            Ok(r) => slurm::nodes::with_gpus(r, first.resources.gpus),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot ask Slurm for the nodes' classes; the calls may mix classes");
                 return None;

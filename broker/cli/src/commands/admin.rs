@@ -146,8 +146,8 @@ fn known(v: Option<&str>) -> &str {
 /// The node table's lines (header first), then the summary lines.
 pub fn node_lines(rows: &[NodeRow]) -> Vec<String> {
     let mut lines = vec![format!(
-        "{:<12} {:<10} {:<10} {:<8} {:<12} {:<7} {:<9} {:<8} CPU",
-        "NODE", "STATE", "CLASS", "LABEL", "GOVERNOR", "BOOST", "COUNTERS", "PERF"
+        "{:<12} {:<10} {:<10} {:<8} {:<12} {:<7} {:<9} {:<8} {:<24} CPU",
+        "NODE", "STATE", "CLASS", "LABEL", "GOVERNOR", "BOOST", "COUNTERS", "PERF", "GPUS"
     )];
     let mut classes: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
     let mut notes = Vec::new();
@@ -165,7 +165,7 @@ pub fn node_lines(rows: &[NodeRow]) -> Vec<String> {
             .hardware_counters
             .map_or("unknown", |h| if h { "hardware" } else { "software" });
         lines.push(format!(
-            "{:<12} {:<10} {:<10} {:<8} {:<12} {:<7} {:<9} {:<8} {}",
+            "{:<12} {:<10} {:<10} {:<8} {:<12} {:<7} {:<9} {:<8} {:<24} {}",
             n.name,
             n.state,
             r.class,
@@ -174,6 +174,7 @@ pub fn node_lines(rows: &[NodeRow]) -> Vec<String> {
             boost,
             counters,
             r.perf,
+            r.gpus.as_deref().unwrap_or("-"),
             r.cpu
         ));
         if r.drifted() {
@@ -224,18 +225,20 @@ mod tests {
     fn the_node_table_names_classes_and_drift() {
         let rows = parse_nodes(
             "worker1|delegate*|idle|dlgclass_aaaaaaaaaa|none|delegate class=aaaaaaaaaa deployed=aaaaaaaaaa label=none governor=performance boost=off perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
-             worker2|delegate*|idle|dlgclass_bbbbbbbbbb|none|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software cpu=AMD EPYC 7B13|\n\
+             worker2|delegate*|idle|dlgclass_bbbbbbbbbb|none|delegate class=bbbbbbbbbb deployed=aaaaaaaaaa label=slow governor=unknown boost=unknown perf=seccomp counters=software gpus=4xNVIDIA_H100_80GB_HBM3 cpu=AMD EPYC 7B13|\n\
              worker3|delegate*|idle~|(null)|none||\n",
         );
         let lines = node_lines(&rows);
         assert!(
             lines[1].starts_with(
-                "worker1      idle       aaaaaaaaaa -        performance  off     software  seccomp  AMD EPYC 7B13"
+                "worker1      idle       aaaaaaaaaa -        performance  off     software  seccomp  -                        AMD EPYC 7B13"
             ),
             "{}",
             lines[1]
         );
+        assert!(lines[0].contains(" PERF     GPUS "), "{}", lines[0]);
         assert!(lines[2].contains("bbbbbbbbbb slow"), "{}", lines[2]);
+        assert!(lines[2].contains(" seccomp  4xNVIDIA_H100_80GB_HBM3 "), "{}", lines[2]);
         assert!(lines[3].contains("no report yet"), "{}", lines[3]);
         assert_eq!(lines[4], "3 node(s), 2 class(es): aaaaaaaaaa (worker1); bbbbbbbbbb (worker2)");
         assert!(

@@ -69,6 +69,11 @@ impl NodeRow {
         }
     }
 
+    /// How many GPUs its agent reports (0: none, or no report).
+    pub fn gpus(&self) -> u32 {
+        self.report.as_ref().map_or(0, NodeReport::gpu_count)
+    }
+
     /// Its state without the power and other flags (`idle`, `down`,
     /// `drained`, ...), lower case.
     pub fn base_state(&self) -> String {
@@ -118,6 +123,11 @@ pub fn in_partition(rows: Vec<NodeRow>, partition: Option<&str>) -> Vec<NodeRow>
             None => r.partition.ends_with('*'),
         })
         .collect()
+}
+
+/// The rows of nodes with at least `gpus` GPUs (all of them for none).
+pub fn with_gpus(rows: Vec<NodeRow>, gpus: u32) -> Vec<NodeRow> {
+    rows.into_iter().filter(|r| gpus == 0 || r.gpus() >= gpus).collect()
 }
 
 /// The class the calls of one experiment keep to.
@@ -235,6 +245,32 @@ garbage
         // Only class b has two usable nodes; no class has three.
         assert_eq!(one_class_of_any(&rows, 2).as_deref(), Some("dlgclass_bbbbbbbbbb"));
         assert_eq!(one_class_of_any(&rows, 3), None);
+    }
+
+    #[test]
+    fn calls_that_ask_for_gpus_keep_to_a_class_of_nodes_with_as_many() {
+        let node = |n: &str, c: &str, gpus: &str| {
+            format!("{n}|ml*|idle|dlgclass_{c}|none|delegate class={c} deployed={c} label=none governor=unknown boost=unknown perf=seccomp counters=software gpus={gpus} cpu=AMD EPYC|\n")
+        };
+        let text = [
+            node("cpu1", "cccccccccc", "none"),
+            node("cpu2", "cccccccccc", "none"),
+            node("cpu3", "cccccccccc", "none"),
+            node("h1", "dddddddddd", "2xNVIDIA_H100_80GB_HBM3"),
+            node("h2", "dddddddddd", "2xNVIDIA_H100_80GB_HBM3"),
+            node("a1", "aaaaaaaaaa", "1xNVIDIA_A100-SXM4-80GB"),
+        ]
+        .concat();
+        let rows = parse_nodes(&text);
+        assert_eq!(rows[3].gpus(), 2);
+        // Without GPUs: the largest class, the CPU nodes.
+        assert_eq!(choose_class(&with_gpus(rows.clone(), 0)).unwrap().id, "cccccccccc");
+        // One GPU each: the H100s (2 nodes) over the one A100, never both.
+        let c = choose_class(&with_gpus(rows.clone(), 1)).unwrap();
+        assert_eq!((c.id.as_str(), c.nodes, c.classes), ("dddddddddd", 2, 2));
+        // Two GPUs: only the H100 nodes have them, one class, nothing to choose.
+        assert_eq!(with_gpus(rows.clone(), 2).len(), 2);
+        assert_eq!(choose_class(&with_gpus(rows, 2)), None);
     }
 
     #[test]
