@@ -220,6 +220,8 @@ local_write_slurm_conf() {
     fi
     rm -f "$tmp"
 
+    local_write_cgroup_conf
+
     # The epilog: the marker is on its second line (after the #! line).
     tmp=$(mktemp -p "$BC_TMP")
     { head -n1 "$REPO/slurm-conf/epilog.sh"; echo "$MARKER"; tail -n +2 "$REPO/slurm-conf/epilog.sh"; } >"$tmp"
@@ -320,6 +322,49 @@ start_slurmctld() {
         || die "slurmctld not answering after ${DELEGATE_WAIT}s; tail $DELEGATE_LOG_DIR/slurmctld.log:
 $(tail -n 20 "$DELEGATE_LOG_DIR/slurmctld.log")"
     record_started slurmctld "$(cat "$DELEGATE_RUN_DIR/slurmctld.pid")"
+}
+
+# local_cgroup_facts: this node's cgroup hierarchy, whether systemd runs it,
+# and its Slurm version, as `delegate-deploy cgroup-conf` options.
+local_cgroup_facts() {
+    local hierarchy=v1 version
+    [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs ]] && hierarchy=v2
+    version=$(slurmd -V 2>/dev/null) || die "slurmd -V failed: is slurmd installed?"
+    printf '%s\n' --cgroup "$hierarchy" --slurm-version "$version"
+    [[ -d /run/systemd/system ]] && printf '%s\n' --systemd
+    return 0
+}
+
+# local_write_cgroup_conf: cgroup.conf beside slurm.conf for this node's
+# facts (docs/operations.md "cgroup v2"); where slurmd makes its own scope
+# (cgroup v2 without systemd, Slurm before 23.11) its slice is made first.
+local_write_cgroup_conf() {
+    local tmp conf facts
+    conf=$(dirname "$SLURM_CONF")/cgroup.conf
+    mapfile -t facts < <(local_cgroup_facts)
+    tmp=$(mktemp -p "$BC_TMP")
+    deploy_render "$tmp" cgroup-conf --shape local "${facts[@]}"
+    if install_generated "$tmp" "$conf" 0644; then
+        SLURM_CONF_CHANGED=1
+        log "slurm: wrote $conf (${facts[*]})"
+    fi
+    rm -f "$tmp"
+    if grep -qx 'IgnoreSystemd=yes' "$conf"; then
+        slurmd_slice
+    fi
+}
+
+# slurmd_slice: /sys/fs/cgroup/system.slice with the controllers slurmd
+# enables in its scope (cgroup v2 without systemd: nothing else makes it).
+slurmd_slice() {
+    local slice=/sys/fs/cgroup/system.slice c
+    mkdir -p "$slice" || die "cannot make $slice for slurmd's cgroup scope"
+    for c in cpuset cpu memory pids; do
+        grep -qw "$c" /sys/fs/cgroup/cgroup.controllers || continue
+        echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || warn "cannot enable the $c controller below /sys/fs/cgroup"
+        echo "+$c" >"$slice/cgroup.subtree_control" 2>/dev/null || warn "cannot enable the $c controller in $slice"
+    done
+    log "slurm: $slice ready for slurmd's own scope (cgroup v2 without systemd)"
 }
 
 # start_slurmd: start the node daemon unless one runs.

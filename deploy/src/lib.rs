@@ -17,6 +17,7 @@
 //! Whom it trusts: root runs it at deploy time with the operator's
 //! settings; it reads no student input.
 
+pub mod cgroup;
 pub mod cluster_file;
 pub mod gres;
 pub mod lockdown;

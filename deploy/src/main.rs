@@ -10,8 +10,8 @@ use delegate_deploy::lockdown::GateForm;
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
-    cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_file, user_node, RenderError,
-    Settings, Shape,
+    cgroup, cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_file, user_node,
+    RenderError, Settings, Shape,
 };
 use roster_state::Reserved;
 
@@ -56,6 +56,22 @@ enum Rendered {
         /// Device files in Slurm's order, as gres.conf's File= takes them (local).
         #[arg(long, default_value = "")]
         files: String,
+    },
+    /// cgroup.conf: Slurm's cgroup side for a node of these facts (with
+    /// `IgnoreSystemd=yes`, slurmd's slice must be made before it starts).
+    CgroupConf {
+        #[arg(long, value_enum)]
+        shape: Shape,
+        /// The node's cgroup hierarchy (`stat -fc %T /sys/fs/cgroup`:
+        /// cgroup2fs is v2).
+        #[arg(long, value_enum)]
+        cgroup: cgroup::Hierarchy,
+        /// Whether systemd runs the node (`/run/systemd/system` exists).
+        #[arg(long)]
+        systemd: bool,
+        /// Slurm's version as `slurmd -V` prints it.
+        #[arg(long)]
+        slurm_version: String,
     },
     /// The site policy as first installed.
     Policy {
@@ -199,6 +215,9 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             slurm_conf::render(s, shape, Some(&local))
         }
         Rendered::GresConf { shape, node, gpus, files } => gres::render(s, shape, &node, gpus, &files),
+        Rendered::CgroupConf { shape, cgroup, systemd, slurm_version } => {
+            cgroup::render(shape, cgroup, systemd, &slurm_version)
+        }
         Rendered::Policy { shape, max_gpus } => {
             let mem = if shape == Shape::Local {
                 site_policy::mem_total_kib()?

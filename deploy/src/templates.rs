@@ -10,6 +10,7 @@ use crate::RenderError;
 const TEMPLATES: &[(&str, &str)] = &[
     ("slurm.conf", include_str!("../../slurm-conf/slurm.conf.j2")),
     ("gres.conf", include_str!("../../slurm-conf/gres.conf.j2")),
+    ("cgroup.conf", include_str!("../../slurm-conf/cgroup.conf.j2")),
     ("policy.toml", include_str!("../../slurm-conf/policy.toml.j2")),
     (
         "job_submit.settings.lua",
