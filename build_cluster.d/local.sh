@@ -586,8 +586,11 @@ import pathlib, re, shutil, sys
 req, cache, out = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 pytag, arch = sys.argv[4], sys.argv[5]
 def fits(w):
-    py, _abi, plat = w.name[: -len(".whl")].split("-")[-3:]
-    return (pytag in py.split(".") or "py3" in py.split(".")) and (plat == "any" or arch in plat)
+    py, abi, plat = w.name[: -len(".whl")].split("-")[-3:]
+    tags = py.split(".")
+    # A stable-ABI wheel (abi3) of an older CPython runs on this one too.
+    stable = abi == "abi3" and any(t.startswith("cp3") and int(t[3:]) <= int(pytag[3:]) for t in tags)
+    return (pytag in tags or "py3" in tags or stable) and (plat == "any" or arch in plat)
 for line in open(req):
     line = line.split("#")[0].strip()
     if not line:

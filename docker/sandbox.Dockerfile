@@ -76,6 +76,7 @@ RUN set -e; \
     python3 -m compileall -q "$site" >/dev/null 2>&1 || true; \
     python3 -c 'import ctypes, importlib.metadata as m, os, cfiddle, cfiddle.Runner, cfiddle.paths; lib = cfiddle.paths.cfiddle_lib_path(); ctypes.CDLL(os.path.join(lib, "libcfiddle.so")); print("cfiddle", m.version("cfiddle"), "pandas", m.version("pandas"), "libcfiddle in", lib)'; \
     python3 -c 'import importlib.metadata as m, dask, dask.array, dask.local; print("dask", m.version("dask"))'; \
+    python3 -c 'import importlib.metadata as m, tensorboardX; print("tensorboardX", m.version("tensorboardX"), "protobuf", m.version("protobuf"))'; \
     echo "$n CFiddle wheels unpacked"
 
 LABEL org.opencontainers.image.title="delegate-sandbox" \

@@ -29,7 +29,14 @@ RUN python3 -m venv /opt/delegate/venv \
  && /opt/delegate/venv/bin/pip install -q --no-index --find-links /tmp/wheels jupyterlab ${HUB_PIP_PINS} delegate \
  && /opt/delegate/venv/bin/pip install -q --no-index --no-deps --find-links /tmp/wheels -r /tmp/wheels/requirements-cfiddle.txt \
  && rm -rf /tmp/wheels /root/.cache \
- && /opt/delegate/venv/bin/python -c 'import delegate, cloudpickle, jupyterlab, jupyterhub, jupyterhub_idle_culler, pamela; print("delegate ok, cloudpickle", cloudpickle.__version__, "jupyterlab", jupyterlab.__version__, "jupyterhub", jupyterhub.__version__)'
+ && /opt/delegate/venv/bin/python -c 'import delegate, cloudpickle, jupyterlab, jupyterhub, jupyterhub_idle_culler, pamela; print("delegate ok, cloudpickle", cloudpickle.__version__, "jupyterlab", jupyterlab.__version__, "jupyterhub", jupyterhub.__version__)' \
+ && /opt/delegate/venv/bin/python -c 'import delegate._jupyter, tensorboard, tensorboardX; print("tensorboard", tensorboard.__version__)'
+
+# Every student's Jupyter server serves their jobs' TensorBoard
+# (delegate._jupyter, a jupyter_server extension of the delegate package).
+RUN install -d /opt/delegate/venv/etc/jupyter/jupyter_server_config.d \
+ && printf '%s\n' '{"ServerApp": {"jpserver_extensions": {"delegate._jupyter": true}}}' \
+        >/opt/delegate/venv/etc/jupyter/jupyter_server_config.d/delegate.json
 
 # JupyterLab's defaults for every student: no "get notified about official
 # Jupyter news?" popup over the first screen, no update check (no internet).

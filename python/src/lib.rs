@@ -406,6 +406,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STDOUT", delegate_protocol::layout::STDOUT)?;
     m.add("STDERR", delegate_protocol::layout::STDERR)?;
     m.add("RESULT", delegate_protocol::layout::RESULT)?;
+    m.add("TENSORBOARD_ROUTE", delegate_client::tensorboard::ROUTE)?;
     m.add_function(wrap_pyfunction!(submit_python, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(wait, m)?)?;

@@ -9,7 +9,8 @@ the order of docs/instructors.md ("The course on the stack"):
    cold call, a call, a map with one failing input, the README's CFiddle
    example with PERF_COUNT_SW_TASK_CLOCK, `delegate.jobs()`, `delegate
    doctor` and `sacct` from a cell; the second one tries the first one's
-   files, jobs and server;
+   files, jobs and server; the first one's TensorBoard of a training-like
+   job, live, which the second one cannot reach;
 3. `down`.
 
 The assertions read what the page shows (cell outputs and live status
@@ -301,6 +302,85 @@ def test_3_a_students_day_in_the_browser(students):
     ben.shot("others-server")
     assert ben.page.locator(".jp-LabShell").count() == 0, "Ben got a JupyterLab at Ann's URL"
     assert resp is not None and (resp.status == 403 or "403" in ben.page.inner_text("body"))
+
+
+# A training-like job that writes one TensorBoard event a second (issue 43).
+TRAIN = """@delegate.remote(time="4m")
+def train(steps):
+    import math, time
+    from tensorboardX import SummaryWriter
+    w = SummaryWriter("/job/runs/train")
+    for step in range(steps):
+        w.add_scalar("loss", math.exp(-step / 15) + 0.05 * math.sin(step), step)
+        w.flush()
+        time.sleep(1)
+    w.close()
+    return steps
+training = train.submit(150)
+board = delegate.tensorboard(training)
+print("board", board.url)
+board"""
+BOARD_CLI = "!delegate tensorboard {id}; echo tensorboard-exit=$?"
+
+
+def scalar_points(s, base: str) -> int:
+    """How many points of `loss` the board serves now (asked as the page
+    does, with the student's own session)."""
+    r = s.ctx.request.get(f"{base}data/plugin/scalars/scalars?run=runs/train&tag=loss")
+    return len(r.json()) if r.ok else -r.status
+
+
+def test_3b_tensorboard_of_a_running_job(students):
+    """Ann's training-like job writes an event a second; her board (served
+    by her own Jupyter server) shows the curve grow while it runs; Ben can
+    reach it neither through his server nor through hers."""
+    ann, ben = students
+    text = ann.run_cell(TRAIN, "TensorBoard of job", "tensorboard-link")
+    job_id, url = re.search(r"board (/user/[^/]+/delegate/tensorboard/(\S+)/)", text).group(2, 1)
+    assert url == f"/user/{ANN}/delegate/tensorboard/{job_id}/", text
+    text = ann.run_cell(BOARD_CLI.format(id=job_id), "tensorboard-exit=", "tensorboard-cli")
+    assert f"TensorBoard of job {job_id}: {url}" in text and "tensorboard-exit=0" in text, text
+    deadline = time.monotonic() + 300
+    while (first := scalar_points(ann, URL + url)) < 5:
+        assert time.monotonic() < deadline, f"no curve on the board: {first}"
+        time.sleep(3)
+    page = ann.ctx.new_page()
+    page.goto(URL + url)
+    page.wait_for_load_state("load")
+    page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-0-opened.png"), full_page=True)
+    page.wait_for_selector("text=loss", timeout=120_000)
+    page.wait_for_selector("canvas, svg.line-chart, .line-chart", timeout=60_000)
+    time.sleep(3)
+    page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-1-live.png"), full_page=True)
+    time.sleep(15)
+    later = scalar_points(ann, URL + url)
+    assert later >= first + 8, f"the curve did not grow while the job ran: {first} then {later}"
+    page.reload()
+    page.wait_for_selector("text=loss", timeout=120_000)
+    time.sleep(3)
+    page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-2-grown.png"), full_page=True)
+    assert "train" in page.inner_text("body"), page.inner_text("body")[:2000]
+    page.close()
+    # Ben: through his own server (not his job), through Ann's (not his
+    # server), and with his CLI.
+    mine = ben.ctx.request.get(f"{URL}/user/{BEN}/delegate/tensorboard/{job_id}/data/runs")
+    assert mine.status == 404, (mine.status, mine.text()[:300])
+    hers = ben.ctx.request.get(f"{URL}{url}data/runs", max_redirects=0)
+    assert hers.status in (302, 403) and "runs/train" not in hers.text(), (hers.status, hers.text()[:300])
+    # (Ben's page is the hub's refusal of Ann's server, test_3: his shell,
+    # as one of his hub terminals would run it.)
+    script = f"echo home=$HOME; delegate status {job_id}; export JUPYTERHUB_SERVICE_PREFIX=/user/{BEN}/\n"
+    r = run(
+        SCRIPT,
+        "shell",
+        BEN,
+        input=script + BOARD_CLI.format(id=job_id).lstrip("!") + "\n",
+        env=ENV,
+        timeout=300,
+    )
+    out = r.stdout + r.stderr
+    assert f"no job {job_id}" in out and "tensorboard-exit=1" in out, out
+    ann.run_cell("training.cancel(); print('cancelled', training.job_id)", "cancelled", "tensorboard-done")
 
 
 def test_4_the_instructor_in_the_browser(browser, students):

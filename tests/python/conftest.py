@@ -102,4 +102,12 @@ def alice():
     s.cleanup()
 
 
+@pytest.fixture
+def bob():
+    """Another student (tests of what one student cannot see of another's)."""
+    s = Student("delegate-bob")
+    yield s
+    s.cleanup()
+
+
 containers_with_label = testlib.containers_with_label

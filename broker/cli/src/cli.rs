@@ -80,6 +80,9 @@ pub enum Cmd {
     },
     /// Show how a job ended: state, exit code, reason, host and timings.
     Result { id: String },
+    /// Where the job's TensorBoard is: its event files (anywhere in /job),
+    /// served by your JupyterHub server while it runs and after.
+    Tensorboard { id: String },
     /// Cancel jobs and wait (up to 15 s) until they are over.
     Cancel {
         #[arg(required = true)]

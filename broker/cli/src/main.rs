@@ -71,6 +71,7 @@ fn run(cli: Cli) -> CliResult {
             }
         }
         Cmd::Result { id } => status::result(&cli, id),
+        Cmd::Tensorboard { id } => status::tensorboard(&cli, id),
         Cmd::Cancel { ids } => cancel::cancel(&cli, ids),
         Cmd::Doctor => doctor::doctor(&cli),
         Cmd::Admin(AdminCmd::Usage { since, csv }) => admin::usage(&cli, since.as_deref(), *csv),

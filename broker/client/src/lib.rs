@@ -24,6 +24,7 @@ pub mod slurm;
 pub mod state;
 pub mod status;
 pub mod subprocess;
+pub mod tensorboard;
 
 mod cancel;
 mod files;

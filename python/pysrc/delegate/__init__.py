@@ -64,6 +64,7 @@ from delegate._errors import (
 )
 from delegate._futures import DelegateFuture, attach, attach_many, mark_cancelled
 from delegate._jobs import JobTable, jobs
+from delegate._tensorboard import tensorboard
 from delegate._traceback import hide as _hide_frames
 from delegate_sandbox import measure as _measure  # type: ignore[import-untyped]
 from delegate_sandbox.measure import Comparison, Repeated, Stats  # type: ignore[import-untyped]
@@ -95,6 +96,7 @@ __all__ = [
     "remote",
     "sbatch_count",
     "status",
+    "tensorboard",
 ]
 __version__ = _core.__version__
 

@@ -17,6 +17,7 @@ from delegate._errors import JobTimedOut as JobTimedOut
 from delegate._errors import RemoteError as RemoteError
 from delegate._errors import RemoteTraceback as RemoteTraceback
 from delegate._errors import VersionMismatchError as VersionMismatchError
+from delegate._tensorboard import tensorboard as tensorboard
 
 __all__ = [
     "Comparison",
@@ -42,6 +43,7 @@ __all__ = [
     "remote",
     "sbatch_count",
     "status",
+    "tensorboard",
 ]
 
 __version__: str

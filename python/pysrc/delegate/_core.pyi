@@ -12,6 +12,7 @@ __all__ = [
     "RESULT",
     "STDERR",
     "STDOUT",
+    "TENSORBOARD_ROUTE",
     "TERMINAL_STATES",
     "DelegateError",
     "NoSuchJobError",
@@ -44,6 +45,9 @@ MAX_RESULT_BYTES: int
 STDOUT: str
 STDERR: str
 RESULT: str
+#: Where a student's Jupyter server serves a job's TensorBoard, below its
+#: base URL (broker/client/src/tensorboard.rs).
+TENSORBOARD_ROUTE: str
 
 class DelegateError(Exception):
     """A delegate operation failed (submission, Slurm, the job directory)."""

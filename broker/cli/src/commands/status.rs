@@ -1,5 +1,5 @@
-//! `delegate status` and `delegate result`: what is known
-//! about jobs.
+//! `delegate status`, `delegate result` and `delegate tensorboard`: what
+//! is known about jobs, and where to see their event files.
 
 use std::path::Path;
 
@@ -79,6 +79,43 @@ pub fn result(cli: &Cli, id: &str) -> CliResult {
         for line in fingerprint.iter().flat_map(crate::machine::lines) {
             println!("{line}");
         }
+    }
+    Ok(0)
+}
+
+/// `delegate tensorboard ID`: the address of the job's board on the hub.
+pub fn tensorboard(cli: &Cli, id: &str) -> CliResult {
+    use delegate_client::tensorboard::{url, SERVICE_PREFIX_ENV};
+    let id = parse_id(id)?;
+    let c = client(&cli.root)?;
+    c.status(std::slice::from_ref(&id))?;
+    // The board reads the job's directory as its server's student: one of
+    // the caller's own (as delegate._tensorboard checks it), not a name in
+    // a root the caller cannot read.
+    let dir = c.job_dir(&id);
+    let own = std::fs::metadata(&dir).is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.is_dir() && m.uid() == nix::unistd::getuid().as_raw()
+    });
+    if !own {
+        return Err(Fail::new(format!("no job {id} of yours in {}", c.root().display()), 1));
+    }
+    let Some(prefix) = std::env::var(SERVICE_PREFIX_ENV).ok().filter(|p| p.starts_with('/')) else {
+        return Err(Fail::new(
+            format!(
+                "a job's TensorBoard is served by your JupyterHub server, and this shell is not one of its \
+                 terminals ({SERVICE_PREFIX_ENV} is not set): run `delegate tensorboard {id}` in JupyterHub"
+            ),
+            1,
+        ));
+    };
+    if cli.json {
+        print_json(&serde_json::json!({ "id": id.to_string(), "url": url(&prefix, &id) }))?;
+    } else {
+        println!(
+            "TensorBoard of job {id}: {} (below your JupyterHub's address)",
+            url(&prefix, &id)
+        );
     }
     Ok(0)
 }

@@ -1,0 +1,140 @@
+"""TensorBoard over one job's event files, served by the student's own
+Jupyter server (docs/ml.md "TensorBoard").
+
+Each board is TensorBoard's own WSGI application over the job's directory,
+made in the server's process (it runs as the student, so it reads only
+what the student may read) and reached only through the server's
+authenticated route ``<server>/delegate/tensorboard/<job id>/``
+(delegate._jupyter). No TCP port is opened: on a user node shared by every
+student's server, a port would be reachable by every other student, and a
+generic proxy to local ports would hand the visitor's cookies to whoever
+listens there.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from delegate import _core
+
+#: The route below a Jupyter server's base URL (the core's, which the CLI
+#: prints too).
+ROUTE = _core.TENSORBOARD_ROUTE
+#: At most this many boards per server (the least recently used goes).
+MAX_BOARDS = 8
+#: How often a board looks for new events (seconds): a running job's curve
+#: grows while the page is open.
+RELOAD_SECS = 2
+
+
+def _job_id(job: Any) -> str:
+    return job.job_id if hasattr(job, "job_id") else str(job)
+
+
+def checked_job_dir(job: Any) -> str:
+    """The directory of one of the caller's own cluster jobs: a job of the
+    caller's root (its status), whose directory is a directory of the
+    caller's own. Raises ``NoSuchJobError`` for any other."""
+    job_id = _job_id(job)
+    _core.status([job_id])
+    path = _core.job_dir(job_id)
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise _core.NoSuchJobError("no job %s in %s" % (job_id, os.path.dirname(path))) from e
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise _core.NoSuchJobError("job %s's directory %s is not a directory of yours" % (job_id, path))
+    return path
+
+
+def url(job: Any, service_prefix: str | None = None) -> str:
+    """The board's address below the hub (``/user/<name>/delegate/
+    tensorboard/<id>/``). ``service_prefix``: the server's base URL
+    (default: ``JUPYTERHUB_SERVICE_PREFIX``, which JupyterHub gives every
+    student's server and its terminals and kernels)."""
+    prefix = service_prefix or os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
+    if not prefix:
+        raise RuntimeError(
+            "TensorBoard is served by your JupyterHub server, and this process is not "
+            "one of its kernels or terminals (JUPYTERHUB_SERVICE_PREFIX is not set)"
+        )
+    job_id = _job_id(job)
+    checked_job_dir(job_id)
+    return f"{prefix.rstrip('/')}/{ROUTE}/{job_id}/"
+
+
+class Board:
+    """A link to a job's board (a notebook shows it as one)."""
+
+    def __init__(self, job: Any) -> None:
+        self.job_id = _job_id(job)
+        self.url = url(self.job_id)
+
+    def __repr__(self) -> str:
+        return f"TensorBoard of job {self.job_id}: {self.url}"
+
+    def _repr_html_(self) -> str:
+        return f'<a href="{self.url}" target="_blank">TensorBoard of job {self.job_id}</a>'
+
+
+def tensorboard(job: Any) -> Board:
+    """TensorBoard of one of your jobs (an id or a future), running or
+    finished: its event files anywhere in the job's directory (``/job`` in
+    the sandbox: e.g. ``SummaryWriter("/job/runs")``). In a notebook, the
+    link opens it; the curves grow while the job runs."""
+    return Board(job)
+
+
+class Boards:
+    """The boards of one server: TensorBoard's WSGI app per job, made on
+    first use, at most MAX_BOARDS."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._apps: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def app(self, job_id: str):
+        """The WSGI app of ``job_id``'s board (``NoSuchJobError`` for a job
+        the server's user does not have)."""
+        with self._lock:
+            if job_id in self._apps:
+                self._apps.move_to_end(job_id)
+                return self._apps[job_id]
+        logdir = checked_job_dir(job_id)
+        made = _make_app(logdir, f"{self.base_url}/{ROUTE}/{job_id}")
+        with self._lock:
+            app = self._apps.setdefault(job_id, made)
+            while len(self._apps) > MAX_BOARDS:
+                self._apps.popitem(last=False)
+        return app
+
+
+def _make_app(logdir: str, path_prefix: str):
+    """TensorBoard's WSGI application over ``logdir``, answering below
+    ``path_prefix`` (TensorBoard's own program, without its server)."""
+    from tensorboard import default, program  # type: ignore[import-untyped]
+    from tensorboard.backend import application  # type: ignore[import-untyped]
+
+    tb = program.TensorBoard(plugins=default.get_plugins())
+    tb.configure(
+        argv=[
+            "tensorboard",
+            "--logdir",
+            logdir,
+            "--path_prefix",
+            path_prefix,
+            "--reload_interval",
+            str(RELOAD_SECS),
+            "--load_fast",
+            "false",
+        ]
+    )
+    data_provider, multiplexer = tb._make_data_provider()
+    return application.TensorBoardWSGIApp(
+        tb.flags, tb.plugin_loaders, data_provider, tb.assets_zip_provider, multiplexer
+    )

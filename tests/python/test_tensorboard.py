@@ -1,0 +1,121 @@
+"""TensorBoard of a job (issue 43, seeds 003 and 004; docs/ml.md
+"TensorBoard"): a call writes event files into /job with tensorboardX, and
+the student's own Jupyter server (jupyter_server with the delegate._jupyter
+extension, as the user image enables it) serves the job's board at
+<base url>delegate/tensorboard/<id>/, to its own student only; another
+student's server says it has no such job. The browser's view of it, live,
+is the acceptance suite's (tests/acceptance, test_3b). Run by tests/run.sh
+(stage 5), as students, on the real local cluster."""
+
+from __future__ import annotations
+
+SERVE = """
+import http.client, json, os, socket, subprocess, sys, time
+import delegate
+def out(**kw):
+    print("RESULT: " + json.dumps(kw), flush=True)
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+port, token, base = free_port(), "t0ken", "/user/me/"
+server = subprocess.Popen(
+    [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+     f"--ServerApp.base_url={base}", f"--IdentityProvider.token={token}",
+     "--ServerApp.jpserver_extensions={'delegate._jupyter': True}"],
+    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=os.path.expanduser("~"))
+def get(path, auth=True):
+    # (no redirect followed: an anonymous request's answer is the redirect to the login)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", path, headers={"Authorization": f"token {token}"} if auth else {})
+    r = c.getresponse()
+    return r.status, r.read().decode(errors="replace")
+for _ in range(120):
+    try:
+        if get(base + "api/status")[0] == 200:
+            break
+    except OSError:
+        pass
+    time.sleep(0.5)
+"""
+
+
+def test_a_jobs_events_are_served_to_its_student_only(alice, bob):
+    res, _ = alice.result(
+        SERVE
+        + """
+@delegate.remote(time="2m")
+def train(steps):
+    from tensorboardX import SummaryWriter
+    w = SummaryWriter("/job/runs/train")
+    for step in range(steps):
+        w.add_scalar("loss", 1.0 / (step + 1), step)
+    w.close()
+    return steps
+fut = train.submit(12)
+assert fut.result() == 12
+board = base + "delegate/tensorboard/" + fut.job_id + "/"
+for _ in range(60):
+    runs = get(board + "data/runs")
+    if "runs/train" in runs[1]:
+        break
+    time.sleep(1)
+points = get(board + "data/plugin/scalars/scalars?run=runs/train&tag=loss")
+page = get(board)
+unknown = get(base + "delegate/tensorboard/20200101T000000-0badcafe/data/runs")
+anonymous = get(board + "data/runs", auth=False)
+server.terminate()
+out(job=fut.job_id, runs=runs, points=len(json.loads(points[1])) if points[0] == 200 else points,
+    page=[page[0], "<title>TensorBoard</title>" in page[1]], unknown=unknown[0], anonymous=anonymous[0],
+    url=delegate.tensorboard(fut).url if os.environ.get("JUPYTERHUB_SERVICE_PREFIX") else None)
+""",
+        timeout=600,
+        name="tensorboard-alice",
+    )
+    assert res["runs"] == [200, '["runs/train"]'], res
+    assert res["points"] == 12, res
+    assert res["page"] == [200, True], res
+    assert res["unknown"] == 404 and res["anonymous"] in (302, 403), res
+    # Bob's own server has no board of Alice's job.
+    other, _ = bob.result(
+        SERVE
+        + f"""
+theirs = get(base + "delegate/tensorboard/{res["job"]}/data/runs")
+server.terminate()
+out(theirs=theirs[0], leaked="runs/train" in theirs[1])
+""",
+        timeout=300,
+        name="tensorboard-bob",
+    )
+    assert other == {"theirs": 404, "leaked": False}, other
+
+
+def test_the_board_address_is_below_the_students_server(alice):
+    """delegate.tensorboard(job) and `delegate tensorboard ID` name the same
+    address, below the hub server's base URL (JUPYTERHUB_SERVICE_PREFIX);
+    outside a hub server they say where to run them instead."""
+    res, _ = alice.result(
+        """
+import json, os, subprocess
+import delegate
+def out(**kw):
+    print("RESULT: " + json.dumps(kw), flush=True)
+fut = delegate.remote(time="1m")(lambda: 1).submit()
+fut.result()
+outside = subprocess.run(["delegate", "tensorboard", fut.job_id], capture_output=True, text=True)
+try:
+    delegate.tensorboard(fut)
+    py_outside = None
+except RuntimeError as e:
+    py_outside = str(e)
+os.environ["JUPYTERHUB_SERVICE_PREFIX"] = "/user/alice/"
+cli = subprocess.run(["delegate", "tensorboard", fut.job_id], capture_output=True, text=True)
+out(job=fut.job_id, url=delegate.tensorboard(fut).url, cli=cli.stdout, cli_rc=cli.returncode,
+    outside=[outside.returncode, outside.stderr], py_outside=py_outside)
+"""
+    )
+    url = f"/user/alice/delegate/tensorboard/{res['job']}/"
+    assert res["url"] == url, res
+    assert res["cli"].startswith(f"TensorBoard of job {res['job']}: {url}") and res["cli_rc"] == 0, res
+    assert res["outside"][0] == 1 and "JUPYTERHUB_SERVICE_PREFIX is not set" in res["outside"][1], res
+    assert "JUPYTERHUB_SERVICE_PREFIX is not set" in (res["py_outside"] or ""), res
