@@ -453,4 +453,4 @@ out(values=sq.map([1, 2, 3]), ex=ex_values, refused=refused)
 """
     )
     assert res["values"] == [1, 4, 9] and res["ex"] == [2, 3], res
-    assert res["refused"] and "unexpected keyword" in res["refused"], res["refused"]
+    assert res["refused"] and "unknown resource 'mix'" in res["refused"], res["refused"]

@@ -47,10 +47,10 @@ import os
 import sys
 import threading
 import time as _time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, overload
 
-import delegate_sandbox as _fmt  # type: ignore[import-untyped]
+import delegate_sandbox as _fmt
 from delegate import _core, _local
 from delegate._errors import (
     DelegateError,
@@ -66,11 +66,21 @@ from delegate._futures import DelegateFuture, attach, attach_many, mark_cancelle
 from delegate._jobs import JobTable, jobs
 from delegate._tensorboard import tensorboard
 from delegate._traceback import hide as _hide_frames
-from delegate_sandbox import measure as _measure  # type: ignore[import-untyped]
-from delegate_sandbox.measure import Comparison, Repeated, Stats  # type: ignore[import-untyped]
+from delegate_sandbox import measure as _measure
+from delegate_sandbox.measure import Comparison, Repeated, Stats
 
 if TYPE_CHECKING:
+    from typing_extensions import ParamSpec, Unpack
+
     from delegate._core import JobStatus
+
+    _P = ParamSpec("_P")
+else:
+    # Python 3.9 has no ParamSpec: at run time a plain TypeVar stands in.
+    _P = TypeVar("_P")
+_R = TypeVar("_R")
+#: Where calls run: on the cluster, or in local subprocesses (not sandboxed).
+Backend = Literal["cluster", "local"]
 
 __all__ = [
     "Comparison",
@@ -81,11 +91,13 @@ __all__ = [
     "JobFailed",
     "JobTable",
     "JobTimedOut",
+    "MapResources",
     "NoSuchJobError",
     "RemoteError",
     "RemoteFunction",
     "RemoteTraceback",
     "Repeated",
+    "Resources",
     "Stats",
     "SubmitError",
     "VersionMismatchError",
@@ -100,18 +112,48 @@ __all__ = [
 ]
 __version__ = _core.__version__
 
-#: The resource keywords of remote(), Executor(), compare() and the
-#: extension's submit_python (tests/unit/test_stubs.py checks they agree).
-_RESOURCE_KEYS = ("cpus", "gpus", "nodes", "mem", "time", "image", "env", "files", "mix_classes")
+
+class MapResources(TypedDict, total=False):
+    """What each call of a map asks for (``Executor``, CFiddle's
+    ``Delegate``): the resource keywords, defined here once."""
+
+    #: Cores, and GPUs (Slurm GRES), up to the site policy's maxima.
+    cpus: int
+    gpus: int
+    #: Memory (``"2G"``, or bytes) and time limit (``"5m"``, or seconds).
+    mem: str | int
+    time: str | int
+    #: The sandbox image, and the call's environment variables.
+    image: str
+    env: Mapping[str, str]
+    #: Files and directories copied into the job directory (``/job/NAME``).
+    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+    #: Let a map's calls spread over nodes of different hardware classes.
+    mix_classes: bool
 
 
-def _given_resources(args: dict) -> dict:
-    """The resource keywords among a signature's ``locals()`` that were given
-    (not None), ``files`` made a list."""
-    res = {k: args[k] for k in _RESOURCE_KEYS if args.get(k) is not None}
-    if "files" in res:
-        res["files"] = _files_list(res["files"])
-    return res
+class Resources(MapResources, total=False):
+    """The resource keywords of ``remote()`` and ``compare()``: a map's,
+    and ``nodes`` (a multi-node call, one sandbox per node)."""
+
+    nodes: int
+
+
+#: The resource keywords (tests/unit/test_typing.py checks that the
+#: extension's submit_python takes exactly these).
+_RESOURCE_KEYS = tuple(Resources.__annotations__)
+
+
+def _given_resources(res: Mapping[str, Any]) -> dict[str, Any]:
+    """The resource keywords that were given (not None), ``files`` made a
+    list; an unknown keyword is a TypeError."""
+    for k in res:
+        if k not in _RESOURCE_KEYS:
+            raise TypeError("unknown resource %r (expected one of %s)" % (k, ", ".join(_RESOURCE_KEYS)))
+    out = {k: v for k, v in res.items() if v is not None}
+    if "files" in out:
+        out["files"] = _files_list(out["files"])
+    return out
 
 
 #: The environment variable choosing the backend when none is given:
@@ -129,8 +171,8 @@ def _backend(backend: str | None) -> str:
     return b
 
 
-def _cloudpickle():
-    import cloudpickle
+def _cloudpickle() -> Any:
+    import cloudpickle  # type: ignore[import-untyped]
 
     return cloudpickle
 
@@ -173,7 +215,15 @@ def _label(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _resources(res: dict) -> dict:
+def _map_resources(res: Mapping[str, Any], who: str) -> dict[str, Any]:
+    """A map's resource keywords given (no ``nodes``: each call of a map
+    runs on one node)."""
+    if "nodes" in res:
+        raise TypeError("%s takes no nodes: each call of a map runs on one node" % who)
+    return _given_resources(res)
+
+
+def _resources(res: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in res.items():
         if k not in _RESOURCE_KEYS:
@@ -195,7 +245,7 @@ def _resources(res: dict) -> dict:
     return out
 
 
-def _files_list(files):
+def _files_list(files: Any) -> Any:
     """``files=`` kept as a list (a generator would be used up by the first
     submission); one path stays as it is."""
     if files is None or isinstance(files, (str, bytes, os.PathLike)):
@@ -203,7 +253,13 @@ def _files_list(files):
     return list(files)
 
 
-def _submit_many(fn, calls, res: dict, backend: str | None = None, label: str | None = None) -> list:
+def _submit_many(
+    fn: Callable[..., Any],
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    res: Mapping[str, Any],
+    backend: str | None = None,
+    label: str | None = None,
+) -> list[DelegateFuture]:
     """Submits every (args, kwargs) of ``calls`` in one sbatch (or runs each
     in a local subprocess); returns futures, under one live line (``label``,
     default the function's name)."""
@@ -221,7 +277,12 @@ def _submit_many(fn, calls, res: dict, backend: str | None = None, label: str | 
 
 
 def _submit(
-    fn, args, kwargs, res: dict, backend: str | None = None, label: str | None = None
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    res: Mapping[str, Any],
+    backend: str | None = None,
+    label: str | None = None,
 ) -> DelegateFuture:
     (fut,) = _submit_many(fn, [(args, kwargs)], res, backend, label)
     return fut
@@ -241,12 +302,20 @@ def _repeats(repeat, warmup) -> tuple[int, int] | None:
     return repeat, warmup
 
 
-class RemoteFunction:
+class RemoteFunction(Generic[_P, _R]):
     """A function that runs on the cluster: calling it waits for the remote
     value; ``submit`` returns a future at once; ``map`` runs many calls in one
     sbatch."""
 
-    def __init__(self, fn, *, backend: str | None = None, repeat=None, warmup=None, **resources):
+    def __init__(
+        self,
+        fn: Callable[_P, _R],
+        *,
+        backend: Backend | None = None,
+        repeat: int | None = None,
+        warmup: int | None = None,
+        **resources: Unpack[Resources],
+    ) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._resources = resources
@@ -256,11 +325,11 @@ class RemoteFunction:
         if backend is not None:
             _backend(backend)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         __tracebackhide__ = _hide_frames()
         return self.submit(*args, **kwargs).result()
 
-    def submit(self, *args, **kwargs) -> DelegateFuture:
+    def submit(self, *args: _P.args, **kwargs: _P.kwargs) -> DelegateFuture:
         if self._repeats is None:
             return _submit(self._fn, args, kwargs, self._resources, self._backend)
         # The body N+K times in one sandbox, on the same cores: the value
@@ -269,40 +338,54 @@ class RemoteFunction:
         call = (self._fn, args, kwargs, repeat, warmup)
         return _submit(_measure.repeated, call, {}, self._resources, self._backend, _label(self._fn))
 
-    def map(self, *iterables, timeout=None):
+    def map(self, *iterables: Iterable[Any], timeout: float | None = None) -> list[_R]:
         __tracebackhide__ = _hide_frames()
-        with Executor(backend=self._backend, **self._resources) as ex:
+        res: Any = self._resources  # (a multi-node call is no map: Executor refuses nodes)
+        with Executor(backend=self._backend, **res) as ex:
             return list(ex.map(self._fn, *iterables, timeout=timeout))
 
-    def options(self, *, backend: str | None = None, **resources) -> RemoteFunction:
+    def options(
+        self, *, backend: Backend | None = None, **resources: Unpack[Resources]
+    ) -> RemoteFunction[_P, _R]:
+        merged: Any = {**self._resources, **resources}
         return RemoteFunction(
             self._fn,
             backend=backend if backend is not None else self._backend,
-            **{**self._resources, **resources},
+            **merged,
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # Inside the sandbox (where delegate is not installed) a reference to
         # the decorated function is the plain function.
         return operator.itemgetter(0), ((self._fn,),)
 
 
+@overload
 def remote(
-    fn=None,
+    fn: Callable[_P, _R],
     *,
-    cpus=None,
-    gpus=None,
-    nodes=None,
-    mem=None,
-    time=None,
-    image=None,
-    env=None,
-    files=None,
-    backend=None,
-    repeat=None,
-    warmup=None,
-    mix_classes=None,
-):
+    backend: Backend | None = None,
+    repeat: int | None = None,
+    warmup: int | None = None,
+    **resources: Unpack[Resources],
+) -> RemoteFunction[_P, _R]: ...
+@overload
+def remote(
+    fn: None = None,
+    *,
+    backend: Backend | None = None,
+    repeat: int | None = None,
+    warmup: int | None = None,
+    **resources: Unpack[Resources],
+) -> Callable[[Callable[_P, _R]], RemoteFunction[_P, _R]]: ...
+def remote(
+    fn: Callable[_P, _R] | None = None,
+    *,
+    backend: Backend | None = None,
+    repeat: int | None = None,
+    warmup: int | None = None,
+    **resources: Unpack[Resources],
+) -> RemoteFunction[_P, _R] | Callable[[Callable[_P, _R]], RemoteFunction[_P, _R]]:
     """Decorator: ``@delegate.remote`` or ``@delegate.remote(cpus=2, gpus=1,
     mem="2G", time="5m", image="delegate-sandbox:latest", env={"K": "v"})``.
     ``backend="local"`` runs each call in a local subprocess instead (not
@@ -321,14 +404,22 @@ def remote(
     ``mix_classes=True``: the calls of one ``map`` (and the nodes of a
     ``nodes=N`` call) may run on nodes of different hardware classes; by
     default they keep to one class when the cluster has several."""
-    res = _given_resources(locals())
-    more = dict(backend=backend, repeat=repeat, warmup=warmup)
+    res: Any = _given_resources(resources)
     if fn is None:
-        return lambda f: RemoteFunction(f, **more, **res)
-    return RemoteFunction(fn, **more, **res)
+        return lambda f: RemoteFunction(f, backend=backend, repeat=repeat, warmup=warmup, **res)
+    return RemoteFunction(fn, backend=backend, repeat=repeat, warmup=warmup, **res)
 
 
-def compare(a, b, *args, repeat=10, warmup=1, kwargs=None, backend=None, **resources):
+def compare(
+    a: Callable[..., Any],
+    b: Callable[..., Any],
+    *args: Any,
+    repeat: int = 10,
+    warmup: int = 1,
+    kwargs: Mapping[str, Any] | None = None,
+    backend: Backend | None = None,
+    **resources: Unpack[Resources],
+) -> Comparison:
     """Times ``a(*args, **kwargs)`` against ``b(*args, **kwargs)``: both in
     one sandbox on the same cores, interleaved (ABAB...), ``warmup`` pairs
     unmeasured then ``repeat`` measured. Returns a ``delegate.Comparison``:
@@ -345,7 +436,7 @@ def compare(a, b, *args, repeat=10, warmup=1, kwargs=None, backend=None, **resou
     assert reps is not None
     call = (a, b, args, dict(kwargs or {}), reps[0], reps[1])
     label = "compare %s/%s" % (_label(a), _label(b))
-    return _submit(_measure.compared, call, {}, resources, backend, label).result()
+    return _submit(_measure.compared, call, {}, _given_resources(resources), backend, label).result()
 
 
 class Executor(cf.Executor):
@@ -356,22 +447,11 @@ class Executor(cf.Executor):
     $DELEGATE_BACKEND, else ``cluster``. A ``map``'s calls keep to one
     hardware class of nodes unless ``mix_classes=True``."""
 
-    def __init__(
-        self,
-        cpus=None,
-        gpus=None,
-        mem=None,
-        time=None,
-        image=None,
-        env=None,
-        backend=None,
-        files=None,
-        mix_classes=None,
-    ):
-        self._resources = _given_resources(locals())
+    def __init__(self, *, backend: Backend | None = None, **resources: Unpack[MapResources]) -> None:
+        self._resources = _map_resources(resources, "Executor()")
         _resources(self._resources)
         self._backend = None if backend is None else _backend(backend)
-        self._futures = []
+        self._futures: list[DelegateFuture] = []
         self._lock = threading.Lock()
         self._shutdown = False
 
@@ -382,22 +462,28 @@ class Executor(cf.Executor):
             self._futures = [f for f in self._futures if not f.done()] + list(futs)
         return futs
 
-    def submit(self, fn, /, *args, **kwargs) -> DelegateFuture:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> DelegateFuture:
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
         (fut,) = self._track(_submit_many(fn, [(args, kwargs)], self._resources, self._backend))
         return fut
 
-    def map(self, fn, *iterables, timeout=None, chunksize=1):
+    def map(
+        self,
+        fn: Callable[..., _R],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+    ) -> Iterator[_R]:
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if isinstance(fn, RemoteFunction):
             fn = fn._fn
-        calls = [(args, {}) for args in zip(*iterables)]
+        calls: list[tuple[Sequence[Any], Mapping[str, Any]]] = [(args, {}) for args in zip(*iterables)]
         end = None if timeout is None else _time.monotonic() + timeout
         futs = self._track(_submit_many(fn, calls, self._resources, self._backend)) if calls else []
 
-        def results():
+        def results() -> Iterator[_R]:
             __tracebackhide__ = _hide_frames()
             why = None
             try:
@@ -414,7 +500,7 @@ class Executor(cf.Executor):
 
         return results()
 
-    def shutdown(self, wait=True, *, cancel_futures=False):
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
             futs = list(self._futures)

@@ -15,6 +15,8 @@ child, not this executor, and is reported with its exit status and output.
 
 from __future__ import annotations
 
+from typing import Any
+
 # Where the caller's files go inside the sandbox; the paths in the runner
 # pickle the caller made point here.
 ROOT = "/job/cfiddle"
@@ -28,7 +30,7 @@ def _tail(data: bytes) -> str:
     return data[-TAIL:].decode("utf-8", "replace")
 
 
-def installed_version():
+def installed_version() -> str | None:
     """CFiddle's version in this Python, or None when it is not installed."""
     import importlib.metadata
 
@@ -38,7 +40,7 @@ def installed_version():
         return None
 
 
-def mismatch(caller: str, here):
+def mismatch(caller: str, here: str | None) -> str | None:
     """A message naming both sides' CFiddle versions, or None when equal."""
     if here is None:
         return (
@@ -67,7 +69,7 @@ def _write(rel: str, data: bytes) -> str:
     return path
 
 
-def merge_repeats(runs: list) -> list:
+def merge_repeats(runs: list[Any]) -> list[Any]:
     """The results of several runs of one runner as one: each invocation's
     rows from every run, each row with its ``repeat`` (0, 1, ...)."""
     merged = runs[0]
@@ -83,7 +85,9 @@ def merge_repeats(runs: list) -> list:
     return merged
 
 
-def run(files: dict, runner: bytes, caller_version: str, repeat: int = 1, warmup: int = 0) -> tuple:
+def run(
+    files: dict[str, bytes], runner: bytes, caller_version: str, repeat: int = 1, warmup: int = 0
+) -> tuple[Any, ...]:
     """Runs one CFiddle runner pickle ``warmup`` times unmeasured, then
     ``repeat`` times, in this sandbox on its cores. Returns ``("ok", results
     pickle)`` (several runs merged: each row with its ``repeat``),
@@ -104,7 +108,7 @@ def run(files: dict, runner: bytes, caller_version: str, repeat: int = 1, warmup
     results_path = os.path.join(ROOT, "run", "results.pickle")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import cfiddle.paths
+        import cfiddle.paths  # type: ignore[import-untyped]
 
     # The dynamic loader reads LD_LIBRARY_PATH when a process starts: the
     # child finds libcfiddle.so (which the executables link) through it.

@@ -111,12 +111,12 @@ def known_future(job_id: str):
     return _KNOWN.get(job_id)
 
 
-class DelegateFuture(cf.Future):
+class DelegateFuture(cf.Future[Any]):
     """A ``concurrent.futures.Future`` of a delegate job, with ``job_id``,
     ``state``, ``stdout`` and ``stderr``. ``cancel()`` cancels the Slurm job
     whether it is pending or running."""
 
-    def __init__(self, job_id: str, label: str = ""):
+    def __init__(self, job_id: str, label: str = "") -> None:
         super().__init__()
         self.job_id = job_id
         self.label = label or job_id
@@ -248,7 +248,7 @@ class DelegateFuture(cf.Future):
                 except Exception:  # noqa: BLE001
                     pass
 
-    def result(self, timeout=None):
+    def result(self, timeout: float | None = None) -> Any:
         """The return value, or the remote exception re-raised with the
         remote traceback as its cause (delegate's frames hidden; see
         ``delegate._traceback``)."""
@@ -264,7 +264,7 @@ class DelegateFuture(cf.Future):
             raise exc
         return self._result
 
-    def exception(self, timeout=None):
+    def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
             return super().exception(timeout)
         finally:

@@ -8,8 +8,13 @@ from __future__ import annotations
 import html
 import os
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from delegate import _core, _local
+
+if TYPE_CHECKING:
+    from delegate._core import JobRecord
 from delegate._display import seconds
 from delegate._futures import known_future
 
@@ -47,12 +52,12 @@ def _words(row: dict) -> str:
     return str(row.get("outcome") or row.get("state", "?"))
 
 
-class JobTable(list):
+class JobTable(list["JobRecord"]):
     """A list of job dicts (``id``, ``what``, ``state``, ``outcome``,
     ``reason``, ``host``, ``elapsed``, ``submitted``...) that shows itself as
     a table."""
 
-    def _cells(self, row: dict) -> tuple:
+    def _cells(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
         el = row.get("elapsed")
         return (
             str(row.get("id", "")),
@@ -64,7 +69,7 @@ class JobTable(list):
             _when(row.get("submitted")),
         )
 
-    def _reason(self, row: dict) -> str:
+    def _reason(self, row: Mapping[str, Any]) -> str:
         if row.get("state") in ("pending", "running", "completed"):
             return ""
         reason = str(row.get("reason", "") or "")

@@ -53,15 +53,18 @@ import pickle
 import stat
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cfiddle.config as _config
-from cfiddle.Builder import Executable
-from cfiddle.Runner import RunnerDelegateException, SubprocessDelegate
+import cfiddle.config as _config  # type: ignore[import-untyped]
+from cfiddle.Builder import Executable  # type: ignore[import-untyped]
+from cfiddle.Runner import RunnerDelegateException, SubprocessDelegate  # type: ignore[import-untyped]
 
 import delegate
 from delegate import _cfiddle_sandbox
 from delegate._errors import DelegateError, VersionMismatchError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -135,8 +138,8 @@ def _read_bounded(path: str, left: int) -> bytes | None:
 def _sandbox_config() -> dict:
     """CFiddle's configuration for the runner in the sandbox: the caller's,
     minus what only makes sense here (this delegate, notebook widgets)."""
-    from cfiddle.config import noop_progress_bar
-    from cfiddle.source import InstrumentedExecutable
+    from cfiddle.config import noop_progress_bar  # type: ignore[import-untyped]
+    from cfiddle.source import InstrumentedExecutable  # type: ignore[import-untyped]
 
     cfg = _config.peek_config()
     cfg["RunnerDelegate_type"] = SubprocessDelegate
@@ -225,8 +228,9 @@ class Delegate:
     delegate.cfiddle.Delegate)`` uses the default resources; :func:`enable`
     sets one with resources for the whole process.
 
-    ``cpus``, ``mem``, ``time``, ``image``, ``env``: as for
-    ``delegate.remote`` (``time`` is each job's limit).
+    ``cpus``, ``gpus``, ``mem``, ``time``, ``image``, ``env``, ``files``,
+    ``mix_classes``: a map's resource keywords (``delegate.MapResources``),
+    as for ``delegate.remote`` (``time`` is each job's limit).
     ``invocations_per_job``: split a run into jobs of at most this many
     invocations (one submission; default: one job per run).
     ``max_bytes``: bound on what one job carries to the sandbox (default
@@ -248,22 +252,16 @@ class Delegate:
     def __init__(
         self,
         *,
-        cpus: int | None = None,
-        mem: str | int | None = None,
-        time: str | int | None = None,
-        image: str | None = None,
-        env: dict[str, str] | None = None,
         invocations_per_job: int | None = None,
         max_bytes: int | None = None,
         machine_columns: bool = False,
-        mix_classes: bool | None = None,
         repeat: int | None = None,
         warmup: int | None = None,
-    ):
+        **resources: Unpack[delegate.MapResources],
+    ) -> None:
         self.machine_columns = bool(machine_columns)
         self.repeats = delegate._repeats(repeat, warmup) or (1, 0)
-        res = dict(cpus=cpus, mem=mem, time=time, image=image, env=env, mix_classes=mix_classes)
-        self.resources: dict[str, Any] = {k: v for k, v in res.items() if v is not None}
+        self.resources: dict[str, Any] = delegate._map_resources(resources, "Delegate()")
         delegate._resources(self.resources)  # TypeError/ValueError at once
         if invocations_per_job is not None and int(invocations_per_job) < 1:
             raise ValueError("invocations_per_job must be at least 1")
@@ -301,7 +299,9 @@ class Delegate:
         cloudpickle = delegate._cloudpickle()
         cloudpickle.register_pickle_by_value(_cfiddle_sandbox)
         version = _caller_version()
-        calls = [((job.files, job.runner, version, *self.repeats), {}) for job in jobs]
+        calls: list[tuple[Sequence[Any], dict[str, Any]]] = [
+            ((job.files, job.runner, version, *self.repeats), {}) for job in jobs
+        ]
         try:
             futs = delegate._submit_many(_cfiddle_sandbox.run, calls, self.resources)
         except DelegateError as e:
@@ -405,33 +405,23 @@ def last_job_ids() -> list[str]:
 
 def enable(
     *,
-    cpus: int | None = None,
-    mem: str | int | None = None,
-    time: str | int | None = None,
-    image: str | None = None,
-    env: dict[str, str] | None = None,
     invocations_per_job: int | None = None,
     max_bytes: int | None = None,
     machine_columns: bool | None = None,
-    mix_classes: bool | None = None,
     repeat: int | None = None,
     warmup: int | None = None,
+    **resources: Unpack[delegate.MapResources],
 ) -> Callable[[], Delegate]:
     """Makes every CFiddle ``run()`` of this process run on the cluster with
     these resources (see :class:`Delegate`). Returns the ``RunnerDelegate_type``
     it set (a factory of :class:`Delegate`)."""
-    kw = dict(
-        cpus=cpus,
-        mem=mem,
-        time=time,
-        image=image,
-        env=env,
+    kw: dict[str, Any] = dict(
         invocations_per_job=invocations_per_job,
         max_bytes=max_bytes,
         machine_columns=machine_columns,
-        mix_classes=mix_classes,
         repeat=repeat,
         warmup=warmup,
+        **resources,
     )
     kw = {k: v for k, v in kw.items() if v is not None}
     Delegate(**kw)  # validate now, not at the first run()

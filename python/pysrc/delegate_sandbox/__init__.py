@@ -195,7 +195,7 @@ def _write_atomic(directory: str, name: str, data: bytes) -> None:
 
 def _cloudpickle_version():
     try:
-        import cloudpickle
+        import cloudpickle  # type: ignore[import-untyped]
     except ImportError:
         return None, None
     return cloudpickle, getattr(cloudpickle, "__version__", "?")

@@ -19,6 +19,8 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 #: pyperf warns when std / mean exceeds this.
 UNSTABLE_RATIO = 0.10
@@ -36,7 +38,7 @@ def _fmt(seconds: float) -> str:
 class Stats:
     """Statistics of one series of durations (seconds)."""
 
-    def __init__(self, seconds):
+    def __init__(self, seconds: Sequence[float]) -> None:
         if not seconds:
             raise ValueError("no measured run")
         self.seconds = [float(s) for s in seconds]
@@ -47,16 +49,15 @@ class Stats:
         self.mad = statistics.median([abs(x - self.median) for x in s])
         self.mean = statistics.fmean(s)
         self.std = statistics.stdev(s) if len(s) > 1 else 0.0
+        self.outliers: list[int] = []
         if self.mad > 0:
             self.outliers = [
                 i for i, x in enumerate(s) if abs(0.6745 * (x - self.median) / self.mad) > OUTLIER_Z
             ]
-        else:
-            self.outliers = []
         self.unstable = self.mean > 0 and self.std / self.mean > UNSTABLE_RATIO
 
     @property
-    def warning(self):
+    def warning(self) -> str | None:
         """Why the figures should not be trusted as they are, or None."""
         notes = []
         if self.unstable:
@@ -79,18 +80,18 @@ class Repeated:
     and durations (``seconds``, after ``warmup`` unmeasured runs) and their
     ``stats``; ``value`` is the last run's return value."""
 
-    def __init__(self, values, seconds, warmup):
+    def __init__(self, values: Sequence[Any], seconds: Sequence[float], warmup: int) -> None:
         self.values = list(values)
         self.seconds = list(seconds)
         self.warmup = warmup
         self.stats = Stats(self.seconds)
 
     @property
-    def value(self):
+    def value(self) -> Any:
         return self.values[-1]
 
     @property
-    def warning(self):
+    def warning(self) -> str | None:
         return self.stats.warning
 
     def __repr__(self) -> str:
@@ -104,7 +105,13 @@ class Comparison:
     ``a / b`` of their times (the geometric mean of the paired ratios) with
     a 95% bootstrap confidence interval ``ci``."""
 
-    def __init__(self, a_seconds, b_seconds, warmup, names=("a", "b")):
+    def __init__(
+        self,
+        a_seconds: Sequence[float],
+        b_seconds: Sequence[float],
+        warmup: int,
+        names: Sequence[str] = ("a", "b"),
+    ) -> None:
         self.names = tuple(names)
         self.a = Stats(a_seconds)
         self.b = Stats(b_seconds)
@@ -120,7 +127,7 @@ class Comparison:
         self.ci = (math.exp(boots[int(0.025 * len(boots))]), math.exp(boots[int(0.975 * len(boots)) - 1]))
 
     @property
-    def warning(self):
+    def warning(self) -> str | None:
         notes = [n for n in (self.a.warning, self.b.warning) if n]
         if self.ci[0] <= 1.0 <= self.ci[1]:
             notes.append("no difference shown: the confidence interval contains 1")
@@ -134,18 +141,21 @@ class Comparison:
         )  # fmt: skip
 
 
-def _timed(fn, args, kwargs):
+def _timed(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     value = fn(*args, **kwargs)
     return value, time.perf_counter() - t0
 
 
-def repeated(fn, args, kwargs, repeat: int, warmup: int) -> Repeated:
+def repeated(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], repeat: int, warmup: int
+) -> Repeated:
     """Runs ``fn(*args, **kwargs)`` ``warmup`` times unmeasured, then
     ``repeat`` times measured (wall time, ``time.perf_counter``)."""
     for _ in range(warmup):
         fn(*args, **kwargs)
-    values, seconds = [], []
+    values: list[Any] = []
+    seconds: list[float] = []
     for _ in range(repeat):
         v, s = _timed(fn, args, kwargs)
         values.append(v)
@@ -153,13 +163,21 @@ def repeated(fn, args, kwargs, repeat: int, warmup: int) -> Repeated:
     return Repeated(values, seconds, warmup)
 
 
-def compared(a, b, args, kwargs, repeat: int, warmup: int) -> Comparison:
+def compared(
+    a: Callable[..., Any],
+    b: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    repeat: int,
+    warmup: int,
+) -> Comparison:
     """Runs ``a`` and ``b`` on the same arguments interleaved (ABAB...):
     ``warmup`` unmeasured pairs, then ``repeat`` measured pairs."""
     for _ in range(warmup):
         a(*args, **kwargs)
         b(*args, **kwargs)
-    sa, sb = [], []
+    sa: list[float] = []
+    sb: list[float] = []
     for _ in range(repeat):
         sa.append(_timed(a, args, kwargs)[1])
         sb.append(_timed(b, args, kwargs)[1])
