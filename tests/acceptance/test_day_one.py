@@ -10,7 +10,8 @@ the order of docs/instructors.md ("The course on the stack"):
    example with PERF_COUNT_SW_TASK_CLOCK, `delegate.jobs()`, `delegate
    doctor` and `sacct` from a cell; the second one tries the first one's
    files, jobs and server; the first one's TensorBoard of a training-like
-   job, live, which the second one cannot reach;
+   job, live, which the second one cannot reach, and a Dask graph whose
+   tasks are calls;
 3. `down`.
 
 The assertions read what the page shows (cell outputs and live status
@@ -381,6 +382,29 @@ def test_3b_tensorboard_of_a_running_job(students):
     out = r.stdout + r.stderr
     assert f"no job {job_id}" in out and "tensorboard-exit=1" in out, out
     ann.run_cell("training.cancel(); print('cancelled', training.job_id)", "cancelled", "tensorboard-done")
+
+
+# A Dask graph from the notebook, each task a call (issue 43, seed 003).
+DASK = """import dask
+@dask.delayed
+def inc(x):
+    import os
+    return (x + 1, os.getuid())
+@dask.delayed
+def total(parts):
+    return sum(p[0] for p in parts), sorted({p[1] for p in parts})
+with delegate.Executor(time="2m") as ex:
+    (got,) = dask.compute(total([inc(i) for i in range(3)]), scheduler=ex)
+print("dask total", got[0], "uids", got[1])"""
+
+
+def test_3c_a_dask_graph_from_the_notebook(students):
+    """docs/ml.md's Dask example in Ann's notebook: four tasks, each a call
+    in a sandbox as Ann, the value Dask's own."""
+    ann, _ = students
+    text = ann.run_cell(DASK, "dask total", "dask", timeout=300_000)
+    uid = on("user", "id", "-u", ann.user).stdout.strip()
+    assert f"dask total 6 uids [{uid}]" in text, text
 
 
 def test_4_the_instructor_in_the_browser(browser, students):
