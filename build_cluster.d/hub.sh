@@ -14,8 +14,8 @@
 #                            self-signed one made once), every account's
 #                            password hash (an initial password made once
 #                            per account, written to a root-only file)
-#   hub_accounts_lines       the roster's lines of the `accounts` config
-#   hub_admin_members        the roster's instructors (admin group members)
+#   hub_all_names            every account's name (delegate-deploy
+#                            stack-accounts: cluster.toml's and the roster's)
 #   hub_url, hub_answers     the hub's URL; whether it answers in the node
 #   stack_accounts_main ARGS `build_cluster.sh --stack accounts add --csv
 #                            FILE [--instructors] | list | remove USER
@@ -37,7 +37,7 @@
 # from common.sh: log, warn, die, need_root; from accounting.sh:
 # roster_rows; from stack.sh: stack_load_config, stack_deploy,
 # stack_exec and what stack_load_config sets (STACK, STACK_SECRETS,
-# STACK_ACCOUNTS, ...); from build_cluster.sh: REPO.
+# ...); from build_cluster.sh: REPO.
 
 # hub_versions KIND: the pinned packages of stack/hub-versions of KIND (pip
 # or npm), one per line.
@@ -84,28 +84,10 @@ hub_context() {
 # hub_roster_file: the roster's state file.
 hub_roster_file() { echo "$DELEGATE_STACK_DIR/roster"; }
 
-# hub_accounts_lines: the roster's lines of the accounts config ("name uid
-# role full name,,,email"; cluster.toml's accounts are written by
-# stack_generate as "name uid").
-hub_accounts_lines() {
-    local f; f=$(hub_roster_file)
-    [[ -f $f ]] || return 0
-    grep -v '^#' "$f" || true   # (an empty roster: no line, no error)
-}
-
-# hub_admin_members: the roster's instructors, one per line.
-hub_admin_members() {
-    local f; f=$(hub_roster_file)
-    [[ -f $f ]] || return 0
-    awk '$3 == "instructor" { print $1 }' "$f"
-}
-
 # hub_all_names: every account of the stack (cluster.toml's and the
-# roster's), one name per line.
+# roster's), one name per line, as the accounts config has them.
 hub_all_names() {
-    local a
-    for a in $STACK_ACCOUNTS; do echo "${a%%:*}"; done
-    hub_accounts_lines | awk '{ print $1 }'
+    deploy_render /dev/stdout stack-accounts --roster-state "$(hub_roster_file)" --names
 }
 
 # --- secrets
@@ -189,7 +171,7 @@ hub_answers() {
 # state file: uids, roles, names; checked and written whole, 0600).
 roster_state() {
     local action=$1 a reserved=(); shift
-    for a in $STACK_ACCOUNTS; do reserved+=(--reserved "$a"); done
+    for a in $DELEGATE_STACK_USERS $DELEGATE_STACK_TEST_USERS; do reserved+=(--reserved "$a"); done
     deploy_build
     install -d -m 0755 "$DELEGATE_STACK_DIR"
     "$REPO/target/release/delegate-deploy" "roster-$action" --state "$(hub_roster_file)" "${reserved[@]}" "$@"

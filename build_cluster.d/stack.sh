@@ -31,7 +31,7 @@ STACK_WORKERS_ARG=
 # stack_load_config: apply --workers to the settings (cluster.toml, loaded
 # at start), check them, and set the names every other function
 # uses: STACK (the swarm stack's name), STACK_GEN, STACK_SECRETS,
-# STACK_FILE, STACK_SWARM_MARK, STACK_ACCOUNTS.
+# STACK_FILE, STACK_SWARM_MARK.
 stack_load_config() {
     [[ -n $STACK_WORKERS_ARG ]] && DELEGATE_STACK_WORKERS=$STACK_WORKERS_ARG
     elastic_load_config
@@ -45,8 +45,6 @@ stack_load_config() {
     STACK_SECRETS=$DELEGATE_STACK_DIR/secrets
     STACK_FILE=$STACK_GEN/delegate-stack.yml
     STACK_SWARM_MARK=$DELEGATE_STACK_DIR/swarm-initialized-by-delegate
-    # Every account: the course's and the test's.
-    STACK_ACCOUNTS="$DELEGATE_STACK_USERS $DELEGATE_STACK_TEST_USERS"
     stack_worker_ids
 }
 
@@ -313,18 +311,11 @@ stack_generate() {
 
     # The lockdown (docs/security.md): slurmctld's job gate for the stack's
     # runner and home, the SPANK stack with the admin gid, and the admin
-    # group ("name gid member,member" in the file `admins`).
-    local agroup=${DELEGATE_STACK_ADMIN_GROUP%%:*} agid=${DELEGATE_STACK_ADMIN_GROUP##*:} m members=""
-    [[ $DELEGATE_STACK_ADMIN_GROUP =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] \
-        || die "DELEGATE_STACK_ADMIN_GROUP must be name:gid, not '$DELEGATE_STACK_ADMIN_GROUP'"
-    for m in $DELEGATE_STACK_ADMINS; do
-        [[ " $STACK_ACCOUNTS " == *" $m:"* ]] || die "admin '$m' (DELEGATE_STACK_ADMINS) is not an account of cluster.toml"
-        members+=${members:+,}$m
-    done
-    # The roster's instructors (hub.sh) are admins too.
-    for m in $(hub_admin_members); do
-        [[ ,$members, == *",$m,"* ]] || members+=${members:+,}$m
-    done
+    # group ("name gid member,member" in the file `admins`: cluster.toml's
+    # admins and the roster's instructors; delegate-deploy checks them).
+    local agroup agid
+    deploy_render "$STACK_GEN/admins" stack-admins --roster-state "$(hub_roster_file)"
+    read -r agroup agid _ <"$STACK_GEN/admins"
     # SlurmUser (slurm.conf: slurm) runs the elastic power programs, whose
     # `scontrol update ... requeue=1` the gate allows root and SlurmUser
     # only: its uid in the cluster image.
@@ -335,23 +326,11 @@ stack_generate() {
         --policy "$STACK_GEN/policy.toml" --admin-group "$agroup" --slurm-uid "$slurm_uid"
     deploy_render "$STACK_GEN/plugstack.conf" plugstack --plugin /usr/local/lib/delegate/delegate_lockdown.so \
         --admin-gid "$agid" --runner /usr/local/bin/sandbox-runner
-    echo "$agroup $agid $members" >"$STACK_GEN/admins"
 
-    # Accounts: "name uid" lines; the instructor's test accounts (`test`)
-    # "name uid test": not logins of the hub.
-    local a role
-    : >"$STACK_GEN/accounts"
-    for a in $STACK_ACCOUNTS; do
-        [[ $a =~ ^[a-z_][a-z0-9_-]*:[0-9]+$ ]] || die "bad account '$a' in cluster.toml (want name:uid)"
-        role=""
-        [[ " $DELEGATE_STACK_TEST_USERS " == *" $a "* ]] && role=" test"
-        echo "${a%%:*} ${a##*:}$role" >>"$STACK_GEN/accounts"
-    done
-    # The roster's accounts (hub.sh): "name uid role full name" lines.
-    hub_accounts_lines >>"$STACK_GEN/accounts"
-    [[ -z $(awk '{ print $1 }' "$STACK_GEN/accounts" | sort | uniq -d) \
-        && -z $(awk '{ print $2 }' "$STACK_GEN/accounts" | sort | uniq -d) ]] \
-        || die "two accounts share a name or a uid (cluster.toml and the roster $(hub_roster_file))"
+    # Accounts (deploy/src/stack_accounts.rs): cluster.toml's and the
+    # roster's, each name and uid once; the instructor's test accounts
+    # (`test`) are not logins of the hub.
+    deploy_render "$STACK_GEN/accounts" stack-accounts --roster-state "$(hub_roster_file)"
 
     # The stack file: the settings (checked by delegate-deploy) and what
     # only this deploy knows: the versions of the configs and secrets (their
@@ -722,7 +701,7 @@ stack_status() {
     echo
     echo "JupyterHub (each student's own JupyterLab): $(hub_url)"
     echo "  log in with a course account; initial passwords: $STACK_SECRETS/initial-passwords (root only)"
-    echo "shared home: $DELEGATE_STACK_HOME   accounts: $STACK_ACCOUNTS $(hub_accounts_lines | awk '{ printf "%s:%s ", $1, $2 }')"
+    echo "shared home: $DELEGATE_STACK_HOME   accounts: $(hub_all_names | paste -sd ' ' -)"
 }
 
 # stack_agents_status: one line per worker: its root agent's pid, whether

@@ -28,6 +28,7 @@ pub mod schema;
 pub mod settings;
 pub mod site_policy;
 pub mod slurm_conf;
+pub mod stack_accounts;
 pub mod stack_file;
 pub mod templates;
 pub mod user_node;

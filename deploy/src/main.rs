@@ -10,8 +10,8 @@ use delegate_deploy::lockdown::GateForm;
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
-    cgroup, cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_file, user_node,
-    RenderError, Settings, Shape,
+    cgroup, cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_accounts, stack_file,
+    user_node, RenderError, Settings, Shape,
 };
 use roster_state::Reserved;
 
@@ -206,6 +206,20 @@ enum Rendered {
     },
     /// The stack file (docker stack deploy) with what only the deployment knows.
     StackFile(Facts),
+    /// The stack's `accounts` config: cluster.toml's accounts and the
+    /// roster state's, each name and uid once (`--names`: the names only).
+    StackAccounts {
+        #[arg(long)]
+        roster_state: PathBuf,
+        #[arg(long)]
+        names: bool,
+    },
+    /// The stack's `admins` config: the admin group, its members
+    /// cluster.toml's admins and the roster's instructors.
+    StackAdmins {
+        #[arg(long)]
+        roster_state: PathBuf,
+    },
 }
 
 fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
@@ -265,7 +279,27 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
         }
         Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.declared())),
         Rendered::StackFile(facts) => stack_file::render(s, &facts),
+        Rendered::StackAccounts { roster_state, names } => {
+            let text = stack_accounts::accounts(s, &roster_or_empty(&roster_state)?)?;
+            Ok(if names {
+                text.lines()
+                    .filter_map(|l| l.split(' ').next())
+                    .map(|n| format!("{n}\n"))
+                    .collect()
+            } else {
+                text
+            })
+        }
+        Rendered::StackAdmins { roster_state } => stack_accounts::admins(s, &roster_or_empty(&roster_state)?),
     }
+}
+
+/// The roster state at `path`; none yet (no roster added) is an empty one.
+fn roster_or_empty(path: &std::path::Path) -> Result<roster_state::RosterState, RenderError> {
+    if !path.exists() {
+        return Ok(roster_state::RosterState::default());
+    }
+    roster_state::load(path).map_err(RenderError::Invalid)
 }
 
 /// A text file read whole.
