@@ -274,8 +274,10 @@ limit_queries() {
 # dbd_answers: slurmdbd answers sacctmgr (bounded: a dead one must not hang us).
 dbd_answers() { timeout 10 sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; }
 
-case $role in
-head)
+# run_head: the controller (slurmctld), after the elastic power program and
+# slurmdbd.
+run_head() {
+    local n cluster wait_s deadline
     # Elastic workers: slurmctld runs the power program as SlurmUser under
     # the names slurm.conf gives (power-resume, -suspend, -resume-fail); it
     # writes requests into the spool (SlurmUser's alone, 0700) and logs to
@@ -318,8 +320,11 @@ head)
     fi
     log "starting slurmctld (state in /var/lib/delegate/slurm/ctld)"
     exec slurmctld -D -i
-    ;;
-dbd)
+}
+
+# run_dbd: slurmdbd, once its database answers.
+run_dbd() {
+    local dbhost dbport
     # slurmdbd.conf holds the database password: SlurmUser's, 0600.
     install -o "${slurmuser:-root}" -g root -m 0600 /run/secrets/slurmdbd.conf /etc/slurm/slurmdbd.conf
     install -d -o "${slurmuser:-root}" -m 0755 /run/slurmdbd
@@ -335,14 +340,17 @@ dbd)
     log "starting slurmdbd (database $dbhost:$dbport)"
     tail -F /var/log/delegate/slurmdbd.log 2>/dev/null &
     exec slurmdbd -D
-    ;;
-worker)
+}
+
+# worker_engine: the host's Docker socket (root's only), the staging
+# directory and the host's /proc, as the policy names them.
+worker_engine() {
+    local engine=/run/delegate-engine stage host_stage prop
     # The host's Docker socket is mounted in /run/delegate-engine, a
     # root-only directory (0700): only root in this container (the agent and
     # the epilog) reaches it; /var/run/docker.sock is a symlink into it for
     # the docker CLI's default. Students are in no group that owns it, and
     # the runner is not setgid (docs/security.md, "Who starts containers").
-    engine=/run/delegate-engine
     [[ -S $engine/docker.sock ]] || die "the host's Docker socket is not mounted at $engine/docker.sock"
     chown root:root "$engine"
     chmod 0700 "$engine"
@@ -374,6 +382,12 @@ worker)
     else
         log "WARNING: the host's /proc is not mounted at $engine/proc: deleted-but-open files of sandboxes are not counted"
     fi
+}
+
+# worker_sandbox_image: the policy's sandbox image on the host's engine
+# (pulled from the course's registry on a worker machine).
+worker_sandbox_image() {
+    local sandbox_image
     sandbox_image=$(sed -n 's/^default_image *= *"\(.*\)"/\1/p' /etc/delegate/policy.toml)
     # On a worker machine: the sandbox image from the course's registry
     # (build_cluster.d/registry.sh), by digest, tagged as the policy's.
@@ -382,6 +396,11 @@ worker)
     fi
     docker image inspect "$sandbox_image" >/dev/null 2>&1 \
         || log "WARNING: the sandbox image is not present on this host's Docker engine"
+}
+
+# worker_agent: the root agent, restarted if it ever exits, listening
+# before slurmd starts.
+worker_agent() {
     # The root agent, before slurmd: restarted if it ever exits (a job's
     # runner fails with "cannot reach the delegate agent" meanwhile).
     (
@@ -399,6 +418,15 @@ worker)
     for _ in $(seq 40); do [[ -S /run/delegate/agent.sock ]] && break; sleep 0.25; done
     [[ -S /run/delegate/agent.sock ]] || die "sandbox-agent did not open /run/delegate/agent.sock: $(tail -n 20 /var/log/delegate/agent.log)"
     log "sandbox-agent: listening on /run/delegate/agent.sock (log /var/log/delegate/agent.log)"
+}
+
+# run_worker: a worker node: the engine, the sandbox image, the agent,
+# then slurmd (in a time namespace of its own on an elastic worker).
+run_worker() {
+    local up
+    worker_engine
+    worker_sandbox_image
+    worker_agent
     worker_lost_jobs
     log "starting slurmd"
     # slurmd's and the agent's logs go to the container's output too
@@ -423,8 +451,12 @@ worker)
             setpriv --bounding-set -sys_time --inh-caps -sys_time slurmd -D
     fi
     exec slurmd -D
-    ;;
-user)
+}
+
+# run_user: the user node: munge per account, the limit of queries to
+# Slurm, the accounts' passwords and JupyterHub.
+run_user() {
+    local keep
     # JupyterHub (/etc/jupyterhub/jupyterhub_config.py): the accounts'
     # passwords for PAM ("name:hash" lines, the root-only secret), the
     # certificate, then the hub as root (it starts each student's server as
@@ -455,6 +487,12 @@ user)
         DELEGATE_HUB_IDLE_TIMEOUT="${DELEGATE_HUB_IDLE_TIMEOUT:-}" \
         DELEGATE_HUB_STUDENT_MEM="${DELEGATE_HUB_STUDENT_MEM:-}" DELEGATE_HUB_STUDENT_CPUS="${DELEGATE_HUB_STUDENT_CPUS:-}" \
         jupyterhub -f /etc/jupyterhub/jupyterhub_config.py
-    ;;
+}
+
+case $role in
+head) run_head ;;
+dbd) run_dbd ;;
+worker) run_worker ;;
+user) run_user ;;
 *) die "unknown role '$role' (head|dbd|worker|user)" ;;
 esac

@@ -1,8 +1,11 @@
 """No long functions in the product (issue 31): every function of the Rust
 crates, the shell scripts and the Python package is at most LIMIT lines,
 comments included, unless its first lines say it is a flat table
-("flat table" in a comment within its first three lines). Tests and the
-benchmarks (tests/, bench/, a crate's tests/) are not held to it. Run by
+("flat table" in a comment within its first three lines). A shell
+script's top-level blocks (an `if`, `case`, `for`, `while` or `until` at
+the start of a line, outside any function: code that runs as the script
+is read) are held to the same limit (issue 44). Tests and the benchmarks
+(tests/, bench/, a crate's tests/) are not held to it. Run by
 tests/lint.sh; no cluster needed. Prints the longest functions it saw."""
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ RUST_FN = re.compile(
 )
 SH_FN = re.compile(r"^\s*(function\s+)?([A-Za-z_]\w*)\s*\(\)\s*\{?\s*(#.*)?$")
 PY_FN = re.compile(r"^(\s*)(async\s+)?def\s+(\w+)")
+SH_BLOCK = re.compile(r"^(if|case|for|while|until)\b")
+SH_CLOSE = {"if": "fi", "case": "esac", "for": "done", "while": "done", "until": "done"}
+HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 
 
 def braced_length(lines: list[str], start: int, rust: bool) -> int:
@@ -51,8 +57,33 @@ def indented_length(lines: list[str], start: int) -> int:
     return j - start
 
 
+def top_level_blocks(lines: list[str]):
+    """(keyword, first line index, length) of each top-level shell block
+    (heredoc bodies skipped; a block closed on its own line counts 1)."""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if m := HEREDOC.search(line):
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == m.group(1)), len(lines))
+            if not SH_BLOCK.match(line):
+                i = end + 1
+                continue
+        m = SH_BLOCK.match(line)
+        if not m:
+            i += 1
+            continue
+        close = SH_CLOSE[m.group(1)]
+        if re.search(rf"(;|\s){close}\b", line):
+            i += 1
+            continue
+        j = next((j for j in range(i + 1, len(lines)) if re.match(rf"{close}\b", lines[j])), len(lines) - 1)
+        yield m.group(1), i, j - i + 1
+        i = j + 1
+
+
 def functions(path: Path):
-    """(name, first line, length) of each function of one file."""
+    """(name, first line, length) of each function of one file, and of each
+    top-level block of a shell script."""
     lines = path.read_text(errors="replace").split("\n")
     kind = path.suffix
     for i, line in enumerate(lines):
@@ -62,6 +93,9 @@ def functions(path: Path):
             yield m.group(2), i + 1, braced_length(lines, i, False), lines[i : i + 4]
         elif kind == ".py" and (m := PY_FN.match(line)):
             yield m.group(3), i + 1, indented_length(lines, i), lines[i : i + 4]
+    if kind == ".sh":
+        for word, i, length in top_level_blocks(lines):
+            yield f"top-level {word} block", i + 1, length, lines[i : i + 4]
 
 
 def main() -> int:
