@@ -64,43 +64,56 @@ fn open_dir_openat2(path: &Path) -> Option<OwnedFd> {
 
 /// Opens a directory by walking its components from `/` with `O_NOFOLLOW`,
 /// so no component may be a symlink (no check-then-use race: each step is
-/// relative to the descriptor of the previous one).
+/// relative to the descriptor of the previous one). The components above
+/// the last are opened `O_PATH`, which needs only search permission, as the
+/// kernel's own resolution does: a directory one may enter but not list
+/// (the stack's shared home, 0711) does not turn a missing job into
+/// "permission denied".
 fn open_dir_walk(path: &Path) -> Result<OwnedFd> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let mut fd = nix::fcntl::open("/", flags, Mode::empty()).map_err(|e| ProtocolError::io("/", e))?;
+    let through = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let names: Vec<_> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name),
+            _ => None,
+        })
+        .collect();
+    let first = if names.is_empty() { flags } else { through };
+    let mut fd = nix::fcntl::open("/", first, Mode::empty()).map_err(|e| ProtocolError::io("/", e))?;
     let mut sofar = PathBuf::from("/");
-    for comp in path.components() {
-        if let Component::Normal(name) = comp {
-            sofar.push(name);
-            fd = match openat(&fd, name, flags, Mode::empty()) {
-                Ok(next) => next,
-                Err(Errno::ELOOP) => return Err(ProtocolError::Symlink { path: sofar.display().to_string() }),
-                Err(Errno::ENOTDIR) => {
-                    // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR on some kernels.
-                    let st = nix::sys::stat::fstatat(&fd, name, AtFlags::AT_SYMLINK_NOFOLLOW);
-                    if let Ok(st) = st {
-                        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK {
-                            return Err(ProtocolError::Symlink { path: sofar.display().to_string() });
-                        }
+    for (i, name) in names.iter().enumerate() {
+        let name = *name;
+        let flags = if i + 1 == names.len() { flags } else { through };
+        sofar.push(name);
+        fd = match openat(&fd, name, flags, Mode::empty()) {
+            Ok(next) => next,
+            Err(Errno::ELOOP) => return Err(ProtocolError::Symlink { path: sofar.display().to_string() }),
+            Err(Errno::ENOTDIR) => {
+                // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR on some kernels.
+                let st = nix::sys::stat::fstatat(&fd, name, AtFlags::AT_SYMLINK_NOFOLLOW);
+                if let Ok(st) = st {
+                    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK {
+                        return Err(ProtocolError::Symlink { path: sofar.display().to_string() });
                     }
-                    return Err(ProtocolError::NotKind {
+                }
+                return Err(ProtocolError::NotKind {
+                    path: sofar.display().to_string(),
+                    expected: "directory",
+                });
+            }
+            Err(Errno::EACCES) => {
+                let owner = nix::sys::stat::fstatat(&fd, name, AtFlags::AT_SYMLINK_NOFOLLOW);
+                return Err(match owner {
+                    Ok(st) => ProtocolError::NoAccess {
                         path: sofar.display().to_string(),
-                        expected: "directory",
-                    });
-                }
-                Err(Errno::EACCES) => {
-                    let owner = nix::sys::stat::fstatat(&fd, name, AtFlags::AT_SYMLINK_NOFOLLOW);
-                    return Err(match owner {
-                        Ok(st) => ProtocolError::NoAccess {
-                            path: sofar.display().to_string(),
-                            owner: st.st_uid,
-                        },
-                        Err(_) => ProtocolError::io(sofar.display(), Errno::EACCES),
-                    });
-                }
-                Err(e) => return Err(ProtocolError::io(sofar.display(), e)),
-            };
-        }
+                        owner: st.st_uid,
+                    },
+                    Err(_) => ProtocolError::io(sofar.display(), Errno::EACCES),
+                });
+            }
+            Err(e) => return Err(ProtocolError::io(sofar.display(), e)),
+        };
     }
     Ok(fd)
 }

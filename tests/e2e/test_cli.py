@@ -257,3 +257,33 @@ def test_errors_are_one_clear_sentence(alice):
     assert r.returncode == 1
     assert r.stderr.startswith("delegate: error:"), r.stderr
     assert "{" not in r.stderr and "Error(" not in r.stderr
+
+
+def test_a_job_not_in_a_root_below_an_unlistable_directory_is_no_job(alice):
+    """The stack's shared home is 0711 (entered by all, listed by none). A
+    job id that is not in the student's root there is "no job", as
+    anywhere, not a pending job whose directory "cannot be read": on the
+    worker machines' hub another student's job id showed so, and the walk
+    that names the component at fault opened the home itself for reading
+    (found by the acceptance's TensorBoard check)."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    top = Path(tempfile.mkdtemp(prefix="delegate-0711-", dir="/tmp"))
+    home = top / "shared-home"
+    root = home / alice.name / "jobs"
+    root.mkdir(parents=True)
+    shutil.chown(home / alice.name, alice.uid, alice.gid)
+    shutil.chown(root, alice.uid, alice.gid)
+    os.chmod(home / alice.name, 0o700)
+    os.chmod(top, 0o711)
+    os.chmod(home, 0o711)
+    missing = "20261127T165047-77327162"
+    try:
+        r = alice.run("status", missing, env_extra={"DELEGATE_ROOT": str(root)})
+    finally:
+        shutil.rmtree(top)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.strip() == f"delegate: error: no job {missing} in {root}", r.stderr
