@@ -120,17 +120,23 @@ impl Gpu {
 /// `gpus` in words, alike ones counted: `2 x NVIDIA H100 80GB HBM3 (81559
 /// MiB, driver 580.159.04, MIG off, ECC on)`; `none` for no GPU.
 pub fn gpus_identity(gpus: &[Gpu]) -> String {
-    let mut groups: Vec<(String, usize)> = Vec::new();
-    for id in gpus.iter().map(Gpu::identity) {
-        match groups.iter_mut().find(|(g, _)| *g == id) {
-            Some((_, n)) => *n += 1,
-            None => groups.push((id, 1)),
-        }
-    }
+    let groups = count_alike(gpus.iter().map(Gpu::identity));
     if groups.is_empty() {
         return "none".into();
     }
     groups.iter().map(|(g, n)| format!("{n} x {g}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Each distinct item with how many times it came, in first-seen order.
+pub fn count_alike(items: impl IntoIterator<Item = String>) -> Vec<(String, usize)> {
+    let mut groups: Vec<(String, usize)> = Vec::new();
+    for item in items {
+        match groups.iter_mut().find(|(g, _)| *g == item) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((item, 1)),
+        }
+    }
+    groups
 }
 
 impl Record for Fingerprint {

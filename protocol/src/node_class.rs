@@ -138,14 +138,7 @@ pub struct NodeReport {
 /// The GPUs of a report in short: how many of each model, the model's
 /// spaces as `_` (`2xNVIDIA_H100_80GB_HBM3,1xunknown`); None for none.
 pub fn gpus_in_short(gpus: &[crate::Gpu]) -> Option<String> {
-    let mut groups: Vec<(String, usize)> = Vec::new();
-    for g in gpus {
-        let model = word(&g.model);
-        match groups.iter_mut().find(|(m, _)| *m == model) {
-            Some((_, n)) => *n += 1,
-            None => groups.push((model, 1)),
-        }
-    }
+    let groups = crate::fingerprint::count_alike(gpus.iter().map(|g| word(&g.model)));
     let short: Vec<String> = groups.iter().map(|(m, n)| format!("{n}x{m}")).collect();
     (!short.is_empty()).then(|| short.join(",").chars().take(MAX_GPUS).collect())
 }
