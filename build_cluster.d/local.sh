@@ -459,9 +459,10 @@ local_start_daemons() {
     fi
     start_munged
     start_dockerd
-    local_start_accounting
+    # DELEGATE_ACCOUNTING=0: no slurmdbd, no associations (slurm.conf says so).
+    if [[ $DELEGATE_ACCOUNTING == 1 ]]; then local_start_accounting; fi
     start_slurmctld
-    local_setup_accounts
+    if [[ $DELEGATE_ACCOUNTING == 1 ]]; then local_setup_accounts; fi
     start_slurmd
     local_wait_node
 }
@@ -708,8 +709,10 @@ local_demo() {
        (set DELEGATE_SKIP_DEMO=1 to skip it)"
     local u home
     u=$(demo_user)
-    # Accounting is enforced: the demo user needs an association.
-    add_association "$u" || die "cannot give the demo user $u a Slurm association"
+    # Where accounting is enforced, the demo user needs an association.
+    if [[ $DELEGATE_ACCOUNTING == 1 ]]; then
+        add_association "$u" || die "cannot give the demo user $u a Slurm association"
+    fi
     home=$(getent passwd "$u" | cut -d: -f6)
     # As that user, in their home and with their HOME (runuser keeps root's
     # environment otherwise): the CLI keeps job dirs under ~/.delegate.

@@ -211,6 +211,8 @@ pub const SETTINGS: &[Setting] = &[
       "tmp_size of a new site policy."),
     s("DELEGATE_LOCAL_GPUS", "local.gpus", Kind::Text, Lit("auto"),
       "The node's GPUs: auto (the machine's NVIDIA GPUs, else none), nvidia, a device file expression, none, or standin:N (test scaffolding)."),
+    s("DELEGATE_ACCOUNTING", "local.accounting", Kind::Flag, Lit("1"),
+      "0: the single machine records no jobs (no slurmdbd, MariaDB or associations; priority by age, `delegate admin usage` has nothing to read): the offline bundle's GPU check (docs/ml.md)."),
     s("DELEGATE_PREFIX", "local.prefix", Kind::Path, Lit("/usr/local/bin"),
       "Where delegate, sandbox-runner and sandbox-agent are installed."),
     s("DELEGATE_STATE_DIR", "local.state_dir", Kind::Path, Lit("/var/lib/delegate"),

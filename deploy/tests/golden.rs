@@ -49,6 +49,7 @@ fn local_settings() -> Settings {
         ("DELEGATE_MAX_TIME", "1h"),
         ("DELEGATE_MAX_PIDS", "512"),
         ("DELEGATE_TMP_SIZE", "256M"),
+        ("DELEGATE_ACCOUNTING", "1"),
     ])
 }
 
@@ -143,6 +144,11 @@ fn slurm_conf_of_each_shape() {
     golden(
         "slurm.conf.local-gpus",
         &slurm_conf::render(&local_settings(), Shape::Local, Some(&node(2))).unwrap(),
+    );
+    // The offline bundle's GPU machine: no slurmdbd.
+    golden(
+        "slurm.conf.local-no-accounting",
+        &slurm_conf::render(&local_settings().with("DELEGATE_ACCOUNTING", "0"), Shape::Local, Some(&node(1))).unwrap(),
     );
     golden(
         "slurm.conf.stack",
