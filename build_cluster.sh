@@ -20,6 +20,10 @@
 #   ./build_cluster.sh packages [--out DIR] [--slurm-headers DIR]
 #                                       Debian packages for a Slurm cluster a
 #                                       site already has (packaging/README.md)
+#   ./build_cluster.sh bundle [--out FILE]
+#                                       the offline bundle for a bare GPU
+#                                       machine without network (docs/ml.md,
+#                                       "An offline GPU check")
 #   ./build_cluster.sh --help
 #
 #   ./build_cluster.sh deploy [--workers N]   the multi-node cluster as a
@@ -106,7 +110,7 @@ SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common packages quota local accounting stack elastic stack_accounting hub check machines; do
+for part in common packages bundle quota local accounting stack elastic stack_accounting hub check machines; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
@@ -120,6 +124,8 @@ source "$REPO/build_cluster.d/common.sh"
 settings_load
 # shellcheck source=build_cluster.d/packages.sh
 source "$REPO/build_cluster.d/packages.sh"
+# shellcheck source=build_cluster.d/bundle.sh
+source "$REPO/build_cluster.d/bundle.sh"
 # shellcheck source=build_cluster.d/quota.sh
 source "$REPO/build_cluster.d/quota.sh"
 # shellcheck source=build_cluster.d/local.sh
@@ -166,6 +172,16 @@ main() {
     if [[ ${1:-} == packages ]]; then
         shift
         exec "$REPO/packaging/build-debs.sh" "$@"
+    fi
+    if [[ ${1:-} == bundle ]]; then
+        local out=$REPO/target/bundle/delegate-offline.tar
+        if [[ ${2:-} == --out ]]; then
+            out=${3:?--out needs a file}
+        elif (($# > 1)); then
+            die "bundle takes only --out FILE"
+        fi
+        bundle_pack "$out"
+        return
     fi
     if [[ ${1:-} == machine ]]; then
         shift

@@ -17,6 +17,9 @@
 #   5. pytest -v tests/python       (the package as students, on the cluster)
 #   6. pytest -v tests/site         (a site's own Slurm 24.11 on Debian 13,
 #                                    delegate's packages installed into it)
+#   6b. pytest -v tests/bundle      (the offline bundle for a bare GPU
+#                                    machine, installed and checked on a
+#                                    clean Debian 13 without network)
 #   7. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
 #   8. pytest -v tests/acceptance   (the course's day one on the stack, two
 #                                    students in a real browser; screenshots
@@ -29,7 +32,7 @@
 # when the requirements change (tests/venv.sh).
 # Environment, for a local run only (CI sets neither):
 #   DELEGATE_SKIP_LINT=1    skip stage 1
-#   DELEGATE_SKIP_STACK=1   skip stages 6, 7 and 8
+#   DELEGATE_SKIP_STACK=1   skip stages 6, 6b, 7 and 8
 # Exits non-zero on the first failing stage.
 set -euo pipefail
 
@@ -166,6 +169,13 @@ section "a site's own Slurm: pytest -v tests/site (Debian 13, Slurm 24.11, deleg
 # job_submit.lua, epilog and plugstack.conf; delegate's Debian packages
 # installed and the site admin's lines added; a student, a researcher, an admin.
 stack_stage tests/site "site tests (Slurm 24.11)" "$@"
+
+section "the offline bundle: pytest -v tests/bundle (build_cluster.sh bundle, installed on a bare Debian 13)"
+# `./build_cluster.sh bundle` (Slurm, munge, Docker's engine, their
+# libraries, delegate's packages: one file for a GPU machine without
+# network), then its install half and the GPU check as a student on a
+# clean Debian 13 container on an internal network, one stand-in GPU.
+stack_stage tests/bundle "offline bundle tests" "$@"
 
 section "cluster stack: pytest -v tests/cluster (build_cluster.sh deploy, test, down)"
 # The multi-node deployment as containers on this machine (head, 2 workers,
