@@ -420,10 +420,34 @@ worker_agent() {
     log "sandbox-agent: listening on /run/delegate/agent.sock (log /var/log/delegate/agent.log)"
 }
 
+# worker_cgroup_conf: cgroup.conf beside slurm.conf for this worker's own
+# facts (docs/ml.md, "Slurm's cgroup side"): the hierarchy it sees, no
+# systemd (a container), Slurm's version. Without it slurmd autodetects,
+# and on a cgroup v2 host Slurm 22.05 then stops for want of dbus. Where
+# slurmd makes its own scope (v2, Slurm before 23.11) its slice is made.
+worker_cgroup_conf() {
+    local hierarchy=v1 slice=/sys/fs/cgroup/system.slice c
+    [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs ]] && hierarchy=v2
+    delegate-deploy cgroup-conf --shape stack --cgroup "$hierarchy" --slurm-version "$(slurmd -V)" \
+        >/etc/slurm/cgroup.conf.new || die "cannot render cgroup.conf for this worker"
+    mv -f /etc/slurm/cgroup.conf.new /etc/slurm/cgroup.conf
+    if grep -qx 'IgnoreSystemd=yes' /etc/slurm/cgroup.conf; then
+        mkdir -p "$slice" || die "cannot make $slice for slurmd's cgroup scope"
+        for c in cpuset cpu memory pids; do
+            grep -qw "$c" /sys/fs/cgroup/cgroup.controllers || continue
+            if ! { echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control && echo "+$c" >"$slice/cgroup.subtree_control"; } 2>/dev/null; then
+                log "WARNING: cannot enable the $c controller for $slice"
+            fi
+        done
+    fi
+    log "cgroup.conf: cgroup $hierarchy, $(grep -m1 '^CgroupPlugin=' /etc/slurm/cgroup.conf)"
+}
+
 # run_worker: a worker node: the engine, the sandbox image, the agent,
 # then slurmd (in a time namespace of its own on an elastic worker).
 run_worker() {
     local up
+    worker_cgroup_conf
     worker_engine
     worker_sandbox_image
     worker_agent
