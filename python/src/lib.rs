@@ -45,7 +45,7 @@ impl From<CoreError> for PyErr {
             CoreError::Client(c) => {
                 let msg = c.to_string();
                 match c {
-                    ClientError::NoSuchJob { .. } => NoSuchJobError::new_err(msg),
+                    ClientError::NoSuchJob { .. } | ClientError::NotYours { .. } => NoSuchJobError::new_err(msg),
                     ClientError::SubmitFailed { .. } | ClientError::Refused(_) => SubmitError::new_err(msg),
                     ClientError::InvalidRequest(_) => SubmitError::new_err(msg),
                     _ => DelegateError::new_err(msg),
@@ -370,6 +370,15 @@ fn job_dir(py: Python<'_>, id: String) -> PyResult<String> {
     Ok(c.job_dir(&id).display().to_string())
 }
 
+/// The directory of one of the caller's own jobs (delegate-client
+/// `own_job_dir`); NoSuchJobError for any other id.
+#[pyfunction]
+fn own_job_dir(py: Python<'_>, id: String) -> PyResult<String> {
+    let id = JobId::parse(&id).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let dir = py.detach(move || -> CoreResult<std::path::PathBuf> { Ok(client()?.own_job_dir(&id)?) })?;
+    Ok(dir.display().to_string())
+}
+
 /// The delegate root in use.
 #[pyfunction]
 fn root(py: Python<'_>) -> PyResult<String> {
@@ -419,6 +428,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_duration_secs, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(job_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(own_job_dir, m)?)?;
     m.add_function(wrap_pyfunction!(root, m)?)?;
     m.add_function(wrap_pyfunction!(sbatch_count, m)?)?;
     m.add_function(wrap_pyfunction!(squeue_count, m)?)?;

@@ -110,8 +110,21 @@ except RuntimeError as e:
     py_outside = str(e)
 os.environ["JUPYTERHUB_SERVICE_PREFIX"] = "/user/alice/"
 cli = subprocess.run(["delegate", "tensorboard", fut.job_id], capture_output=True, text=True)
-out(job=fut.job_id, url=delegate.tensorboard(fut).url, cli=cli.stdout, cli_rc=cli.returncode,
-    outside=[outside.returncode, outside.stderr], py_outside=py_outside)
+url = delegate.tensorboard(fut).url
+# The job's directory swapped for a link (to her own copy of it): not a
+# directory of hers as the board opens it.
+d = delegate._core.job_dir(fut.job_id)
+os.rename(d, d + ".moved")
+os.symlink(d + ".moved", d)
+linked = subprocess.run(["delegate", "tensorboard", fut.job_id], capture_output=True, text=True)
+try:
+    delegate.tensorboard(fut)
+    py_linked = None
+except delegate.NoSuchJobError as e:
+    py_linked = str(e)
+out(job=fut.job_id, url=url, cli=cli.stdout, cli_rc=cli.returncode,
+    outside=[outside.returncode, outside.stderr], py_outside=py_outside,
+    linked=[linked.returncode, linked.stderr], py_linked=py_linked)
 """
     )
     url = f"/user/alice/delegate/tensorboard/{res['job']}/"
@@ -119,3 +132,5 @@ out(job=fut.job_id, url=delegate.tensorboard(fut).url, cli=cli.stdout, cli_rc=cl
     assert res["cli"].startswith(f"TensorBoard of job {res['job']}: {url}") and res["cli_rc"] == 0, res
     assert res["outside"][0] == 1 and "JUPYTERHUB_SERVICE_PREFIX is not set" in res["outside"][1], res
     assert "JUPYTERHUB_SERVICE_PREFIX is not set" in (res["py_outside"] or ""), res
+    assert res["linked"][0] == 1 and f"no job {res['job']} of yours" in res["linked"][1], res
+    assert res["py_linked"] and f"no job {res['job']} of yours" in res["py_linked"], res

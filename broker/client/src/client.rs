@@ -106,6 +106,24 @@ impl Client {
         self.root.join(format!("{id}.log"))
     }
 
+    /// The directory of one of the caller's own jobs: a job of this root
+    /// (its status answers) whose directory, opened without following a
+    /// link, is a directory the caller owns. What reads a job as the caller
+    /// for someone else (the TensorBoard route of their hub server, `delegate
+    /// tensorboard`) asks this first: any other id, a name in a root the
+    /// caller cannot read included, is `NotYours`.
+    pub fn own_job_dir(&self, id: &JobId) -> Result<PathBuf> {
+        self.status(std::slice::from_ref(id))?;
+        let dir = self.job_dir(id);
+        let not_yours = || ClientError::NotYours {
+            id: id.to_string(),
+            root: self.root.display().to_string(),
+        };
+        let fd = open_dir_nofollow(&dir).map_err(|_| not_yours())?;
+        check_owner(&fd, &dir.display().to_string(), nix::unistd::getuid().as_raw(), true).map_err(|_| not_yours())?;
+        Ok(dir)
+    }
+
     pub(crate) fn open_job_dir(&self, id: &JobId) -> Result<OwnedFd> {
         let dir = self.job_dir(id);
         match open_dir_nofollow(&dir) {

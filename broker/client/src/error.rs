@@ -13,6 +13,9 @@ pub enum ClientError {
     Root { path: String, reason: String },
     #[error("no job {id} in {root}")]
     NoSuchJob { id: String, root: String },
+    /// A job whose directory is not one the caller owns (`own_job_dir`).
+    #[error("no job {id} of yours in {root}")]
+    NotYours { id: String, root: String },
     #[error("invalid job request: {0}")]
     InvalidRequest(String),
     /// The request asks for more than the site policy allows; nothing was

@@ -23,6 +23,7 @@ __all__ = [
     "follow_output",
     "job_dir",
     "jobs",
+    "own_job_dir",
     "parse_duration_secs",
     "parse_size_bytes",
     "read_file",
@@ -153,6 +154,10 @@ def parse_size_bytes(s: str) -> int:
 
 def job_dir(id: str) -> str:
     """The job directory of a job."""
+
+def own_job_dir(id: str) -> str:
+    """The directory of one of the caller's own jobs (delegate-client
+    `own_job_dir`); NoSuchJobError for any other id."""
 
 def root() -> str:
     """The delegate root in use."""

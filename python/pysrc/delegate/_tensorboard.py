@@ -14,7 +14,6 @@ listens there.
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -36,19 +35,11 @@ def _job_id(job: Any) -> str:
 
 
 def checked_job_dir(job: Any) -> str:
-    """The directory of one of the caller's own cluster jobs: a job of the
-    caller's root (its status), whose directory is a directory of the
-    caller's own. Raises ``NoSuchJobError`` for any other."""
-    job_id = _job_id(job)
-    _core.status([job_id])
-    path = _core.job_dir(job_id)
-    try:
-        info = os.stat(path)
-    except OSError as e:
-        raise _core.NoSuchJobError("no job %s in %s" % (job_id, os.path.dirname(path))) from e
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise _core.NoSuchJobError("job %s's directory %s is not a directory of yours" % (job_id, path))
-    return path
+    """The directory of one of the caller's own cluster jobs (delegate-
+    client's ``own_job_dir``: a job of the caller's root whose directory is
+    a directory of the caller's own). Raises ``NoSuchJobError`` for any
+    other."""
+    return _core.own_job_dir(_job_id(job))
 
 
 def url(job: Any, service_prefix: str | None = None) -> str:

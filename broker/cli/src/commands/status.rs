@@ -87,19 +87,9 @@ pub fn result(cli: &Cli, id: &str) -> CliResult {
 pub fn tensorboard(cli: &Cli, id: &str) -> CliResult {
     use delegate_client::tensorboard::{url, SERVICE_PREFIX_ENV};
     let id = parse_id(id)?;
-    let c = client(&cli.root)?;
-    c.status(std::slice::from_ref(&id))?;
     // The board reads the job's directory as its server's student: one of
-    // the caller's own (as delegate._tensorboard checks it), not a name in
-    // a root the caller cannot read.
-    let dir = c.job_dir(&id);
-    let own = std::fs::metadata(&dir).is_ok_and(|m| {
-        use std::os::unix::fs::MetadataExt;
-        m.is_dir() && m.uid() == nix::unistd::getuid().as_raw()
-    });
-    if !own {
-        return Err(Fail::new(format!("no job {id} of yours in {}", c.root().display()), 1));
-    }
+    // the caller's own, as the board itself checks it.
+    client(&cli.root)?.own_job_dir(&id)?;
     let Some(prefix) = std::env::var(SERVICE_PREFIX_ENV).ok().filter(|p| p.starts_with('/')) else {
         return Err(Fail::new(
             format!(
