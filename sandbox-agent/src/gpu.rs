@@ -32,6 +32,8 @@ use bollard::models::{ContainerCreateBody, DeviceMapping, DeviceRequest};
 use bollard::Docker;
 use delegate_protocol::policy::{GpuMode, Policy};
 
+use crate::ask::Question;
+
 /// Bounds on what is read: gres.conf, squeue's answer, the device list.
 const MAX_GRES_CONF: u64 = 1 << 20;
 const MAX_SQUEUE_JSON: usize = 64 << 20;
@@ -361,29 +363,18 @@ pub fn gpus_in_squeue_json(json: &str, job: &str) -> Result<(u32, Vec<u32>), Gpu
 }
 
 async fn slurm_gpus(job: &str) -> Result<(u32, Vec<u32>), GpuError> {
-    let slurm = |reason: String| GpuError::Slurm { job: job.into(), reason };
-    let out = tokio::time::timeout(
-        Duration::from_secs(15),
-        tokio::process::Command::new("squeue")
-            .args(["--json", "-t", "all", "-j", job])
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| slurm("no answer in time".into()))?
-    .map_err(|e| slurm(format!("cannot run squeue: {e}")))?;
-    if !out.status.success() || out.stdout.len() > MAX_SQUEUE_JSON {
-        return Err(slurm(format!(
-            "squeue --json failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-                .trim()
-                .chars()
-                .take(300)
-                .collect::<String>()
-        )));
-    }
-    gpus_in_squeue_json(&String::from_utf8_lossy(&out.stdout), job)
+    let question = Question {
+        argv: &["squeue", "--json", "-t", "all", "-j", job],
+        patience: Duration::from_secs(15),
+        max_answer: MAX_SQUEUE_JSON,
+        env: &[],
+        clear_env: false,
+    };
+    let json = question
+        .ask()
+        .await
+        .map_err(|e| GpuError::Slurm { job: job.into(), reason: e.to_string() })?;
+    gpus_in_squeue_json(&json, job)
 }
 
 /// This node's GPU device files from the policy's gres.conf (none when the

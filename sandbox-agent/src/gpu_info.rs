@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use delegate_protocol::Gpu;
 
+use crate::ask::{AskError, Question};
+
 /// The fields asked, in the order of [`parse`]'s columns.
 pub const QUERY: &str = "index,name,driver_version,uuid,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,persistence_mode,compute_mode,mig.mode.current,ecc.mode.current";
 /// How long nvidia-smi may take (it waits for a busy driver).
@@ -18,8 +20,6 @@ const PATIENCE: Duration = Duration::from_secs(10);
 const MAX_ANSWER: usize = 1 << 20;
 /// At most this many characters of a text field.
 const MAX_FIELD: usize = 96;
-/// Where root's tools are (the node's, not a job's environment).
-const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// One field: None for nvidia-smi's `[N/A]`, `[Not Supported]`, `N/A` or
 /// nothing.
@@ -71,36 +71,25 @@ pub fn parse(csv: &str) -> Vec<Gpu> {
 
 /// What nvidia-smi answers now; None (logged) when it cannot be asked.
 async fn ask() -> Option<String> {
-    let run = tokio::process::Command::new("nvidia-smi")
-        .args([&format!("--query-gpu={QUERY}"), "--format=csv,noheader,nounits"])
-        .env_clear()
-        .env("PATH", SYSTEM_PATH)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = match tokio::time::timeout(PATIENCE, run).await {
-        Ok(Ok(out)) if out.status.success() && out.stdout.len() <= MAX_ANSWER => out,
-        Ok(Ok(out)) => {
-            tracing::warn!(
-                "nvidia-smi failed ({}): the GPUs' details are unknown",
-                String::from_utf8_lossy(&out.stderr)
-                    .trim()
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            );
-            return None;
-        }
-        Ok(Err(e)) => {
-            tracing::debug!("cannot run nvidia-smi ({e}): the GPUs' details are unknown");
-            return None;
-        }
-        Err(_) => {
-            tracing::warn!("nvidia-smi took more than {PATIENCE:?}: the GPUs' details are unknown");
-            return None;
-        }
+    let query = format!("--query-gpu={QUERY}");
+    let question = Question {
+        argv: &["nvidia-smi", &query, "--format=csv,noheader,nounits"],
+        patience: PATIENCE,
+        max_answer: MAX_ANSWER,
+        env: &[],
+        clear_env: true,
     };
-    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    match question.ask().await {
+        Ok(csv) => Some(csv),
+        Err(e @ AskError::Spawn { .. }) => {
+            tracing::debug!("{e}: the GPUs' details are unknown");
+            None
+        }
+        Err(e) => {
+            tracing::warn!("{e}: the GPUs' details are unknown");
+            None
+        }
+    }
 }
 
 /// `devices` with the driver's index of each (`indexes`, the devices'

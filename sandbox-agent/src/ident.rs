@@ -14,6 +14,11 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::ask::{AskError, Question};
+
+/// At most this much of a Slurm command's answer about one job is read.
+const MAX_SLURM_ANSWER: usize = 1 << 20;
+
 /// The verified caller.
 #[derive(Debug)]
 pub struct Caller {
@@ -238,18 +243,17 @@ pub fn place_in(hostnames: &str, node: &str) -> Result<RankPlace, String> {
 }
 
 async fn slurm_command(args: &[&str], what: &str) -> Result<String, String> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(15),
-        tokio::process::Command::new(args[0])
-            .args(&args[1..])
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| format!("slurmctld did not answer about {what} in time"))?
-    .map_err(|e| format!("cannot run {}: {e}", args[0]))?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let question = Question {
+        argv: args,
+        patience: Duration::from_secs(15),
+        max_answer: MAX_SLURM_ANSWER,
+        env: &[],
+        clear_env: false,
+    };
+    question.ask().await.map_err(|e| match e {
+        AskError::Timeout { .. } => format!("slurmctld did not answer about {what} in time"),
+        e => format!("cannot ask slurmctld about {what}: {e}"),
+    })
 }
 
 /// Identifies the peer `pid` (uid from `SO_PEERCRED`) as a batch task.

@@ -23,6 +23,7 @@
 //! mode: nothing the student controls can block or break them.
 
 mod admit;
+mod ask;
 mod call;
 mod config;
 mod conn;

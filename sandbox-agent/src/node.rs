@@ -15,12 +15,15 @@ use std::time::Duration;
 use delegate_protocol::node_class::{self, check_label, class_of_feature, NodeClass, NodeReport, Topology};
 use delegate_protocol::policy::Policy;
 
+use crate::ask::Question;
 use crate::{config, fingerprint};
 
 /// How often the class and report are published at the latest.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(30);
 /// How long one scontrol may take.
 const SCONTROL_PATIENCE: Duration = Duration::from_secs(15);
+/// At most this much of scontrol's answer about this node is read.
+const MAX_SCONTROL_ANSWER: usize = 1 << 20;
 /// At most this many bytes of the label file are read.
 const MAX_LABEL_FILE: u64 = 256;
 
@@ -178,20 +181,16 @@ pub fn report_to_publish(now: &NodeReport, held: &str) -> NodeReport {
 }
 
 async fn scontrol(args: &[String]) -> Result<String, String> {
-    let run = tokio::process::Command::new("scontrol")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(SCONTROL_PATIENCE, run)
-        .await
-        .map_err(|_| format!("scontrol {} took more than {SCONTROL_PATIENCE:?}", args[0]))?
-        .map_err(|e| format!("cannot run scontrol: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("scontrol {} failed: {}", args[0], err.trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let mut argv = vec!["scontrol"];
+    argv.extend(args.iter().map(String::as_str));
+    let question = Question {
+        argv: &argv,
+        patience: SCONTROL_PATIENCE,
+        max_answer: MAX_SCONTROL_ANSWER,
+        env: &[],
+        clear_env: false,
+    };
+    question.ask().await.map_err(|e| e.to_string())
 }
 
 /// Publishes this node's class and report; Ok(true) when Slurm's record

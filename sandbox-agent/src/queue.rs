@@ -9,10 +9,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
+use crate::ask::Question;
+
 /// How long an answer is reused.
 const FRESH: Duration = Duration::from_secs(1);
 /// How long squeue may take.
 const PATIENCE: Duration = Duration::from_secs(10);
+/// At most this much of squeue's list of pending jobs is read.
+const MAX_PENDING_ANSWER: usize = 64 << 20;
 /// The partitions remembered at most (a caller names its own).
 const MAX_PARTITIONS: usize = 64;
 
@@ -60,27 +64,25 @@ fn now_utc() -> String {
 /// squeue's `uid|reason|eligible time|restarts` lines (UTC) of the
 /// pending jobs of `partition` ("": all).
 async fn pending(partition: &str) -> Result<String, String> {
-    let mut cmd = tokio::process::Command::new("squeue");
-    cmd.args([
+    let mut argv = vec![
+        "squeue",
         "-h",
         "-t",
         "PENDING",
         "-O",
         "UserId:|,Reason:|,EligibleTime:|,RestartCnt:",
-    ])
-    .env("TZ", "UTC");
+    ];
     if !partition.is_empty() {
-        cmd.args(["-p", partition]);
+        argv.extend(["-p", partition]);
     }
-    let run = cmd.stdin(std::process::Stdio::null()).kill_on_drop(true).output();
-    let out = tokio::time::timeout(PATIENCE, run)
-        .await
-        .map_err(|_| format!("squeue took more than {PATIENCE:?}"))?
-        .map_err(|e| format!("cannot run squeue: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("squeue failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let question = Question {
+        argv: &argv,
+        patience: PATIENCE,
+        max_answer: MAX_PENDING_ANSWER,
+        env: &[("TZ", "UTC")],
+        clear_env: false,
+    };
+    question.ask().await.map_err(|e| e.to_string())
 }
 
 /// squeue's `uid|reason|eligible time|restarts` lines of pending jobs:
