@@ -166,8 +166,8 @@ bundle_pack() {
     bundle_runpath "$root"
     install -D -m 0755 -t "$root$BUNDLE_PREFIX/share" "$REPO"/packaging/offline/*.sh
     local f
-    for f in build_cluster.d/common.sh build_cluster.d/local.sh cluster.toml slurm-conf/epilog.sh slurm-conf/logrotate.conf; do
-        install -D -m 0644 "$REPO/$f" "$root$BUNDLE_PREFIX/share/repo/$f"
+    for f in build_cluster.d/common.sh build_cluster.d/local.sh cluster.toml slurm-conf/epilog.sh slurm-conf/logrotate.conf slurm-conf/cgroup-slice.sh; do
+        install -D -m "$(stat -c %a "$REPO/$f")" "$REPO/$f" "$root$BUNDLE_PREFIX/share/repo/$f"
     done
     install -d "$stage/delegate-offline"
     install -m 0755 "$REPO/packaging/offline/install.sh" "$stage/delegate-offline/install.sh"

@@ -354,17 +354,11 @@ local_write_cgroup_conf() {
     fi
 }
 
-# slurmd_slice: /sys/fs/cgroup/system.slice with the controllers slurmd
-# enables in its scope (cgroup v2 without systemd: nothing else makes it).
+# slurmd_slice: slurmd's slice with its controllers (cgroup v2 without
+# systemd: nothing else makes it; slurm-conf/cgroup-slice.sh).
 slurmd_slice() {
-    local slice=/sys/fs/cgroup/system.slice c
-    mkdir -p "$slice" || die "cannot make $slice for slurmd's cgroup scope"
-    for c in cpuset cpu memory pids; do
-        grep -qw "$c" /sys/fs/cgroup/cgroup.controllers || continue
-        echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || warn "cannot enable the $c controller below /sys/fs/cgroup"
-        echo "+$c" >"$slice/cgroup.subtree_control" 2>/dev/null || warn "cannot enable the $c controller in $slice"
-    done
-    log "slurm: $slice ready for slurmd's own scope (cgroup v2 without systemd)"
+    "$REPO/slurm-conf/cgroup-slice.sh" || die "cannot prepare slurmd's cgroup slice"
+    log "slurm: /sys/fs/cgroup/system.slice ready for slurmd's own scope (cgroup v2 without systemd)"
 }
 
 # start_slurmd: start the node daemon unless one runs.

@@ -423,7 +423,7 @@ stack_build_images() {
         ctx=$(mktemp -d -p "$BC_TMP")
         mkdir -p "$ctx/bin" "$ctx/docker" "$ctx/slurm-conf/spank"
         cp "$REPO/docker/cluster.Dockerfile" "$REPO/docker/cluster-entrypoint.sh" "$ctx/docker/"
-        cp "$REPO/slurm-conf/epilog.sh" "$ctx/slurm-conf/"
+        cp "$REPO/slurm-conf/epilog.sh" "$REPO/slurm-conf/cgroup-slice.sh" "$ctx/slurm-conf/"
         # The SPANK plugin is compiled in the image build, against the
         # image's own Slurm headers.
         cp "$REPO/slurm-conf/spank/delegate_lockdown.c" "$ctx/slurm-conf/spank/"

@@ -426,19 +426,13 @@ worker_agent() {
 # and on a cgroup v2 host Slurm 22.05 then stops for want of dbus. Where
 # slurmd makes its own scope (v2, Slurm before 23.11) its slice is made.
 worker_cgroup_conf() {
-    local hierarchy=v1 slice=/sys/fs/cgroup/system.slice c
+    local hierarchy=v1
     [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs ]] && hierarchy=v2
     delegate-deploy cgroup-conf --shape stack --cgroup "$hierarchy" --slurm-version "$(slurmd -V)" \
         >/etc/slurm/cgroup.conf.new || die "cannot render cgroup.conf for this worker"
     mv -f /etc/slurm/cgroup.conf.new /etc/slurm/cgroup.conf
     if grep -qx 'IgnoreSystemd=yes' /etc/slurm/cgroup.conf; then
-        mkdir -p "$slice" || die "cannot make $slice for slurmd's cgroup scope"
-        for c in cpuset cpu memory pids; do
-            grep -qw "$c" /sys/fs/cgroup/cgroup.controllers || continue
-            if ! { echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control && echo "+$c" >"$slice/cgroup.subtree_control"; } 2>/dev/null; then
-                log "WARNING: cannot enable the $c controller for $slice"
-            fi
-        done
+        /usr/local/lib/delegate/cgroup-slice.sh || die "cannot prepare slurmd's cgroup slice"
     fi
     log "cgroup.conf: cgroup $hierarchy, $(grep -m1 '^CgroupPlugin=' /etc/slurm/cgroup.conf)"
 }

@@ -1,7 +1,7 @@
 # The image of the stack's head, slurmdbd and worker nodes (docker/cluster.Dockerfile),
 # and the base of the user node's image (docker/user.Dockerfile).
 # Built by `build_cluster.sh deploy|update` with a context of docker/,
-# slurm-conf/epilog.sh, slurm-conf/spank/ and bin/ (the workspace's release binaries and the
+# slurm-conf/epilog.sh and cgroup-slice.sh, slurm-conf/spank/ and bin/ (the workspace's release binaries and the
 # host's Docker CLI), on top of BASE_IMAGE (a registry image such as
 # debian:bookworm-slim, or the local debootstrap import).
 ARG BASE_IMAGE=delegate-base:bookworm
@@ -60,6 +60,8 @@ COPY --from=spank /src/delegate_lockdown.so /usr/local/lib/delegate/delegate_loc
 
 # The Slurm epilog (sweeps leftover sandbox containers of the ending job).
 COPY slurm-conf/epilog.sh /etc/slurm/delegate-epilog.sh
+# slurmd's slice on cgroup v2 without systemd (the worker entrypoint runs it).
+COPY slurm-conf/cgroup-slice.sh /usr/local/lib/delegate/cgroup-slice.sh
 COPY docker/cluster-entrypoint.sh /usr/local/sbin/cluster-entrypoint
 RUN chmod 0755 /etc/slurm/delegate-epilog.sh /usr/local/sbin/cluster-entrypoint \
  && install -d -m 0755 /var/lib/delegate /var/log/delegate /run/delegate /etc/delegate
