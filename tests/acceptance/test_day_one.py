@@ -400,11 +400,14 @@ print("dask total", got[0], "uids", got[1])"""
 
 def test_3c_a_dask_graph_from_the_notebook(students):
     """docs/ml.md's Dask example in Ann's notebook: four tasks, each a call
-    in a sandbox as Ann, the value Dask's own."""
+    in a sandbox as Ann, named on the page by its task, the value Dask's
+    own."""
     ann, _ = students
     text = ann.run_cell(DASK, "dask total", "dask", timeout=300_000)
     uid = on("user", "id", "-u", ann.user).stdout.strip()
     assert f"dask total 6 uids [{uid}]" in text, text
+    assert text.count("delegate: inc [") == 3 and text.count("delegate: total [") == 1, text
+    assert "batch_execute_tasks" not in text, text
 
 
 def test_4_the_instructor_in_the_browser(browser, students):

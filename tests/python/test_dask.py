@@ -19,8 +19,9 @@ def out(**kw):
 
 def test_a_delayed_graph_runs_each_task_in_a_sandbox(alice):
     """Four `dask.delayed` tasks and the one that sums them: each runs as
-    the student in a sandbox of its own (a call each, /job inside), and the graph's
-    value is the one Dask computes with its threads."""
+    the student in a sandbox of its own (a call each, /job inside, named by
+    its task), and the graph's value is the one Dask computes with its
+    threads."""
     res, _ = alice.result(
         HEADER
         + """
@@ -37,8 +38,9 @@ with delegate.Executor(time="2m") as ex:
     (got,) = dask.compute(graph, scheduler=ex)
 calls = [n for n in set(os.listdir(root)) - before if os.path.isdir(os.path.join(root, n))]
 (local,) = dask.compute(graph, scheduler="threads")
+whats = sorted(r["what"] for r in delegate.jobs() if r["id"] in calls)
 out(sum=got["sum"], local=local["sum"], uids=[p["uid"] for p in got["parts"]],
-    jobs=[p["job"] for p in got["parts"]] + [got["job"]], me=os.getuid(), calls=len(calls))
+    jobs=[p["job"] for p in got["parts"]] + [got["job"]], me=os.getuid(), calls=len(calls), whats=whats)
 """,
         timeout=600,
     )
@@ -46,6 +48,9 @@ out(sum=got["sum"], local=local["sum"], uids=[p["uid"] for p in got["parts"]],
     assert res["uids"] == [res["me"]] * 4, res
     assert res["jobs"] == [True] * 5, res
     assert res["calls"] == 5, res  # (a call per task, each its own sandbox)
+    # Each named by its task (delegate list, delegate.jobs()), not by
+    # Dask's batch_execute_tasks.
+    assert res["whats"] == ["inc()"] * 4 + ["total()"], res
 
 
 def test_a_dask_array_reduction_through_the_executor(alice):

@@ -137,6 +137,27 @@ out(timed=timed, cancelled=cancelled, text=str(table), html=table._repr_html_(),
     assert "<table" in res["html"] and "sleep()" in res["html"] and "#c62828" in res["html"], res["html"]
 
 
+def test_dask_tasks_are_named_by_their_functions(run):
+    """Dask's local scheduler hands the executor its own batch function;
+    each call is named by the Dask task it runs (``inc()``), not by
+    ``batch_execute_tasks()``."""
+    res = result(
+        run("""
+import dask
+@dask.delayed
+def inc(x):
+    return x + 1
+@dask.delayed
+def total(parts):
+    return sum(parts)
+with delegate.Executor(time="1m") as ex:
+    (got,) = dask.compute(total([inc(i) for i in range(3)]), scheduler=ex)
+out(got=got, whats=sorted(r["what"] for r in delegate.jobs()))
+""")
+    )
+    assert res == {"got": 6, "whats": ["inc()", "inc()", "inc()", "total()"]}, res
+
+
 def test_an_unknown_backend_is_refused(run):
     r = run("delegate.Executor(backend='moon')\n")
     assert r.returncode != 0 and "unknown backend 'moon'" in r.stderr, r.stderr

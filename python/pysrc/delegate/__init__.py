@@ -208,11 +208,32 @@ def _payload(fn, args, kwargs) -> bytes:
     cloudpickle = _cloudpickle()
     _register_local_module(fn, cloudpickle)
     body = cloudpickle.dumps((fn, tuple(args), dict(kwargs)), protocol=4)
-    return _fmt.encode_payload(body, _fmt.python_version(), cloudpickle.__version__, _label(fn))
+    return _fmt.encode_payload(body, _fmt.python_version(), cloudpickle.__version__, _label(fn, args))
 
 
-def _label(fn) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+def _label(fn, args: Sequence[Any] = ()) -> str:
+    """What a call is named by (``delegate list`` and ``delegate.jobs()``
+    add the ``()``; the live line): the function's name; for the batch of
+    tasks Dask's local scheduler hands an executor, the tasks' names."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    if name == "batch_execute_tasks" and getattr(fn, "__module__", None) == "dask.local":
+        return _dask_label(args) or name
+    return name
+
+
+def _dask_label(args: Sequence[Any]) -> str | None:
+    """``inc`` for dask.local's batch_execute_tasks([(key, ...), ...]): the
+    names of the tasks (Dask's key_split: ``inc`` of ``'inc-3f2a...'``),
+    each once, at most four."""
+    try:
+        from dask.utils import key_split  # type: ignore[import-untyped]
+
+        names = list(dict.fromkeys(key_split(task[0]) for task in args[0]))
+    except Exception:  # noqa: BLE001 (another Dask's shape: the plain name)
+        return None
+    if not names:
+        return None
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
 def _map_resources(res: Mapping[str, Any], who: str) -> dict[str, Any]:
@@ -265,7 +286,7 @@ def _submit_many(
     default the function's name)."""
     cloudpickle = _cloudpickle()
     payloads = [_payload(fn, a, k) for a, k in calls]
-    label = label or _label(fn)
+    label = label or _label(fn, calls[0][0] if len(calls) == 1 else ())
     if _backend(backend) == "local":
         if int(res.get("nodes") or 1) > 1:
             raise ValueError("nodes > 1 needs the cluster (the local backend runs one process per call)")
