@@ -125,7 +125,7 @@ done
 # (the test venv: made or updated in stage 2)
 if [[ -d tests/e2e ]]; then
     set +e
-    "$VENV/bin/python" -m pytest -v tests/e2e "$@"
+    "$VENV/bin/python" -m pytest -v --durations=10 tests/e2e "$@"
     rc=$?
     set -e
     # 5 = no tests collected: a pass only when extra arguments (-k ...)
@@ -157,7 +157,8 @@ stack_stage() {
         return 0
     fi
     set +e
-    "$VENV/bin/python" -m pytest -v "$dir" "$@"
+    # (the ten slowest steps are printed: where the CI's minutes go)
+    "$VENV/bin/python" -m pytest -v --durations=10 "$dir" "$@"
     rc=$?
     set -e
     ((rc == 0 || (rc == 5 && $# > 0))) || fail "$what (pytest exit $rc)"
