@@ -156,6 +156,22 @@ ask() {
     done
 }
 
+# failed_reasons NODE...: these did not register within ResumeTimeout and
+# Slurm set them DOWN, "ResumeTimeout reached": each gets the reason of its
+# failed start. One already down with this program's own reason
+# (power-resume saw the failure first) keeps it, it says more; Slurm's own
+# timeout replaced that by "ResumeTimeout reached": the remembered one is
+# put back, else the timeout is named.
+failed_reasons() {
+    local n why
+    for n in "$@"; do
+        [[ $(node_reason "$n") == elastic:* ]] && continue
+        why=$(remembered "$n")
+        [[ -n $why ]] || why="worker $n did not register within ResumeTimeout=$(resume_timeout)s (see build_cluster.sh status; resume it with scontrol update nodename=$n state=resume)"
+        mark_down "$n" "$why"
+    done
+}
+
 # slurm_side ACTION HOSTLIST: what slurmctld runs.
 slurm_side() {
     local action=$1 list=$2 n rc out line
@@ -168,6 +184,11 @@ slurm_side() {
     done
     ((${#nodes[@]})) || return 0
     log "${nodes[*]}"
+    # Slurm set them DOWN ("ResumeTimeout reached"): first a reason an
+    # operator can act on (at once: sinfo and the doctor read it), then
+    # stop what may be half up (a hook or the power service may take a
+    # while).
+    [[ $action == resume-fail ]] && failed_reasons "${nodes[@]}"
     if [[ -x $HOOK ]]; then
         # The site's own way of powering machines (real machines).
         local hook_action=$action
@@ -217,24 +238,10 @@ slurm_side() {
     if [[ $action == suspend ]]; then
         for n in "${nodes[@]}"; do keep_out "$n"; done
     fi
-    if [[ $action == resume-fail ]]; then
-        # Slurm set them DOWN ("ResumeTimeout reached"); stop what may be
-        # half up and leave a reason an operator can act on.
-        if [[ ! -x $HOOK ]]; then
-            while read -r n rc line; do log "$n: stop after the failed resume: $rc $line"; done \
-                < <(ask suspend "${nodes[@]}")
-        fi
-        local why
-        for n in "${nodes[@]}"; do
-            # Already down with this program's own reason (power-resume saw
-            # the failure first): keep that one, it says more. Slurm's own
-            # timeout replaces it by "ResumeTimeout reached": put back the
-            # remembered one.
-            [[ $(node_reason "$n") == elastic:* ]] && continue
-            why=$(remembered "$n")
-            [[ -n $why ]] || why="worker $n did not register within ResumeTimeout=$(resume_timeout)s (see build_cluster.sh status; resume it with scontrol update nodename=$n state=resume)"
-            mark_down "$n" "$why"
-        done
+    if [[ $action == resume-fail && ! -x $HOOK ]]; then
+        # (the hook was asked to stop them above)
+        while read -r n rc line; do log "$n: stop after the failed resume: $rc $line"; done \
+            < <(ask suspend "${nodes[@]}")
     fi
     return 0
 }
