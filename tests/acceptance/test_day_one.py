@@ -346,6 +346,10 @@ def test_3b_tensorboard_of_a_running_job(students):
         assert time.monotonic() < deadline, f"no curve on the board: {first}"
         time.sleep(3)
     page = ann.ctx.new_page()
+    # Every request of the board's page answered (its fonts included: named
+    # from the server's root by TensorBoard, they 404ed at the hub).
+    answers: list[tuple[int, str]] = []
+    page.on("response", lambda r: answers.append((r.status, r.url)))
     page.goto(URL + url)
     page.wait_for_load_state("load")
     page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-0-opened.png"), full_page=True)
@@ -362,6 +366,10 @@ def test_3b_tensorboard_of_a_running_job(students):
     page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-2-grown.png"), full_page=True)
     assert "train" in page.inner_text("body"), page.inner_text("body")[:2000]
     page.close()
+    failed = [a for a in answers if a[0] >= 400]
+    fonts = [a for a in answers if "/font-roboto/" in a[1]]
+    assert not failed and fonts, (failed, fonts[:3])
+    assert all(u.startswith(URL + url + "font-roboto/") for _, u in fonts), fonts[:3]
     # Ben: through his own server (not his job), through Ann's (not his
     # server), and with his CLI.
     mine = ben.ctx.request.get(f"{URL}/user/{BEN}/delegate/tensorboard/{job_id}/data/runs")

@@ -10,7 +10,7 @@ is the acceptance suite's (tests/acceptance, test_3b). Run by tests/run.sh
 from __future__ import annotations
 
 SERVE = """
-import http.client, json, os, socket, subprocess, sys, time
+import http.client, json, os, re, socket, subprocess, sys, time
 import delegate
 def out(**kw):
     print("RESULT: " + json.dumps(kw), flush=True)
@@ -62,11 +62,16 @@ for _ in range(60):
     time.sleep(1)
 points = get(board + "data/plugin/scalars/scalars?run=runs/train&tag=loss")
 page = get(board)
+# (the page's fonts: below the board, where they are served, not at the
+# server's root, where a hub answers 404)
+fonts = sorted(set(re.findall(r"url\\((/[^)]*\\.woff2)\\)", page[1])))
+font = get(fonts[0])[0] if fonts else None
 unknown = get(base + "delegate/tensorboard/20200101T000000-0badcafe/data/runs")
 anonymous = get(board + "data/runs", auth=False)
 server.terminate()
 out(job=fut.job_id, runs=runs, points=len(json.loads(points[1])) if points[0] == 200 else points,
-    page=[page[0], "<title>TensorBoard</title>" in page[1]], unknown=unknown[0], anonymous=anonymous[0],
+    page=[page[0], "<title>TensorBoard</title>" in page[1]], font=font,
+    fonts_below=len(fonts) > 0 and all(f.startswith(board + "font-roboto/") for f in fonts), unknown=unknown[0], anonymous=anonymous[0],
     url=delegate.tensorboard(fut).url if os.environ.get("JUPYTERHUB_SERVICE_PREFIX") else None)
 """,
         timeout=600,
@@ -75,6 +80,7 @@ out(job=fut.job_id, runs=runs, points=len(json.loads(points[1])) if points[0] ==
     assert res["runs"] == [200, '["runs/train"]'], res
     assert res["points"] == 12, res
     assert res["page"] == [200, True], res
+    assert res["fonts_below"] and res["font"] == 200, res
     assert res["unknown"] == 404 and res["anonymous"] in (302, 403), res
     # Bob's own server has no board of Alice's job.
     other, _ = bob.result(

@@ -126,6 +126,40 @@ def _make_app(logdir: str, path_prefix: str):
         ]
     )
     data_provider, multiplexer = tb._make_data_provider()
-    return application.TensorBoardWSGIApp(
+    app = application.TensorBoardWSGIApp(
         tb.flags, tb.plugin_loaders, data_provider, tb.assets_zip_provider, multiplexer
     )
+    return _fonts_below(app, path_prefix)
+
+
+def _fonts_below(app, path_prefix: str):
+    """TensorBoard's page names its fonts from the server's root
+    (``url(/font-roboto/...)``, 70 of them), which ``--path_prefix`` leaves
+    as they are: below a hub the browser would ask the hub for them (404,
+    and the page falls back to another font). The page is rewritten to
+    name them below ``path_prefix``, where the app serves them; every
+    other answer passes unchanged."""
+    root, below = b"url(/font-roboto/", f"url({path_prefix}/font-roboto/".encode()
+
+    def serve(environ, start_response):
+        if environ.get("PATH_INFO", "") not in (path_prefix + "/", path_prefix + "/index.html"):
+            return app(environ, start_response)
+        # (uncompressed, to be rewritten)
+        answer: dict[str, Any] = {}
+
+        def keep(status, headers, exc_info=None):
+            answer.update(status=status, headers=headers)
+            return lambda _data: None
+
+        body = app(dict(environ, HTTP_ACCEPT_ENCODING="identity"), keep)
+        try:
+            page = b"".join(body)
+        finally:
+            if hasattr(body, "close"):
+                body.close()
+        page = page.replace(root, below)
+        headers = [(k, str(len(page)) if k.lower() == "content-length" else v) for k, v in answer["headers"]]
+        start_response(answer["status"], headers)
+        return [page]
+
+    return serve
