@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-from typing import Any
 
 import tornado.web
 import tornado.wsgi
@@ -19,30 +18,12 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.utils import url_path_join
 
 from delegate._errors import NoSuchJobError
-from delegate._tensorboard import ROUTE, Boards
+from delegate._tensorboard import ROUTE, Boards, call_wsgi
 
 #: A job id as delegate makes them (protocol/src/job_id.rs).
 JOB_ID = r"(\d{8}T\d{6}-[0-9a-f]{8})"
 #: Response headers that belong to one connection, not to the answer.
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade"}
-
-
-def call_wsgi(app, environ: dict) -> tuple[str, list[tuple[str, str]], bytes]:
-    """Runs a WSGI app on ``environ``: its status, headers and body."""
-    answer: dict[str, Any] = {}
-    chunks: list[bytes] = []
-
-    def start_response(status, headers, exc_info=None):
-        answer["status"], answer["headers"] = status, headers
-        return chunks.append
-
-    body = app(environ, start_response)
-    try:
-        chunks.extend(body)
-    finally:
-        if hasattr(body, "close"):
-            body.close()
-    return answer["status"], answer["headers"], b"".join(chunks)
 
 
 class TensorBoardHandler(JupyterHandler):

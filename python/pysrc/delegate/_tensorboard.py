@@ -132,6 +132,24 @@ def _make_app(logdir: str, path_prefix: str):
     return _fonts_below(app, path_prefix)
 
 
+def call_wsgi(app, environ: dict) -> tuple[str, list[tuple[str, str]], bytes]:
+    """Runs a WSGI app on ``environ``: its status, headers and body."""
+    answer: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    def start_response(status, headers, exc_info=None):
+        answer["status"], answer["headers"] = status, headers
+        return chunks.append
+
+    body = app(environ, start_response)
+    try:
+        chunks.extend(body)
+    finally:
+        if hasattr(body, "close"):
+            body.close()
+    return answer["status"], answer["headers"], b"".join(chunks)
+
+
 def _fonts_below(app, path_prefix: str):
     """TensorBoard's page names its fonts from the server's root
     (``url(/font-roboto/...)``, 70 of them), which ``--path_prefix`` leaves
@@ -145,21 +163,11 @@ def _fonts_below(app, path_prefix: str):
         if environ.get("PATH_INFO", "") not in (path_prefix + "/", path_prefix + "/index.html"):
             return app(environ, start_response)
         # (uncompressed, to be rewritten)
-        answer: dict[str, Any] = {}
-
-        def keep(status, headers, exc_info=None):
-            answer.update(status=status, headers=headers)
-            return lambda _data: None
-
-        body = app(dict(environ, HTTP_ACCEPT_ENCODING="identity"), keep)
-        try:
-            page = b"".join(body)
-        finally:
-            if hasattr(body, "close"):
-                body.close()
+        status, headers, page = call_wsgi(app, dict(environ, HTTP_ACCEPT_ENCODING="identity"))
         page = page.replace(root, below)
-        headers = [(k, str(len(page)) if k.lower() == "content-length" else v) for k, v in answer["headers"]]
-        start_response(answer["status"], headers)
+        start_response(
+            status, [(k, str(len(page)) if k.lower() == "content-length" else v) for k, v in headers]
+        )
         return [page]
 
     return serve
