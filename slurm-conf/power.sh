@@ -233,15 +233,14 @@ slurm_side() {
             suspend)
                 while read -r n rc line; do log "$n: $rc $line"; done < <(ask suspend "${nodes[@]}")
                 ;;
+            resume-fail)
+                while read -r n rc line; do log "$n: stop after the failed resume: $rc $line"; done \
+                    < <(ask suspend "${nodes[@]}")
+                ;;
         esac
     fi
     if [[ $action == suspend ]]; then
         for n in "${nodes[@]}"; do keep_out "$n"; done
-    fi
-    if [[ $action == resume-fail && ! -x $HOOK ]]; then
-        # (the hook was asked to stop them above)
-        while read -r n rc line; do log "$n: stop after the failed resume: $rc $line"; done \
-            < <(ask suspend "${nodes[@]}")
     fi
     return 0
 }
