@@ -1,9 +1,15 @@
 //! The agent's one way to ask a program of the node (Slurm's commands,
 //! nvidia-smi): the system's PATH, no stdin, killed when it outlasts its
 //! patience or the agent drops the question, and an answer of bounded
-//! size that is only read when the program succeeded.
+//! size: its output is read as it comes and only its first bytes are kept,
+//! so a runaway program costs the agent time (up to the patience), never
+//! memory.
 
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Child;
 
 /// Where the node's programs are (the agent's own PATH is not trusted to
 /// have them: a service may start it with a bare one).
@@ -42,36 +48,74 @@ impl Question<'_> {
     /// The program's stdout (lossy UTF-8) when it exits 0.
     pub async fn ask(&self) -> Result<String, AskError> {
         let (program, args) = self.argv.split_first().map_or(("", &[][..]), |(p, a)| (*p, a));
+        let spawn_error = |source| AskError::Spawn { program: program.into(), source };
         let mut cmd = tokio::process::Command::new(program);
         if self.clear_env {
             cmd.env_clear();
         }
-        cmd.args(args)
+        let mut child = cmd
+            .args(args)
             .env("PATH", SYSTEM_PATH)
             .envs(self.env.iter().copied())
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let out = tokio::time::timeout(self.patience, cmd.output())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(spawn_error)?;
+        let (status, (out, more), (err, _)) = tokio::time::timeout(self.patience, self.run(&mut child))
             .await
             .map_err(|_| AskError::Timeout {
                 program: program.into(),
                 patience: self.patience,
             })?
-            .map_err(|source| AskError::Spawn { program: program.into(), source })?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
+            .map_err(spawn_error)?;
+        if !status.success() {
+            let stderr = String::from_utf8_lossy(&err);
             return Err(AskError::Failed {
                 program: program.into(),
                 stderr: stderr.trim().chars().take(STDERR_QUOTED).collect(),
             });
         }
-        if out.stdout.len() > self.max_answer {
+        if more {
             return Err(AskError::TooLarge {
                 program: program.into(),
                 max: self.max_answer,
             });
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Both pipes read to their end (the program never blocks on a full
+    /// one), at most `max_answer` bytes of stdout and a quote's worth of
+    /// stderr kept, then the exit status.
+    async fn run(&self, child: &mut Child) -> std::io::Result<(ExitStatus, Capped, Capped)> {
+        let (out, err) = tokio::join!(
+            read_capped(child.stdout.take(), self.max_answer),
+            read_capped(child.stderr.take(), STDERR_QUOTED * 4),
+        );
+        Ok((child.wait().await?, out?, err?))
+    }
+}
+
+/// The first bytes of a stream, and whether there were more.
+type Capped = (Vec<u8>, bool);
+
+/// Reads `pipe` to its end, keeping its first `cap` bytes.
+async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> std::io::Result<Capped> {
+    let (mut kept, mut more) = (Vec::new(), false);
+    let Some(mut pipe) = pipe else {
+        return Ok((kept, more));
+    };
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = pipe.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok((kept, more));
+        }
+        let room = cap.saturating_sub(kept.len()).min(n);
+        kept.extend_from_slice(&chunk[..room]);
+        more |= room < n;
     }
 }
 
