@@ -475,7 +475,7 @@ local function refuse_reason(job_desc, submit_uid)
    end
    local gwhy = check_gres(job_desc, gpus)
    if gwhy then return gwhy end
-   return nil, calls, map
+   return nil, calls, map, nodes
 end
 
 local function job_submit(job_desc, part_list, submit_uid)
@@ -492,7 +492,7 @@ local function job_submit(job_desc, part_list, submit_uid)
       slurm.log_user("%s", "delegate: " .. why)
       return slurm.ESLURM_ACCESS_DENIED
    end
-   local ok2, why, calls, map = pcall(refuse_reason, job_desc, submit_uid)
+   local ok2, why, calls, map, nodes = pcall(refuse_reason, job_desc, submit_uid)
    if not ok2 then
       slurm.log_error("delegate lockdown: check failed (%s); refusing uid %d", tostring(why), submit_uid)
       slurm.log_user("delegate: job refused (internal error of the site's job check)")
@@ -503,17 +503,25 @@ local function job_submit(job_desc, part_list, submit_uid)
       slurm.log_user("%s", "delegate: only delegate's own jobs may run here: " .. why)
       return slurm.ESLURM_ACCESS_DENIED
    end
-   -- The accounting's count of calls is the script's, not the submitter's;
-   -- and a job directory is single-use: a student's job never goes back to
-   -- the queue to run again (`sbatch --requeue` by hand, then a node
-   -- failure or `scontrol requeue`), whatever the submitter asked, but for
-   -- a map's allocations: they run only the calls they claim (a claim is
-   -- made once), and requeue themselves to step aside; nor does a job
-   -- send mail (`--mail-user=<anyone> --mail-type=ALL`: slurmctld's
-   -- MailProg would write to any address a student names, per job).
+   -- The accounting's count of calls is the script's, not the submitter's.
+   -- Whether a job goes back to the queue when its node is lost: a map's
+   -- allocations always (they run only the calls they claim, recover their
+   -- own lost claims, and requeue themselves to step aside); a one-node
+   -- call as delegate submitted it (--requeue for a call with retries: the
+   -- runner starts a new attempt from a fresh directory only when the last
+   -- one left no outcome, within the call's retries and the site's
+   -- max_retries); a multi-node job never (its ranks' files would mix).
+   -- Nor does a job send mail (`--mail-user=<anyone> --mail-type=ALL`:
+   -- slurmctld's MailProg would write to any address a student names).
    local ok3, err = pcall(function()
       job_desc.comment = CALLS_COMMENT .. calls
-      job_desc.requeue = map and 1 or 0
+      if map then
+         job_desc.requeue = 1
+      elseif nodes == 1 and job_desc.requeue == 1 then
+         job_desc.requeue = 1
+      else
+         job_desc.requeue = 0
+      end
       job_desc.mail_type = 0
       job_desc.mail_user = ""
    end)
@@ -531,9 +539,9 @@ end
 -- script's own and stays so: the node count (slurmctld lets a user grow a
 -- pending job's NumNodes: on an exclusive partition that would take whole
 -- nodes nobody uses), the generic resources (GPUs), and the comment (the
--- accounting's count of calls), and that the job never runs again (delegate
--- submits --no-requeue: a job directory is single-use; `Requeue=1` and then
--- `scontrol requeue` would run the batch script again), and that it sends
+-- accounting's count of calls), whether the job goes back to the queue
+-- when its node is lost (delegate's, from the call's retries: a student
+-- who set it could have a call without retries run again), and that it sends
 -- no mail; and the time limit only shortens (slurmctld lets a user raise a
 -- pending job's limit up to the partition's MaxTime: a held job raised to
 -- hours held its node past max_time and max_allocation_time while others
@@ -547,7 +555,7 @@ local function modify_refusal(job_desc, job_ptr)
       end
    end
    if job_desc.requeue ~= nil and job_desc.requeue ~= NO_VAL16 then
-      return "whether a job may run again is delegate's (a job directory is single-use); only administrators change it"
+      return "whether a job may run again is delegate's (from the call's retries); only administrators change it"
    end
    if (job_desc.mail_type ~= nil and job_desc.mail_type ~= NO_VAL16 and job_desc.mail_type ~= 0)
       or set(job_desc.mail_user) then

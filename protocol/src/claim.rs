@@ -12,7 +12,12 @@
 //! fails with `EEXIST` and goes on to the next call.
 //!
 //! The file says who claimed the call ([`Claim`]): the allocation's Slurm
-//! id and its node, one line, bounded.
+//! id, its node and how many times Slurm had started it again when it
+//! claimed (`SLURM_RESTART_COUNT`), one line, bounded. An allocation that
+//! starts again after its node was lost finds the calls it claimed in an
+//! earlier start without an outcome: those it runs again, each as a new
+//! attempt in a fresh directory with a new claim
+//! ([`crate::attempt`]).
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -28,18 +33,27 @@ use crate::{ProtocolError, Result};
 /// The bound of a claim file.
 pub const MAX_CLAIM_BYTES: u64 = 256;
 
-/// Who claimed a call: the Slurm id of the allocation (`123` or `123_4`)
-/// and the node it runs on.
+/// Who claimed a call: the Slurm id of the allocation (`123` or `123_4`),
+/// the node it runs on, and its restart count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub allocation: String,
     pub node: String,
+    /// How many times Slurm had queued the allocation again when it
+    /// claimed the call (0 in a claim written before this field).
+    pub restart: u32,
 }
 
 impl Claim {
-    /// The file's text: `<allocation> <node>\n`.
+    /// The file's text: `<allocation> <node> <restart>\n`.
     pub fn to_text(&self) -> String {
-        format!("{} {}\n", self.allocation, self.node)
+        format!("{} {} {}\n", self.allocation, self.node, self.restart)
+    }
+
+    /// Whether `self` (an allocation now) made `earlier` in an earlier
+    /// start: a call it claimed then and was lost with it.
+    pub fn made_before(&self, earlier: &Claim) -> bool {
+        self.allocation == earlier.allocation && earlier.restart < self.restart
     }
 
     /// Parses a claim file; `None` for anything else (a claim is only
@@ -47,6 +61,11 @@ impl Claim {
     pub fn parse(text: &str) -> Option<Claim> {
         let mut words = text.trim_end_matches('\n').split(' ');
         let (allocation, node) = (words.next()?, words.next()?);
+        let restart = match words.next() {
+            None => 0,
+            Some(r) if r.len() <= 10 && !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()) => r.parse().ok()?,
+            Some(_) => return None,
+        };
         let id_ok = allocation.bytes().next().is_some_and(|b| b.is_ascii_digit())
             && allocation.bytes().all(|b| b.is_ascii_digit() || b == b'_')
             && allocation.len() <= 32;
@@ -56,6 +75,7 @@ impl Claim {
         (words.next().is_none() && id_ok && node_ok).then(|| Claim {
             allocation: allocation.to_owned(),
             node: node.to_owned(),
+            restart,
         })
     }
 }
@@ -92,6 +112,7 @@ mod tests {
         Claim {
             allocation: a.into(),
             node: "worker1".into(),
+            restart: 0,
         }
     }
 
@@ -100,9 +121,29 @@ mod tests {
         let c = Claim {
             allocation: "123_4".into(),
             node: "node-1.lab".into(),
+            restart: 3,
         };
-        assert_eq!(Claim::parse(&c.to_text()), Some(c));
-        for junk in ["", "\n", "123", "x worker1", "1 a b", "1 a/b", "1 ", " a"] {
+        assert_eq!(Claim::parse(&c.to_text()), Some(c.clone()));
+        assert_eq!(
+            Claim::parse("123_4 node-1.lab\n").map(|c| c.restart),
+            Some(0),
+            "a claim of before"
+        );
+        let now = Claim { restart: 4, ..c.clone() };
+        assert!(now.made_before(&c) && !c.made_before(&now) && !c.made_before(&c));
+        assert!(!Claim { allocation: "123_5".into(), ..now }.made_before(&c));
+        for junk in [
+            "",
+            "\n",
+            "123",
+            "x worker1",
+            "1 a b",
+            "1 a/b",
+            "1 ",
+            " a",
+            "1 a 2 3",
+            "1 a -1",
+        ] {
             assert_eq!(Claim::parse(junk), None, "{junk:?}");
         }
     }

@@ -41,6 +41,9 @@ pub const FINGERPRINT: &str = "fingerprint";
 /// Created (`O_EXCL`) by the allocation of a map that runs the call
 /// ([`crate::claim`]): who claimed it.
 pub const CLAIM: &str = "claim";
+/// The earlier attempts of a call that ran again after its node was lost
+/// ([`crate::attempt`]): written by the runner that starts a new attempt.
+pub const ATTEMPTS: &str = "attempts";
 /// Where `delegate.cfiddle`'s sandbox half writes the executables a
 /// CFiddle experiment sent (`/job/cfiddle`).
 pub const CFIDDLE: &str = "cfiddle";
@@ -67,6 +70,7 @@ pub const DELEGATE_NAMES: &[&str] = &[
     REPEATS,
     FINGERPRINT,
     CFIDDLE,
+    ATTEMPTS,
 ];
 
 /// Files the client writes before the runner starts; anything else present
@@ -74,8 +78,8 @@ pub const DELEGATE_NAMES: &[&str] = &[
 /// (The entries a [`SHIPPED`] manifest lists are accepted too.)
 pub const CLIENT_FILES: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL, SHIPPED];
 /// What may be in a job directory when the runner starts the call: the
-/// client's files and the claim.
-pub const BEFORE_START: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL, SHIPPED, CLAIM];
+/// client's files, the claim, and the record of earlier attempts.
+pub const BEFORE_START: &[&str] = &[SPEC, PAYLOAD, SLURM_ID, CANCEL, SHIPPED, CLAIM, ATTEMPTS];
 /// Upper bound on the nodes (ranks) of one job, whatever the policy says.
 pub const MAX_RANKS: u32 = 256;
 

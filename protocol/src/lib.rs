@@ -23,9 +23,13 @@
 //! | `repeats`  | the sandbox's timer, optional | `--repeat`'s measured runs, JSON (read bounded) |
 //! | `fingerprint` | runner | the machine the call ran on, from the agent ([`Fingerprint`]); shown only for a call that started |
 //! | `cfiddle`  | the sandbox, optional | a CFiddle experiment's executables |
+//! | `attempts` | runner of a new attempt | the earlier attempts of a call run again after its node was lost, one line each ([`attempt`]) |
 //!
 //! Every one of these names is in [`DELEGATE_NAMES`] (`layout.rs`, the one
 //! list), and none of them can be shipped.
+//!
+//! A lost attempt's directory is kept beside the job's, as
+//! `<delegate-root>/<job-id>.attempt-<n>/` ([`attempt`]).
 //!
 //! Slurm's own log of the batch script goes to `<delegate-root>/<job-id>.log`,
 //! beside (not inside) the directory, so a runner that refuses a directory can
@@ -53,6 +57,8 @@
 //! [`line`] (the lines the runner leaves in Slurm's log), [`policy`] (the
 //! site policy), [`units`] (human sizes and durations), [`cancel`] (the
 //! cancel marker's reason), [`claim`] (a map's allocation claiming a call),
+//! [`attempt`] (a call run again after its node was lost, from a fresh
+//! directory),
 //! [`shipped`] (the shipped files' manifest),
 //! [`fingerprint`] (the machine of a call), [`node_class`] (node classes
 //! and their Slurm features), [`agent`] (the wire protocol between the
@@ -64,6 +70,7 @@
 //! nothing above it.
 
 pub mod agent;
+pub mod attempt;
 pub mod cancel;
 pub mod claim;
 pub mod clock;

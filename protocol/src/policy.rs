@@ -13,6 +13,7 @@
 //! gpu_mode = "auto"           # auto | devices | nvidia | cdi: how allocated GPUs reach the sandbox
 //! gres_conf = "/etc/slurm/gres.conf"  # where the agent reads this node's GPU device files
 //! max_nodes = 1
+//! max_retries = 2             # times a call may run again after its node was lost (0 to 10)
 //! tmp_size = "256M"
 //! perf_mode = "auto"          # auto | perfmon | seccomp | off
 //! job_roots = ["/home"]       # job directories must live below one of these
@@ -101,6 +102,10 @@ pub struct Policy {
     /// the device files behind the allocation's GPU indexes.
     pub gres_conf: PathBuf,
     pub max_nodes: u32,
+    /// How many times a call may run again after its node was lost (the
+    /// `retries` a call asks for, default [`crate::attempt::DEFAULT_RETRIES`]
+    /// or this when lower; at most [`crate::attempt::MAX_RETRIES`]).
+    pub max_retries: u32,
     pub tmp_size: String,
     pub perf_mode: PerfMode,
     /// On an exclusive node: the sandbox on cores of its own (a cpuset of
@@ -192,6 +197,7 @@ impl Default for Policy {
             gpu_mode: GpuMode::Auto,
             gres_conf: PathBuf::from("/etc/slurm/gres.conf"),
             max_nodes: 1,
+            max_retries: crate::attempt::DEFAULT_RETRIES,
             tmp_size: "256M".into(),
             perf_mode: PerfMode::Auto,
             pin_cpus: true,
@@ -301,6 +307,12 @@ impl Policy {
         policy
             .limits()
             .map_err(|reason| PolicyError::Invalid { path: origin.into(), reason })?;
+        if policy.max_retries > crate::attempt::MAX_RETRIES {
+            return Err(PolicyError::Invalid {
+                path: origin.into(),
+                reason: format!("max_retries must be 0 to {}", crate::attempt::MAX_RETRIES),
+            });
+        }
         if policy.calls_per_allocation == 0 {
             return Err(PolicyError::Invalid {
                 path: origin.into(),
@@ -423,6 +435,10 @@ impl Policy {
         }
         if r.nodes > self.max_nodes {
             return over("nodes", r.nodes.to_string(), self.max_nodes.to_string());
+        }
+        if r.retries > self.max_retries.min(crate::attempt::MAX_RETRIES) {
+            let max = self.max_retries.min(crate::attempt::MAX_RETRIES);
+            return over("retries", r.retries.to_string(), max.to_string());
         }
         Ok(())
     }

@@ -42,6 +42,64 @@ impl Record for Spec {
     const KIND: u8 = b'S';
     const MAX_BYTES: u64 = MAX_SPEC_BYTES;
     const NAME: &'static str = SPEC;
+    /// 2: `Resources::retries`.
+    const VERSION: u16 = 2;
+
+    /// A version 1 spec (no retries) reads as one with none.
+    fn upgrade(version: u16, body: &[u8]) -> Option<Vec<u8>> {
+        (version == 1).then(|| v1::upgrade(body)).flatten()
+    }
+}
+
+/// The spec as version 1 wrote it.
+mod v1 {
+    use serde::{Deserialize, Serialize};
+
+    use crate::{JobId, Resources, Spec, Task};
+
+    #[derive(Deserialize, Serialize)]
+    pub(super) struct ResourcesV1 {
+        pub cpus: u32,
+        pub mem_bytes: u64,
+        pub time_limit_secs: u64,
+        pub nodes: u32,
+        pub gpus: u32,
+    }
+
+    #[derive(Deserialize, Serialize)]
+    pub(super) struct SpecV1 {
+        pub job_id: JobId,
+        pub uid: u32,
+        pub gid: u32,
+        pub created_ms: u64,
+        pub image: String,
+        pub task: Task,
+        pub resources: ResourcesV1,
+        pub env: Vec<(String, String)>,
+    }
+
+    pub(super) fn upgrade(body: &[u8]) -> Option<Vec<u8>> {
+        let o: SpecV1 = postcard::from_bytes(body).ok()?;
+        let r = o.resources;
+        let spec = Spec {
+            job_id: o.job_id,
+            uid: o.uid,
+            gid: o.gid,
+            created_ms: o.created_ms,
+            image: o.image,
+            task: o.task,
+            resources: Resources {
+                cpus: r.cpus,
+                mem_bytes: r.mem_bytes,
+                time_limit_secs: r.time_limit_secs,
+                nodes: r.nodes,
+                gpus: r.gpus,
+                retries: 0,
+            },
+            env: o.env,
+        };
+        postcard::to_allocvec(&spec).ok()
+    }
 }
 impl Record for Started {
     const KIND: u8 = b'T';
@@ -142,7 +200,7 @@ pub fn write_record_at_deferred<R: Record>(dir: impl AsFd, dir_path: &Path, r: &
 mod tests {
     use super::*;
     use crate::spec::sample_spec as spec;
-    use crate::{State, Task, Writer, MAX_STRING};
+    use crate::{Resources, State, Task, Writer, MAX_STRING};
 
     #[test]
     fn round_trip() {
@@ -169,9 +227,45 @@ mod tests {
         let mut b = encode(&spec()).unwrap();
         b[6] = 99;
         match decode::<Spec>(&b, "spec") {
-            Err(ProtocolError::VersionMismatch { found: 99, expected: 1, .. }) => {}
+            Err(ProtocolError::VersionMismatch { found: 99, expected: 2, .. }) => {}
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// A spec written by a client of version 1 (before retries) is read
+    /// as one that asks for none.
+    #[test]
+    fn a_version_1_spec_reads_with_no_retries() {
+        let s = spec();
+        let r = &s.resources;
+        let old = v1::SpecV1 {
+            job_id: s.job_id.clone(),
+            uid: s.uid,
+            gid: s.gid,
+            created_ms: s.created_ms,
+            image: s.image.clone(),
+            task: s.task.clone(),
+            resources: v1::ResourcesV1 {
+                cpus: r.cpus,
+                mem_bytes: r.mem_bytes,
+                time_limit_secs: r.time_limit_secs,
+                nodes: r.nodes,
+                gpus: r.gpus,
+            },
+            env: s.env.clone(),
+        };
+        let mut b = encode(&s).unwrap()[..HEADER_LEN].to_vec();
+        b[6..8].copy_from_slice(&1u16.to_le_bytes());
+        b.extend_from_slice(&postcard::to_allocvec(&old).unwrap());
+        let back = decode::<Spec>(&b, "spec").unwrap();
+        assert_eq!(back.resources.retries, 0);
+        assert_eq!(
+            back,
+            Spec {
+                resources: Resources { retries: 0, ..s.resources.clone() },
+                ..s
+            }
+        );
     }
 
     #[test]

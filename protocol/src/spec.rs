@@ -39,6 +39,11 @@ pub struct Resources {
     /// GPUs per node (Slurm GRES `gpu`), passed through to the container:
     /// exactly the devices Slurm allocated, checked against `max_gpus`.
     pub gpus: u32,
+    /// How many times the call runs again when an attempt ends without an
+    /// outcome because of its node (the node failed or was set down, the
+    /// allocation was requeued): checked against `max_retries`; always 0
+    /// for a multi-node job ([`crate::attempt`]).
+    pub retries: u32,
 }
 
 impl Default for Resources {
@@ -49,6 +54,7 @@ impl Default for Resources {
             time_limit_secs: 600,
             nodes: 1,
             gpus: 0,
+            retries: 0,
         }
     }
 }

@@ -145,7 +145,7 @@ fn request(
 /// run one after another), one job directory (and one fresh sandbox) per
 /// call. Returns the job ids in order.
 #[pyfunction]
-#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, gpus=None, nodes=None, mem=None, time=None, image=None, env=None, files=None, mix_classes=None))]
+#[pyo3(signature = (payloads, python_version, cloudpickle_version, *, cpus=None, gpus=None, nodes=None, mem=None, time=None, image=None, env=None, files=None, mix_classes=None, retries=None))]
 #[allow(clippy::too_many_arguments)]
 fn submit_python(
     py: Python<'_>,
@@ -161,6 +161,7 @@ fn submit_python(
     env: Option<HashMap<String, String>>,
     files: Option<Vec<String>>,
     mix_classes: Option<bool>,
+    retries: Option<u32>,
 ) -> PyResult<Vec<String>> {
     let files = files.unwrap_or_default();
     let mut env: Vec<(String, String)> = env.unwrap_or_default().into_iter().collect();
@@ -185,6 +186,7 @@ fn submit_python(
         .map(|r| {
             r.map(|r| SubmitRequest {
                 mix_classes: mix_classes.unwrap_or(false),
+                retries,
                 ..r
             })
         })

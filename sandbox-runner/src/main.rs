@@ -70,11 +70,13 @@ macro_rules! say {
 }
 
 mod agent;
+mod attempt;
 mod calllog;
 mod probe;
 mod pull;
 mod ranks;
 mod run;
+mod slurm;
 mod validate;
 
 use std::path::{Path, PathBuf};

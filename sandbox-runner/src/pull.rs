@@ -17,13 +17,12 @@
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use delegate_protocol::agent::{Answer, QueueRequest, Request};
-use delegate_protocol::claim::{claim_at, Claim};
+use delegate_protocol::claim::{claim_at, Claim, MAX_CLAIM_BYTES};
 use delegate_protocol::fsio::open_dir_nofollow;
-use delegate_protocol::{exists_at, CLAIM};
+use delegate_protocol::{exists_at, read_bounded_at, CLAIM, OUTCOME};
 
 use crate::agent::Agent;
 use crate::calllog::{self, Redirect};
@@ -54,6 +53,7 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
     let me = Claim {
         allocation: allocation_id(),
         node: delegate_protocol::host::hostname(),
+        restart: crate::slurm::restart_count(),
     };
     let bound = Duration::from_secs(
         crate::load_policy()
@@ -88,8 +88,10 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
             (stop, rest) = (Stop::Others, i);
             break;
         }
-        match claim(dir, &me) {
-            Ok(true) => {}
+        let reclaim = match claim(dir, &me) {
+            Ok(true) => None,
+            // Claimed by this allocation in a start that was lost: again.
+            Ok(false) if lost_with_me(dir, &me) => Some(&me),
             Ok(false) => continue,
             Err(e) => {
                 // (the checks a run would make: a symbolic link, another
@@ -98,9 +100,9 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
                 tracing::warn!("call {}/{total}: cannot claim {} ({e}): refused", i + 1, dir.display());
                 continue;
             }
-        }
+        };
         ran += 1;
-        let call = Call { dir, n: i + 1, total };
+        let call = Call { dir, n: i + 1, total, reclaim };
         code = code.max(run_one(call, saved.as_ref(), &mut agent, signals.clone()).await);
     }
     if stop != Stop::Done {
@@ -113,6 +115,20 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
 fn claim(dir: &Path, me: &Claim) -> delegate_protocol::Result<bool> {
     let fd = open_dir_nofollow(dir)?;
     claim_at(&fd, dir, me)
+}
+
+/// Whether the call in `dir` was claimed by this allocation in an earlier
+/// start (before Slurm queued it again) and has no outcome: its attempt
+/// was lost with that start.
+fn lost_with_me(dir: &Path, me: &Claim) -> bool {
+    let Ok(fd) = open_dir_nofollow(dir) else { return false };
+    if exists_at(&fd, OUTCOME) {
+        return false;
+    }
+    read_bounded_at(&fd, dir, CLAIM, MAX_CLAIM_BYTES, Some(nix::unistd::getuid().as_raw()))
+        .ok()
+        .and_then(|b| Claim::parse(&String::from_utf8_lossy(&b)))
+        .is_some_and(|earlier| me.made_before(&earlier))
 }
 
 /// Says in the call's own log why its directory cannot be claimed, as a
@@ -143,17 +159,19 @@ fn allocation_id() -> String {
     }
 }
 
-/// A claimed call: its directory, its place in the map.
+/// A claimed call: its directory, its place in the map, and its new
+/// claim when it runs again (claimed by this allocation before it was lost).
 struct Call<'a> {
     dir: &'a Path,
     n: usize,
     total: usize,
+    reclaim: Option<&'a Claim>,
 }
 
 /// One claimed call, logged to its own `<root>/<job-id>.log` (`saved`: the
 /// allocation's own standard error, where everything else goes).
 async fn run_one(call: Call<'_>, saved: Option<&OwnedFd>, agent: &mut Option<Agent>, signals: SignalWatch) -> i32 {
-    let Call { dir, n, total } = call;
+    let Call { dir, n, total, reclaim } = call;
     let uid = nix::unistd::getuid().as_raw();
     let log = saved.and_then(|saved| match calllog::open_log(dir, uid) {
         Ok((fd, shown)) => Redirect::new(saved, &fd)
@@ -170,7 +188,7 @@ async fn run_one(call: Call<'_>, saved: Option<&OwnedFd>, agent: &mut Option<Age
     if log.is_some() {
         tracing::info!("call {n}/{total} of a map: {}", dir.display());
     }
-    let finish = run::run_job(dir, crate::load_policy(), agent, signals).await;
+    let finish = run::run_call(dir, crate::load_policy(), agent, signals, reclaim).await;
     let (c, summary) = if finish.already_ended {
         let what = "skipped: it already has an outcome (cancelled before its turn)";
         tracing::info!("{}: {what}", dir.display());
@@ -207,15 +225,8 @@ fn step_aside(stop: Stop, rest: &[impl AsRef<Path>], ran: usize) {
         return;
     };
     tracing::info!("the allocation steps aside after {ran} calls: {why}; {left} calls wait in Slurm's queue again");
-    match Command::new("scontrol").args(["requeue", &job]).output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => tracing::warn!(
-            "scontrol requeue {job} failed ({}): {left} calls are left to the map's other allocations",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Err(e) => tracing::warn!(
-            "cannot run scontrol requeue {job} ({e}): {left} calls are left to the map's other allocations"
-        ),
+    if let Err(e) = crate::slurm::ask("scontrol", &["requeue", &job], crate::slurm::DEADLINE) {
+        tracing::warn!("{e}: {left} calls are left to the map's other allocations");
     }
 }
 

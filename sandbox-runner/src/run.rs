@@ -17,7 +17,9 @@ use nix::sys::stat::{fstat, Mode};
 use tokio::sync::watch;
 
 use crate::agent::Agent;
+use crate::attempt::{self, Begin};
 use crate::validate::{self, Checked, JobDir, Refusal};
+use delegate_protocol::claim::Claim;
 
 /// How the process ends.
 #[derive(Debug, PartialEq, Eq)]
@@ -132,7 +134,23 @@ pub async fn run_job(
     agent: &mut Option<Agent>,
     signals: SignalWatch,
 ) -> Finish {
-    run_job_as(path, policy, agent, signals, None).await
+    run_call(path, policy, agent, signals, None).await
+}
+
+/// [`run_job`], beginning with a new attempt when an earlier one was lost
+/// ([`attempt::begin`]; `reclaim`: a map's call this allocation claimed
+/// in an earlier start, claimed again with this).
+pub async fn run_call(
+    path: &Path,
+    policy: Result<Policy, PolicyError>,
+    agent: &mut Option<Agent>,
+    signals: SignalWatch,
+    reclaim: Option<&Claim>,
+) -> Finish {
+    // (asked before anything can stop the run: see queued_again)
+    let requeued = crate::slurm::restart_count() > 0;
+    let begun = attempt::begin(path, nix::unistd::getuid().as_raw(), requeued, reclaim);
+    run_begun(path, policy, agent, signals, None, begun).await
 }
 
 /// The name a rank writes a record under (see [`Ctx::rank`]).
@@ -192,13 +210,25 @@ fn write_outcome(dir: &JobDir, path: &Path, o: &Outcome, line: Option<String>, r
 }
 
 /// [`run_job`] for one rank of a multi-node job (`rank`: what Slurm says
-/// this task's node index is; the agent checks it against slurmctld).
+/// this task's node index is; the agent checks it against slurmctld). A
+/// multi-node job is never run again.
 pub async fn run_job_as(
     path: &Path,
     policy: Result<Policy, PolicyError>,
     agent: &mut Option<Agent>,
     signals: SignalWatch,
     rank: Option<u32>,
+) -> Finish {
+    run_begun(path, policy, agent, signals, rank, Begin::AsItIs).await
+}
+
+async fn run_begun(
+    path: &Path,
+    policy: Result<Policy, PolicyError>,
+    agent: &mut Option<Agent>,
+    signals: SignalWatch,
+    rank: Option<u32>,
+    begun: Begin,
 ) -> Finish {
     let uid = nix::unistd::getuid().as_raw();
     let real_gid = nix::unistd::getgid().as_raw();
@@ -226,6 +256,11 @@ pub async fn run_job_as(
             return write(&base(State::Failed, reason), Some(line));
         }
     };
+    if let Begin::Spent(reason) = begun {
+        tracing::warn!("{}: {reason}", path.display());
+        let line = state_line(State::Lost, &reason);
+        return write(&base(State::Lost, reason), Some(line));
+    }
     let checked = match validate::check_job_as(&dir, uid, &policy, rank.is_some()) {
         Ok(c) => c,
         Err(r) => return refused(path, r, |o, line| write(o, line), &base),
@@ -256,9 +291,37 @@ pub async fn run_job_as(
         rank,
     };
     let outcome = agent_phase(&ctx, agent).await;
+    if queued_again(&ctx, &outcome) {
+        return Finish {
+            code: EXIT_OUTCOME,
+            final_line: Some(format!("delegate: {REQUEUED_LINE}")),
+            already_ended: false,
+        };
+    }
     tracing::info!("job {}: {}: {}", checked.job_id, outcome.state, outcome.reason);
     let line = final_line(&outcome);
     write(&outcome, line)
+}
+
+/// What the runner says when Slurm took its call back to run it again.
+pub const REQUEUED_LINE: &str =
+    "queued again: Slurm took the call back (its node was set down or lost); the next attempt runs it afresh";
+
+/// A call stopped by Slurm because Slurm queued its job again (its node
+/// was set down, the allocation requeued) ends with no outcome: the next
+/// attempt runs it ([`attempt`]), within its retries. A cancel of the
+/// user's own, or a call without retries, ends as it says.
+fn queued_again(ctx: &Ctx<'_>, outcome: &Outcome) -> bool {
+    let stopped = outcome.state == State::Cancelled && ctx.signalled().is_some();
+    let again = stopped
+        && ctx.rank.is_none()
+        && ctx.checked.spec.resources.retries > 0
+        && !exists_at(&ctx.dir.fd, CANCEL)
+        && crate::slurm::requeued_since_start();
+    if again {
+        tracing::warn!("job {}: {REQUEUED_LINE}", ctx.checked.job_id);
+    }
+    again
 }
 
 /// How a job that failed the checks ends: with an outcome that says why,

@@ -614,7 +614,8 @@ def test_a_map_is_one_allocation_per_node_whatever_its_calls_limits(alice):
     assert [s["state"] for s in st] == ["completed"] * 3, st
     for j in jobs:
         claim = (alice.job_dir(j) / "claim").read_text()
-        assert claim == f"{allocation_of(alice, j)} {st[0]['host']}\n", claim
+        # (and the allocation's restart count when it claimed: 0, a first start)
+        assert claim == f"{allocation_of(alice, j)} {st[0]['host']} 0\n", claim
 
 
 def test_a_maps_allocation_holds_its_node_at_most_the_bound_and_one_call(alice):

@@ -137,6 +137,12 @@ pub struct SubmitArgs {
     /// policy's max_nodes.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub nodes: u32,
+    /// Times the call runs again, on another node, when its node is lost
+    /// mid-call (default 2, or the site policy's max_retries when lower;
+    /// 0: it ends lost). A call that failed, raised, timed out or was
+    /// cancelled never runs again; a multi-node job neither.
+    #[arg(long, value_name = "N")]
+    pub retries: Option<u32>,
     /// Memory limit (e.g. 512M, 2G).
     #[arg(long, default_value = "1G", value_parser = size_arg)]
     pub mem: u64,
@@ -188,7 +194,7 @@ pub struct SubmitArgs {
         short = 'f',
         long = "jobs-file",
         value_name = "JOBS.yml",
-        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "mem", "time", "image", "env", "files", "repeat"]
+        conflicts_with_all = ["command", "count", "cpus", "gpus", "nodes", "retries", "mem", "time", "image", "env", "files", "repeat"]
     )]
     pub jobs_file: Option<PathBuf>,
     /// The command and its arguments (run without a shell).

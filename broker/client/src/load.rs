@@ -5,6 +5,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
+use delegate_protocol::attempt::{read_attempts, Attempt};
 use delegate_protocol::claim::{Claim, MAX_CLAIM_BYTES};
 use delegate_protocol::{
     self as protocol, exists_at, now_ms, open_regular_at, read_bounded_at, read_record_at, JobId, Outcome, Spec,
@@ -39,6 +40,10 @@ pub(crate) struct JobFiles {
     /// Why, when the marker says (a map's dropped calls).
     pub(crate) cancel_reason: Option<String>,
     pub(crate) created_ms: u64,
+    /// The call's earlier attempts, lost with their nodes.
+    pub(crate) attempts: Vec<Attempt>,
+    /// The call may still run again when this attempt is lost.
+    pub(crate) run_again: bool,
 }
 
 impl Client {
@@ -63,6 +68,8 @@ impl Client {
                     cancel: false,
                     cancel_reason: None,
                     created_ms: now_ms(),
+                    attempts: Vec::new(),
+                    run_again: false,
                 });
             }
             Err(e) => return Err(e),
@@ -113,7 +120,12 @@ impl Client {
                 .map(|st| (st.st_mtime.max(0) as u64) * 1000)
                 .unwrap_or_else(|_| now_ms()),
         };
+        let attempts = read_attempts(&fd, &dir, None);
+        let retries = spec.as_ref().map_or(0, |s| s.resources.retries);
+        let run_again = (attempts.len() as u64) < u64::from(retries);
         Ok(JobFiles {
+            attempts,
+            run_again,
             id: id.clone(),
             dir,
             fd: Some(fd),

@@ -35,6 +35,16 @@ fn unrecordable_hint(errno: i32) -> Option<&'static str> {
     }
 }
 
+/// A reason with the call's history of attempts, when it ran again:
+/// "...; ran again on worker1 (attempt 2): worker2 was lost".
+fn with_history(reason: &str, f: &JobFiles, host: Option<&str>) -> String {
+    match protocol::attempt::history_line(&f.attempts, host) {
+        Some(h) if reason.is_empty() => h,
+        Some(h) => format!("{reason}; {h}"),
+        None => reason.to_owned(),
+    }
+}
+
 impl Client {
     /// Writes an outcome unless one exists (link of a complete temporary file,
     /// so two writers never clobber each other, also on NFS). Returns the
@@ -105,7 +115,7 @@ impl Client {
             id: f.id.clone(),
             slurm_id: f.slurm_id.clone(),
             state: outcome.state,
-            reason: outcome.reason.clone(),
+            reason: with_history(&outcome.reason, f, host.as_deref()),
             exit_code: outcome.exit_code,
             refused: outcome.refused,
             oom_killed: outcome.oom_killed,
@@ -119,11 +129,12 @@ impl Client {
 
     fn live_status(&self, f: &JobFiles, state: State, reason: String) -> JobStatus {
         let started_ms = f.started.as_ref().map(|s| s.started_ms);
+        let host = f.started.as_ref().map(|s| s.host.as_str());
         JobStatus {
             id: f.id.clone(),
             slurm_id: f.slurm_id.clone(),
             state,
-            reason,
+            reason: with_history(&reason, f, host),
             exit_code: None,
             refused: false,
             oom_killed: false,
@@ -196,6 +207,8 @@ impl Client {
                 cancel_requested: f.cancel,
                 shared: f.shared.is_some(),
                 by_claimer: claimer.is_some(),
+                run_again: f.run_again,
+                started_secs: f.started.as_ref().map_or(0, |s| now_ms().saturating_sub(s.started_ms) / 1000),
                 slurm: view,
             };
             match decide(&facts, || self.log_facts(&f.id)) {

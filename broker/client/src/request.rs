@@ -27,6 +27,10 @@ pub struct SubmitRequest {
     /// classes (default: a map's calls, and a multi-node job's nodes, keep
     /// to one class; see [`crate::slurm::nodes`]).
     pub mix_classes: bool,
+    /// How many times a call runs again after its node was lost; `None`:
+    /// [`delegate_protocol::attempt::DEFAULT_RETRIES`], or the site's
+    /// `max_retries` when lower. A multi-node job is never run again.
+    pub retries: Option<u32>,
 }
 
 impl SubmitRequest {
@@ -41,6 +45,7 @@ impl SubmitRequest {
             hold: false,
             files: Vec::new(),
             mix_classes: false,
+            retries: None,
         }
     }
 

@@ -39,6 +39,11 @@ pub struct Facts<'a> {
     /// `slurm` is the allocation that claimed this call of a map (its
     /// `claim` file was read), not the map's job as a whole.
     pub by_claimer: bool,
+    /// The call has retries left: when Slurm queues its allocation again
+    /// (its node was lost), a new attempt runs it.
+    pub run_again: bool,
+    /// Seconds since the `started` record was written (0 without one).
+    pub started_secs: u64,
     pub slurm: SlurmView<'a>,
 }
 
@@ -162,8 +167,20 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
         r => format!("{}, {r}", j.state),
     };
     match j.state.phase() {
+        // Claimed, and its allocation queued again (its node was lost):
+        // the allocation runs it again when it starts, within its retries.
+        SlurmPhase::Queued if f.by_claimer && f.run_again => live(
+            State::Pending,
+            format!("{}; it runs again when its allocation starts again{note}", lost_node(f, j)),
+        ),
+        // A one-node call whose job Slurm queued again, long after it
+        // started (not a start that squeue's answer predates): a new attempt.
+        SlurmPhase::Queued if !f.shared && f.started.is_some() && f.started_secs >= REQUEUE_SEEN_SECS => live(
+            State::Pending,
+            format!("{}; a new attempt runs it afresh{note}", lost_node(f, j)),
+        ),
         // Claimed, not started, and its allocation queued again (its node
-        // failed): no allocation runs a claimed call, it never will.
+        // failed) with no retries left: no allocation runs it again.
         SlurmPhase::Queued if f.by_claimer && f.started.is_none() => ended(
             State::Lost,
             format!(
@@ -195,6 +212,10 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
         }
         // The allocation that started it runs again (requeued: its node
         // failed) or elsewhere: this call's run is over.
+        _ if f.by_claimer && f.run_again && f.started.is_some_and(|host| moved(j, host)) => live(
+            State::Pending,
+            format!("{}; its allocation runs it again{note}", lost_node(f, j)),
+        ),
         _ if f.by_claimer && f.started.is_some_and(|host| moved(j, host)) => ended(
             State::Lost,
             format!(
@@ -203,6 +224,22 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
             ),
         ),
         _ => running(f, note, &j.nodes),
+    }
+}
+
+/// A started call Slurm lists as queued this long after its start was
+/// queued again (below it, squeue's answer may predate the start).
+pub const REQUEUE_SEEN_SECS: u64 = 5;
+
+/// What a call whose allocation Slurm queued again says of it.
+fn lost_node(f: &Facts<'_>, j: &SlurmJob) -> String {
+    let node = match f.started {
+        Some(h) if !h.is_empty() => format!("its node {h} was lost"),
+        _ => "its node was lost".to_owned(),
+    };
+    match j.reason.as_str() {
+        "" | "None" => format!("{node}: Slurm queued it again ({})", j.state),
+        r => format!("{node}: Slurm queued it again ({}, {r})", j.state),
     }
 }
 
@@ -284,6 +321,8 @@ mod tests {
             cancel_requested: false,
             shared: false,
             by_claimer: false,
+            run_again: false,
+            started_secs: 0,
             slurm,
         }
     }
@@ -320,6 +359,8 @@ mod tests {
             cancel_requested: false,
             shared: false,
             by_claimer: false,
+            run_again: false,
+            started_secs: 0,
             slurm: SlurmView::Present(&cf),
         };
         assert_eq!(
@@ -554,6 +595,46 @@ mod tests {
             format!("{v:?}").contains("claimed it and was requeued (Slurm: PENDING, Resources)"),
             "{v:?}"
         );
+    }
+
+    /// Issue 52: with retries left, a call whose allocation Slurm queued
+    /// again (its node was lost) waits for its new attempt, and says why.
+    #[test]
+    fn a_call_whose_node_was_lost_runs_again_while_it_has_retries() {
+        let mut requeued = sj("PENDING", "BeginTime");
+        requeued.nodes = String::new();
+        let mut f = facts(SlurmView::Present(&requeued));
+        f.started = Some("worker2");
+        f.run_again = true;
+        // (an answer of squeue from before the start: running)
+        assert_eq!(state_of(&decide(&f, no_log)), State::Running);
+        f.started_secs = REQUEUE_SEEN_SECS;
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "its node worker2 was lost: Slurm queued it again (PENDING, BeginTime); \
+                         a new attempt runs it afresh"
+                    .into()
+            }
+        );
+        // A map's call: its claimer queued again, or running elsewhere.
+        let mut elsewhere = sj("RUNNING", "None");
+        elsewhere.nodes = "worker1".into();
+        let mut m = facts_shared(SlurmView::Present(&requeued));
+        (m.by_claimer, m.run_again, m.started) = (true, true, Some("worker2"));
+        for view in [SlurmView::Present(&requeued), SlurmView::Present(&elsewhere)] {
+            m.slurm = view;
+            let v = decide(&m, no_log);
+            assert_eq!(state_of(&v), State::Pending, "{v:?}");
+            assert!(format!("{v:?}").contains("its node worker2 was lost"), "{v:?}");
+        }
+        m.started = None;
+        m.slurm = SlurmView::Present(&requeued);
+        assert!(format!("{:?}", decide(&m, no_log)).contains("it runs again when its allocation starts again"));
+        // No retries left: lost, as before.
+        m.run_again = false;
+        assert_eq!(state_of(&decide(&m, no_log)), State::Lost);
     }
 
     #[test]

@@ -6,8 +6,11 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use delegate_protocol::{
-    self as protocol, atomic_write_at_deferred, encode, now_ms, policy::Policy, sync_filesystem,
-    write_record_at_deferred, JobId, ProtocolError, Spec, State, MAX_PAYLOAD_BYTES,
+    self as protocol, atomic_write_at_deferred,
+    attempt::{DEFAULT_RETRIES, MAX_RETRIES},
+    encode, now_ms,
+    policy::Policy,
+    sync_filesystem, write_record_at_deferred, JobId, ProtocolError, Resources, Spec, State, MAX_PAYLOAD_BYTES,
 };
 use nix::errno::Errno;
 use nix::sys::stat::Mode;
@@ -51,7 +54,11 @@ impl Client {
                 .default_image
                 .clone(),
         };
-        let specs = reqs.iter().map(|r| self.spec_for(r, &image)).collect::<Result<Vec<_>>>()?;
+        let retries = retries_for(first, policy.as_ref().ok())?;
+        let specs = reqs
+            .iter()
+            .map(|r| self.spec_for(r, &image, retries))
+            .collect::<Result<Vec<_>>>()?;
         if let (Ok(p), Some(spec)) = (&policy, specs.first()) {
             // (the calls of one submission ask for the same resources)
             p.check_resources(&spec.resources)?;
@@ -62,6 +69,9 @@ impl Client {
         let class = self.class_for(first, jobs.len());
         let map = self.allocations(first, jobs.len(), &policy, class.as_ref().and_then(|c| c.1));
         let mut batch = self.batch_request(first, &ids, &dirs, map);
+        // Slurm queues a call again when its node is lost (the runner then
+        // starts a new attempt, within the call's retries).
+        batch.requeue = retries > 0 && first.resources.nodes < 2;
         batch.constraint = class.map(|c| c.0);
         let slurm_id = self.sbatch(&batch, &jobs, &ids[0])?;
         self.record_slurm_ids(&slurm_id, &jobs, &ids, map.is_some())
@@ -196,6 +206,7 @@ impl Client {
                 calls,
                 constraint: None,
                 map: true,
+                requeue: true,
             }
         } else if calls == 1 && first.resources.nodes > 1 {
             BatchRequest {
@@ -209,6 +220,7 @@ impl Client {
                 calls,
                 constraint: None,
                 map: false,
+                requeue: false,
             }
         } else if calls == 1 {
             BatchRequest {
@@ -222,6 +234,7 @@ impl Client {
                 calls,
                 constraint: None,
                 map: false,
+                requeue: false,
             }
         } else {
             let logs: Vec<PathBuf> = ids.iter().map(|id| self.log_path(id)).collect();
@@ -236,6 +249,7 @@ impl Client {
                 calls,
                 constraint: None,
                 map: false,
+                requeue: false,
             }
         }
     }
@@ -334,7 +348,7 @@ impl Client {
     }
 
     /// The spec of a request, checked for bounds before anything is written.
-    pub(crate) fn spec_for(&self, req: &SubmitRequest, image: &str) -> Result<Spec> {
+    pub(crate) fn spec_for(&self, req: &SubmitRequest, image: &str, retries: u32) -> Result<Spec> {
         if let Some(p) = &req.payload {
             if p.len() as u64 > MAX_PAYLOAD_BYTES {
                 return Err(ClientError::InvalidRequest(format!(
@@ -350,7 +364,7 @@ impl Client {
             created_ms: now_ms(),
             image: image.to_owned(),
             task: req.task.clone(),
-            resources: req.resources.clone(),
+            resources: Resources { retries, ..req.resources.clone() },
             env: req.env.clone(),
         };
         spec.validate().map_err(|e| match e {
@@ -441,6 +455,29 @@ impl Client {
 
 /// What one submission may be: a multi-node job alone, at most one job
 /// array's calls, every call with the same resources, image and hold.
+/// The retries of a submission's calls: what its first request asks for,
+/// else [`DEFAULT_RETRIES`] or the site's `max_retries` when lower (an
+/// ask above the site's bound is refused by the policy's check). A
+/// multi-node job is never run again: its ranks' files would mix.
+fn retries_for(first: &SubmitRequest, policy: Option<&Policy>) -> Result<u32> {
+    if first.resources.nodes > 1 {
+        return match first.retries {
+            Some(n) if n > 0 => Err(ClientError::InvalidRequest(
+                "retries apply to one-node calls: a multi-node job is not run again (ask for retries=0)".into(),
+            )),
+            _ => Ok(0),
+        };
+    }
+    let max = policy.map_or(MAX_RETRIES, |p| p.max_retries.min(MAX_RETRIES));
+    match first.retries {
+        Some(n) if n > max => Err(ClientError::InvalidRequest(format!(
+            "retries {n} is more than the site maximum of {max}"
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(DEFAULT_RETRIES.min(max)),
+    }
+}
+
 fn check_submission(reqs: &[SubmitRequest]) -> Result<()> {
     let Some(first) = reqs.first() else { return Ok(()) };
     if first.resources.nodes > 1 && reqs.len() > 1 {
@@ -454,7 +491,9 @@ fn check_submission(reqs: &[SubmitRequest]) -> Result<()> {
             reqs.len()
         )));
     }
-    let same = |r: &SubmitRequest| (&r.resources, &r.image, r.hold) == (&first.resources, &first.image, first.hold);
+    let same = |r: &SubmitRequest| {
+        (&r.resources, &r.image, r.hold, r.retries) == (&first.resources, &first.image, first.hold, first.retries)
+    };
     if !reqs.iter().all(same) {
         return Err(ClientError::InvalidRequest(
             "the calls of one job array must ask for the same resources and image".into(),

@@ -122,6 +122,7 @@ fn arb_spec() -> impl Strategy<Value = Spec> {
                     time_limit_secs,
                     nodes,
                     gpus,
+                    retries: gpus % 3,
                 },
                 env,
             },

@@ -130,6 +130,11 @@ class MapResources(TypedDict, total=False):
     files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     #: Let a map's calls spread over nodes of different hardware classes.
     mix_classes: bool
+    #: Times a call runs again, on another node, when its node is lost
+    #: mid-call (default 2, or the site's ``max_retries`` when lower; 0: it
+    #: ends ``lost``). A call that raised, failed, ran out of time or was
+    #: cancelled never runs again.
+    retries: int
 
 
 class Resources(MapResources, total=False):
@@ -257,6 +262,8 @@ def _resources(res: Mapping[str, Any]) -> dict[str, Any]:
             v = {str(a): str(b) for a, b in dict(v).items()}
         if k == "mix_classes":
             v = bool(v)
+        if k == "retries":
+            v = int(v)
         if k == "files":
             if isinstance(v, (str, bytes, os.PathLike)):
                 v = [v]

@@ -107,6 +107,7 @@ def submit_python(
     env: dict[str, str] | None = None,
     files: Sequence[str] | None = None,
     mix_classes: bool | None = None,
+    retries: int | None = None,
 ) -> list[str]:
     """Submits Python calls (each payload one pickled call): one sbatch for
     all of them. Returns the job ids in order. Raises ``SubmitError``, or

@@ -42,7 +42,9 @@ pub fn submit(cli: &Cli, a: &SubmitArgs) -> CliResult {
         nodes: a.nodes,
         mem_bytes: a.mem,
         time_limit_secs: a.time,
+        retries: 0,
     };
+    req.retries = a.retries;
     req.env = env;
     req.hold = a.hold;
     req.mix_classes = a.mix_classes;

@@ -116,7 +116,7 @@ impl Client {
             let Some(req) = e.requests.first() else { continue };
             let image = req.image.clone().unwrap_or_else(|| policy.default_image.clone());
             let problem = self
-                .spec_for(req, &image)
+                .spec_for(req, &image, req.retries.unwrap_or(0))
                 .map_err(|e| e.to_string())
                 .and_then(|spec| policy.check(&spec, self.uid, &probe_dir).map_err(|v| v.to_string()));
             if let Err(message) = problem {

@@ -253,6 +253,7 @@ impl Fields {
             nodes: self.nodes,
             mem_bytes: self.mem_bytes,
             time_limit_secs: self.time_limit_secs,
+            retries: 0,
         };
         req.env = self.env.clone();
         req.files = self.files.clone();

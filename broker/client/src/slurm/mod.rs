@@ -301,6 +301,7 @@ mod tests {
             calls: 1,
             constraint: None,
             map: false,
+            requeue: false,
         };
         let e = s.submit(&req).unwrap_err();
         let _ = std::fs::remove_file(&fake);

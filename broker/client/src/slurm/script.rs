@@ -112,6 +112,9 @@ pub struct BatchRequest {
     /// (or their node fails: they run only what they claim), their log
     /// appended to across runs.
     pub map: bool,
+    /// Slurm queues it again when its node is lost (a call with retries,
+    /// [`delegate_protocol::attempt`]); a map's allocations always are.
+    pub requeue: bool,
 }
 
 /// The arguments of `sbatch` for `req`.
@@ -119,11 +122,17 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
     let mut args = vec![
         "--parsable".to_owned(),
         "--exclusive".to_owned(),
-        // A job directory is single-use: a job whose node failed must end
-        // (lost, with Slurm's reason), not silently run again on the same
-        // dir. A map's allocation runs only the calls it claims, and
-        // requeues itself to step aside for another user.
-        if req.map { "--requeue" } else { "--no-requeue" }.to_owned(),
+        // A call with retries is queued again when its node is lost: the
+        // runner starts a new attempt from a fresh directory, within its
+        // retries; without, it ends lost with Slurm's reason. A map's
+        // allocation runs only the calls it claims, recovers its own lost
+        // claims, and requeues itself to step aside for another user.
+        if req.map || req.requeue {
+            "--requeue"
+        } else {
+            "--no-requeue"
+        }
+        .to_owned(),
         format!("--job-name={}", req.job_name),
         format!("--chdir={}", req.chdir.display()),
         format!("--output={}", req.output.display()),
@@ -167,6 +176,7 @@ mod tests {
             calls: 1,
             constraint: None,
             map: false,
+            requeue: false,
         };
         let a = sbatch_args(&req, None);
         assert_eq!(
@@ -232,12 +242,15 @@ mod tests {
             calls: 3,
             constraint: None,
             map: true,
+            requeue: false,
         };
         let args = sbatch_args(&req, None);
         assert!(args.contains(&"--requeue".to_owned()) && !args.contains(&"--no-requeue".to_owned()));
         assert!(args.contains(&"--open-mode=append".to_owned()), "{args:?}");
-        let single = sbatch_args(&BatchRequest { map: false, ..req }, None);
+        let single = sbatch_args(&BatchRequest { map: false, ..req.clone() }, None);
         assert!(single.contains(&"--no-requeue".to_owned()) && !single.iter().any(|a| a.starts_with("--open-mode")));
+        let retried = sbatch_args(&BatchRequest { map: false, requeue: true, ..req }, None);
+        assert!(retried.contains(&"--requeue".to_owned()) && !retried.iter().any(|a| a.starts_with("--open-mode")));
     }
 
     #[test]

@@ -1,0 +1,110 @@
+//! The runner's questions to Slurm (`scontrol`), each bounded: a deadline
+//! after which the program is killed, and a bounded answer. A hung Slurm
+//! command never holds a node.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the runner waits for one Slurm command.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+/// The most of a command's output the runner reads.
+const MAX_ANSWER: u64 = 64 * 1024;
+
+/// Runs `program args` with a deadline; its standard output, or why not.
+pub fn ask(program: &str, args: &[&str], deadline: Duration) -> Result<String, String> {
+    let shown = format!("{program} {}", args.join(" "));
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {shown} ({e})"))?;
+    let until = Instant::now() + deadline;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{shown} did not answer within {} s", deadline.as_secs()));
+            }
+            Err(e) => return Err(format!("cannot wait for {shown} ({e})")),
+        }
+    };
+    let read = |r: Option<&mut dyn Read>| {
+        let mut s = String::new();
+        if let Some(r) = r {
+            let _ = r.take(MAX_ANSWER).read_to_string(&mut s);
+        }
+        s
+    };
+    let out = read(child.stdout.as_mut().map(|o| o as &mut dyn Read));
+    if !status.success() {
+        let err = read(child.stderr.as_mut().map(|e| e as &mut dyn Read));
+        return Err(format!("{shown} failed ({status}): {}", err.trim()));
+    }
+    Ok(out)
+}
+
+/// How many times Slurm had queued this job again when this run started,
+/// asked of slurmctld once (the first call; the job's environment does not
+/// carry it: the lockdown's SPANK plugin keeps only what slurmstepd sets
+/// for every job). 0 outside a Slurm job or when Slurm cannot be asked.
+pub fn restart_count() -> u32 {
+    static AT_START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *AT_START.get_or_init(|| job_restarts().unwrap_or(0))
+}
+
+/// Whether Slurm queued this job again since it started (its node was set
+/// down or failed, or it was requeued): slurmctld's restart count of the
+/// job is above the one this run started with ([`restart_count`], which
+/// must have been asked at the start).
+pub fn requeued_since_start() -> bool {
+    let before = restart_count();
+    job_restarts().is_some_and(|now| now > before)
+}
+
+/// slurmctld's restart count of this job (`Restarts=`).
+fn job_restarts() -> Option<u32> {
+    let job = std::env::var("SLURM_JOB_ID")
+        .ok()
+        .filter(|v| !v.is_empty() && v.len() <= 20 && v.bytes().all(|b| b.is_ascii_digit()))?;
+    match ask("scontrol", &["show", "job", "-o", &job], DEADLINE) {
+        Ok(text) => restarts_in(&text),
+        Err(e) => {
+            tracing::warn!("cannot ask Slurm how many times the job was queued again: {e}");
+            None
+        }
+    }
+}
+
+/// The `Restarts=N` of `scontrol show job -o`.
+fn restarts_in(text: &str) -> Option<u32> {
+    text.split_whitespace().find_map(|w| w.strip_prefix("Restarts=")?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_past_its_deadline_is_killed() {
+        let t = Instant::now();
+        let e = ask("sleep", &["30"], Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("did not answer within"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert_eq!(ask("echo", &["hi"], DEADLINE).unwrap(), "hi\n");
+        assert!(ask("false", &[], DEADLINE).unwrap_err().contains("failed"));
+        assert!(ask("/nonexistent/x", &[], DEADLINE).unwrap_err().contains("cannot run"));
+    }
+
+    #[test]
+    fn the_restart_count_is_read() {
+        let line = "JobId=7 JobName=x UserId=a(1) Requeue=1 Restarts=2 BatchFlag=1 Reboot=0";
+        assert_eq!(restarts_in(line), Some(2));
+        assert_eq!(restarts_in("JobId=7"), None);
+    }
+}
