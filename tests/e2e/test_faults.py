@@ -177,8 +177,9 @@ def test_docker_engine_restarted_mid_job(alice, healthy_after):
 def test_slurmd_killed_mid_job(alice, healthy_after):
     # A node crash as far as Slurm can tell: slurmd, the job's slurmstepd and
     # the runner die at once; the administrator (here the test) marks the node
-    # down, as slurmctld would after SlurmdTimeout.
-    job = alice.submit("sh", "-c", "echo before; sleep 600")
+    # down, as slurmctld would after SlurmdTimeout. Without retries the call
+    # ends lost (with retries it runs again: test_attempts.py).
+    job = alice.submit("sh", "-c", "echo before; sleep 600", opts=("--retries", "0"))
     alice.wait_started(job)
     sid = slurm_id(alice, job)
     node = alice.status(job)["host"] or sh("hostname").stdout.strip()
@@ -191,7 +192,7 @@ def test_slurmd_killed_mid_job(alice, healthy_after):
     assert time.monotonic() - t0 < 30, "the wait must end, not hang"
     assert st["state"] == "lost", st
     assert "NODE_FAIL" in st["reason"], st
-    # Not requeued: the job directory is single-use.
+    # Not requeued: a call without retries.
     assert sh("squeue", "-h", "-j", sid, check=False).stdout.strip() == ""
     ensure_cluster_healthy()
     # The orphan container (its own epilog never ran) goes at the next job's epilog.

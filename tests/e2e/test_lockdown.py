@@ -280,15 +280,17 @@ def requeue_flag(sid: str) -> str:
     return next(w.split("=", 1)[1] for w in out.split() if w.startswith("Requeue="))
 
 
-def test_a_students_job_never_runs_again(alice):
-    """A job directory is single-use. A student who submits delegate's own
-    script with `--requeue`, or sets `Requeue=1` on their job, could have
-    its batch script run again (`scontrol requeue`, or a node failure):
-    the gate makes every student job non-requeueable and refuses the
-    update, and Slurm then refuses `scontrol requeue`."""
-    sid = held_delegate_job(alice, "--requeue")
+def test_whether_a_students_job_runs_again_is_delegates(alice):
+    """Issue 52: a one-node call with retries is submitted `--requeue` (a
+    new attempt when its node is lost); the runner, not Slurm's flag,
+    decides whether a requeued job runs anything (only when the last
+    attempt left no outcome, within the call's retries). What the student
+    submitted is kept (`--no-requeue` stays so: a call without retries
+    ends lost); the flag of a job is never the student's to change later,
+    and Slurm refuses `scontrol requeue` of a job that may not run again."""
+    sid = held_delegate_job(alice, "--no-requeue")
     try:
-        assert requeue_flag(sid) == "0", "the submitter's --requeue was kept"
+        assert requeue_flag(sid) == "0", "the submitter's --no-requeue was not kept"
         log = slurmctld_log()
         offset = log.stat().st_size
         u = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "Requeue=1")
@@ -299,6 +301,14 @@ def test_a_students_job_never_runs_again(alice):
         # a running one is refused as non-requeueable, Slurm's own check)
         r = slurm_as(alice, "scontrol", "requeue", sid)
         assert r.returncode != 0, r.stdout + r.stderr
+    finally:
+        sh("scancel", sid)
+        gone_from_queue(sid)
+    sid = held_delegate_job(alice, "--requeue")
+    try:
+        assert requeue_flag(sid) == "1", "a call with retries is requeueable"
+        u = slurm_as(alice, "scontrol", "update", f"jobid={sid}", "Requeue=0")
+        assert u.returncode != 0, u.stdout + u.stderr
     finally:
         sh("scancel", sid)
         gone_from_queue(sid)
