@@ -201,3 +201,80 @@ def test_many_users_submit_concurrently():
         ).stdout.split()
     )
     assert not (left & ours), left & ours
+
+
+MAP_THROUGH_A_LOST_NODE = """
+import json, sys, delegate
+def f(i):
+    import time
+    time.sleep(4)
+    return i * i
+with delegate.Executor(time="2m") as ex:
+    out = list(ex.map(f, range(4), timeout=600))
+ids = [j["id"] for j in delegate.jobs(limit=4)]
+print("RESULT:", json.dumps({"out": out, "ids": ids}))
+"""
+
+
+def test_a_maps_values_all_come_back_after_its_node_is_lost(alice):
+    """Issue 52 through the package: the node is set down while a map of
+    4 calls runs its second call (Slurm takes the map's allocation back,
+    as from a lost machine); the allocation, started again, runs that call
+    again from a fresh directory and then the rest: every value comes
+    back, in order, each call once in the map's count, the lost attempt
+    kept beside its call."""
+    d = script_dir()
+    (d / "m.py").write_text(MAP_THROUGH_A_LOST_NODE)
+    os.chmod(d / "m.py", 0o644)
+    before = set(alice.root.iterdir()) if alice.root.exists() else set()
+    proc = subprocess.Popen(
+        testlib.as_user_argv(alice.name, PY, str(d / "m.py")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(alice.home), "LANG": "C.UTF-8"},
+        cwd="/",
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        started = [p for p in set(alice.root.iterdir()) - before if (p / "started").exists()]
+        if len(started) >= 2:
+            break
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    node = sh("sinfo", "-h", "-N", "-o", "%N").stdout.split()[0]
+    sh("scontrol", "update", f"nodename={node}", "state=down", "reason=delegate test: node lost")
+    deadline = time.monotonic() + 60
+    while "idle" not in sh("sinfo", "-h", "-N", "-o", "%T").stdout:
+        assert time.monotonic() < deadline
+        sh("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        time.sleep(1)
+    out, err = proc.communicate(timeout=300)
+    res = result_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert res["out"] == [0, 1, 4, 9], res
+    again = [p for p in set(alice.root.iterdir()) - before if ".attempt-" in p.name]
+    assert len(again) == 1, sorted(p.name for p in set(alice.root.iterdir()) - before)
+    call = alice.root / again[0].name.split(".attempt-")[0]
+    assert (call / "attempts").read_text().startswith("1 "), call
+
+
+RETRIES_PAST_THE_BOUND = """
+import json, delegate
+@delegate.remote(time="1m", retries=5)
+def f():
+    return 1
+try:
+    f()
+    res = {"ok": True}
+except Exception as e:
+    res = {"ok": False, "type": type(e).__name__, "msg": str(e)}
+print("RESULT:", json.dumps(res))
+"""
+
+
+def test_retries_past_the_sites_bound_are_refused_in_python(alice):
+    d = script_dir()
+    (d / "r.py").write_text(RETRIES_PAST_THE_BOUND)
+    os.chmod(d / "r.py", 0o644)
+    res = result_of(run_script(alice, d / "r.py", timeout=120))
+    assert res["ok"] is False and "retries 5 is more than the site maximum of 2" in res["msg"], res

@@ -18,6 +18,18 @@ def row(job: str, cpu: str | None, machine: str | None) -> dict:
     }
 
 
+def test_a_call_that_ran_again_says_so():
+    """Issue 52: a call whose node was lost and that ran again shows its
+    history in the table, completed or still running."""
+    done = dict(
+        row("a", "AMD EPYC", "X"), reason="exited with code 0; ran again on w1 (attempt 2): w2 was lost"
+    )
+    table = JobTable([done, row("b", "AMD EPYC", "X")])
+    assert "ran again on w1 (attempt 2): w2 was lost" in str(table)
+    assert "ran again on w1 (attempt 2): w2 was lost" in table._repr_html_()
+    assert "exited with code 0" not in str(table)
+
+
 def test_one_class_has_no_note_and_two_are_named():
     one = JobTable([row("a", "AMD EPYC", "X"), row("b", "AMD EPYC", "X"), row("c", None, None)])
     assert one.classes() == ["X"]

@@ -173,12 +173,21 @@ class DelegateFuture(cf.Future[Any]):
         if state in ("running", "completed", "failed", "timed-out", "lost"):
             host = self._status.get("host")
             if host:
-                return "running on %s" % host
+                return "running on %s%s" % (host, self._again())
             # (its start record not seen yet: the node Slurm gave it)
             return self.reason if self.reason.startswith("running on ") else "running"
         if self.reason.startswith("waiting for a worker to start"):
             return self.reason  # an elastic worker's cold start
+        if self.reason.startswith("its node ") and " was lost" in self.reason:
+            # (Slurm holds it again: a new attempt runs it, issue 52)
+            return "pending — %s, it runs again" % self.reason.split(":", 1)[0]
         return "pending"
+
+    def _again(self) -> str:
+        """`` — ran again on worker1 (attempt 2): worker2 was lost`` for a
+        call that runs (or ran) again after its node was lost."""
+        at = self.reason.find("ran again on ")
+        return " — " + self.reason[at:] if at >= 0 else ""
 
     def _phase(self) -> str:
         """done, failed, cancelled, running or pending (the counts of a

@@ -70,9 +70,11 @@ class JobTable(list["JobRecord"]):
         )
 
     def _reason(self, row: Mapping[str, Any]) -> str:
-        if row.get("state") in ("pending", "running", "completed"):
-            return ""
         reason = str(row.get("reason", "") or "")
+        if row.get("state") in ("pending", "running", "completed"):
+            # (a call that ran again after its node was lost says so)
+            at = reason.find("ran again on ")
+            return reason[at:] if at >= 0 else ""
         return "" if reason and reason in str(row.get("outcome", "")) else reason
 
     def classes(self) -> list[str]:
