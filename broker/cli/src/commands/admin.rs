@@ -74,35 +74,40 @@ pub fn usage(cli: &Cli, since: Option<&str>, as_csv: bool) -> CliResult {
     }
     let mut out = io::stdout().lock();
     if as_csv {
-        let _ = writeln!(out, "user,calls,submissions,allocations,node_seconds,active,failures");
+        let _ = writeln!(
+            out,
+            "user,calls,submissions,allocations,node_seconds,active,failures,runs_again"
+        );
         for u in &users {
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{}",
                 csv(&u.user),
                 u.calls,
                 u.submissions,
                 u.allocations,
                 u.node_secs,
                 u.active,
-                csv(&failures(u))
+                csv(&failures(u)),
+                u.runs_again
             );
         }
         return Ok(0);
     }
     let _ = writeln!(
         out,
-        "{:<20} {:>7} {:>7} {:>7} {:>11} {:>6}  FAILURES",
-        "USER", "CALLS", "SUBMITS", "ALLOCS", "NODE-TIME", "ACTIVE"
+        "{:<20} {:>7} {:>7} {:>7} {:>6} {:>11} {:>6}  FAILURES",
+        "USER", "CALLS", "SUBMITS", "ALLOCS", "AGAIN", "NODE-TIME", "ACTIVE"
     );
     for u in &users {
         let _ = writeln!(
             out,
-            "{:<20} {:>7} {:>7} {:>7} {:>11} {:>6}  {}",
+            "{:<20} {:>7} {:>7} {:>7} {:>6} {:>11} {:>6}  {}",
             u.user,
             u.calls,
             u.submissions,
             u.allocations,
+            u.runs_again,
             hms(u.node_secs),
             u.active,
             failures(u)

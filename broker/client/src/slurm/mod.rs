@@ -214,6 +214,9 @@ impl Slurm {
         let mut args = vec![
             "--allusers".to_owned(),
             "--allocations".to_owned(),
+            // Every run of a job Slurm queued again (a lost node, a call's
+            // new attempt, a map's allocation stepping aside): its own line.
+            "--duplicates".to_owned(),
             "--noheader".to_owned(),
             "--parsable2".to_owned(),
             format!("--format={}", usage::SACCT_FORMAT),

@@ -120,12 +120,18 @@ pub struct UserUsage {
     pub failures: BTreeMap<String, u64>,
     /// Allocations still pending or running.
     pub active: u64,
+    /// Runs of an allocation after its first (sacct `--duplicates`):
+    /// Slurm queued it again, for a call's new attempt after its node was
+    /// lost (that earlier run is a NODE_FAIL failure), a requeue, or a
+    /// map's allocation stepping aside (REQUEUED).
+    pub runs_again: u64,
 }
 
 /// Per-user usage from `sacct` records, sorted by user.
 pub fn summarize(jobs: &[AcctJob]) -> Vec<UserUsage> {
     let mut by_user: BTreeMap<&str, UserUsage> = BTreeMap::new();
     let mut seen: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
+    let mut runs: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
     for j in jobs {
         let u = by_user.entry(&j.user).or_insert_with(|| UserUsage {
             user: j.user.clone(),
@@ -133,6 +139,9 @@ pub fn summarize(jobs: &[AcctJob]) -> Vec<UserUsage> {
         });
         u.allocations += 1;
         u.node_secs = u.node_secs.saturating_add(j.elapsed_secs.saturating_mul(j.nodes.max(1)));
+        if !runs.insert((&j.user, &j.job_id)) {
+            u.runs_again += 1;
+        }
         let first_of_submission = seen.insert((&j.user, j.base_id()));
         if first_of_submission {
             u.submissions += 1;
@@ -143,8 +152,9 @@ pub fn summarize(jobs: &[AcctJob]) -> Vec<UserUsage> {
             None => u.calls += 1,
         }
         match j.state.as_str() {
-            "COMPLETED" => {}
-            "PENDING" | "RUNNING" | "REQUEUED" | "RESIZING" | "SUSPENDED" | "COMPLETING" => u.active += 1,
+            // (a run Slurm took back: its job runs again, counted there)
+            "COMPLETED" | "REQUEUED" => {}
+            "PENDING" | "RUNNING" | "RESIZING" | "SUSPENDED" | "COMPLETING" => u.active += 1,
             "FAILED" if !j.started => *u.failures.entry("REFUSED".into()).or_default() += 1,
             other => *u.failures.entry(other.to_owned()).or_default() += 1,
         }
@@ -271,10 +281,31 @@ x y|acct-stud1|RUNNING|1|1|acctnode|
         assert_eq!(s.failures.get("TIMEOUT"), Some(&1));
         assert_eq!(s.failures.get("NODE_FAIL"), Some(&1));
         assert_eq!(s.active, 1);
+        assert_eq!(s.runs_again, 0);
         let a = &u[1];
         assert_eq!(a.failures.get("REFUSED"), Some(&1));
         assert_eq!(a.failures.get("CANCELLED"), Some(&1));
         assert_eq!(a.calls, 2);
+    }
+
+    /// Issue 52: a call run again after its node was lost is one call,
+    /// two runs of its allocation (the lost one a NODE_FAIL), node time
+    /// for both; a map's allocation that stepped aside is one allocation
+    /// run twice, neither active nor failed.
+    #[test]
+    fn runs_again_are_counted_once_per_run() {
+        let out = "\
+70|bea|NODE_FAIL|30|1|worker2|delegate:calls=1
+70|bea|COMPLETED|20|1|worker1|delegate:calls=1
+71_0|bea|REQUEUED|12|1|worker1|delegate:calls=4
+71_0|bea|COMPLETED|40|1|worker1|delegate:calls=4
+";
+        let u = summarize(&parse_sacct(out));
+        let b = &u[0];
+        assert_eq!((b.calls, b.submissions, b.allocations, b.runs_again), (5, 2, 4, 2));
+        assert_eq!(b.node_secs, 30 + 20 + 12 + 40);
+        assert_eq!(b.failures.get("NODE_FAIL"), Some(&1));
+        assert_eq!((b.failures.len(), b.active), (1, 0));
     }
 
     #[test]
