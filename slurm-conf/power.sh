@@ -93,10 +93,11 @@ node_reason() { sinfo -h -N -n "$1" -o %E 2>/dev/null | head -n1; }
 
 # requeue_waiting NODE: the jobs allocated to NODE that still wait for it
 # (CONFIGURING: their batch script never started, so nothing of them ran)
-# may be requeued: delegate submits --no-requeue (a job directory is
-# single-use), which would make the node's failure end them NODE_FAIL.
-# Requeued, they run elsewhere, once (and the runner refuses a job directory
-# that was started before in any case).
+# may be requeued: delegate submits a call without retries --no-requeue,
+# which would make the node's failure end it NODE_FAIL although it never
+# started. Requeued, they run elsewhere, once (the runner runs a call again
+# only when an earlier attempt started and left no outcome, within its
+# retries).
 requeue_waiting() {
     local j
     for j in $(squeue -h -w "$1" -t CF -o %i 2>/dev/null); do
