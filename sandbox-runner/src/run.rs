@@ -299,6 +299,15 @@ async fn run_begun(
         };
     }
     tracing::info!("job {}: {}: {}", checked.job_id, outcome.state, outcome.reason);
+    if !still_same_dir(&dir) {
+        // (its outcome still goes into the directory it ran in, which
+        // readers no longer find under the job's name)
+        tracing::warn!(
+            "job {}: a newer attempt took the job's name while this one ran (its node was given up): \
+             this attempt's outcome is discarded, kept beside the job as a lost attempt's",
+            checked.job_id
+        );
+    }
     let line = final_line(&outcome);
     write(&outcome, line)
 }
