@@ -510,6 +510,30 @@ mod tests {
         assert_eq!(p.check(&s, 0, dir), Err(Violation::Root));
     }
 
+    /// Issue 52: a spec that asks for more retries than the site allows
+    /// (a forged one too: the runner checks it before anything runs) is
+    /// refused in one sentence naming the bound; a site cannot allow more
+    /// than the hard bound.
+    #[test]
+    fn retries_within_the_sites_bound() {
+        let dir = Path::new("/home/u/.delegate/jobs/x");
+        let p = Policy::default();
+        let mut s = spec();
+        s.resources.retries = crate::attempt::DEFAULT_RETRIES;
+        assert_eq!(p.check(&s, 1000, dir), Ok(()));
+        s.resources.retries = 3;
+        let e = p.check(&s, 1000, dir).unwrap_err();
+        assert_eq!(e.to_string(), "retries 3 is more than the site maximum of 2");
+        let none = Policy::parse("max_retries = 0", "t").unwrap();
+        s.resources.retries = 1;
+        assert!(matches!(
+            none.check(&s, 1000, dir),
+            Err(Violation::Limit { what: "retries", .. })
+        ));
+        let e = Policy::parse("max_retries = 11", "t").unwrap_err();
+        assert!(e.to_string().contains("max_retries must be 0 to 10"), "{e}");
+    }
+
     #[test]
     fn gpus() {
         let dir = Path::new("/home/u/.delegate/jobs/x");
