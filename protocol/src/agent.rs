@@ -205,6 +205,9 @@ impl Record for Request {
     const KIND: u8 = b'Q';
     const MAX_BYTES: u64 = MAX_FRAME_BYTES;
     const NAME: &'static str = "agent request";
+    /// 2: the spec it carries has retries (spec version 2). An agent of
+    /// another version refuses the request by name.
+    const VERSION: u16 = 2;
 }
 impl Record for Answer {
     const KIND: u8 = b'A';

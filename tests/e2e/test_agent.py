@@ -84,8 +84,13 @@ def test_runner_by_hand_with_forged_job_id_is_refused(alice, bob, forged):
             cancel(bob, victim)
 
 
+# The version of the agent's request record (protocol/src/agent.rs: 2 since
+# the spec it carries has retries); a request of another version is refused.
+AGENT_REQUEST_VERSION = 2
+
+
 def frame(kind: bytes, body: bytes) -> bytes:
-    rec = b"DLGT" + kind + b"\0" + struct.pack("<H", 1) + body
+    rec = b"DLGT" + kind + b"\0" + struct.pack("<H", AGENT_REQUEST_VERSION) + body
     return struct.pack("<I", len(rec)) + rec
 
 
@@ -96,7 +101,7 @@ def test_agent_reached_directly_is_refused(alice):
     code = f"""
 import os, socket, struct, sys
 def frame(kind, body):
-    rec = b"DLGT" + kind + b"\\0" + struct.pack("<H", 1) + body
+    rec = b"DLGT" + kind + b"\\0" + struct.pack("<H", {AGENT_REQUEST_VERSION}) + body
     return struct.pack("<I", len(rec)) + rec
 def talk(data, fds=()):
     s = socket.socket(socket.AF_UNIX); s.connect({AGENT_SOCKET!r}); s.settimeout(20)
@@ -390,7 +395,7 @@ def test_one_students_idle_connections_stall_nobody(alice, bob):
 
 HALF_SHUT = f"""
 import socket, struct, sys, time
-rec = b"DLGTQ\\0" + struct.pack("<H", 1) + b"\\x00"
+rec = b"DLGTQ\\0" + struct.pack("<H", {AGENT_REQUEST_VERSION}) + b"\\x00"
 held = []
 for i in range(100):
     s = socket.socket(socket.AF_UNIX)
