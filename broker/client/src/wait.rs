@@ -203,13 +203,7 @@ impl Client {
         let fresh = self.reconcile(&mut batch, ask)?;
         for ((&i, mut s), f) in open.iter().zip(fresh).zip(batch) {
             pending_reason_memo(&mut s, ask);
-            // A file-only check knows less than the last Slurm answer:
-            // keep that one unless the files show progress.
-            let keep_previous = !ask
-                && !s.is_terminal()
-                && statuses[i]
-                    .as_ref()
-                    .is_some_and(|p| !(p.state == State::Pending && s.state == State::Running));
+            let keep_previous = !ask && statuses[i].as_ref().is_some_and(|p| knows_more(p, &s));
             if !keep_previous {
                 statuses[i] = Some(s);
             }
@@ -225,6 +219,16 @@ impl Client {
         }
         Ok(open)
     }
+}
+
+/// Whether the last Slurm-informed status `prev` knows more than `now`, a
+/// file-only check: it does unless the job ended or its files show
+/// progress (a start record that `prev` did not have: a call whose node
+/// was lost keeps its old one until its new attempt starts, and stays
+/// "pending: its node ... was lost" meanwhile).
+fn knows_more(prev: &JobStatus, now: &JobStatus) -> bool {
+    let started = prev.state == State::Pending && now.state == State::Running && prev.started_ms != now.started_ms;
+    !now.is_terminal() && !started
 }
 
 /// Whether a wait for any of the jobs is over: one of them ended this
@@ -383,5 +387,41 @@ mod memo_tests {
         let mut s = st(&id, State::Pending, "submitted");
         pending_reason_memo(&mut s, false);
         assert_eq!(s.reason, "submitted");
+    }
+}
+
+#[cfg(test)]
+mod knows_more_tests {
+    use super::*;
+
+    fn st(state: State, started_ms: Option<u64>) -> JobStatus {
+        JobStatus {
+            id: JobId::new(),
+            slurm_id: Some("1".into()),
+            state,
+            reason: String::new(),
+            exit_code: None,
+            refused: false,
+            oom_killed: false,
+            host: None,
+            submitted_ms: None,
+            started_ms,
+            finished_ms: None,
+            elapsed_secs: None,
+        }
+    }
+
+    /// Issue 52: Slurm's answer that a started call was queued again (its
+    /// node was lost) outlives the file-only rounds in between, which
+    /// still see the lost attempt's start record; a new start, or an end,
+    /// is progress.
+    #[test]
+    fn a_call_queued_again_stays_pending_until_its_new_attempt_starts() {
+        let requeued = st(State::Pending, Some(5));
+        assert!(knows_more(&requeued, &st(State::Running, Some(5))));
+        assert!(!knows_more(&requeued, &st(State::Running, Some(90))));
+        assert!(!knows_more(&st(State::Pending, None), &st(State::Running, Some(5))));
+        assert!(!knows_more(&requeued, &st(State::Completed, Some(90))));
+        assert!(knows_more(&st(State::Running, Some(5)), &st(State::Running, Some(5))));
     }
 }
