@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -34,14 +35,17 @@ from browser import ARTIFACTS_ROOT, URL, HubSession, browser_for
 
 import testlib
 from stacklib import (
+    MACHINES,
     MACHINES_TOOL,
     REPO,
     SCRIPT,
     STACK_DIR,
     cid,
     initial_password,
+    machine_docker,
     on,
     run,
+    wait_until,
     worker_machines,
 )
 
@@ -416,6 +420,67 @@ def test_3c_a_dask_graph_from_the_notebook(students):
     assert f"dask total 6 uids [{uid}]" in text, text
     assert text.count("delegate: inc [") == 3 and text.count("delegate: total [") == 1, text
     assert "batch_execute_tasks" not in text, text
+
+
+# A call whose machine dies under it (issue 52): it runs again elsewhere.
+LONG = """import delegate
+@delegate.remote(time="3m")
+def slow():
+    import socket, time
+    time.sleep(40)
+    return socket.gethostname()
+print("came back from", slow())"""
+
+
+def sandbox_on(m: str) -> bool:
+    r = machine_docker("exec", m, "docker", "ps", "-q", "--filter", "label=delegate.slurm-job", quiet=True)
+    return bool(r.stdout.split())
+
+
+@pytest.mark.skipif(
+    not ON_MACHINES, reason="the machines to kill are tests/machines' (DELEGATE_ACCEPTANCE_MACHINES=1)"
+)
+def test_3d_a_call_whose_machine_dies_comes_back(students):
+    """Issue 52, as Ann lives it: her call runs on a machine that is
+    killed hard mid-call (its engine, worker and home client gone at once).
+    Her notebook's line says the node was lost and the call runs again,
+    then names the new attempt, and the value comes back, from the other
+    machine. Powered on again, the machine rejoins by itself."""
+    ann, _ = students
+    killed: dict[str, float | str] = {}
+
+    def kill_where_it_runs():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            for m in MACHINES:
+                if sandbox_on(m):
+                    machine_docker("kill", m)
+                    killed.update(machine=m, at=time.monotonic())
+                    return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_where_it_runs, daemon=True)
+    killer.start()
+    states, text = ann.watch_cell(LONG, "delegate: slow", "came back from", "machine-lost", timeout=600_000)
+    killer.join(5)
+    assert killed, "no sandbox of Ann's call was seen on a machine"
+    lost = f"worker{MACHINES.index(killed['machine']) + 1}"
+    other = f"worker{2 - MACHINES.index(killed['machine'])}"
+    print("machine lost:", killed["machine"], "states:", states)
+    assert f"came back from {other}" in text, text
+    assert any(f"its node {lost} was lost, it runs again" in s for s in states), states
+    assert any(f"ran again on {other} (attempt 2): {lost} was lost" in s for s in states), states
+    t = time.monotonic()
+    assert machine_docker("start", killed["machine"], timeout=120).returncode == 0
+    wait_until(
+        f"{lost} back in the course",
+        lambda: (
+            on("head", "sinfo", "-h", "-n", lost, "-o", "%T", quiet=True).stdout.strip().startswith("idle")
+        ),
+        600,
+        3,
+    )
+    print(f"{killed['machine']} powered on: {lost} idle again after {time.monotonic() - t:.0f} s")
 
 
 def test_4_the_instructor_in_the_browser(browser, students):
