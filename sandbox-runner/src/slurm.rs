@@ -2,51 +2,45 @@
 //! after which the program is killed, and a bounded answer. A hung Slurm
 //! command never holds a node.
 
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the runner waits for one Slurm command.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 /// The most of a command's output the runner reads.
-const MAX_ANSWER: u64 = 64 * 1024;
+const MAX_ANSWER: usize = 64 * 1024;
 
 /// Runs `program args` with a deadline; its standard output, or why not.
+/// A thread waits for the program (reading its output as it comes); past
+/// the deadline the program is killed.
 pub fn ask(program: &str, args: &[&str], deadline: Duration) -> Result<String, String> {
     let shown = format!("{program} {}", args.join(" "));
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {shown} ({e})"))?;
-    let until = Instant::now() + deadline;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{shown} did not answer within {} s", deadline.as_secs()));
-            }
-            Err(e) => return Err(format!("cannot wait for {shown} ({e})")),
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(deadline) {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => return Err(format!("cannot wait for {shown} ({e})")),
+        Err(_) => {
+            // (not reaped yet: the waiting thread still holds it)
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            return Err(format!("{shown} did not answer within {} s", deadline.as_secs()));
         }
     };
-    let read = |r: Option<&mut dyn Read>| {
-        let mut s = String::new();
-        if let Some(r) = r {
-            let _ = r.take(MAX_ANSWER).read_to_string(&mut s);
-        }
-        s
-    };
-    let out = read(child.stdout.as_mut().map(|o| o as &mut dyn Read));
-    if !status.success() {
-        let err = read(child.stderr.as_mut().map(|e| e as &mut dyn Read));
-        return Err(format!("{shown} failed ({status}): {}", err.trim()));
+    let text = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(MAX_ANSWER)]).into_owned();
+    if !out.status.success() {
+        return Err(format!("{shown} failed ({}): {}", out.status, text(&out.stderr).trim()));
     }
-    Ok(out)
+    Ok(text(&out.stdout))
 }
 
 /// How many times Slurm had queued this job again when this run started,
@@ -92,7 +86,7 @@ mod tests {
 
     #[test]
     fn a_program_past_its_deadline_is_killed() {
-        let t = Instant::now();
+        let t = std::time::Instant::now();
         let e = ask("sleep", &["30"], Duration::from_millis(200)).unwrap_err();
         assert!(e.contains("did not answer within"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(10));
