@@ -97,6 +97,20 @@ def wait_until(user, jobs, pred, timeout=90, what="the condition"):
         time.sleep(0.2)
 
 
+def sacct_states(job_id, *flags, want, timeout=60):
+    """The job's states in sacct, polled until `want` is among them:
+    slurmctld sends a job's end to slurmdbd on its own schedule, so a
+    record read at once may not be there yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = sh("sacct", "-n", "-X", "-P", *flags, "-j", job_id, "-o", "State").stdout
+        states = out.split()
+        if want in states:
+            return states
+        assert time.monotonic() < deadline, f"sacct never showed {want} for {job_id}: {states}"
+        time.sleep(0.5)
+
+
 def slurm_id_file(user, job):
     return (user.job_dir(job) / "slurm-id").read_text()
 
@@ -468,8 +482,7 @@ def test_an_allocation_out_of_time_mid_call_leaves_the_rest_to_another(alice):
     assert [s["state"] for s in st[1:]] == ["completed", "completed"], st
     assert st[0]["state"] in ("cancelled", "timed_out"), st[0]
     assert "time limit" in st[0]["reason"], st[0]
-    sacct = sh("sacct", "-n", "-X", "-P", "-j", f"{array}_0", "-o", "State").stdout
-    assert "TIMEOUT" in sacct, sacct
+    sacct_states(f"{array}_0", want="TIMEOUT")
 
 
 # ---------------------------------------------------------------------------
@@ -669,7 +682,7 @@ def test_another_students_call_waits_only_for_the_maps_current_call(alice, bob):
     assert st[0]["finished_ms"] <= b["started_ms"], (st[0], b)
     log = (alice.job_dir(jobs[0]).parent / f"{jobs[0]}.map.log").read_text()
     assert "steps aside after 1 calls: another user's job waits for the partition" in log, log
-    restarts = sh("sacct", "-n", "-X", "-D", "-j", handles[0]["slurm_id"], "-o", "State").stdout.split()
+    restarts = sacct_states(handles[0]["slurm_id"], "-D", want="REQUEUED")
     assert restarts[:1] == ["REQUEUED"], restarts
 
 
