@@ -142,7 +142,8 @@ mod tests {
         assert_eq!(slurm_version("slurm-wlm 24.11.5\n").unwrap(), (24, 11));
         assert_eq!(slurm_version("23.11").unwrap(), (23, 11));
         for bad in ["", "slurm", "x.y", "22"] {
-            assert!(slurm_version(bad).is_err(), "{bad:?}");
+            let e = slurm_version(bad).unwrap_err().to_string();
+            assert_eq!(e, format!("'{bad}' is not a Slurm version such as 22.05.8"));
         }
     }
 }

@@ -390,12 +390,17 @@ mod tests {
 
     #[test]
     fn kinds() {
-        assert!(Kind::Count(1, 9).check("3").is_ok() && Kind::Count(1, 9).check("0").is_err());
-        assert!(Kind::Accounts.check("a:1 b:2").is_ok() && Kind::Accounts.check("a:1 B:2").is_err());
-        assert!(Kind::Accounts.check("").is_ok());
-        assert!(Kind::Url.check("http://deb.debian.org/debian").is_ok() && Kind::Url.check("ftp://x").is_err());
-        assert!(Kind::Text.check("a\nb").is_err());
-        assert!(Kind::SizeOrZero.check("0").is_ok() && Kind::Size.check("0").is_err());
+        let want = |w: &str| Err(w.to_owned());
+        assert_eq!(Kind::Count(1, 9).check("3"), Ok(()));
+        assert_eq!(Kind::Count(1, 9).check("0"), want("a whole number in its range"));
+        assert_eq!(Kind::Accounts.check("a:1 b:2"), Ok(()));
+        assert_eq!(Kind::Accounts.check("a:1 B:2"), want("space-separated name:uid pairs"));
+        assert_eq!(Kind::Accounts.check(""), Ok(()));
+        assert_eq!(Kind::Url.check("http://deb.debian.org/debian"), Ok(()));
+        assert_eq!(Kind::Url.check("ftp://x"), want("an http:// or https:// URL"));
+        assert_eq!(Kind::Text.check("a\nb"), want("one line of text"));
+        assert_eq!(Kind::SizeOrZero.check("0"), Ok(()));
+        assert_eq!(Kind::Size.check("0"), want("a size such as 512M or 4G"));
         for ok in ["1", "2", "0.5", "16"] {
             assert!(is_cpus(ok), "{ok}");
         }

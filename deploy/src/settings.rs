@@ -199,9 +199,15 @@ mod tests {
             st.count("DELEGATE_B", 1, 9).unwrap_err().to_string(),
             "DELEGATE_B must be a number from 1 to 9, not 'two'"
         );
-        assert!(st.count("DELEGATE_A", 4, 9).is_err());
+        assert_eq!(
+            st.count("DELEGATE_A", 4, 9).unwrap_err().to_string(),
+            "DELEGATE_A must be a number from 4 to 9, not '3'"
+        );
         assert_eq!(st.flag("DELEGATE_F"), Ok(true));
-        assert!(st.flag("DELEGATE_G").is_err());
+        assert_eq!(
+            st.flag("DELEGATE_G").unwrap_err().to_string(),
+            "DELEGATE_G must be 0 or 1, not 'yes'"
+        );
         assert!(matches!(st.raw("DELEGATE_NONE"), Err(SettingError::Missing { .. })));
     }
 
@@ -215,11 +221,25 @@ mod tests {
             ("Q", "1-00:00:00"),
         ]);
         assert_eq!(st.size("M").unwrap(), "512M");
-        assert!(st.size("X").is_err());
-        assert!(s(&[("S", " 2G")]).size("S").is_err() && s(&[("S", "2G\"")]).size("S").is_err());
+        assert_eq!(
+            st.size("X").unwrap_err().to_string(),
+            "X must be a size such as 512M or 4G, not 'lots'"
+        );
+        assert_eq!(
+            s(&[("S", " 2G")]).size("S").unwrap_err().to_string(),
+            "S must be a size such as 512M or 4G, not ' 2G'"
+        );
+        assert_eq!(
+            s(&[("S", "2G\"")]).size("S").unwrap_err().to_string(),
+            "S must be a size such as 512M or 4G, not '2G\"'"
+        );
         assert_eq!(st.duration("T").unwrap(), "1h30m");
-        assert!(st.duration("X").is_err());
-        assert!(st.slurm_time("P").is_ok() && st.slurm_time("Q").is_ok());
+        assert_eq!(
+            st.duration("X").unwrap_err().to_string(),
+            "X must be a duration such as 90s, 10m or 1h, not 'lots'"
+        );
+        assert_eq!(st.slurm_time("P").unwrap(), "02:00:00");
+        assert_eq!(st.slurm_time("Q").unwrap(), "1-00:00:00");
         for bad in ["", "1h", "1:2:3:4", "-1", "a-01:00:00", "1-"] {
             assert!(!is_slurm_time(bad), "{bad}");
         }

@@ -114,9 +114,11 @@ mod tests {
         let e = accounts(&settings(), &same_uid).unwrap_err().to_string();
         assert!(e.contains("two accounts share a name or a uid (ann, uid 3000)"), "{e}");
         let same_name = RosterState::parse("ta 4000 student Ta\n").unwrap();
-        assert!(accounts(&settings(), &same_name).is_err());
+        let e = accounts(&settings(), &same_name).unwrap_err().to_string();
+        assert!(e.contains("two accounts share a name or a uid (ta, uid 4000)"), "{e}");
         let twice = settings().with("DELEGATE_STACK_TEST_USERS", "student:3902");
-        assert!(accounts(&twice, &RosterState::default()).is_err());
+        let e = accounts(&twice, &RosterState::default()).unwrap_err().to_string();
+        assert!(e.contains("two accounts share a name or a uid (student, uid 3902)"), "{e}");
     }
 
     #[test]
@@ -133,6 +135,10 @@ mod tests {
             "{e}"
         );
         let bad = settings().with("DELEGATE_STACK_ADMIN_GROUP", "delegate-admin");
-        assert!(admins(&bad, &roster()).is_err());
+        let e = admins(&bad, &roster()).unwrap_err().to_string();
+        assert!(
+            e.contains("DELEGATE_STACK_ADMIN_GROUP must be name:gid: \"delegate-admin\" is not name:uid"),
+            "{e}"
+        );
     }
 }

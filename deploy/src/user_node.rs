@@ -141,8 +141,10 @@ mod tests {
             s,
             "ClusterName=delegate\nAuthType=auth/munge\nAuthInfo=socket=/run/munge-users/ada/munge.socket\nAccountingStoragePass=/run/munge-users/ada/munge.socket\nSlurmctldPort=6817\nSlurmdPort=6818\nAccountingStoragePort=6819\n"
         );
-        assert!(student_slurm_conf("ClusterName=x\n", "/run/x").is_err());
-        assert!(student_slurm_conf(CONF, "/run/x y;rm").is_err());
+        let e = student_slurm_conf("ClusterName=x\n", "/run/x").unwrap_err().to_string();
+        assert!(e.contains("slurm.conf has no AuthType=auth/munge line"), "{e}");
+        let e = student_slurm_conf(CONF, "/run/x y;rm").unwrap_err().to_string();
+        assert!(e.contains("\"/run/x y;rm\" is not a safe socket path"), "{e}");
     }
 
     #[test]
@@ -156,8 +158,10 @@ mod tests {
         );
         let range = slurm_ports("SlurmctldPort=6817-6820\n").unwrap();
         assert_eq!((range.queries, range.slurmd), (vec!["6817:6820".to_owned()], 6818));
-        assert!(slurm_ports("SlurmdPort=x\n").is_err());
-        assert!(slurm_ports("SlurmctldPort=70000\n").is_err());
+        let e = slurm_ports("SlurmdPort=x\n").unwrap_err().to_string();
+        assert!(e.contains("slurm.conf names port \"x\""), "{e}");
+        let e = slurm_ports("SlurmctldPort=70000\n").unwrap_err().to_string();
+        assert!(e.contains("slurm.conf names port \"70000\""), "{e}");
     }
 
     #[test]

@@ -232,9 +232,14 @@ fn gate_and_plugstack() {
         &lockdown::plugstack("/usr/local/lib/delegate/delegate_lockdown.so", 3990, runner, &nodes).unwrap(),
     );
     let bad = ["c1;rm".to_owned()];
-    assert!(lockdown::plugstack("/l.so", 1, runner, &bad).is_err());
-    assert!(
-        site_policy::render(&stack_settings(false).with("DELEGATE_PARTITIONS", "a,b"), Shape::Stack, 0, 0).is_err()
+    let e = lockdown::plugstack("/l.so", 1, runner, &bad).unwrap_err().to_string();
+    assert_eq!(e, "\"c1;rm\" is not a node name");
+    let e = site_policy::render(&stack_settings(false).with("DELEGATE_PARTITIONS", "a,b"), Shape::Stack, 0, 0)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "DELEGATE_PARTITIONS must be partition names separated by spaces, not \"a,b\""
     );
 }
 
@@ -251,9 +256,10 @@ fn stack_file_fixed_elastic_and_placed() {
     let placed = stack_settings(false)
         .with("DELEGATE_STACK_PLACEMENT", "1")
         .with("DELEGATE_STACK_SLOTS", "3");
+    let e = stack_file::render(&placed, &registry_facts(&[1, 1])).unwrap_err().to_string();
     assert!(
-        stack_file::render(&placed, &registry_facts(&[1, 1])).is_err(),
-        "a service per slot"
+        e.contains("--replicas must give 0 or 1 for each of the 3 workers, not [1, 1]"),
+        "a service per slot: {e}"
     );
     let text = stack_file::render(&placed, &registry_facts(&[1, 1, 0])).unwrap();
     golden("delegate-stack.yml.placed", &text);

@@ -322,9 +322,11 @@ mod tests {
     fn oversized_and_wrong_kind_frames_are_errors() {
         let mut fb = FrameBuf::default();
         fb.push(&(u32::MAX).to_le_bytes());
-        assert!(fb.next_frame::<Request>().is_err());
+        let r = fb.next_frame::<Request>();
+        assert!(matches!(r, Err(crate::ProtocolError::TooLarge { .. })), "{r:?}");
         let mut fb = FrameBuf::default();
         fb.push(&frame(&Answer::Refused("no".into())).unwrap());
-        assert!(fb.next_frame::<Request>().is_err());
+        let r = fb.next_frame::<Request>();
+        assert!(matches!(r, Err(crate::ProtocolError::WrongKind { .. })), "{r:?}");
     }
 }

@@ -267,6 +267,10 @@ mod tests {
         let back: Fingerprint = decode(&v1, "fingerprint").unwrap();
         assert_eq!(back, f);
         v1[6] = 3;
-        assert!(decode::<Fingerprint>(&v1, "fingerprint").is_err());
+        let r = decode::<Fingerprint>(&v1, "fingerprint");
+        assert!(
+            matches!(r, Err(crate::ProtocolError::VersionMismatch { found: 3, expected: 2, .. })),
+            "{r:?}"
+        );
     }
 }

@@ -95,9 +95,14 @@ mod tests {
     fn job_id_format_and_parse() {
         let id = JobId::new();
         assert_eq!(JobId::parse(id.as_str()).unwrap(), id);
-        assert!(JobId::parse("../etc").is_err());
-        assert!(JobId::parse("20261123T103000-ABCDEF01").is_err());
-        assert!(JobId::parse("20261123T103000-abcdef01").is_ok());
+        for bad in ["../etc", "20261123T103000-ABCDEF01"] {
+            let r = JobId::parse(bad);
+            assert!(matches!(&r, Err(ProtocolError::BadJobId(s)) if s == bad), "{r:?}");
+        }
+        assert_eq!(
+            JobId::parse("20261123T103000-abcdef01").unwrap().as_str(),
+            "20261123T103000-abcdef01"
+        );
         assert_ne!(JobId::new(), JobId::new());
     }
 
@@ -106,6 +111,9 @@ mod tests {
         assert_eq!(format_id(0, 0), "19700101T000000-00000000");
         assert_eq!(format_id(1_795_425_059, 0xabcdef01), "20261123T091059-abcdef01");
         assert_eq!(format_id(951_782_400, 1), "20000229T000000-00000001");
-        assert!(JobId::parse(&format_id(1_795_425_059, 7)).is_ok());
+        assert_eq!(
+            JobId::parse(&format_id(1_795_425_059, 7)).unwrap().as_str(),
+            "20261123T091059-00000007"
+        );
     }
 }

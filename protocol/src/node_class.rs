@@ -303,7 +303,11 @@ mod tests {
     fn labels_are_plain_words() {
         assert_eq!(check_label(" slow\n").unwrap(), "slow");
         for bad in ["", "two words", "a,b", "x|y", &"a".repeat(33), "dlg=1"] {
-            assert!(check_label(bad).is_err(), "{bad:?}");
+            let e = check_label(bad).unwrap_err();
+            assert_eq!(
+                e,
+                format!("a node class label is 1 to {MAX_LABEL} letters, digits, '-' or '_', not {bad:?}")
+            );
         }
     }
 

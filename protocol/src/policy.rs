@@ -462,24 +462,40 @@ mod tests {
         }
     }
 
+    /// Why the policy `text` is invalid.
+    fn invalid(text: &str) -> String {
+        match Policy::parse(text, "t") {
+            Err(PolicyError::Invalid { reason, .. }) => reason,
+            other => panic!("{text}: expected an invalid policy, got {other:?}"),
+        }
+    }
+
+    const NOT_CLEAN: &str = "is not a clean absolute path (it must be absolute, without '..' or '.')";
+
     #[test]
     fn parse_and_defaults() {
         let p = Policy::parse("max_cpus = 2\nmax_mem = \"2G\"\n", "t").unwrap();
         assert_eq!(p.max_cpus, 2);
         assert_eq!(p.default_image, "delegate-sandbox:latest");
-        assert!(Policy::parse("bogus = 1", "t").is_err());
-        assert!(Policy::parse("max_mem = \"lots\"", "t").is_err());
-        assert!(Policy::parse("job_roots = [\"/home/../etc\"]", "t").is_err());
-        assert!(Policy::parse("perf_mode = \"sysadmin\"", "t").is_err());
+        let e = invalid("bogus = 1");
+        assert!(e.contains("unknown field `bogus`"), "{e}");
+        assert_eq!(
+            invalid("max_mem = \"lots\""),
+            "max_mem: \"lots\" is not a size (examples: 512M, 4G, 1048576)"
+        );
+        assert_eq!(invalid("job_roots = [\"/home/../etc\"]"), format!("/home/../etc {NOT_CLEAN}"));
+        let e = invalid("perf_mode = \"sysadmin\"");
+        assert!(e.contains("unknown variant `sysadmin`"), "{e}");
         assert_eq!(p.calls_per_allocation, 100);
         assert_eq!(Policy::parse("calls_per_allocation = 1", "t").unwrap().calls_per_allocation, 1);
-        assert!(Policy::parse("calls_per_allocation = 0", "t").is_err());
-        assert!(Policy::parse("calls_per_allocation = -3", "t").is_err());
+        assert_eq!(invalid("calls_per_allocation = 0"), "calls_per_allocation must be at least 1");
+        let e = invalid("calls_per_allocation = -3");
+        assert!(e.contains("invalid value: integer `-3`, expected u32"), "{e}");
         let l = Policy::parse("max_output = \"1M\"\nmax_job_bytes = \"0\"\noutput_limit = \"stop\"", "t").unwrap();
         assert_eq!(l.output_limit, OutputLimit::Stop);
         assert_eq!(l.limits().unwrap().max_output_bytes, 1 << 20);
         assert_eq!(l.limits().unwrap().max_job_bytes, 0);
-        assert!(Policy::parse("staging_dir = \"rel\"", "t").is_err());
+        assert_eq!(invalid("staging_dir = \"rel\""), format!("rel {NOT_CLEAN}"));
     }
 
     #[test]
@@ -547,12 +563,25 @@ mod tests {
         let e = p.check(&s, 1000, dir).unwrap_err();
         assert_eq!(e.to_string(), "gpus 2 is more than the site maximum of 1");
         // The default allows none.
-        assert!(Policy::default().check(&s, 1000, dir).is_err());
-        assert!(s.validate().is_ok());
+        assert_eq!(
+            Policy::default().check(&s, 1000, dir),
+            Err(Violation::Limit {
+                what: "gpus",
+                asked: "2".into(),
+                max: "0".into()
+            })
+        );
+        s.validate().expect("two GPUs on one node are a valid spec");
         s.resources.gpus = crate::spec::MAX_GPUS + 1;
-        assert!(s.validate().is_err());
-        assert!(Policy::parse("gpu_mode = \"magic\"", "t").is_err());
-        assert!(Policy::parse("gres_conf = \"etc/gres.conf\"", "t").is_err());
+        let too_many = format!("more than {} GPUs", crate::spec::MAX_GPUS);
+        let r = s.validate();
+        assert!(
+            matches!(&r, Err(crate::ProtocolError::InvalidSpec(why)) if *why == too_many),
+            "{r:?}"
+        );
+        let e = invalid("gpu_mode = \"magic\"");
+        assert!(e.contains("unknown variant `magic`"), "{e}");
+        assert_eq!(invalid("gres_conf = \"etc/gres.conf\""), format!("etc/gres.conf {NOT_CLEAN}"));
     }
 
     /// Docs that are true (issue 31): every key of the policy is in the

@@ -278,7 +278,7 @@ mod tests {
         assert!(matches!(decode::<Spec>(&t, "x"), Err(ProtocolError::Decode { .. })));
         let mut g = b[..HEADER_LEN].to_vec();
         g.extend_from_slice(&[0xff; 40]);
-        assert!(decode::<Spec>(&g, "x").is_err());
+        assert!(matches!(decode::<Spec>(&g, "x"), Err(ProtocolError::Decode { .. })));
     }
 
     #[test]

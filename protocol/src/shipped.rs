@@ -91,8 +91,17 @@ mod tests {
     fn manifests_round_trip_and_are_bounded() {
         let names = vec!["train.py".to_owned(), "data".to_owned()];
         assert_eq!(parse_shipped_manifest(&shipped_manifest(&names)).unwrap(), names);
-        assert!(parse_shipped_manifest("spec\n").is_err());
+        assert_eq!(
+            parse_shipped_manifest("spec\n"),
+            Err("the name \"spec\" is one of delegate's own files in the job directory; rename it".to_owned())
+        );
         let many: Vec<String> = (0..=MAX_SHIPPED).map(|i| format!("f{i}")).collect();
-        assert!(parse_shipped_manifest(&shipped_manifest(&many)).is_err());
+        assert_eq!(
+            parse_shipped_manifest(&shipped_manifest(&many)),
+            Err(format!(
+                "the manifest lists {} entries, more than {MAX_SHIPPED}",
+                MAX_SHIPPED + 1
+            ))
+        );
     }
 }

@@ -155,24 +155,32 @@ mod tests {
         sample_spec()
     }
 
+    /// Why `s` is refused.
+    fn refused(s: &Spec) -> String {
+        match s.validate() {
+            Err(ProtocolError::InvalidSpec(why)) => why,
+            other => panic!("expected an invalid spec, got {other:?}"),
+        }
+    }
+
     #[test]
     fn validate_rejects() {
         let mut s = spec();
         s.task = Task::Command { argv: vec![] };
-        assert!(s.validate().is_err());
+        assert_eq!(refused(&s), "the command is empty");
         let mut s = spec();
         s.env = vec![("lower".into(), "x".into())];
-        assert!(s.validate().is_err());
+        assert_eq!(refused(&s), "invalid environment variable name \"lower\"");
         let mut s = spec();
         s.resources.cpus = 0;
-        assert!(s.validate().is_err());
+        assert_eq!(refused(&s), "cpus, memory, time limit and nodes must be positive");
         let mut s = spec();
         s.resources.nodes = crate::MAX_RANKS + 1;
-        assert!(s.validate().is_err());
+        assert_eq!(refused(&s), format!("more than {} nodes", crate::MAX_RANKS));
         s.resources.nodes = 2;
-        assert!(s.validate().is_ok());
+        s.validate().expect("two nodes without GPUs are valid");
         s.resources.gpus = 1;
-        assert!(s.validate().is_err());
-        assert!(spec().validate().is_ok());
+        assert_eq!(refused(&s), "GPUs are not available to multi-node jobs yet");
+        spec().validate().expect("the sample spec is valid");
     }
 }

@@ -107,11 +107,9 @@ mod tests {
         assert_eq!(parse_size("4GiB"), Ok(4 << 30));
         assert_eq!(parse_size("1k"), Ok(1024));
         assert_eq!(parse_size("100"), Ok(100));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("12X").is_err());
-        assert!(parse_size("-1G").is_err());
-        assert!(parse_size("99999999999T").is_err());
+        for bad in ["", "0", "12X", "-1G", "99999999999T"] {
+            assert_eq!(parse_size(bad), Err(UnitError::Size(bad.to_owned())));
+        }
         assert_eq!(format_size(1536), "1.5K");
         assert_eq!(format_size(4 << 30), "4G");
     }
@@ -123,10 +121,9 @@ mod tests {
         assert_eq!(parse_duration("10m"), Ok(600));
         assert_eq!(parse_duration("1h30m"), Ok(5400));
         assert_eq!(parse_duration("1d"), Ok(86400));
-        assert!(parse_duration("5x").is_err());
-        assert!(parse_duration("m").is_err());
-        assert!(parse_duration("5s3").is_err());
-        assert!(parse_duration("0s").is_err());
+        for bad in ["5x", "m", "5s3", "0s"] {
+            assert_eq!(parse_duration(bad), Err(UnitError::Duration(bad.to_owned())));
+        }
         assert_eq!(format_duration(3725), "1h2m5s");
         assert_eq!(format_duration(0), "0s");
     }

@@ -134,11 +134,11 @@ mod tests {
         let a = Arc::new(Admission::default());
         let held: Vec<Ticket> = (0..PER_UID).map(|_| a.admit(1000).expect("admitted")).collect();
         assert_eq!(a.admit(1000).err(), Some(Refusal::PerUid(1000)));
-        assert!(a.admit(1001).is_ok(), "another user is not affected");
+        a.admit(1001).expect("another user is not affected");
         assert_eq!(a.held(1000), PER_UID);
         drop(held);
         assert_eq!(a.held(1000), 0);
-        assert!(a.admit(1000).is_ok());
+        a.admit(1000).expect("the places are given back");
     }
 
     #[test]
@@ -148,9 +148,9 @@ mod tests {
             .map(|i| a.admit(2000 + (i / PER_UID) as u32).expect("admitted"))
             .collect();
         assert_eq!(a.admit(99_999).err(), Some(Refusal::Total));
-        assert!(a.admit(0).is_ok());
+        a.admit(0).expect("root is not counted");
         drop(held);
-        assert!(a.admit(99_999).is_ok());
+        a.admit(99_999).expect("the places are given back");
     }
 
     #[test]
@@ -158,20 +158,21 @@ mod tests {
         let a = Arc::new(Admission::default());
         let t0 = Instant::now();
         for i in 0..BURST as usize {
-            assert!(a.admit_at(1000, t0).is_ok(), "connection {i} of the burst");
+            a.admit_at(1000, t0)
+                .unwrap_or_else(|e| panic!("connection {i} of the burst: {e}"));
         }
         assert_eq!(a.admit_at(1000, t0).err(), Some(Refusal::Rate(1000)));
-        assert!(a.admit_at(1001, t0).is_ok(), "another user is not affected");
-        assert!(a.admit_at(0, t0).is_ok(), "root is not counted");
+        a.admit_at(1001, t0).expect("another user is not affected");
+        a.admit_at(0, t0).expect("root is not counted");
         // A second later: RATE_PER_SEC more, not one more.
         let t1 = t0 + Duration::from_secs(1);
         for _ in 0..RATE_PER_SEC as usize {
-            assert!(a.admit_at(1000, t1).is_ok());
+            a.admit_at(1000, t1).expect("a second later: RATE_PER_SEC more");
         }
         assert_eq!(a.admit_at(1000, t1).err(), Some(Refusal::Rate(1000)));
         // A fifth of a second later: one more.
         let t2 = t1 + Duration::from_millis(200);
-        assert!(a.admit_at(1000, t2).is_ok());
+        a.admit_at(1000, t2).expect("a fifth of a second later: one more");
         assert_eq!(a.admit_at(1000, t2).err(), Some(Refusal::Rate(1000)));
         assert_eq!(a.held(1000), 0, "every ticket was dropped at once");
     }

@@ -531,9 +531,12 @@ mod tests {
         );
         assert_eq!(expand("a,b[1,3-4]").unwrap(), ["a", "b1", "b3", "b4"]);
         assert_eq!(expand("n[08-10]").unwrap(), ["n08", "n09", "n10"]);
-        assert!(expand("x[1-").is_err());
-        assert!(expand("x[3-1]").is_err());
-        assert!(expand("x[0-99999999]").is_err());
+        assert_eq!(expand("x[1-"), Err("unbalanced brackets in \"x[1-\"".into()));
+        assert_eq!(expand("x[3-1]"), Err("bad range \"3-1\" in \"x[3-1]\"".into()));
+        assert_eq!(
+            expand("x[0-99999999]"),
+            Err("bad range \"0-99999999\" in \"x[0-99999999]\"".into())
+        );
     }
 
     #[test]
@@ -562,9 +565,9 @@ mod tests {
         assert_eq!(parse_detail("nic:1(IDX:0),gpu:1(IDX:3)").unwrap(), [3]);
         assert_eq!(parse_detail("gpu:0(IDX:N/A)").unwrap(), Vec::<u32>::new());
         assert_eq!(parse_detail("").unwrap(), Vec::<u32>::new());
-        assert!(parse_detail("gpu:1(IDX:x)").is_err());
-        assert!(parse_detail("gpu:1").is_err());
-        assert!(parse_detail("gpu:1(IDX:0-99999999)").is_err());
+        for bad in ["gpu:1(IDX:x)", "gpu:1", "gpu:1(IDX:0-99999999)"] {
+            assert_eq!(parse_detail(bad), Err(GpuError::Detail(bad.into())));
+        }
     }
 
     #[test]
@@ -574,7 +577,7 @@ mod tests {
         assert_eq!(requested_gpus("gres:gpu:a100:1").unwrap(), 1);
         assert_eq!(requested_gpus("gres:nic:1,gres:gpu:3").unwrap(), 3);
         assert_eq!(requested_gpus("gres:gpu").unwrap(), 1);
-        assert!(requested_gpus("gres:gpu:x").is_err());
+        assert_eq!(requested_gpus("gres:gpu:x"), Err(GpuError::Detail("gres:gpu:x".into())));
     }
 
     #[test]
@@ -585,8 +588,20 @@ mod tests {
                            {"job_id":43,"tres_per_node":"","gres_detail":[]}]}"#;
         assert_eq!(gpus_in_squeue_json(j, "42").unwrap(), (1, vec![0, 1]));
         assert_eq!(gpus_in_squeue_json(j, "43").unwrap(), (0, vec![]));
-        assert!(gpus_in_squeue_json(j, "44").is_err());
-        assert!(gpus_in_squeue_json("nope", "42").is_err());
+        assert_eq!(
+            gpus_in_squeue_json(j, "44"),
+            Err(GpuError::Slurm {
+                job: "44".into(),
+                reason: "slurmctld does not know the job".into()
+            })
+        );
+        match gpus_in_squeue_json("nope", "42") {
+            Err(GpuError::Slurm { job, reason }) => {
+                assert_eq!(job, "42");
+                assert!(reason.starts_with("unreadable answer: "), "{reason}");
+            }
+            other => panic!("expected slurmctld's answer refused, got {other:?}"),
+        }
         // A forged name or comment is just a string value: never parsed.
         let forged = r#"{"jobs":[{"job_id":42,"name":"gres_detail gpu:2(IDX:0-1)","gres_detail":[]}]}"#;
         assert_eq!(gpus_in_squeue_json(forged, "42").unwrap(), (0, vec![]));

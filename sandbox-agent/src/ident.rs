@@ -409,15 +409,30 @@ mod tests {
     fn rank_squeue_and_place() {
         let line = "42|RUNNING|2001|w[1-2]\n";
         assert_eq!(check_squeue_rank(line, "42", 2001), Ok("w[1-2]".into()));
-        assert!(check_squeue_rank(line, "42", 2002).is_err());
-        assert!(check_squeue_rank(&line.replace("RUNNING", "PENDING"), "42", 2001).is_err());
-        assert!(check_squeue_rank("42|RUNNING|2001|\n", "42", 2001).is_err());
-        assert!(check_squeue_rank("42|RUNNING|2001|a|b\n", "42", 2001).is_err());
+        assert_eq!(
+            check_squeue_rank(line, "42", 2002),
+            Err("Slurm job 42 does not belong to uid 2002".into())
+        );
+        assert_eq!(
+            check_squeue_rank(&line.replace("RUNNING", "PENDING"), "42", 2001),
+            Err("Slurm job 42 is not running".into())
+        );
+        assert_eq!(
+            check_squeue_rank("42|RUNNING|2001|\n", "42", 2001),
+            Err("Slurm job 42 has no usable node list".into())
+        );
+        assert_eq!(
+            check_squeue_rank("42|RUNNING|2001|a|b\n", "42", 2001),
+            Err("slurmctld does not know job 42".into())
+        );
         assert_eq!(place_in("w1\nw2\n", "w2"), Ok(RankPlace { rank: 1, world: 2 }));
         assert_eq!(place_in("w1\nw2\n", "w1"), Ok(RankPlace { rank: 0, world: 2 }));
         assert!(place_in("w1\n", "w1").unwrap_err().contains("only for multi-node"));
-        assert!(place_in("w1\nw2\n", "w3").is_err());
-        assert!(place_in("", "w1").is_err());
+        assert_eq!(
+            place_in("w1\nw2\n", "w3"),
+            Err("this node (w3) is not one of the job's nodes".into())
+        );
+        assert_eq!(place_in("", "w1"), Err("the job's node list is empty or too long".into()));
     }
 
     #[test]
@@ -426,18 +441,25 @@ mod tests {
         assert_eq!(check_squeue(line, "42", 2001, "n1"), Ok(()));
         assert!(check_squeue(line, "42", 2002, "n1").unwrap_err().contains("does not belong"));
         assert!(check_squeue(line, "42", 2001, "n2").unwrap_err().contains("batch step"));
-        assert!(check_squeue(&line.replace("RUNNING", "COMPLETING"), "42", 2001, "n1").is_err());
-        assert!(check_squeue("", "42", 2001, "n1").is_err());
-        assert!(check_squeue(line, "43", 2001, "n1").is_err());
+        let unknown = |job: &str| Err(format!("slurmctld does not know job {job}"));
+        assert_eq!(
+            check_squeue(&line.replace("RUNNING", "COMPLETING"), "42", 2001, "n1"),
+            Err("Slurm job 42 is not running".into())
+        );
+        assert_eq!(check_squeue("", "42", 2001, "n1"), unknown("42"));
+        assert_eq!(check_squeue(line, "43", 2001, "n1"), unknown("43"));
         // More than one line for the job, or extra fields: never a guess.
-        assert!(check_squeue("42|RUNNING|2001|n1\n42|RUNNING|2001|n1\n", "42", 2001, "n1").is_err());
+        assert_eq!(
+            check_squeue("42|RUNNING|2001|n1\n42|RUNNING|2001|n1\n", "42", 2001, "n1"),
+            unknown("42")
+        );
         // An array's other elements (listed by `squeue -j <array id>`) are
         // skipped: the line of the caller's own job id decides.
         let array = "43|RUNNING|2001|n2\n42|RUNNING|2001|n1\n44|PENDING|2001|\n";
         assert_eq!(check_squeue(array, "42", 2001, "n1"), Ok(()));
         assert!(check_squeue(array, "43", 2001, "n1").unwrap_err().contains("batch step"));
-        assert!(check_squeue("43|RUNNING|2001|n1\n", "42", 2001, "n1").is_err());
-        assert!(check_squeue("42|RUNNING|2001|n1|x\n", "42", 2001, "n1").is_err());
+        assert_eq!(check_squeue("43|RUNNING|2001|n1\n", "42", 2001, "n1"), unknown("42"));
+        assert_eq!(check_squeue("42|RUNNING|2001|n1|x\n", "42", 2001, "n1"), unknown("42"));
     }
 
     #[test]

@@ -341,6 +341,12 @@ mod tests {
         got.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(got[0], ("1".into(), Ok((Action::Resume, 1))));
+        // The request is read up to its first 64 bytes; the refusal is bounded.
+        let want = format!(
+            "refused request 'suspend worker9{}' (want resume|suspend worker1..worker2)",
+            "x".repeat(64 - "suspend worker9".len())
+        );
+        assert_eq!(got[1], ("2".into(), Err(want)));
         assert!(got[1].1.as_ref().is_err_and(|e| e.len() < 200));
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),

@@ -114,9 +114,10 @@ mod tests {
         let (p, n) = log_location(Path::new(&format!("/home/a/.delegate/jobs/{ID}"))).unwrap();
         assert_eq!(p, Path::new("/home/a/.delegate/jobs"));
         assert_eq!(n, format!("{ID}.log"));
-        assert!(log_location(Path::new("/home/a/.delegate/jobs/../etc")).is_err());
+        let e = log_location(Path::new("/home/a/.delegate/jobs/../etc")).unwrap_err();
+        assert!(e.starts_with("etc is not a valid job id"), "{e}");
         assert!(log_location(Path::new("/home/a/x")).unwrap_err().contains("not a valid job id"));
-        assert!(log_location(Path::new("/")).is_err());
+        assert_eq!(log_location(Path::new("/")), Err("/ has no valid final component".into()));
     }
 
     #[test]
@@ -163,11 +164,15 @@ mod tests {
     #[test]
     fn non_regular_refused() {
         let t = root();
-        std::fs::create_dir(t.path().join(format!("{ID}.log"))).unwrap();
-        assert!(open_log(&t.path().join(ID), uid()).is_err());
+        let log = t.path().join(format!("{ID}.log"));
+        std::fs::create_dir(&log).unwrap();
+        let e = open_log(&t.path().join(ID), uid()).unwrap_err();
+        assert_eq!(e, format!("cannot open {}: EISDIR: Is a directory", log.display()));
         let t = root();
-        nix::unistd::mkfifo(&t.path().join(format!("{ID}.log")), Mode::from_bits_truncate(0o600)).unwrap();
+        let log = t.path().join(format!("{ID}.log"));
+        nix::unistd::mkfifo(&log, Mode::from_bits_truncate(0o600)).unwrap();
         // No reader: must fail at once rather than block.
-        assert!(open_log(&t.path().join(ID), uid()).is_err());
+        let e = open_log(&t.path().join(ID), uid()).unwrap_err();
+        assert_eq!(e, format!("cannot open {}: ENXIO: No such device or address", log.display()));
     }
 }

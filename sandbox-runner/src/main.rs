@@ -270,9 +270,15 @@ async fn async_main(cli: Cli) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("sandbox-runner").chain(args.iter().copied()))
+    }
+
+    /// The kind of error clap refuses `args` with.
+    fn refused(args: &[&str]) -> ErrorKind {
+        parse(args).expect_err("refused").kind()
     }
 
     #[test]
@@ -301,21 +307,28 @@ mod tests {
             Some(Command::Ranks { .. })
         ));
         assert!(matches!(parse(&["rank", "/j/a"]).unwrap().command, Some(Command::Rank { .. })));
-        assert!(parse(&["rank"]).is_err());
-        assert!(parse(&["rank", "/j/a", "/j/b"]).is_err());
+        assert_eq!(refused(&["rank"]), ErrorKind::MissingRequiredArgument);
+        assert_eq!(refused(&["rank", "/j/a", "/j/b"]), ErrorKind::UnknownArgument);
     }
 
     #[test]
     fn pull_needs_a_dir() {
-        assert!(parse(&["pull"]).is_err());
-        assert!(parse(&["batch", "/j/a"]).is_err(), "the planned batch of old is gone");
+        assert_eq!(refused(&["pull"]), ErrorKind::MissingRequiredArgument);
+        // "batch" is taken for the job directory; "/j/a" after it is refused
+        // as a subcommand given with a job directory.
+        assert_eq!(
+            refused(&["batch", "/j/a"]),
+            ErrorKind::ArgumentConflict,
+            "the planned batch of old is gone"
+        );
     }
 
     #[test]
     fn probe_still_parses() {
         let c = parse(&["probe", "--json"]).unwrap();
         assert!(matches!(c.command, Some(Command::Probe { json: true })));
-        assert!(parse(&[]).is_err());
-        assert!(parse(&["/j/a", "/j/b"]).is_err());
+        assert_eq!(refused(&[]), ErrorKind::MissingRequiredArgument);
+        // A second job directory is refused as a subcommand given with a job directory.
+        assert_eq!(refused(&["/j/a", "/j/b"]), ErrorKind::ArgumentConflict);
     }
 }

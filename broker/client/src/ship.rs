@@ -327,14 +327,10 @@ mod tests {
         ship(job.path(), &[proj.clone(), single.clone()], 1 << 20, None).unwrap();
         assert_eq!(fs::read(job.path().join("proj/train.py")).unwrap(), b"print('hi')");
         assert_eq!(fs::read(job.path().join("proj/link.csv")).unwrap(), b"1,2\n");
-        assert!(
-            fs::symlink_metadata(job.path().join("proj/out")).is_err(),
-            "an absolute link is left out"
-        );
-        assert!(
-            fs::symlink_metadata(job.path().join("proj/data/up")).is_err(),
-            "a link out of the tree is left out"
-        );
+        let e = fs::symlink_metadata(job.path().join("proj/out")).expect_err("an absolute link is left out");
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "an absolute link is left out");
+        let e = fs::symlink_metadata(job.path().join("proj/data/up")).expect_err("a link out of the tree is left out");
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "a link out of the tree is left out");
         let mode = fs::metadata(job.path().join("run.sh")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o755);
         assert_eq!(fs::read_to_string(job.path().join(SHIPPED)).unwrap(), "proj\nrun.sh\n");
@@ -364,9 +360,19 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        assert!(shipped_names(&[PathBuf::from("/x/spec")]).is_err());
-        assert!(shipped_names(&[PathBuf::from("/x/a.py"), PathBuf::from("/y/a.py")]).is_err());
-        assert!(shipped_names(&[PathBuf::from("/")]).is_err());
+        let why_refused = |paths: &[&str]| {
+            let paths: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+            match shipped_names(&paths) {
+                Err(ClientError::InvalidRequest(why)) => why,
+                other => panic!("{paths:?}: expected a refusal, got {other:?}"),
+            }
+        };
+        assert_eq!(
+            why_refused(&["/x/spec"]),
+            "cannot ship /x/spec: the name \"spec\" is one of delegate's own files in the job directory; rename it"
+        );
+        assert_eq!(why_refused(&["/x/a.py", "/y/a.py"]), "two files to ship are named a.py");
+        assert_eq!(why_refused(&["/"]), "/ has no file name to ship it under");
         assert_eq!(shipped_names(&[PathBuf::from("train.py")]).unwrap(), vec!["train.py"]);
     }
 }

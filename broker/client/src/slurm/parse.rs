@@ -362,11 +362,10 @@ mod tests {
         assert_eq!(parse_sbatch_parsable("123\n").unwrap(), "123");
         assert_eq!(parse_sbatch_parsable("123;cluster\n").unwrap(), "123");
         assert_eq!(parse_sbatch_parsable("sbatch: warning: something odd\n77\n").unwrap(), "77");
-        assert!(parse_sbatch_parsable("").is_err());
-        assert!(parse_sbatch_parsable("\n\n").is_err());
-        assert!(parse_sbatch_parsable("Submitted batch job 12").is_err());
-        assert!(parse_sbatch_parsable(";cluster").is_err());
-        assert!(parse_sbatch_parsable("12a").is_err());
+        for bad in ["", "\n\n", "Submitted batch job 12", ";cluster", "12a"] {
+            let r = parse_sbatch_parsable(bad);
+            assert!(matches!(&r, Err(SlurmError::NoJobId(out)) if out == bad), "{bad:?}: {r:?}");
+        }
     }
 
     #[test]
@@ -471,9 +470,9 @@ mod tests {
         assert_eq!(parse_slurm_time("1-00:00:00"), Ok(Some(86400)));
         assert_eq!(parse_slurm_time("1-2"), Ok(Some(93600)));
         assert_eq!(parse_slurm_time("1-2:30"), Ok(Some(95400)));
-        assert!(parse_slurm_time("").is_err());
-        assert!(parse_slurm_time("a:b").is_err());
-        assert!(parse_slurm_time("1:2:3:4").is_err());
+        for bad in ["", "a:b", "1:2:3:4"] {
+            assert_eq!(parse_slurm_time(bad), Err(BadSlurmTime(bad.to_owned())));
+        }
     }
 
     #[test]
