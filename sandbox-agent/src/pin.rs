@@ -45,21 +45,45 @@ impl Drop for OffCores {
 mod tests {
     use super::*;
 
+    /// A second thread of the process, alive until told: it reports its
+    /// own affinity each time it is asked.
+    fn helper_thread() -> (
+        std::sync::mpsc::Sender<bool>,
+        std::sync::mpsc::Receiver<Vec<usize>>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (ask, asked) = std::sync::mpsc::channel::<bool>();
+        let (tell, told) = std::sync::mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            while let Ok(true) = asked.recv() {
+                let _ = tell.send(allowed(0).expect("the helper's affinity"));
+            }
+        });
+        (ask, told, handle)
+    }
+
     #[test]
     fn moves_and_restores_every_thread() {
-        let before = allowed(0).unwrap();
+        let before = allowed(0).expect("this thread's affinity");
         assert!(!before.is_empty());
-        let helper = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)));
+        let (ask, told, helper) = helper_thread();
+        let helpers = |ask: &std::sync::mpsc::Sender<bool>| {
+            ask.send(true).expect("the helper listens");
+            told.recv().expect("the helper answers")
+        };
         {
             let first = [before[0]];
             let off = OffCores::new(&first);
             if before.len() > 1 {
                 assert!(off.is_some());
-                assert_eq!(allowed(0).unwrap(), first.to_vec());
+                assert_eq!(allowed(0).expect("affinity"), first.to_vec());
+                assert_eq!(helpers(&ask), first.to_vec(), "the other thread was not moved");
             }
         }
-        assert_eq!(allowed(0).unwrap(), before);
-        helper.join().unwrap();
+        assert_eq!(allowed(0).expect("affinity"), before);
+        assert_eq!(helpers(&ask), before, "the other thread was not restored");
+        ask.send(false).expect("the helper listens");
+        helper.join().expect("the helper ends");
         assert!(OffCores::new(&[]).is_none());
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -151,7 +151,7 @@ impl Client {
     ) -> Result<Vec<JobStatus>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
-        let inotify = watch_dirs(&jobs);
+        let inotify = watch_dirs(jobs.iter().map(|j| j.dir.as_path()));
         let mut statuses: Vec<Option<JobStatus>> = vec![None; jobs.len()];
         // Each job's state at the first round: in `any` mode a job that
         // starts running ends the wait too (a live line says "running on
@@ -243,15 +243,15 @@ fn progressed(states: &[Option<State>], at_first: &[Option<State>], ended: bool)
 
 /// An inotify instance watching the job directories (files created, moved
 /// in or written there), or none: then the wait polls.
-fn watch_dirs(jobs: &[JobFiles]) -> Option<nix::sys::inotify::Inotify> {
+fn watch_dirs<'a>(dirs: impl IntoIterator<Item = &'a Path>) -> Option<nix::sys::inotify::Inotify> {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
         .map_err(|e| tracing::debug!(error = %e, "no inotify; polling only"))
         .ok()?;
     let mask = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE | AddWatchFlags::IN_CLOSE_WRITE;
-    for j in jobs {
-        if let Err(e) = ino.add_watch(&j.dir, mask) {
-            tracing::debug!(dir = %j.dir.display(), error = %e, "cannot watch; polling");
+    for dir in dirs {
+        if let Err(e) = ino.add_watch(dir, mask) {
+            tracing::debug!(dir = %dir.display(), error = %e, "cannot watch; polling");
         }
     }
     Some(ino)
@@ -307,6 +307,32 @@ fn wait_readable(fd: &impl AsFd, timeout: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wait wakes on the runner's records through inotify, not by
+    /// polling: a pause as long as a test run ends on the file's arrival,
+    /// and says it was woken; with nothing written it sleeps its time out
+    /// and says it was not.
+    #[test]
+    fn a_record_written_in_a_watched_directory_wakes_the_wait() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ino = watch_dirs([dir.path()]).expect("inotify on this kernel");
+        assert!(!pause(Some(&ino), Duration::from_millis(50)), "woken with nothing written");
+        for (name, how) in [("outcome", "written"), ("started", "moved in")] {
+            let path = dir.path().join(name);
+            match how {
+                "written" => std::fs::write(&path, b"x").expect("write"),
+                _ => {
+                    let tmp = dir.path().join(format!(".{name}.new"));
+                    std::fs::write(&tmp, b"x").expect("write");
+                    pause(Some(&ino), Duration::ZERO); // (the temporary file's own events)
+                    std::fs::rename(&tmp, &path).expect("rename");
+                }
+            }
+            // (polling alone would sleep the 30 s out and say false)
+            let woken = pause(Some(&ino), Duration::from_secs(30));
+            assert!(woken, "the {name} record {how} did not wake the wait");
+        }
+    }
 
     #[test]
     fn a_wait_for_any_ends_when_one_ends_or_one_starts() {
