@@ -10,6 +10,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -42,6 +43,21 @@ class Plan(NamedTuple):
 
     action: str  # "reuse" or "create"
     uid: int
+
+
+def wait_until(what: str, cond, timeout: float, step: float = 0.2, detail=None):
+    """cond()'s first true value, asked every `step` seconds; after
+    `timeout` seconds a failure naming what was awaited, with detail()
+    (what the caller knows of the state then) appended. Tests wait on what
+    they can observe with this, never with a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s" + (f"; {detail()}" if detail else ""))
+        time.sleep(step)
 
 
 def cpu0() -> dict[str, str]:

@@ -180,7 +180,11 @@ def nap(s):
     import time
     time.sleep(s)
 first = nap.submit(45)
-import time; time.sleep(8)
+import time
+deadline = time.time() + 120
+while first.status["started"] is None:  # (first holds worker1)
+    assert time.time() < deadline, first.status
+    time.sleep(0.5)
 second = nap.submit(1)
 first.result(); second.result()
 print("hosts", sorted([first.status["host"], second.status["host"]]))
@@ -359,14 +363,24 @@ def test_3b_tensorboard_of_a_running_job(students):
     page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-0-opened.png"), full_page=True)
     page.wait_for_selector("text=loss", timeout=120_000)
     page.wait_for_selector("canvas, svg.line-chart, .line-chart", timeout=60_000)
-    time.sleep(3)
+    page.wait_for_load_state("networkidle")
     page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-1-live.png"), full_page=True)
-    time.sleep(15)
-    later = scalar_points(ann, URL + url)
-    assert later >= first + 8, f"the curve did not grow while the job ran: {first} then {later}"
+    seen = {}
+
+    def grown():
+        seen["points"] = scalar_points(ann, URL + url)
+        return seen["points"] >= first + 8
+
+    wait_until(
+        "the curve growing by 8 points while the job runs",
+        grown,
+        90,
+        1,
+        detail=lambda: f"{first} points, then {seen.get('points')}",
+    )
     page.reload()
     page.wait_for_selector("text=loss", timeout=120_000)
-    time.sleep(3)
+    page.wait_for_load_state("networkidle")
     page.screenshot(path=str(ARTIFACTS / f"{ANN}-tensorboard-2-grown.png"), full_page=True)
     assert "train" in page.inner_text("body"), page.inner_text("body")[:2000]
     page.close()

@@ -115,12 +115,16 @@ class HubSession:
         return False
 
     def _finished(self, cell) -> bool:
-        """The cell ran to its end (its prompt has a number); a last look at
-        its output, which may render a moment later."""
-        if not re.fullmatch(r"\[\d+\]:", cell.locator(".jp-InputArea-prompt").inner_text().strip()):
-            return False
-        time.sleep(1)
-        return True
+        """The cell ran to its end (its prompt has a number)."""
+        return bool(re.fullmatch(r"\[\d+\]:", cell.locator(".jp-InputArea-prompt").inner_text().strip()))
+
+    @staticmethod
+    def _rendered(out, until: str, patience: float = 5) -> None:
+        """A finished cell's output may render a moment after its prompt's
+        number: waits at most `patience` seconds for UNTIL in it."""
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline and until not in (out.inner_text() if out.count() else ""):
+            time.sleep(0.2)
 
     def _run_until(self, code: str, until: str, what: str, timeout: float, period: float, sample=None) -> str:
         """Types CODE into the last cell, runs it, reads its output every
@@ -135,7 +139,10 @@ class HubSession:
             text = out.inner_text() if out.count() else ""
             if sample is not None:
                 sample(text)
-            if until in text or self._finished(cell):
+            if until in text:
+                break
+            if self._finished(cell):
+                self._rendered(out, until)
                 break
             rerun = rerun or self._dropped(cell, start, what)
             time.sleep(period)

@@ -12,11 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+import testlib  # noqa: E402
+
 SCRIPT = str(REPO / "build_cluster.sh")
 STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
 STACK_DIR = Path(os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack"))
@@ -116,17 +120,9 @@ def deployed(*args: str, env: dict | None = None) -> Iterator[subprocess.Complet
 
 
 def wait_until(what: str, cond, timeout: float, step: float = 2, detail=None):
-    """cond()'s first true value, asked every step seconds; after timeout
-    seconds a failure naming what, with detail() (what the caller knows
-    of the state then) appended."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s" + (f"; {detail()}" if detail else ""))
-        time.sleep(step)
+    """testlib.wait_until, asking every 2 s by default (each question here
+    is a `docker exec` or more)."""
+    return testlib.wait_until(what, cond, timeout, step, detail)
 
 
 # The emulated worker machines (tests/machines/machines.sh) and the worker
@@ -179,3 +175,24 @@ def worker_machines(env: dict | None = None) -> Iterator[tuple[dict, list[str]]]
         run(MACHINES_TOOL, "down", timeout=600)
         if run("docker", "stack", "ls", "-q", quiet=True).stdout.strip() == "":
             run("docker", "swarm", "leave", "--force", quiet=True)
+
+
+# slurmctld's StateSaveLocation in the head (stack/delegate-stack.yml.j2).
+CTLD_STATE = "/var/lib/delegate/slurm/ctld/job_state"
+
+
+def head_seconds() -> float:
+    """The head's clock, in seconds since the epoch."""
+    return float(on("head", "date", "+%s.%N", quiet=True).stdout.strip())
+
+
+def wait_state_saved(since: float, timeout: float = 30) -> None:
+    """Until slurmctld has saved its jobs' state after `since` (the head's
+    clock): a head killed after that finds its jobs again (it writes a
+    change within 5 s, SAVE_MAX_WAIT)."""
+
+    def saved() -> bool:
+        r = on("head", "stat", "-c", "%.9Y", CTLD_STATE, quiet=True)
+        return r.returncode == 0 and float(r.stdout.strip()) > since
+
+    wait_until("slurmctld's job state saved", saved, timeout, 0.5)

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, STACK, STUDENT, deployed, on, run
+from stacklib import HOME, STACK, STUDENT, deployed, on, run, wait_until
 
 IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
 RUNNER = "/usr/local/bin/sandbox-runner"
@@ -171,7 +172,13 @@ def test_a_rank_reaches_nothing_outside_its_network(stack):
         "python3", "-c", "import socket,time; s=socket.create_server(('0.0.0.0', 8123)); time.sleep(600)",
     ).stdout.strip()  # fmt: skip
     try:
-        time.sleep(2)
+        listening = "import socket; socket.create_connection(('127.0.0.1', 8123), 1)"
+        wait_until(
+            "the other container listening on 8123",
+            lambda: run("docker", "exec", other, "python3", "-c", listening, quiet=True).returncode == 0,
+            60,
+            0.5,
+        )
         other_ip = run(
             "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", other
         )
@@ -290,13 +297,26 @@ def test_other_steps_in_a_rank_job_are_refused(stack):
         marker = Path(HOME) / STUDENT / "rank-prolog-marker"
         on_node("user", "sh", "-c", f"printf '#!/bin/sh\\ntouch {marker}\\n' >{script}; chmod 755 {script}")
         assert script.read_text().startswith("#!/bin/sh\n")
+
+        def steps():
+            out = on("head", "squeue", "-h", "-s", "-j", sid, "-o", "%i", user=None).stdout.split()
+            return {s for s in out if re.fullmatch(rf"{sid}\.\d+", s)}
+
+        ranks_steps = steps()
         for opt in ("--task-prolog", "--task-epilog"):
             for prog in (str(script), "/bin/sh"):
                 on_node(
                     "user", "srun", f"--jobid={sid}", "--overlap", "-N1", f"{opt}={prog}",
                     "--export=ALL,BASH_ENV=" + str(script), RUNNER, "rank", str(d),
                 )  # fmt: skip
-        time.sleep(2)
+        # (each srun returned; its step, refused, is gone from Slurm too)
+        wait_until(
+            "the refused steps gone from Slurm's queue",
+            lambda: steps() <= ranks_steps,
+            30,
+            0.5,
+            detail=lambda: f"{steps()}, the ranks' {ranks_steps}",
+        )
         assert not marker.exists(), "a task prolog/epilog ran in the rank step"
         # The exact rank form by hand: admitted by the plugin, but the
         # agent serves one sandbox per job and node: nothing more.

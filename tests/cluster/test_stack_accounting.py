@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, OTHER, STACK, STUDENT, cid, deployed, on, run
+from stacklib import HOME, OTHER, STACK, STUDENT, cid, deployed, head_seconds, on, run, wait_state_saved
 
 COURSE = os.environ.get("DELEGATE_COURSE_ACCOUNT", "course")
 QOS = os.environ.get("DELEGATE_STUDENT_QOS", "student")
@@ -167,14 +167,15 @@ def test_head_restart_loses_no_call(stack):
     container is killed (SIGKILL; swarm starts a new one, slurmctld reads
     its state from the volume): every call completes, none is lost, each
     ran once. slurmctld writes a change to its state within 5 s
-    (SAVE_MAX_WAIT): the kill comes after that (docs/robustness.md)."""
+    (SAVE_MAX_WAIT): the kill comes once it has (docs/robustness.md)."""
     running = submit(STUDENT, "sh", "-c", "sleep 30; echo ran-$DELEGATE_INDEX", count=2)
     deadline = time.monotonic() + 120
     while sorted(states(STUDENT, running).values()) != ["running", "running"]:
         assert time.monotonic() < deadline, "the calls did not start"
         time.sleep(1)
+    since = head_seconds()
     pending = submit(OTHER, "sh", "-c", "sleep 1; echo ran-$DELEGATE_INDEX", count=4)
-    time.sleep(7)
+    wait_state_saved(since)
     assert set(states(OTHER, pending).values()) == {"pending"}
     old = cid("head")
     assert run("docker", "kill", old).returncode == 0

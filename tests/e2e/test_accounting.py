@@ -268,17 +268,23 @@ def test_slurmdbd_and_mariadb_restart_mid_run(alice, bob):
             start_new_session=True,
         )
         record_started("mariadbd", db.pid)
-        deadline = time.monotonic() + 60
-        started = False
-        while subprocess.run(["sacctmgr", "-n", "show", "cluster"], capture_output=True).returncode != 0:
-            if not started:
-                time.sleep(3)  # the database first
-                subprocess.run(["slurmdbd"], check=True, timeout=60)
-                started = True
-                time.sleep(2)
-                record_started("slurmdbd", _pid_of("slurmdbd", "/run/delegate/slurmdbd.pid"))
-            assert time.monotonic() < deadline, "slurmdbd did not come back"
-            time.sleep(1)
+        sock = "/run/delegate/mariadb/mariadb.sock"
+        ping = ["mariadb-admin", "--no-defaults", f"--socket={sock}", "-u", "root", "ping"]
+        testlib.wait_until(
+            "the database answers on its socket",
+            lambda: subprocess.run(ping, capture_output=True).returncode == 0,
+            60,
+        )
+        subprocess.run(["slurmdbd"], check=True, timeout=60)
+        testlib.wait_until(
+            "slurmdbd answers sacctmgr",
+            lambda: (
+                subprocess.run(["sacctmgr", "-n", "show", "cluster"], capture_output=True).returncode == 0
+            ),
+            60,
+            1,
+        )
+        record_started("slurmdbd", _pid_of("slurmdbd", "/run/delegate/slurmdbd.pid"))
     ids = {slurm_id(alice, running): alice.name, slurm_id(bob, queued): bob.name}
     deadline = time.monotonic() + 180
     while True:

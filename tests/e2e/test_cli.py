@@ -143,7 +143,7 @@ def test_cancel_running_job(alice):
     job = alice.submit("sleep", "600")
     st = alice.wait_for_state(job, {"running"}, timeout=60)
     assert st["state"] == "running", st
-    time.sleep(1)  # the container is up
+    alice.wait_started(job)  # (the container is up)
     t0 = time.monotonic()
     r = alice.run("cancel", job)
     assert r.returncode == 0, r.stderr

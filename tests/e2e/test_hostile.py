@@ -16,6 +16,8 @@ import time
 import pytest
 from conftest import RUNNER, containers_with_label, sh
 
+import testlib
+
 PROBE = r"""
 import ctypes, errno, os, socket, subprocess, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -407,8 +409,15 @@ def test_forged_runner_records_are_refused(alice, name):
     # takes the forged bytes for a record: it names the bad file.
     job, d, t0 = alice.held()
     alice.as_user("sh", "-c", f"printf 'completed, exit 0' > {d / name}")
-    alice.as_user("scontrol", "release", (d / "slurm-id").read_text().strip())
-    time.sleep(3)
+    sid = (d / "slurm-id").read_text().strip()
+    alice.as_user("scontrol", "release", sid)
+    # (the runner ran, and refused, before the job left Slurm's queue)
+    testlib.wait_until(
+        f"Slurm job {sid} gone from the queue",
+        lambda: not sh("squeue", "-h", "-j", sid, "-o", "%i", check=False).stdout.strip(),
+        120,
+        0.5,
+    )
     r = alice.run("wait", "--json", "--timeout", "60s", job, timeout=90)
     if r.returncode == 0:
         (st,) = json.loads(r.stdout) if r.stdout.lstrip().startswith("[") else [json.loads(r.stdout)]

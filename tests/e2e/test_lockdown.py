@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, RUNNER, User, sh
 
-from testlib import ensure_user
+from testlib import ensure_user, wait_until
 
 REFUSED = "delegate: only delegate's own jobs may run here"
 
@@ -53,6 +53,11 @@ def delegate_script(job_dir: str) -> str:
 
 def slurm_id(user: User, job: str) -> str:
     return (user.job_dir(job) / "slurm-id").read_text().split()[0]
+
+
+def queued(user: User) -> list[str]:
+    """The student's jobs in Slurm's queue."""
+    return sh("squeue", "-h", "-u", user.name, "-o", "%i", check=False).stdout.split()
 
 
 def gone_from_queue(sid: str, timeout: float = 120) -> None:
@@ -139,9 +144,11 @@ def test_salloc_is_refused(alice):
 
 def test_sbatch_wrap_is_refused(alice):
     m = marker(alice)
+    before = queued(alice)
     r = slurm_as(alice, "sbatch", "--wrap", f"touch {m}")
     assert_refused(r, "--wrap")
-    time.sleep(2)
+    # (refused at submission: no job was queued that could touch it later)
+    assert queued(alice) == before
     assert not m.exists()
 
 
@@ -169,9 +176,10 @@ def test_forged_script_is_refused(alice, form):
         "runner-probe": f"#!/bin/sh\nexec '{RUNNER}' 'probe'\n",
         "newline-in-path": f"#!/bin/sh\nexec '{RUNNER}' '{alice.root}/x\n'; touch {m}; '/{Path(d).name}'\n",
     }[form]
+    before = queued(alice)
     r = slurm_as(alice, "sbatch", "--output=/dev/null", input=script)
     assert_refused(r)
-    time.sleep(1)
+    assert queued(alice) == before
     assert not m.exists()
 
 
@@ -488,7 +496,12 @@ def test_step_into_own_allocation_is_refused(alice, overlap):
         r = slurm_as(alice, *args, timeout=120)
         assert "uid=" not in r.stdout, r.stdout
         assert "Plugin initialization failed" in r.stderr or "launch failed" in r.stderr, r.stderr
-        time.sleep(1)
+
+        def steps():
+            out = sh("squeue", "-h", "-s", "-j", sid, "-o", "%i", check=False).stdout.split()
+            return [s for s in out if re.fullmatch(rf"{sid}\.\d+", s)]
+
+        wait_until("the refused step gone from Slurm's queue", lambda: not steps(), 30, detail=steps)
         assert not m.exists(), "the step ran"
         assert alice.status(job)["state"] == "running", "the refused step disturbed the job"
     finally:

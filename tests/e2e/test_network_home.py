@@ -107,7 +107,13 @@ def test_calls_are_neither_lost_nor_misread_through_a_caching_home(alice, sftp_s
         sftp_server,
         alice,
         "delegate submit --time 1m --count 5 --wait -- sh -c 'echo call-$DELEGATE_INDEX' && "
-        'id=$(delegate submit -- sleep 4) && sleep 2 && delegate status "$id" && delegate wait "$id" && '
+        # (the second call's status is asked once it is running: polled,
+        # for at most 120 s)
+        "id=$(delegate submit -- sleep 8) && n=0 && "
+        'until delegate status "$id" | grep -qw running; do '
+        '  n=$((n + 1)); [ $n -lt 240 ] || { echo "$id never running" >&2; exit 1; }; sleep 0.5; '
+        "done && "
+        'delegate status "$id" && delegate wait "$id" && '
         'delegate status "$id" && delegate logs "$id"',
     )
     assert r.returncode == 0, r.stdout + r.stderr

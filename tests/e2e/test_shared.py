@@ -329,7 +329,6 @@ def test_cancel_of_the_running_call_starts_the_next(alice):
     st = alice.wait_for_state(jobs[0], {"running"} | TERMINAL, timeout=30)
     assert st["state"] == "running", st
     assert alice.status(jobs[1])["state"] == "pending"
-    time.sleep(1)  # the container is up
     t0 = time.monotonic()
     r = alice.run("cancel", jobs[0])
     assert r.returncode == 0, r.stderr
@@ -369,7 +368,6 @@ def test_scancel_of_the_allocation_ends_every_call(alice):
     jobs, handles = submit_count(alice, 3, "sleep", "60")
     sid = handles[0]["slurm_id"]
     alice.wait_started(jobs[0])
-    time.sleep(1)
     start = time.monotonic()
     sh("scancel", sid)  # the admin (plain Slurm, not `delegate cancel`)
     st = wait_all(alice, jobs, timeout=90)

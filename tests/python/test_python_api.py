@@ -4,7 +4,6 @@ in its own sandbox through real Slurm and the real Docker engine."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from conftest import containers_with_label
@@ -195,8 +194,12 @@ while time.time() < deadline:
 before = dict(st)
 ok_pending = pending.cancel()
 ok_running = running.cancel()
-time.sleep(2)
-after = {s["id"]: s["state"] for s in delegate.status([running.job_id, pending.job_id])}
+deadline = time.time() + 60
+while time.time() < deadline:
+    after = {s["id"]: s["state"] for s in delegate.status([running.job_id, pending.job_id])}
+    if all(s not in ("pending", "running") for s in after.values()):
+        break
+    time.sleep(0.2)
 out(before=[before[running.job_id], before[pending.job_id]], ok=[ok_running, ok_pending],
     cancelled=[running.cancelled(), pending.cancelled()],
     after=[after[running.job_id], after[pending.job_id]], ids=[running.job_id, pending.job_id])
@@ -206,9 +209,10 @@ out(before=[before[running.job_id], before[pending.job_id]], ok=[ok_running, ok_
     assert res["before"] == ["running", "pending"], res
     assert res["ok"] == [True, True] and res["cancelled"] == [True, True]
     assert res["after"] == ["cancelled", "cancelled"], res
-    time.sleep(2)
     for job in res["ids"]:
-        assert containers_with_label(job) == [], f"container of {job} left behind"
+        testlib.wait_until(
+            f"the containers of {job} removed", lambda j=job: containers_with_label(j) == [], 60
+        )
 
 
 def test_reattach_by_id_from_a_fresh_interpreter(alice):

@@ -7,9 +7,10 @@ cancels only that call."""
 from __future__ import annotations
 
 import socket
-import time
 
 from conftest import containers_with_label
+
+import testlib
 
 HEADER = """
 import json, os, socket, sys, time
@@ -75,15 +76,15 @@ ids = [f.job_id for f in futs]
 deadline = time.time() + 120
 while time.time() < deadline:
     st = delegate.status(ids)
-    if st[0]["state"] == "running":
+    if st[0]["state"] == "running" and st[0]["started"] is not None:
         break
     time.sleep(0.3)
 before = [(s["state"], s["reason"]) for s in delegate.status(ids)]
 # A call that has not started: over at once, the allocation goes on.
 ok_pending = futs[2].cancel()
 after_pending = delegate.status([ids[2]])[0]
-# The call that is running: its container is stopped, the next call starts.
-time.sleep(1)
+# The call that is running (its container started): its container is
+# stopped, the next call starts.
 t = time.time()
 ok_running = futs[0].cancel()
 st0 = delegate.status([ids[0]])[0]
@@ -114,9 +115,10 @@ ex.shutdown(wait=False)
     assert res["r"] == [1, 1], res
     assert res["cancelled"] == [True, False, True, False], res
     assert res["final"] == ["cancelled", "completed", "cancelled", "completed"], res
-    time.sleep(1)
     for job in res["ids"]:
-        assert containers_with_label(job) == [], f"container of {job} left behind"
+        testlib.wait_until(
+            f"the containers of {job} removed", lambda j=job: containers_with_label(j) == [], 60
+        )
 
 
 def test_calls_per_allocation_1_is_a_job_array_again(alice):

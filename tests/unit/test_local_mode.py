@@ -121,7 +121,10 @@ try:
 except delegate.JobTimedOut as e:
     timed = [slow.state, slow.outcome, round(time.monotonic() - t0)]
 never = delegate.Executor(time="1m").submit(time.sleep, 30)
-time.sleep(1)
+deadline = time.monotonic() + 30
+while never.state != "running":
+    assert time.monotonic() < deadline, never.state
+    time.sleep(0.05)
 cancelled = [never.cancel(), never.cancelled()]
 table = delegate.jobs()
 out(timed=timed, cancelled=cancelled, text=str(table), html=table._repr_html_(),
