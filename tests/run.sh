@@ -42,17 +42,36 @@ export PATH="$HOME/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 T0=$SECONDS
 STAGE_T0=
 STAGE=
+# Each stage's time, one "SECONDS  STAGE" line per stage and the total,
+# kept where CI keeps its artifacts (tests/README.md: each stage's budget).
+TIMES=${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}/test-times.txt
+mkdir -p "$(dirname "$TIMES")"
+printf '# tests/run.sh %s, commit %s\n' "$(date -u +%FT%TZ)" \
+    "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$TIMES"
 
+# Records the last stage's time ($1: a mark after it, e.g. FAILED).
+stage_done() {
+    [[ -n $STAGE ]] || return 0
+    printf '\033[1m--- %s: %ds\033[0m\n' "$STAGE" "$((SECONDS - STAGE_T0))"
+    printf '%6d  %s%s\n' "$((SECONDS - STAGE_T0))" "$STAGE" "${1:+  $1}" >>"$TIMES"
+    STAGE=
+}
+# Prints every stage's time and the total, and keeps them in $TIMES.
+stage_table() {
+    printf '%6d  total\n' "$((SECONDS - T0))" >>"$TIMES"
+    printf '\n\033[1m=== each stage'"'"'s time (kept in %s)\033[0m\n' "$TIMES"
+    cat "$TIMES"
+}
 # Prints a header with the elapsed time, and the duration of the last stage.
 section() {
-    if [[ -n $STAGE ]]; then
-        printf '\033[1m--- %s: %ds\033[0m\n' "$STAGE" "$((SECONDS - STAGE_T0))"
-    fi
+    stage_done
     STAGE=$*
     STAGE_T0=$SECONDS
     printf '\n\033[1;34m=== [%4ds] %s\033[0m\n' "$((SECONDS - T0))" "$*"
 }
 fail() {
+    stage_done FAILED
+    stage_table
     printf '\n\033[1;31m=== FAILED after %ds: %s\033[0m\n' "$((SECONDS - T0))" "$*" >&2
     exit 1
 }
@@ -195,5 +214,6 @@ section "acceptance: pytest -v tests/acceptance (the course's day one, in a brow
 DELEGATE_ACCEPTANCE_MACHINES=${DELEGATE_ACCEPTANCE_MACHINES:-1} \
     stack_stage tests/acceptance "acceptance suite" "$@"
 
-section "all tests passed"
-printf 'total %ds\n' "$((SECONDS - T0))"
+stage_done
+stage_table
+printf '\n\033[1;32m=== all tests passed: total %ds\033[0m\n' "$((SECONDS - T0))"
