@@ -25,6 +25,11 @@ SCRIPT = str(REPO / "build_cluster.sh")
 STACK = os.environ.get("DELEGATE_STACK_NAME", "delegate")
 STACK_DIR = Path(os.environ.get("DELEGATE_STACK_DIR", "/srv/delegate-stack"))
 HOME = os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home"))
+# The hub's per-student memory in the shared stack (conftest.py's
+# DELEGATE_HUB_STUDENT_MEM): enough for a JupyterLab, a kernel and delegate
+# calls; small enough for test_hub to fill quickly.
+HUB_STUDENT_MEM = 768 << 20
+
 # cluster.toml DELEGATE_STACK_TEST_USERS
 STUDENT = "dlg-test1"
 OTHER = "dlg-test2"

@@ -14,8 +14,8 @@ Also: the same roster again changes nothing (no restart, same uids and
 passwords), each server runs as its student's uid with the hub's limits,
 and `accounts remove --archive` packs a home.
 
-Run by tests/run.sh (stage 7) as root, before test_stack.py; the stack is
-removed at the end.
+Run by tests/run.sh (stage 7) as root, on the stack the stage's suites
+share (conftest.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import stacklib
 from stacklib import SCRIPT, STACK, STACK_DIR, cid, initial_password, run
 
 HOME = Path(stacklib.HOME)
-WORKERS = os.environ.get("DELEGATE_TEST_HUB_WORKERS", "2")
 ARTIFACTS = Path(os.environ.get("DELEGATE_ARTIFACTS", "/var/lib/delegate/artifacts")) / "hub"
 ADA, BOB, IVY = "hub-ada", "hub-bob", "hub-ivy"
 ROSTER = (
@@ -44,10 +43,7 @@ ROSTER = (
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
 
-
-# The hub test's per-student memory (DELEGATE_HUB_STUDENT_MEM): enough for a
-# JupyterLab, a kernel and delegate calls; small enough to fill quickly.
-STUDENT_MEM = 768 << 20
+STUDENT_MEM = stacklib.HUB_STUDENT_MEM
 
 
 def user_cid() -> str:
@@ -71,16 +67,16 @@ def roster_uid(user: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(course_stack, tmp_path_factory):
+    """The shared stack (conftest.py) with the roster's accounts added to
+    the running course, as an instructor enrols after the deploy; removed
+    afterwards."""
     roster = tmp_path_factory.mktemp("roster") / "roster.csv"
     roster.write_text(ROSTER)
     try:
         run(SCRIPT, "--stack", "accounts", "add", "--csv", str(roster), check=True)
-        env = {**os.environ, "DELEGATE_HUB_STUDENT_MEM": str(STUDENT_MEM)}
-        run(SCRIPT, "deploy", "--workers", WORKERS, check=True, env=env)
         yield roster
     finally:
-        run(SCRIPT, "down")
         for u in (ADA, BOB, IVY):
             run(SCRIPT, "--stack", "accounts", "remove", u, "--archive")
             for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):

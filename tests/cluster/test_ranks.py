@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, STACK, STUDENT, deployed, on, run, wait_until
+from stacklib import HOME, STACK, STUDENT, on, run, wait_until
 
 IMAGE = os.environ.get("DELEGATE_SANDBOX_IMAGE", "delegate-sandbox:latest")
 RUNNER = "/usr/local/bin/sandbox-runner"
@@ -39,9 +39,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, s
 
 
 @pytest.fixture(scope="module")
-def stack():
-    with deployed("--workers", "2") as r:
-        yield r
+def stack(course_stack):
+    """The stack of two workers the stage's suites share (conftest.py)."""
+    return course_stack
 
 
 def on_node(node, *cmd, user=STUDENT, timeout=300):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, as_user, cid, deployed, on, run
+from stacklib import HOME, OTHER, SCRIPT, STACK, STUDENT, as_user, cid, on, run
 
 LABEL = f"label=com.docker.stack.namespace={STACK}"
 
@@ -35,9 +35,9 @@ def swarm_active():
 
 
 @pytest.fixture(scope="module")
-def stack():
-    with deployed("--workers", "2") as r:
-        yield r
+def stack(course_stack):
+    """The stack of two workers the stage's suites share (conftest.py)."""
+    return course_stack
 
 
 def test_status_shows_every_worker(stack):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklib import HOME, OTHER, STACK, STUDENT, cid, deployed, head_seconds, on, run, wait_state_saved
+from stacklib import HOME, OTHER, STACK, STUDENT, cid, head_seconds, on, run, wait_state_saved
 
 COURSE = os.environ.get("DELEGATE_COURSE_ACCOUNT", "course")
 QOS = os.environ.get("DELEGATE_STUDENT_QOS", "student")
@@ -109,13 +109,13 @@ def slurmctld_answers() -> bool:
 
 
 @pytest.fixture(scope="module")
-def stack():
-    with deployed("--workers", "2") as r:
-        try:
-            yield r
-        finally:
-            for svc in ("db", "dbd"):  # a failed outage test must not leave them down
-                run("docker", "service", "scale", "-d", f"{STACK}_{svc}=1")
+def stack(course_stack):
+    """The stack of two workers the stage's suites share (conftest.py)."""
+    try:
+        yield course_stack
+    finally:
+        for svc in ("db", "dbd"):  # a failed outage test must not leave them down
+            run("docker", "service", "scale", "-d", f"{STACK}_{svc}=1")
 
 
 def test_every_account_has_an_association(stack):
