@@ -174,11 +174,16 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
             format!("{}; it runs again when its allocation starts again{note}", lost_node(f, j)),
         ),
         // A one-node call whose job Slurm queued again, long after it
-        // started (not a start that squeue's answer predates): a new attempt.
-        SlurmPhase::Queued if !f.shared && f.started.is_some() && f.started_secs >= REQUEUE_SEEN_SECS => live(
-            State::Pending,
-            format!("{}; a new attempt runs it afresh{note}", lost_node(f, j)),
-        ),
+        // started (not a start that squeue's answer predates): a new
+        // attempt, or, its retries spent, the runner's word that it is lost.
+        SlurmPhase::Queued if !f.shared && f.started.is_some() && f.started_secs >= REQUEUE_SEEN_SECS => {
+            let next = if f.run_again {
+                "a new attempt runs it afresh"
+            } else {
+                "its retries are spent: it ends lost when Slurm starts it again"
+            };
+            live(State::Pending, format!("{}; {next}{note}", lost_node(f, j)))
+        }
         // Claimed, not started, and its allocation queued again (its node
         // failed) with no retries left: no allocation runs it again.
         SlurmPhase::Queued if f.by_claimer && f.started.is_none() => ended(
@@ -605,10 +610,19 @@ mod tests {
         requeued.nodes = String::new();
         let mut f = facts(SlurmView::Present(&requeued));
         f.started = Some("worker2");
-        f.run_again = true;
         // (an answer of squeue from before the start: running)
         assert_eq!(state_of(&decide(&f, no_log)), State::Running);
         f.started_secs = REQUEUE_SEEN_SECS;
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "its node worker2 was lost: Slurm queued it again (PENDING, BeginTime); \
+                         its retries are spent: it ends lost when Slurm starts it again"
+                    .into()
+            }
+        );
+        f.run_again = true;
         assert_eq!(
             decide(&f, no_log),
             Verdict::Live {
