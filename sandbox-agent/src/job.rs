@@ -52,6 +52,9 @@ pub struct Shared {
     /// Whether others wait, asked of Slurm at most once a second
     /// (crate::queue::Cached).
     pub queue: crate::queue::Cached,
+    /// Maps' allocations told to step aside, watched until the node they
+    /// gave up is taken (crate::aside).
+    pub aside: crate::aside::Watched,
 }
 
 /// The policy: the root-owned default file, or `$DELEGATE_POLICY` of the
@@ -104,12 +107,14 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
                 run(&shared, c, &mut engine, req, fds, &stream, &mut rx, None).await
             }
             Request::Queue(q) => {
-                if batch_task(&shared, &mut caller, pid, uid, &stream).await.is_none() {
+                let Some(c) = batch_task(&shared, &mut caller, pid, uid, &stream).await else {
                     return;
+                };
+                let others_wait = shared.queue.others_wait(q.partition.as_deref(), uid).await;
+                if others_wait {
+                    crate::aside::watch(shared.clone(), c.job.clone(), q.partition, uid);
                 }
-                Answer::Queue {
-                    others_wait: shared.queue.others_wait(q.partition.as_deref(), uid).await,
-                }
+                Answer::Queue { others_wait }
             }
         };
         if let Err(e) = conn::send(&stream, &answer).await {

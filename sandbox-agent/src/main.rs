@@ -23,6 +23,7 @@
 //! mode: nothing the student controls can block or break them.
 
 mod admit;
+mod aside;
 mod ask;
 mod call;
 mod config;
@@ -200,6 +201,7 @@ async fn serve() -> Result<(), String> {
         quiet: quiet::PerUser::default(),
         probe: probe::Cached::default(),
         queue: queue::Cached::default(),
+        aside: aside::Watched::default(),
     });
     tokio::spawn(node::keep_published(
         policy.clone(),

@@ -664,8 +664,10 @@ def test_another_students_call_waits_only_for_the_maps_current_call(alice, bob):
     another user's job waits for the partition; when one does, it ends
     after its current call and requeues itself. Bob's call, submitted while
     Alice's first call (4 s) runs, starts before her second; her map goes
-    on afterwards (requeued: eligible again after slurm.conf's
-    cred_expire) and every call completes once."""
+    on afterwards and every call completes once. Issue 53: the requeued
+    allocation does not sit out Slurm's requeue delay (cred_expire, 30 s)
+    while the node idles: the agent makes it eligible again as soon as
+    Bob's job has the node, and says so in its log."""
     jobs, handles = submit_count(alice, 3, "sleep", "4", opts=("--time", "1m"))
     wait_until(alice, jobs[:1], lambda st: st[0]["state"] == "running", what="the first call running")
     r = bob.run("submit", "--json", "--time", "1m", "--", "true")
@@ -682,6 +684,9 @@ def test_another_students_call_waits_only_for_the_maps_current_call(alice, bob):
     assert "steps aside after 1 calls: another user's job waits for the partition" in log, log
     restarts = sacct_states(handles[0]["slurm_id"], "-D", want="REQUEUED")
     assert restarts[:1] == ["REQUEUED"], restarts
+    agent = Path("/var/log/delegate/agent.log").read_text(errors="replace")
+    hastened = f"Slurm job {handles[0]['slurm_id']} stepped aside and the node it gave up is taken"
+    assert hastened in agent, agent[-3000:]
 
 
 def test_an_allocation_older_than_its_bound_starts_no_more_calls(alice):
