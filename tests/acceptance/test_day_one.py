@@ -83,7 +83,6 @@ if ON_MACHINES:
         DELEGATE_STACK_PLACEMENT="1",
         DELEGATE_MACHINE_SSH=run(MACHINES_TOOL, "ssh", quiet=True).stdout.strip(),
     )
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
 
 
 def readme_block(after: str) -> str:

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from stacklib import HUB_STUDENT_MEM, deployed
+from stacklib import HUB_STUDENT_MEM, deployed, require_root
 
 # The suites in the order they run; the shared stack's suites last.
 ORDER = (
@@ -29,6 +29,10 @@ ORDER = (
     "test_stack_accounting.py",
 )
 LAST = "test_down_leaves_nothing_behind"
+
+
+def pytest_sessionstart(session):
+    require_root()
 
 
 def pytest_collection_modifyitems(items):

@@ -124,6 +124,18 @@ def deployed(*args: str, env: dict | None = None) -> Iterator[subprocess.Complet
         assert down.returncode == 0, "down failed"
 
 
+def require_root() -> None:
+    """Fails the whole session unless it runs as root: the stack suites
+    deploy with Docker and swarm, and a run that skipped them all would
+    read as green having tested nothing."""
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.exit(
+            "the stack's suites deploy with Docker and swarm: run them as root (tests/run.sh)", returncode=1
+        )
+
+
 def wait_until(what: str, cond, timeout: float, step: float = 2, detail=None):
     """testlib.wait_until, asking every 2 s by default (each question here
     is a `docker exec` or more)."""

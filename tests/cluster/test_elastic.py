@@ -44,8 +44,6 @@ STOP_WITHIN = IDLE + 30 + 5 + 60
 # The image worker1's service had before test_failed_start broke it.
 broken_from: dict[str, str] = {}
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
-
 
 def nodes() -> dict[str, tuple[str, str]]:
     """Node -> (sinfo long state with its power suffix, reason)."""

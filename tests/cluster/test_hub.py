@@ -41,7 +41,6 @@ ROSTER = (
     "hub-ivy,Ivy Instructor,ivy@example.org,instructor\n"
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Docker, swarm)")
 
 STUDENT_MEM = stacklib.HUB_STUDENT_MEM
 
