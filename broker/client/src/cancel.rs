@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use delegate_protocol::{self as protocol, atomic_write_at, exists_at, read_bounded_at, JobId, ProtocolError};
 
+use crate::wait::{FirstRound, Until};
 use crate::{Client, ClientError, JobStatus, Result};
 
 /// How long `cancel` waits for the jobs to end.
@@ -67,7 +68,7 @@ impl Client {
             // Jobs that ended meanwhile make scancel fail; the wait decides.
             tracing::warn!(error = %e, "scancel reported an error");
         }
-        self.wait_inner(ids, Some(CANCEL_WAIT), || false, true, false)
+        self.wait_inner(ids, Some(CANCEL_WAIT), || false, FirstRound::AskSlurm, Until::AllOver)
     }
 
     /// True when every call of the shared allocation `sid` other than

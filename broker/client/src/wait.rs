@@ -58,6 +58,25 @@ fn next_interval(previous: Duration, changed: bool) -> Duration {
     }
 }
 
+/// Whether a wait's first round asks Slurm whatever the pace of the
+/// process's waits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FirstRound {
+    /// As the pace says (once per interval for all waits of a root).
+    Paced,
+    /// At once (after a scancel, to see the cancellation at once).
+    AskSlurm,
+}
+
+/// When a wait ends (besides its timeout and its `stop`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// Every job is over.
+    AllOver,
+    /// Any job is over, or one that was pending runs (the Python waiter).
+    AnyProgress,
+}
+
 impl Client {
     /// Waits until every job is over or `timeout` passes; returns the last
     /// statuses (some may still be pending or running after a timeout).
@@ -80,7 +99,7 @@ impl Client {
         timeout: Option<Duration>,
         stop: impl FnMut() -> bool,
     ) -> Result<Vec<JobStatus>> {
-        self.wait_inner(ids, timeout, stop, false, false)
+        self.wait_inner(ids, timeout, stop, FirstRound::Paced, Until::AllOver)
     }
 
     /// [`Client::wait_with`] that also returns as soon as any one of the
@@ -93,7 +112,7 @@ impl Client {
         timeout: Option<Duration>,
         stop: impl FnMut() -> bool,
     ) -> Result<Vec<JobStatus>> {
-        self.wait_inner(ids, timeout, stop, false, true)
+        self.wait_inner(ids, timeout, stop, FirstRound::Paced, Until::AnyProgress)
     }
 
     /// Claims this interval's Slurm query: true (and the interval restarts)
@@ -139,16 +158,18 @@ impl Client {
         pace.last.map(|t| t + pace.interval)
     }
 
-    /// The wait loop; `fresh`: ask Slurm in the first round whatever the
-    /// interval (after a scancel, to see the cancellation at once).
+    /// The wait loop: its first round asks Slurm or keeps the pace
+    /// (`first`), and it ends when every job is over or at the first
+    /// progress (`until`), or at `timeout`, or when `stop` says so.
     pub(crate) fn wait_inner(
         &self,
         ids: &[JobId],
         timeout: Option<Duration>,
         mut stop: impl FnMut() -> bool,
-        fresh: bool,
-        any: bool,
+        first_round: FirstRound,
+        until: Until,
     ) -> Result<Vec<JobStatus>> {
+        let (fresh, any) = (first_round == FirstRound::AskSlurm, until == Until::AnyProgress);
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
         let inotify = watch_dirs(jobs.iter().map(|j| j.dir.as_path()));
