@@ -9,8 +9,10 @@
 //! function, [`state::decide`], shared by status, wait, cancel and list.
 //!
 //! The [`Client`] is split by operation: [`client`] opens the root, then
-//! `submit`, `load` (reading a job directory), `reconcile` (statuses),
-//! `list`, `wait`, `cancel` and `files` each add their `impl Client` block.
+//! `submit`, `jobsfile` (a map's calls from a jobs file), `load` (reading a
+//! job directory), `reconcile` (statuses), `list`, `wait`, `cancel`,
+//! `files`, `follow` (a running job's output) and `home_uids` (the home's
+//! uids as the workers see them) each add their `impl Client` block.
 //! Every Slurm tool runs through [`subprocess::run`], with a time limit.
 
 pub mod client;
