@@ -14,8 +14,16 @@
 //! before: the nodes are busy then, none idles. A requeued allocation never
 //! counts as "others waiting" (crate::queue::others_waiting), so two maps
 //! do not trade a node call by call.
+//!
+//! Stepping aside is the runner's decision, and a runner the student
+//! stopped (`scancel --signal=STOP --batch`, `kill -STOP`) decides nothing:
+//! its allocation held the node until its time limit while another student
+//! waited. [`keep_maps_moving`] takes the decision out of the student's
+//! reach: a map's allocation on this node with no sandbox and no question
+//! from its runner for [`STALL`] while another user's job waits for its
+//! partition is requeued by the agent, as its runner would have done.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +41,41 @@ const PATIENCE: Duration = Duration::from_secs(10);
 const MAX_ANSWER: usize = 64 << 10;
 /// Allocations watched at once at most (one per node is the rule).
 const MAX_WATCHED: usize = 64;
+/// How long a map's allocation may run no sandbox and ask nothing while
+/// others wait before the agent requeues it: a runner claims its next call
+/// and asks for its sandbox within a second or two, even through a
+/// network home.
+const STALL: Duration = Duration::from_secs(20);
+/// Between two looks at the maps on this node.
+const CHECK: Duration = Duration::from_secs(5);
+
+/// When each Slurm job on this node last showed progress: a sandbox
+/// started or ended, its runner asked whether others wait.
+#[derive(Default)]
+pub struct Progress(Mutex<HashMap<String, Instant>>);
+
+impl Progress {
+    /// Slurm job `job` made progress now.
+    pub fn touch(&self, job: &str) {
+        let mut p = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if p.len() >= 4096 {
+            p.clear();
+        }
+        p.insert(job.to_owned(), Instant::now());
+    }
+
+    fn last(&self, job: &str) -> Option<Instant> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(job).copied()
+    }
+
+    /// Forgets every job but `keep`.
+    fn keep_only(&self, keep: &HashSet<&str>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|j, _| keep.contains(j.as_str()));
+    }
+}
 
 /// The allocations being watched.
 #[derive(Default)]
@@ -60,9 +103,9 @@ pub fn watch(shared: Arc<Shared>, job: String, partition: Option<String>, uid: u
     }
     tokio::spawn(async move {
         match until_free(&shared, &job, partition.as_deref(), uid).await {
-            Ok(Watch::Hastened) => tracing::info!(
-                "Slurm job {job} stepped aside and the node it gave up is taken: eligible again at once"
-            ),
+            Ok(Watch::Hastened) => {
+                tracing::info!("Slurm job {job} stepped aside and the node it gave up is taken: eligible again at once")
+            }
             Ok(Watch::OthersWaited) => {
                 tracing::info!("Slurm job {job} stepped aside; others still wait: Slurm's requeue delay stands")
             }
@@ -71,6 +114,120 @@ pub fn watch(shared: Arc<Shared>, job: String, partition: Option<String>, uid: u
         }
         shared.aside.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&job);
     });
+}
+
+/// Every [`CHECK`], the maps' allocations running on this node (their
+/// batch script is the runner's `pull`, as one job or array elements); each
+/// that made no progress for [`STALL`] while another user's job waits for
+/// its partition is requeued (then watched as one that stepped aside).
+pub async fn keep_maps_moving(shared: Arc<Shared>) {
+    // (when first seen running, and whether its batch script is a map's)
+    let mut seen: HashMap<String, (Instant, bool)> = HashMap::new();
+    loop {
+        tokio::time::sleep(CHECK).await;
+        let maps = match squeue_maps(&shared.node).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!("cannot list the maps on this node: {e}");
+                continue;
+            }
+        };
+        let here: HashSet<&str> = maps.iter().map(|m| m.job.as_str()).collect();
+        seen.retain(|j, _| here.contains(j.as_str()));
+        shared.progress.keep_only(&here);
+        for m in &maps {
+            if !seen.contains_key(&m.job) {
+                seen.insert(m.job.clone(), (Instant::now(), runs_a_map(&m.job).await));
+            }
+            let Some(&(first, true)) = seen.get(&m.job) else {
+                continue;
+            };
+            if !stalled(&shared, m, first) || !shared.queue.others_wait(Some(&m.partition), m.uid).await {
+                continue;
+            }
+            tracing::warn!(
+                "Slurm job {} (a map's allocation of uid {}) ran no sandbox and asked nothing for {} s \
+                 while another user's job waits: its runner is stopped or stuck; requeued, as it would \
+                 have stepped aside",
+                m.job,
+                m.uid,
+                STALL.as_secs()
+            );
+            if let Err(e) = scontrol(&["requeue", &m.job]).await {
+                tracing::warn!("Slurm job {}: {e}", m.job);
+                continue;
+            }
+            seen.remove(&m.job);
+            watch(shared.clone(), m.job.clone(), Some(m.partition.clone()), m.uid);
+        }
+    }
+}
+
+/// Whether the map's allocation has shown no progress for [`STALL`]
+/// (`first`: when this agent first saw it running).
+fn stalled(shared: &Shared, m: &Map, first: Instant) -> bool {
+    let busy = shared.running.lock().map_or(true, |r| r.contains(&m.job));
+    let last = shared.progress.last(&m.job).map_or(first, |t| t.max(first));
+    !busy && last.elapsed() >= STALL
+}
+
+/// Whether the batch script of job `job` is a map's allocation: delegate's
+/// runner pulling calls (a one-call job, or another job on a shared node,
+/// is never touched).
+async fn runs_a_map(job: &str) -> bool {
+    scontrol(&["write", "batch_script", job, "-"])
+        .await
+        .is_ok_and(|s| is_pull_script(&s))
+}
+
+fn is_pull_script(script: &str) -> bool {
+    script
+        .lines()
+        .any(|l| l.starts_with("exec '") && l.contains("/sandbox-runner' pull '"))
+}
+
+/// A job running on this node, maybe a map's allocation.
+#[derive(Debug, PartialEq, Eq)]
+struct Map {
+    job: String,
+    uid: u32,
+    partition: String,
+}
+
+async fn squeue_maps(node: &str) -> Result<Vec<Map>, String> {
+    // (STOPPED: `scancel --signal=STOP --batch` makes Slurm say so)
+    let argv = ["squeue", "-h", "-t", "RUNNING,STOPPED", "-w", node, "-o", "%A|%U|%P"];
+    let question = Question {
+        argv: &argv,
+        patience: PATIENCE,
+        max_answer: MAX_ANSWER,
+        env: &[],
+        clear_env: false,
+    };
+    let out = question.ask().await.map_err(|e| e.to_string())?;
+    Ok(maps_in(&out))
+}
+
+/// squeue's `job|uid|partition` lines (a map's allocations are told from
+/// the others by their batch script: [`runs_a_map`]).
+fn maps_in(squeue: &str) -> Vec<Map> {
+    squeue.lines().filter_map(map_of).collect()
+}
+
+fn map_of(line: &str) -> Option<Map> {
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    let f: Vec<&str> = line.trim().split('|').collect();
+    let [job, uid, partition] = f[..] else {
+        return None;
+    };
+    if !digits(job) || partition.is_empty() || partition.len() > 64 {
+        return None;
+    }
+    Some(Map {
+        job: job.to_owned(),
+        uid: uid.parse().ok()?,
+        partition: partition.to_owned(),
+    })
 }
 
 /// Looks at the job every [`STEP`] until it is requeued and nobody else
@@ -123,6 +280,29 @@ async fn scontrol(args: &[&str]) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_runners_pull_is_a_map() {
+        assert!(is_pull_script(
+            "#!/bin/sh\nexec '/usr/local/bin/sandbox-runner' pull '/home/a/.delegate/jobs/x' '/home/a/.delegate/jobs/y'\n"
+        ));
+        for other in [
+            "#!/bin/sh\n# This script was created by sbatch --wrap.\n\nsleep 30\n",
+            "#!/bin/sh\nexec '/usr/local/bin/sandbox-runner' '/home/a/.delegate/jobs/x'\n",
+            "",
+        ] {
+            assert!(!is_pull_script(other), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn the_jobs_on_a_node() {
+        let out = "512|2001|delegate\n514|2002|gpu\ngarbage\n1|x|p\n5|6|\n";
+        let maps = maps_in(out);
+        let jobs: Vec<(&str, u32, &str)> = maps.iter().map(|m| (m.job.as_str(), m.uid, m.partition.as_str())).collect();
+        assert_eq!(jobs, vec![("512", 2001, "delegate"), ("514", 2002, "gpu")]);
+        assert!(maps_in("").is_empty());
+    }
 
     #[test]
     fn a_requeued_allocation_is_held_by_its_begin_time() {

@@ -55,6 +55,8 @@ pub struct Shared {
     /// Maps' allocations told to step aside, watched until the node they
     /// gave up is taken (crate::aside).
     pub aside: crate::aside::Watched,
+    /// When each job last showed progress (crate::aside::keep_maps_moving).
+    pub progress: crate::aside::Progress,
 }
 
 /// The policy: the root-owned default file, or `$DELEGATE_POLICY` of the
@@ -110,6 +112,7 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
                 let Some(c) = batch_task(&shared, &mut caller, pid, uid, &stream).await else {
                     return;
                 };
+                shared.progress.touch(&c.job);
                 let others_wait = shared.queue.others_wait(q.partition.as_deref(), uid).await;
                 if others_wait {
                     crate::aside::watch(shared.clone(), c.job.clone(), q.partition, uid);
@@ -237,6 +240,7 @@ impl Drop for Slot<'_> {
         if let Ok(mut r) = self.shared.running.lock() {
             r.remove(&self.job);
         }
+        self.shared.progress.touch(&self.job);
     }
 }
 

@@ -202,7 +202,9 @@ async fn serve() -> Result<(), String> {
         probe: probe::Cached::default(),
         queue: queue::Cached::default(),
         aside: aside::Watched::default(),
+        progress: aside::Progress::default(),
     });
+    tokio::spawn(aside::keep_maps_moving(shared.clone()));
     tokio::spawn(node::keep_published(
         policy.clone(),
         shared.node.clone(),

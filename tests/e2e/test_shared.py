@@ -689,6 +689,34 @@ def test_another_students_call_waits_only_for_the_maps_current_call(alice, bob):
     assert hastened in agent, agent[-3000:]
 
 
+def test_a_stopped_map_is_requeued_when_another_student_waits(alice, bob):
+    """Security round 5, item 1: a student stops their own map's runner
+    (`scancel --signal=STOP --batch`): it never asks whether others wait
+    and never steps aside, and the node idled while Bob's call waited until
+    the map's time limit. The node's agent now requeues a map's allocation
+    that ran no sandbox and asked nothing for 20 s while another user's job
+    waits: Bob's call runs, and Alice's map, started again, runs every call
+    (one its stopped runner had claimed and not finished again, as a new
+    attempt)."""
+    jobs, handles = submit_count(alice, 3, "sleep", "4", opts=("--time", "1m"))
+    sid = handles[0]["slurm_id"]
+    wait_until(alice, jobs[:1], lambda st: st[0]["state"] == "running", what="the first call running")
+    r = alice.as_user("scancel", "--signal=STOP", "--batch", sid, check=False)
+    assert r.returncode == 0, r.stderr
+    r = bob.run("submit", "--json", "--time", "1m", "--", "true")
+    assert r.returncode == 0, r.stderr
+    bob_job = json.loads(r.stdout)["id"]
+    _SUBMITTED.append(json.loads(r.stdout)["slurm_id"])
+    b = wait_all(bob, [bob_job], timeout=120)[0]
+    assert b["state"] == "completed", b
+    agent = Path("/var/log/delegate/agent.log").read_text(errors="replace")
+    assert f"Slurm job {sid} (a map's allocation of uid {alice.uid}) ran no sandbox" in agent, agent[-3000:]
+    st = wait_all(alice, jobs, timeout=240)
+    assert [s["state"] for s in st] == ["completed"] * 3, st
+    # (the call the stopped runner had claimed, if any, as a new attempt)
+    assert sum("ran again" in s["reason"] for s in st) <= 1, st
+
+
 def test_an_allocation_older_than_its_bound_starts_no_more_calls(alice):
     """Security round 4, item 2: a shared allocation whose time limit was
     raised held its node for hours while another student waited. Whatever
