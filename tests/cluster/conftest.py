@@ -4,8 +4,11 @@ stack of two workers, and the order the suites run in.
 A deploy and a `down` cost minutes each, so the suites that need the plain
 stack of two workers (test_hub, test_ranks, test_stack,
 test_stack_accounting) share one, deployed the first time one of them asks
-and taken down by test_stack's `test_down_leaves_nothing_behind`, the last
-test of the stage (and here, whatever happened). The suites with a stack
+(the hub's roster enrolled before it, its per-student memory set) and
+taken down by test_stack's `test_down_leaves_nothing_behind`, the last test
+of the stage (and here, whatever happened); the roster's accounts are
+removed once it is down (a change of the roster redeploys a running
+stack). The suites with a stack
 of their own run first: test_machines (the worker machines join this
 host's swarm, which must not hold a stack yet), then test_elastic (workers
 that power up on demand).
@@ -14,10 +17,23 @@ that power up on demand).
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
-from stacklib import HUB_STUDENT_MEM, deployed, require_root
+from stacklib import (
+    HUB_ADA,
+    HUB_BOB,
+    HUB_IVY,
+    HUB_ROSTER,
+    HUB_STUDENT_MEM,
+    SCRIPT,
+    STACK_DIR,
+    deployed,
+    require_root,
+    run,
+)
 
 # The suites in the order they run; the shared stack's suites last.
 ORDER = (
@@ -41,10 +57,27 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda it: (it.name == LAST, rank.get(it.path.name, len(ORDER))))
 
 
+class CourseStack(NamedTuple):
+    deploy: object
+    # The roster file enrolled before the deploy.
+    roster: Path
+
+
 @pytest.fixture(scope="session")
-def course_stack():
+def course_stack(tmp_path_factory):
     """The stack of two workers, deployed once for the suites that share it,
-    with the hub's per-student memory (test_hub reads it back)."""
-    env = {**os.environ, "DELEGATE_HUB_STUDENT_MEM": str(HUB_STUDENT_MEM)}
-    with deployed("--workers", "2", env=env) as r:
-        yield r
+    the hub's roster enrolled first, with the hub's per-student memory
+    (test_hub reads it back; every command of the stage sees it, so that a
+    redeploy keeps it)."""
+    os.environ["DELEGATE_HUB_STUDENT_MEM"] = str(HUB_STUDENT_MEM)
+    roster = tmp_path_factory.mktemp("roster") / "roster.csv"
+    roster.write_text(HUB_ROSTER)
+    try:
+        run(SCRIPT, "--stack", "accounts", "add", "--csv", str(roster), check=True)
+        with deployed("--workers", "2") as r:
+            yield CourseStack(r, roster)
+    finally:
+        for u in (HUB_ADA, HUB_BOB, HUB_IVY):
+            run(SCRIPT, "--stack", "accounts", "remove", u, "--archive")
+            for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
+                f.unlink()

@@ -30,6 +30,16 @@ HOME = os.environ.get("DELEGATE_STACK_HOME", str(STACK_DIR / "home"))
 # calls; small enough for test_hub to fill quickly.
 HUB_STUDENT_MEM = 768 << 20
 
+# The roster the shared stack enrols before its deploy (conftest.py), as an
+# instructor does on day one: two students and an instructor (test_hub).
+HUB_ADA, HUB_BOB, HUB_IVY = "hub-ada", "hub-bob", "hub-ivy"
+HUB_ROSTER = (
+    "username,full name,email,role\n"
+    'hub-ada,"Lovelace, Ada",ada@example.org\n'
+    "hub-bob,Bob Hub,\n"
+    "hub-ivy,Ivy Instructor,ivy@example.org,instructor\n"
+)
+
 # cluster.toml DELEGATE_STACK_TEST_USERS
 STUDENT = "dlg-test1"
 OTHER = "dlg-test2"

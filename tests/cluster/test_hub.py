@@ -33,13 +33,7 @@ from stacklib import SCRIPT, STACK, STACK_DIR, cid, initial_password, run
 
 HOME = Path(stacklib.HOME)
 ARTIFACTS = Path(os.environ.get("DELEGATE_ARTIFACTS", "/var/lib/delegate/artifacts")) / "hub"
-ADA, BOB, IVY = "hub-ada", "hub-bob", "hub-ivy"
-ROSTER = (
-    "username,full name,email,role\n"
-    'hub-ada,"Lovelace, Ada",ada@example.org\n'
-    "hub-bob,Bob Hub,\n"
-    "hub-ivy,Ivy Instructor,ivy@example.org,instructor\n"
-)
+ADA, BOB, IVY = stacklib.HUB_ADA, stacklib.HUB_BOB, stacklib.HUB_IVY
 
 
 STUDENT_MEM = stacklib.HUB_STUDENT_MEM
@@ -66,20 +60,10 @@ def roster_uid(user: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def stack(course_stack, tmp_path_factory):
-    """The shared stack (conftest.py) with the roster's accounts added to
-    the running course, as an instructor enrols after the deploy; removed
-    afterwards."""
-    roster = tmp_path_factory.mktemp("roster") / "roster.csv"
-    roster.write_text(ROSTER)
-    try:
-        run(SCRIPT, "--stack", "accounts", "add", "--csv", str(roster), check=True)
-        yield roster
-    finally:
-        for u in (ADA, BOB, IVY):
-            run(SCRIPT, "--stack", "accounts", "remove", u, "--archive")
-            for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
-                f.unlink()
+def stack(course_stack):
+    """The shared stack (conftest.py), its roster enrolled before the
+    deploy: the roster file's path."""
+    return course_stack.roster
 
 
 def test_roster_is_idempotent(stack):
@@ -370,12 +354,15 @@ def test_a_changed_password_survives_a_restart(stack):
 
 def test_remove_archives_the_home(stack, tmp_path):
     # Not deployed any more? Then only the state changes: quick. The stack
-    # still runs here, so remove after `down` (in the fixture) for the
-    # others; this one checks --archive on a third student added alone.
+    # still runs here, so the roster's accounts are removed after `down`
+    # (conftest.py); this one checks --archive on a third student added
+    # alone, with the stack removed, then deployed again for the suites
+    # that share it.
     roster = tmp_path / "one.csv"
     roster.write_text("hub-cyd,Cyd\n")
     before = set((STACK_DIR / "archive").glob("hub-cyd-*")) if (STACK_DIR / "archive").exists() else set()
-    run("docker", "stack", "rm", STACK)  # the removal below then needs no redeploy
+    # (taken down, so that the removal below needs no redeploy)
+    assert run(SCRIPT, "down").returncode == 0, "down failed"
     # The hub's state outlives the stack (update and down keep it).
     assert (STACK_DIR / "hub" / "jupyterhub.sqlite").stat().st_size > 0
     try:
@@ -393,3 +380,4 @@ def test_remove_archives_the_home(stack, tmp_path):
     finally:
         for f in (STACK_DIR / "archive").glob("hub-cyd-*"):
             f.unlink()
+        assert run(SCRIPT, "deploy", "--workers", "2").returncode == 0, "the shared stack's deploy again"

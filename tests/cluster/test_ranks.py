@@ -39,7 +39,7 @@ RUNNER = "/usr/local/bin/sandbox-runner"
 @pytest.fixture(scope="module")
 def stack(course_stack):
     """The stack of two workers the stage's suites share (conftest.py)."""
-    return course_stack
+    return course_stack.deploy
 
 
 def on_node(node, *cmd, user=STUDENT, timeout=300):

@@ -35,7 +35,7 @@ def swarm_active():
 @pytest.fixture(scope="module")
 def stack(course_stack):
     """The stack of two workers the stage's suites share (conftest.py)."""
-    return course_stack
+    return course_stack.deploy
 
 
 def test_status_shows_every_worker(stack):

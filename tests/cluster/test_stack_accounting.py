@@ -110,7 +110,7 @@ def slurmctld_answers() -> bool:
 def stack(course_stack):
     """The stack of two workers the stage's suites share (conftest.py)."""
     try:
-        yield course_stack
+        yield course_stack.deploy
     finally:
         for svc in ("db", "dbd"):  # a failed outage test must not leave them down
             run("docker", "service", "scale", "-d", f"{STACK}_{svc}=1")
