@@ -181,7 +181,7 @@ def nap(s):
 first = nap.submit(45)
 import time
 deadline = time.time() + 120
-while first.status["started"] is None:  # (first holds worker1)
+while first.status.get("started") is None:  # (first holds worker1)
     assert time.time() < deadline, first.status
     time.sleep(0.5)
 second = nap.submit(1)
