@@ -120,7 +120,8 @@ class DelegateFuture(cf.Future[Any]):
         super().__init__()
         self.job_id = job_id
         self.label = label or job_id
-        self._status: dict[str, Any] = {"state": "pending", "reason": ""}
+        # (the keys a student reads before the waiter's first answer)
+        self._status: dict[str, Any] = {"state": "pending", "reason": "", "host": None, "started": None}
         self._stdout: str | None = None
         self._stderr: str | None = None
         self._shown = False
@@ -179,8 +180,12 @@ class DelegateFuture(cf.Future[Any]):
         if self.reason.startswith("waiting for a worker to start"):
             return self.reason  # an elastic worker's cold start
         if self.reason.startswith("its node ") and " was lost" in self.reason:
-            # (Slurm holds it again: a new attempt runs it, issue 52)
-            return "pending — %s, it runs again" % self.reason.split(":", 1)[0]
+            # (Slurm holds it again: a new attempt runs it, issue 52, or,
+            # its retries spent, the runner's verdict ends it lost)
+            lost = self.reason.split(":", 1)[0]
+            if "its retries are spent" in self.reason:
+                return "pending — %s; its retries are spent: it ends lost when a node takes it" % lost
+            return "pending — %s, it runs again" % lost
         return "pending"
 
     def _again(self) -> str:

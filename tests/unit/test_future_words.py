@@ -1,0 +1,31 @@
+"""A future's words before and while its call runs again (no cluster
+needed): what the notebook's live line says."""
+
+from __future__ import annotations
+
+from delegate._futures import DelegateFuture
+
+
+def future(reason: str, state: str = "pending") -> DelegateFuture:
+    f = DelegateFuture("20261128T000000-%08x" % (hash(reason) & 0xFFFFFFFF))
+    f._status = dict(f._status, state=state, reason=reason)
+    return f
+
+
+def test_a_new_future_has_the_keys_a_student_reads():
+    """A cell that waits for its call to start reads status["started"]
+    before the waiter's first answer."""
+    st = DelegateFuture("20261128T000000-00000001").status
+    assert st["started"] is None and st["host"] is None and st["state"] == "pending"
+
+
+def test_a_call_whose_node_was_lost_says_whether_it_runs_again():
+    """Issue 52: with retries left the line says it runs again; spent, that
+    it ends lost (not that it runs again)."""
+    lost = "its node worker2 was lost: Slurm queued it again (PENDING, BeginTime)"
+    again = future(lost + "; a new attempt runs it afresh")
+    assert again.outcome == "pending — its node worker2 was lost, it runs again"
+    spent = future(lost + "; its retries are spent: it ends lost when Slurm starts it again")
+    assert spent.outcome == (
+        "pending — its node worker2 was lost; its retries are spent: it ends lost when a node takes it"
+    )
