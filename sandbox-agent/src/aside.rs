@@ -197,15 +197,7 @@ struct Map {
 async fn squeue_maps(node: &str) -> Result<Vec<Map>, String> {
     // (STOPPED: `scancel --signal=STOP --batch` makes Slurm say so)
     let argv = ["squeue", "-h", "-t", "RUNNING,STOPPED", "-w", node, "-o", "%A|%U|%P"];
-    let question = Question {
-        argv: &argv,
-        patience: PATIENCE,
-        max_answer: MAX_ANSWER,
-        env: &[],
-        clear_env: false,
-    };
-    let out = question.ask().await.map_err(|e| e.to_string())?;
-    Ok(maps_in(&out))
+    Ok(maps_in(&slurm(&argv).await?))
 }
 
 /// squeue's `job|uid|partition` lines (a map's allocations are told from
@@ -267,14 +259,19 @@ fn held_by_begin_time(answer: &str) -> Option<bool> {
 
 async fn scontrol(args: &[&str]) -> Result<String, String> {
     let argv: Vec<&str> = std::iter::once("scontrol").chain(args.iter().copied()).collect();
+    slurm(&argv).await
+}
+
+/// A Slurm command's answer, within [`PATIENCE`] and [`MAX_ANSWER`].
+async fn slurm(argv: &[&str]) -> Result<String, String> {
     let question = Question {
-        argv: &argv,
+        argv,
         patience: PATIENCE,
         max_answer: MAX_ANSWER,
         env: &[],
         clear_env: false,
     };
-    question.ask().await.map_err(|e| format!("scontrol {}: {e}", args.join(" ")))
+    question.ask().await.map_err(|e| format!("{}: {e}", argv.join(" ")))
 }
 
 #[cfg(test)]
