@@ -27,7 +27,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::ask::Question;
 use crate::job::Shared;
 
 /// How long an allocation is watched after it was told to step aside:
@@ -35,8 +34,6 @@ use crate::job::Shared;
 const WATCH: Duration = Duration::from_secs(60);
 /// Between two looks at the job.
 const STEP: Duration = Duration::from_millis(500);
-/// How long one scontrol may take.
-const PATIENCE: Duration = Duration::from_secs(10);
 /// At most this much of `scontrol show job`'s answer is read.
 const MAX_ANSWER: usize = 64 << 10;
 /// Allocations watched at once at most (one per node is the rule).
@@ -262,16 +259,9 @@ async fn scontrol(args: &[&str]) -> Result<String, String> {
     slurm(&argv).await
 }
 
-/// A Slurm command's answer, within [`PATIENCE`] and [`MAX_ANSWER`].
+/// A Slurm command's answer, within [`MAX_ANSWER`].
 async fn slurm(argv: &[&str]) -> Result<String, String> {
-    let question = Question {
-        argv,
-        patience: PATIENCE,
-        max_answer: MAX_ANSWER,
-        env: &[],
-        clear_env: false,
-    };
-    question.ask().await.map_err(|e| format!("{}: {e}", argv.join(" ")))
+    crate::ask::slurm(argv, MAX_ANSWER).await
 }
 
 #[cfg(test)]

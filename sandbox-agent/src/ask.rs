@@ -15,6 +15,9 @@ use tokio::process::Child;
 /// have them: a service may start it with a bare one).
 pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// How long one of Slurm's commands may take.
+const SLURM_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How much of a failed program's stderr an error quotes.
 const STDERR_QUOTED: usize = 300;
 
@@ -117,6 +120,20 @@ async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> std::
         kept.extend_from_slice(&chunk[..room]);
         more |= room < n;
     }
+}
+
+/// A Slurm command's answer (`argv`: the command and its arguments),
+/// within [`SLURM_PATIENCE`] and `max_answer` bytes; the error names the
+/// command.
+pub async fn slurm(argv: &[&str], max_answer: usize) -> Result<String, String> {
+    let question = Question {
+        argv,
+        patience: SLURM_PATIENCE,
+        max_answer,
+        env: &[],
+        clear_env: false,
+    };
+    question.ask().await.map_err(|e| format!("{}: {e}", argv.join(" ")))
 }
 
 #[cfg(test)]

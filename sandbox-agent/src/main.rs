@@ -29,6 +29,7 @@ mod call;
 mod config;
 mod conn;
 mod engine;
+mod failed_launch;
 mod fingerprint;
 mod gpu;
 mod gpu_info;
@@ -205,6 +206,7 @@ async fn serve() -> Result<(), String> {
         progress: aside::Progress::default(),
     });
     tokio::spawn(aside::keep_maps_moving(shared.clone()));
+    tokio::spawn(failed_launch::keep_released(shared.node.clone(), shared.stepds.clone()));
     tokio::spawn(node::keep_published(
         policy.clone(),
         shared.node.clone(),

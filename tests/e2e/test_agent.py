@@ -346,6 +346,41 @@ def test_leftover_of_an_earlier_attempt_is_swept(alice, bob):
         sh("docker", "rm", "-f", left, other, check=False)
 
 
+# slurmd's spool on this node (slurm.conf's SlurmdSpoolDir).
+SPOOL = Path("/var/lib/delegate/slurm/d")
+
+
+def test_a_call_whose_spool_a_dead_node_left_is_released_and_runs(alice):
+    """Issue 52: a node that died under a call keeps slurmd's spool of it
+    (`job<ID>/slurm_script`); when the call runs again on that node, its
+    launch fails (`File exists`) and Slurm holds it (`launch failed requeued
+    held`) until someone releases it. The agent releases it (it never ran:
+    its retries are untouched), and removes old spools nothing serves."""
+    job, _, _ = alice.held()
+    sid = slurm_id(alice, job)
+    left = SPOOL / f"job{int(sid):05d}"
+    left.mkdir()
+    (left / "slurm_script").write_text("#!/bin/sh\n")
+    orphan = SPOOL / "job99999991"
+    orphan.mkdir()
+    os.utime(orphan, (time.time() - 120, time.time() - 120))
+    size = AGENT_LOG.stat().st_size
+    try:
+        alice.as_user("scontrol", "release", sid)
+        st = alice.wait(job, timeout=150)
+        assert st["state"] == "completed", st
+        with AGENT_LOG.open() as f:
+            f.seek(size)
+            log = f.read()
+        assert f"Slurm job {sid} was held after a failed launch" in log, log[-2000:]
+        testlib.wait_until(
+            "the agent removed an old spool no slurmstepd serves", lambda: not orphan.exists(), 60
+        )
+    finally:
+        for d in (left, orphan):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
 # (waits, for at most 30 s, until the agent has closed the 184 connections
 # past the bound; the 16 others close only after a minute idle)
 FLOOD = f"""

@@ -203,6 +203,11 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
         SlurmPhase::Queued if f.started.is_none() => {
             let why = match j.reason.as_str() {
                 "" | "None" => String::new(),
+                // (the agent of a node releases it within a minute:
+                // sandbox-agent's failed_launch)
+                "launch failed requeued held" | "launch_failed_requeued_held" => {
+                    " (Slurm held it after its launch on a node failed; it is released to run again)".to_owned()
+                }
                 r => format!(" ({r})"),
             };
             let what = if f.shared {
@@ -388,6 +393,13 @@ mod tests {
                 reason: "waiting in Slurm's queue (Priority)".into()
             }
         );
+        let held = sj("PENDING", "launch failed requeued held");
+        match decide(&facts(SlurmView::Present(&held)), no_log) {
+            Verdict::Live { state: State::Pending, reason } => {
+                assert!(reason.contains("its launch on a node failed; it is released"), "{reason}")
+            }
+            v => panic!("a call held after a failed launch: {v:?}"),
+        }
         let c = sj("CONFIGURING", "None");
         assert_eq!(state_of(&decide(&facts(SlurmView::Present(&c)), no_log)), State::Pending);
         for s in ["RUNNING", "COMPLETING"] {
