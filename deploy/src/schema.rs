@@ -101,6 +101,8 @@ pub const SETTINGS: &[Setting] = &[
       "1: place services by node labels (real machines): workerN on the machine `build_cluster.sh machine add` labelled delegate.worker=N, the user node on the node labelled delegate.role=user (deploy labels the manager when none is), head and database on a manager; 0: anywhere (one machine)."),
     s("DELEGATE_STACK_SLOTS", "stack.slots", Kind::Count(1, 999), Lit("16"),
       "With placement: Slurm knows workers 1..slots (at least `workers`) from the deploy on, each waiting (State=FUTURE, not shown by sinfo) until the machine `machine add` numbered so runs it, so that adding a machine to a running course restarts nothing; a number above it needs `update`. Without placement: unused."),
+    s("DELEGATE_SLURMD_TIMEOUT", "stack.slurmd_timeout", Kind::Count(10, 3600), Lit("60"),
+      "Seconds a node's slurmd may not answer before Slurm sets the node DOWN and queues its calls with retries again (SlurmdTimeout; Slurm asks every third of it): how soon a call on a dead machine runs elsewhere."),
     s("DELEGATE_STACK_WAIT", "stack.wait", Kind::Count(10, 86_400), Lit("180"),
       "Seconds to wait for the stack's services / the Slurm nodes to come up."),
     // [workers]

@@ -39,6 +39,7 @@ struct Context {
     node_lines: Vec<String>,
     partition_nodes: String,
     first_job_id: u64,
+    slurmd_timeout: u64,
     elastic: Option<ElasticContext>,
 }
 
@@ -173,6 +174,7 @@ fn local_context(s: &Settings, n: &LocalNode) -> Result<Context, RenderError> {
         )],
         partition_nodes: n.node.clone(),
         first_job_id: 1,
+        slurmd_timeout: s.count("DELEGATE_SLURMD_TIMEOUT", 10, 3600)?,
         elastic: None,
     })
 }
@@ -207,6 +209,7 @@ fn stack_context(s: &Settings) -> Result<Context, RenderError> {
         node_lines: workers.node_lines(&hardware),
         partition_nodes: workers.all(),
         first_job_id: s.count("DELEGATE_STACK_FIRST_JOB_ID", 1, 2_000_000_000)?,
+        slurmd_timeout: s.count("DELEGATE_SLURMD_TIMEOUT", 10, 3600)?,
         elastic: workers
             .elastic
             .map(|limits| ElasticContext { limits, always_on: workers.always_on() }),
