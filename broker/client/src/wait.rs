@@ -222,12 +222,8 @@ impl Client {
             batch.push(self.load(&jobs[i].id)?);
         }
         let fresh = self.reconcile(&mut batch, ask)?;
-        for ((&i, mut s), f) in open.iter().zip(fresh).zip(batch) {
-            pending_reason_memo(&mut s, ask);
-            let keep_previous = !ask && statuses[i].as_ref().is_some_and(|p| knows_more(p, &s));
-            if !keep_previous {
-                statuses[i] = Some(s);
-            }
+        for ((&i, s), f) in open.iter().zip(fresh).zip(batch) {
+            statuses[i] = Some(shown(s, ask));
             jobs[i] = f;
         }
         if ask {
@@ -292,22 +288,35 @@ fn pause(inotify: Option<&nix::sys::inotify::Inotify>, sleep: Duration) -> bool 
     woke
 }
 
-/// The pending reasons Slurm last gave, per job, for this process: a round
-/// that does not ask Slurm (most of them) knows only the job directory and
-/// would say "submitted"; the last answer's reason ("waiting for a worker
-/// to start ...") stands until the job leaves pending.
-fn pending_reason_memo(s: &mut JobStatus, asked: bool) {
-    static MEMO: OnceLock<Mutex<HashMap<JobId, String>>> = OnceLock::new();
+/// What a round shows of a job, for this process: Slurm's last answer
+/// stands over the rounds that do not ask Slurm (most of them: they know
+/// only the job directory, which says "submitted" for a job Slurm said
+/// waits for a worker to start, and "running on worker1" for a call whose
+/// node was lost, from the lost attempt's start record) unless the files
+/// show progress ([`knows_more`]). Kept across waits: the notebook's waiter
+/// waits again and again, a few rounds each time. Forgotten when the job
+/// ends.
+fn shown(s: JobStatus, asked: bool) -> JobStatus {
+    static MEMO: OnceLock<Mutex<HashMap<JobId, JobStatus>>> = OnceLock::new();
     let mut memo = MEMO.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    if s.state != State::Pending {
+    if s.is_terminal() {
         memo.remove(&s.id);
-    } else if asked {
+        return s;
+    }
+    if asked {
         if memo.len() >= 100_000 {
             memo.clear();
         }
-        memo.insert(s.id.clone(), s.reason.clone());
-    } else if let Some(r) = memo.get(&s.id) {
-        s.reason = r.clone();
+        memo.insert(s.id.clone(), s.clone());
+        return s;
+    }
+    match memo.get(&s.id) {
+        Some(prev) if knows_more(prev, &s) => prev.clone(),
+        Some(_) => {
+            memo.remove(&s.id);
+            s
+        }
+        None => s,
     }
 }
 
@@ -421,19 +430,38 @@ mod memo_tests {
     }
 
     #[test]
-    fn a_pending_reason_from_slurm_outlives_file_only_rounds() {
+    fn slurms_last_answer_outlives_file_only_rounds_across_waits() {
         let id = JobId::new();
-        let mut s = st(&id, State::Pending, "waiting for a worker to start");
-        pending_reason_memo(&mut s, true);
-        let mut s = st(&id, State::Pending, "submitted");
-        pending_reason_memo(&mut s, false);
-        assert_eq!(s.reason, "waiting for a worker to start");
-        // Running: forgotten.
-        let mut s = st(&id, State::Running, "running on w2");
-        pending_reason_memo(&mut s, false);
-        let mut s = st(&id, State::Pending, "submitted");
-        pending_reason_memo(&mut s, false);
-        assert_eq!(s.reason, "submitted");
+        shown(st(&id, State::Pending, "waiting for a worker to start"), true);
+        assert_eq!(
+            shown(st(&id, State::Pending, "submitted"), false).reason,
+            "waiting for a worker to start"
+        );
+        // Issue 52, seen in the hub: a call whose node was lost, queued
+        // again; the notebook's waiter calls wait once a second, and the
+        // rounds between Slurm's answers read the lost attempt's start.
+        let lost = JobStatus {
+            started_ms: Some(5),
+            ..st(&id, State::Pending, "its node worker1 was lost: Slurm queued it again")
+        };
+        shown(lost, true);
+        let old_start = JobStatus {
+            started_ms: Some(5),
+            ..st(&id, State::Running, "running on worker1")
+        };
+        for _ in 0..3 {
+            assert_eq!(shown(old_start.clone(), false).state, State::Pending);
+        }
+        // Its new attempt's start is progress; then the files speak.
+        let new_start = JobStatus {
+            started_ms: Some(90),
+            ..st(&id, State::Running, "running on worker2")
+        };
+        assert_eq!(shown(new_start.clone(), false).reason, "running on worker2");
+        assert_eq!(shown(new_start, false).reason, "running on worker2");
+        // Over: forgotten.
+        assert_eq!(shown(st(&id, State::Completed, "done"), false).state, State::Completed);
+        assert_eq!(shown(st(&id, State::Pending, "submitted"), false).reason, "submitted");
     }
 }
 
