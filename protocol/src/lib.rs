@@ -100,7 +100,7 @@ pub use fsio::{
 };
 pub use job_id::JobId;
 pub use layout::*;
-pub use line::{error_line, one_line, parse_refused_line, refused_line, state_line, REFUSED_PREFIX};
+pub use line::{error_line, one_line, parse_lost_line, parse_refused_line, refused_line, state_line, REFUSED_PREFIX};
 pub use outcome::{Outcome, Started, State, Writer};
 pub use record::{
     decode, encode, read_record_at, write_record_at, write_record_at_deferred, Record, MAGIC, MAX_RECORD_BYTES,

@@ -35,6 +35,13 @@ pub fn error_line(message: &str) -> String {
     format!("{LINE_PREFIX}error: {}", one_line(message))
 }
 
+/// The reason of a `delegate: lost: <reason>` line ([`state_line`]), if it
+/// is one: the runner's own verdict (its retries spent), whose outcome
+/// record a reader over a network home may not see yet.
+pub fn parse_lost_line(line: &str) -> Option<&str> {
+    line.strip_prefix(LINE_PREFIX)?.strip_prefix("lost: ")
+}
+
 /// The refusal reason of a line written by [`refused_line`], if it is one.
 pub fn parse_refused_line(line: &str) -> Option<&str> {
     line.strip_prefix(REFUSED_PREFIX)
@@ -52,5 +59,8 @@ mod tests {
         assert_eq!(parse_refused_line("delegate: failed: x"), None);
         assert_eq!(state_line(State::TimedOut, "time limit"), "delegate: timed-out: time limit");
         assert_eq!(error_line("boom"), "delegate: error: boom");
+        let lost = state_line(State::Lost, "its node was lost on every attempt");
+        assert_eq!(parse_lost_line(&lost), Some("its node was lost on every attempt"));
+        assert_eq!(parse_lost_line("delegate: failed: x"), None);
     }
 }

@@ -2,7 +2,7 @@
 //! about a job without an outcome file ([`Facts`]) decide its state
 //! ([`decide`]). Shared by status, wait, cancel and list.
 
-use delegate_protocol::{parse_refused_line, State};
+use delegate_protocol::{parse_lost_line, parse_refused_line, State};
 
 use crate::slurm::{SlurmJob, SlurmPhase, SlurmState};
 
@@ -287,6 +287,12 @@ fn slurm_ended(state: Option<&SlurmState>, before_start: bool) -> Option<Verdict
 /// Over, with no outcome and no explanation from Slurm: lost, with what
 /// Slurm and its log of the job say.
 fn lost(state: Option<&SlurmState>, slurm_reason: &str, before_start: bool, last_line: Option<String>) -> Verdict {
+    // The runner said so itself (its retries spent), and its outcome is
+    // not visible here yet (a network home's cache of the directory it
+    // replaced): its words.
+    if let Some(why) = last_line.as_deref().and_then(parse_lost_line) {
+        return ended(State::Lost, why.to_owned());
+    }
     let why = match slurm_reason {
         "" if state.is_none() => "it is no longer in Slurm's queue",
         "" | "None" => "Slurm gives no reason",
@@ -470,6 +476,22 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Issue 52, seen in the hub over a network home: the runner ended
+        // the call lost (its retries spent) in the new attempt's directory,
+        // which the reader's cache did not show yet; its log says why.
+        let spent = sj("COMPLETED", "None");
+        let v = decide(&facts(SlurmView::Present(&spent)), || LogFacts {
+            refusal: None,
+            last_line: Some("delegate: lost: its node was lost on every attempt (attempt 1 on worker1)".into()),
+        });
+        assert_eq!(
+            v,
+            Verdict::Ended {
+                state: State::Lost,
+                reason: "its node was lost on every attempt (attempt 1 on worker1)".into(),
+                refused: false
+            }
+        );
         // A refusal in the log.
         let done = sj("COMPLETED", "None");
         assert_eq!(
