@@ -81,6 +81,8 @@ unset _fd
 # below, each with a header saying what it holds and what it needs:
 #   build_cluster.d/common.sh   logging, die, wait_for, need_root, docker_ok,
 #                               MARKER, the environment (PATH)
+#   build_cluster.d/packages.sh which Debian packages are missing
+#   build_cluster.d/bundle.sh   bundle: the offline bundle of a bare GPU machine
 #   build_cluster.d/quota.sh    per-student disk limits on the shared home
 #   build_cluster.d/local.sh    --local up|stop|status (local_*)
 #   build_cluster.d/accounting.sh  MariaDB + slurmdbd, the course account,
@@ -95,6 +97,10 @@ unset _fd
 #                               slurmctld's state volume, the course account
 #   build_cluster.d/check.sh    test: the instructor's check of a deployed
 #                               stack (stack_test and its checks)
+#   build_cluster.d/registry.sh the course's image registry for worker machines
+#   build_cluster.d/machines.sh machine add|list|remove: the worker machines
+#   build_cluster.d/machine-prepare.sh  not sourced: what `machine add` runs
+#                               on a machine over ssh
 
 # ---------------------------------------------------------------- settings
 # Every DELEGATE_* setting (both shapes) is in cluster.toml (another file:
@@ -110,7 +116,7 @@ SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
 # directory.
 SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
 REPO=$(dirname -- "$SELF")
-for part in common packages bundle quota local accounting stack elastic stack_accounting hub check machines; do
+for part in common packages bundle quota local accounting stack elastic stack_accounting hub check registry machines machine-prepare; do
     [[ -r $REPO/build_cluster.d/$part.sh ]] || {
         printf '[build_cluster ERROR] %s missing: build_cluster.sh needs its parts beside it\n' \
             "$REPO/build_cluster.d/$part.sh" >&2
