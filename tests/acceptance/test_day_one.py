@@ -338,6 +338,25 @@ def scalar_points(s, base: str) -> int:
     return len(r.json()) if r.ok else -r.status
 
 
+# A fetch as any script of a page at the hub's address would make it (mode
+# cors, the student's cookies): its status and the start of its text.
+FETCH = """async (u) => {
+  try {
+    const r = await fetch(u, {credentials: "include", redirect: "manual"});
+    return [r.status, r.type + " " + (await r.text()).slice(0, 300)];
+  } catch (e) {
+    return [-1, String(e)];
+  }
+}"""
+# Ben's page in his own home (written in his hub terminal's shell): would
+# it run in Ann's browser, it would read her server's answers with her
+# cookies.
+EVIL = (
+    "printf '%s' '<title>evil</title><script>fetch(\"/user/day-ann/api/status\")"
+    '.then(() => { document.title = "ran" })</script>\' > ~/evil.html && echo evil written\n'
+)
+
+
 def test_3b_tensorboard_of_a_running_job(students):
     """Ann's training-like job writes an event a second; her board (served
     by her own Jupyter server) shows the curve grow while it runs; Ben can
@@ -387,6 +406,22 @@ def test_3b_tensorboard_of_a_running_job(students):
     fonts = [a for a in answers if "/font-roboto/" in a[1]]
     assert not failed and fonts, (failed, fonts[:3])
     assert all(u.startswith(URL + url + "font-roboto/") for _, u in fonts), fonts[:3]
+    # Security round 5, item 2: the board's data is checked for the
+    # server's XSRF token like any cookie-authenticated fetch (the board's
+    # page sends it): a fetch from any other page at the hub's address (here
+    # Ann's own lab page, the same origin as an attacker's would be) gets no
+    # data. And Ben's own HTML is not served to Ann at all.
+    got = ann.page.evaluate(FETCH, f"{url}data/runs")
+    assert not (got[0] == 200 and "runs/train" in got[1]), got
+    wrote = run(SCRIPT, "shell", BEN, input=EVIL, env=ENV, timeout=300)
+    assert "evil written" in wrote.stdout, wrote.stdout + wrote.stderr
+    evil = ann.ctx.new_page()
+    answer = evil.goto(f"{URL}/user/{BEN}/files/evil.html")
+    evil.wait_for_load_state("load")
+    evil.screenshot(path=str(ARTIFACTS / f"{ANN}-opens-bens-page.png"), full_page=True)
+    assert not evil.title().startswith("ran"), (answer.status if answer else None, evil.title())
+    assert "runs/train" not in evil.inner_text("body"), evil.inner_text("body")[:500]
+    evil.close()
     # Ben: through his own server (not his job), through Ann's (not his
     # server), and with his CLI.
     mine = ben.ctx.request.get(f"{URL}/user/{BEN}/delegate/tensorboard/{job_id}/data/runs")
@@ -503,8 +538,14 @@ def test_3d_a_call_whose_machine_dies_comes_back(students):
     other = ("worker2" if lost == "worker1" else "worker1") if ON_MACHINES else r"worker\d"
     print("machine lost:", lost, "states:", states)
     assert re.search(f"came back from {other}", text), text
-    assert any(f"its node {lost} was lost, it runs again" in s for s in states), states
+    said_lost = [i for i, s in enumerate(states) if f"its node {lost} was lost, it runs again" in s]
+    assert said_lost, states
     assert any(re.search(f"ran again on {other} \\(attempt 2\\): {lost} was lost", s) for s in states), states
+    # Once it said the node was lost, it never says the call runs there
+    # again (the lost attempt's start record, read between Slurm's answers;
+    # on this host alone the new attempt may run on the same worker).
+    back = [s for s in states[said_lost[0] :] if re.search(f"running on {lost}( |$)", s)]
+    assert not (ON_MACHINES and back), back
     t = time.monotonic()
     if ON_MACHINES:
         assert (

@@ -67,10 +67,12 @@ page = get(board)
 fonts = sorted(set(re.findall(r"url\\((/[^)]*\\.woff2)\\)", page[1])))
 font = get(fonts[0])[0] if fonts else None
 unknown = get(base + "delegate/tensorboard/20200101T000000-0badcafe/data/runs")
+xsrf = get(board + "delegate-xsrf.js")
 anonymous = get(board + "data/runs", auth=False)
 server.terminate()
 out(job=fut.job_id, runs=runs, points=len(json.loads(points[1])) if points[0] == 200 else points,
     page=[page[0], "<title>TensorBoard</title>" in page[1]], font=font,
+    first_script=page[1][:80], xsrf=[xsrf[0], "X-XSRFToken" in xsrf[1] and "_xsrf=" in xsrf[1]],
     fonts_below=len(fonts) > 0 and all(f.startswith(board + "font-roboto/") for f in fonts), unknown=unknown[0], anonymous=anonymous[0],
     url=delegate.tensorboard(fut).url if os.environ.get("JUPYTERHUB_SERVICE_PREFIX") else None)
 """,
@@ -81,6 +83,10 @@ out(job=fut.job_id, runs=runs, points=len(json.loads(points[1])) if points[0] ==
     assert res["points"] == 12, res
     assert res["page"] == [200, True], res
     assert res["fonts_below"] and res["font"] == 200, res
+    # The page's first script adds the server's XSRF token to the board's
+    # requests (security round 5, item 2: the route is checked as any other).
+    assert res["first_script"].startswith('<!doctype html><script src="delegate-xsrf.js"></script>'), res
+    assert res["xsrf"] == [200, True], res
     assert res["unknown"] == 404 and res["anonymous"] in (302, 403), res
     # Bob's own server has no board of Alice's job.
     other, _ = bob.result(

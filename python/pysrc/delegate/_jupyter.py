@@ -4,7 +4,10 @@ at ``<base url>delegate/tensorboard/<job id>/`` (delegate._tensorboard).
 
 The route is the server's own: JupyterHub lets only the server's student
 reach it (the server's authentication, ``tornado.web.authenticated``), and
-the board runs in the server's process, as that student.
+the board runs in the server's process, as that student. Requests for its
+data are checked for the server's XSRF token like any other (a fetch from
+a page that is not the board's gets no answer); the board's page sends it
+(delegate._tensorboard.XSRF_SCRIPT).
 """
 
 from __future__ import annotations
@@ -33,13 +36,17 @@ class TensorBoardHandler(JupyterHandler):
         self.boards = boards
 
     def check_xsrf_cookie(self) -> None:
-        """No XSRF token: TensorBoard's page fetches and posts its data
-        queries without Jupyter's, and JupyterHub refuses a cookie-signed
-        fetch whose check fails (the page would get the login page as
-        data). Nothing below this route changes anything: every request
-        reads the job's event files, and another site's page cannot read
-        the answers (no CORS)."""
-        return
+        """The server's own check (JupyterHub's, for a cookie-authenticated
+        request that is not a page navigation) for the board's data and for
+        every request but a GET; a GET of TensorBoard's own files (its
+        page, scripts, icons, fonts: the same for every board) is not
+        checked: the page's fonts are fetched by the browser's CSS in cors
+        mode, which no script can give a token to."""
+        if self.request.method == "GET" and not _is_data(
+            self.path_args[1] if len(self.path_args) > 1 else ""
+        ):
+            return None
+        return super().check_xsrf_cookie()
 
     @tornado.web.authenticated
     async def get(self, job_id: str, _path: str) -> None:
@@ -50,6 +57,11 @@ class TensorBoardHandler(JupyterHandler):
         await self._serve(job_id)
 
     async def _serve(self, job_id: str) -> None:
+        # The server's XSRF cookie, set now if the student has none yet:
+        # the board's page reads it and sends it with each of its requests
+        # (delegate._tensorboard.XSRF_SCRIPT), which the server checks as it
+        # does for every cookie-authenticated fetch (no exemption here).
+        _ = self.xsrf_token
         loop = asyncio.get_running_loop()
         try:
             app = await loop.run_in_executor(None, self.boards.app, job_id)
@@ -65,6 +77,14 @@ class TensorBoardHandler(JupyterHandler):
             if name.lower() not in HOP_BY_HOP:
                 self.add_header(name, value) if name.lower() == "set-cookie" else self.set_header(name, value)
         self.finish(body)
+
+
+def _is_data(path: str) -> bool:
+    """Whether a path below a board is checked as its data: ``data/...``,
+    ``experiment/<id>/...`` (what the job's event files say) and the page
+    itself (a fetch of it is no navigation)."""
+    parts = path.split("/")
+    return "data" in parts or not path or path.startswith(("experiment/", "data"))
 
 
 class AddSlashHandler(JupyterHandler):

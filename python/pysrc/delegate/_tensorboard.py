@@ -150,21 +150,87 @@ def call_wsgi(app, environ: dict) -> tuple[str, list[tuple[str, str]], bytes]:
     return answer["status"], answer["headers"], b"".join(chunks)
 
 
+#: The board page's first script (served at ``<board>/delegate-xsrf.js``):
+#: TensorBoard's own fetches carry no XSRF token, and the student's server
+#: refuses a cookie-authenticated fetch without one (JupyterHub's check
+#: that a page served at the hub's address cannot read another student's
+#: server). It adds the server's own token, read at each request (a new
+#: login renews it) from the ``_xsrf`` cookie
+#: that only pages below the student's server can read, to every request
+#: of the page to the board's own URLs. It holds no secret: a page
+#: elsewhere that loads it reads no cookie of the student's server.
+XSRF_SCRIPT = b"""(function () {
+  function token() {
+    var m = document.cookie.match(/(?:^|;\\s*)_xsrf=([^;]*)/);
+    return m ? decodeURIComponent(m[1]) : "";
+  }
+  var board = location.pathname.replace(/[^/]*$/, "");
+  function mine(url) {
+    try {
+      var u = new URL(url, location.href);
+      return u.origin === location.origin && u.pathname.indexOf(board) === 0;
+    } catch (e) {
+      return false;
+    }
+  }
+  var fetch0 = window.fetch;
+  window.fetch = function (input, init) {
+    var url = typeof input === "string" || input instanceof URL ? String(input) : input && input.url;
+    if (mine(url)) {
+      init = Object.assign({}, init);
+      var h = new Headers(init.headers || (input instanceof Request ? input.headers : undefined));
+      h.set("X-XSRFToken", token());
+      init.headers = h;
+    }
+    return fetch0.call(this, input, init);
+  };
+  var open0 = XMLHttpRequest.prototype.open, send0 = XMLHttpRequest.prototype.send;
+  XMLHttpRequest.prototype.open = function (method, url) {
+    this.delegateBoard = mine(url);
+    return open0.apply(this, arguments);
+  };
+  XMLHttpRequest.prototype.send = function () {
+    if (this.delegateBoard) this.setRequestHeader("X-XSRFToken", token());
+    return send0.apply(this, arguments);
+  };
+})();
+"""
+XSRF_SCRIPT_NAME = "delegate-xsrf.js"
+
+
 def _fonts_below(app, path_prefix: str):
-    """TensorBoard's page names its fonts from the server's root
-    (``url(/font-roboto/...)``, 70 of them), which ``--path_prefix`` leaves
-    as they are: below a hub the browser would ask the hub for them (404,
-    and the page falls back to another font). The page is rewritten to
-    name them below ``path_prefix``, where the app serves them; every
-    other answer passes unchanged."""
+    """TensorBoard's page, rewritten; every other answer passes unchanged.
+
+    - Its fonts: the page names them from the server's root
+      (``url(/font-roboto/...)``, 70 of them), which ``--path_prefix``
+      leaves as they are: below a hub the browser would ask the hub for them
+      (404, and the page falls back to another font). They are named below
+      ``path_prefix``, where the app serves them.
+    - Its first script is :data:`XSRF_SCRIPT`, served here."""
     root, below = b"url(/font-roboto/", f"url({path_prefix}/font-roboto/".encode()
+    doctype = b"<!doctype html>"
+    first = doctype + f'<script src="{XSRF_SCRIPT_NAME}"></script>'.encode()
 
     def serve(environ, start_response):
-        if environ.get("PATH_INFO", "") not in (path_prefix + "/", path_prefix + "/index.html"):
+        path = environ.get("PATH_INFO", "")
+        if path == f"{path_prefix}/{XSRF_SCRIPT_NAME}":
+            start_response(
+                "200 OK",
+                [
+                    ("Content-Type", "text/javascript; charset=utf-8"),
+                    ("Content-Length", str(len(XSRF_SCRIPT))),
+                    ("Cache-Control", "no-cache"),
+                    ("X-Content-Type-Options", "nosniff"),
+                ],
+            )
+            return [XSRF_SCRIPT]
+        if path not in (path_prefix + "/", path_prefix + "/index.html"):
             return app(environ, start_response)
         # (uncompressed, to be rewritten)
         status, headers, page = call_wsgi(app, dict(environ, HTTP_ACCEPT_ENCODING="identity"))
         page = page.replace(root, below)
+        if page.lower().startswith(doctype):
+            page = first + page[len(doctype) :]
         start_response(
             status, [(k, str(len(page)) if k.lower() == "content-length" else v) for k, v in headers]
         )
