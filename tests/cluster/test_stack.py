@@ -152,6 +152,17 @@ def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
             assert on_node(node, "test", "-e", path).returncode != 0, f"sbcast wrote {path} on {node}"
             r = on_node(node, "install", "-o", STUDENT, "-m", "0600", "/etc/hostname", path)
             assert r.returncode == 0, r.stderr
+        # Security round 5, item 3: what root's removal must not be led
+        # into (find neither follows a link nor touches what is not the
+        # student's; names are not parsed).
+        plant = (
+            f"ln -s /etc/hostname /tmp/link && chown -h {STUDENT} /tmp/link && "
+            f"mkdir $'/tmp/new\\nline' && touch $'/tmp/new\\nline/-rf' && chown -R {STUDENT} /tmp/new* && "
+            f"mkdir /tmp/theirs && touch /tmp/theirs/roots && chown {STUDENT} /tmp/theirs && "
+            f"install -o {VICTIM} -m 0600 /dev/null /tmp/victims"
+        )
+        r = on_node(node, "bash", "-c", plant)
+        assert r.returncode == 0, r.stderr
         for mnt in ("/tmp", "/var/tmp"):
             fs = on_node(node, "findmnt", "-n", "-o", "FSTYPE,SIZE", mnt).stdout.split()
             assert fs == ["tmpfs", "256M"], (
@@ -163,6 +174,15 @@ def test_stack_sbcast_leaves_nothing_on_the_worker(stack):
         time.sleep(2)
     log = on_node(node, "cat", "/var/log/delegate/epilog.log").stdout
     assert f"user={STUDENT} removed 1 of uid" in log, log[-2000:]
+    after = on_node(
+        node, "bash", "-c", "ls -A /tmp /tmp/theirs; test -s /etc/hostname && echo target-kept"
+    ).stdout
+    try:
+        assert "link" not in after and "new" not in after, after
+        assert "victims" in after and "roots" in after and "theirs" in after, after
+        assert "target-kept" in after, after
+    finally:
+        on_node(node, "rm", "-rf", "/tmp/theirs", "/tmp/victims")
 
 
 # --- the root agent on the workers (docs/security.md, "Who starts
