@@ -356,6 +356,8 @@ def test_a_call_whose_spool_a_dead_node_left_is_released_and_runs(alice):
     launch fails (`File exists`) and Slurm holds it (`launch failed requeued
     held`) until someone releases it. The agent releases it (it never ran:
     its retries are untouched), and removes old spools nothing serves."""
+    # (hostile: a job its student holds is not the agent's to release)
+    kept, _, _ = alice.held()
     job, _, _ = alice.held()
     sid = slurm_id(alice, job)
     left = SPOOL / f"job{int(sid):05d}"
@@ -376,7 +378,10 @@ def test_a_call_whose_spool_a_dead_node_left_is_released_and_runs(alice):
         testlib.wait_until(
             "the agent removed an old spool no slurmstepd serves", lambda: not orphan.exists(), 60
         )
+        still = sh("squeue", "-h", "-j", slurm_id(alice, kept), "-o", "%T %r").stdout.split()
+        assert still == ["PENDING", "JobHeldUser"], still
     finally:
+        cancel(alice, kept)
         for d in (left, orphan):
             subprocess.run(["rm", "-rf", str(d)], check=False)
 
