@@ -136,8 +136,13 @@ fn ended(state: State, reason: String) -> Verdict {
 /// Running, on the host its start record names, else on the node Slurm
 /// gave it (a home whose caches still hide the start record).
 fn running(f: &Facts<'_>, note: &str, slurm_nodes: &str) -> Verdict {
+    // A start record on a node Slurm no longer runs the job on is an
+    // earlier attempt's (the new one's record not visible yet through a
+    // network home): Slurm's node then.
+    let stale =
+        |h: &str| !slurm_nodes.is_empty() && !slurm_nodes.contains('[') && !slurm_nodes.split(',').any(|n| n == h);
     match f.started {
-        Some(h) if !h.is_empty() => live(State::Running, format!("running on {h}{note}")),
+        Some(h) if !h.is_empty() && !stale(h) => live(State::Running, format!("running on {h}{note}")),
         _ if !slurm_nodes.is_empty() => live(State::Running, format!("running on {slurm_nodes}{note}")),
         _ => live(State::Running, format!("running{note}")),
     }
@@ -428,6 +433,18 @@ mod tests {
         r.nodes = "worker2".into();
         assert_eq!(
             decide(&facts(SlurmView::Present(&r)), no_log),
+            Verdict::Live {
+                state: State::Running,
+                reason: "running on worker2".into()
+            }
+        );
+        // Issue 52, seen in the hub: attempt 2 runs on worker2 (Slurm
+        // says so) and its start record is not visible yet; attempt 1's
+        // says worker1. Slurm's node, not the lost machine.
+        let mut f = facts(SlurmView::Present(&r));
+        f.started = Some("worker1");
+        assert_eq!(
+            decide(&f, no_log),
             Verdict::Live {
                 state: State::Running,
                 reason: "running on worker2".into()
