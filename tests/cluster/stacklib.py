@@ -190,6 +190,10 @@ def worker_machines(env: dict | None = None) -> Iterator[tuple[dict, list[str]]]
             # (slots for one machine more than there are: the services
             # stay few)
             DELEGATE_STACK_SLOTS=str(len(MACHINES) + 1),
+            # Slurm gives a dead machine up after 30 s instead of 60: each
+            # machine fault of the suites waits for it (a site's choice,
+            # docs/benchmarks.md "A machine lost mid-call (issue 52)").
+            DELEGATE_SLURMD_TIMEOUT="30",
             DELEGATE_MACHINE_SSH=run(MACHINES_TOOL, "ssh", quiet=True).stdout.strip(),
         )
         outs = []
