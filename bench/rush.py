@@ -1,37 +1,40 @@
-"""The deadline rush on the stack (issue 12), driven by bench/rush.sh.
+"""The deadline rush on the stack (issues 12 and 53), driven by bench/rush.sh.
 
-    rush.py student KIND TOKEN OUT   on the user node, as one student: submit
-                                     the KIND of work, wait, write what each
-                                     call did (JSON) to OUT
-    rush.py phase NAME OUTDIR        on the host, as root: one phase (the
-                                     students at once, with or without the
-                                     flooder) through `docker exec` into the
-                                     user node; sdiag before and after
+    rush.py student PLAN TOKEN OUT   on the user node, as one student: wait
+                                     for the plan's moment, do its work,
+                                     write what each call did (JSON) to OUT
+    rush.py phase NAME OUTDIR        on the host, as root: one phase (every
+                                     student by the seed's schedule, with or
+                                     without the flooder) through `docker
+                                     exec` into the user node; sdiag, CPU
+                                     and Slurm's records around it
     rush.py report OUTDIR            figures of both phases, ratios of the
                                      rush against the quiet baseline, a plot
                                      when matplotlib is there
 
-Kinds of students (assigned in turn): `single` (one Python call of 1-3 s),
-`map` (a map of 10 Python calls of 1 s, one submission), `cli` (a CLI job
-of 1-3 s), and `flood` (one student: RUSH_FLOOD calls of `true` in
-submissions of 100, as fast as the CLI takes them). Every call returns or
-prints a token of its own, so "completed exactly once" is checked against
-the outputs, not only the states. Benchmarks print figures; nothing here
-asserts on time.
+What a student does before a deadline, at a moment of the window drawn
+from RUSH_SEED (the same schedule in both phases): a map of 10 Python calls
+of 1 s (one submission, as CFiddle's run() of an arg_map and Executor.map
+make it), its results awaited, then one to three single calls of 1-3 s in
+turn, one through delegate.Executor, the others from Python or the CLI. The
+flooder submits RUSH_FLOOD calls of `true` in submissions of 100 as the
+window opens. Every call returns or prints a token of its own, so
+"completed exactly once" is checked against the outputs, not only the
+states. Benchmarks print figures; nothing here asserts on time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import resource
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-KINDS = ("single", "map", "cli")
 
 
 # --------------------------------------------------------------- student side
@@ -63,54 +66,77 @@ def _cli_outputs(ids: list[str]) -> dict[str, str]:
     return out
 
 
-def student(kind: str, token: str, out: str) -> None:
-    import random
+def _py_calls(futs, toks) -> list[dict]:
+    calls = []
+    for tk, f in zip(toks, futs, strict=True):
+        try:
+            got = f.result()
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            got = f"error: {type(e).__name__}: {e}"
+        calls.append({"id": f.job_id, "want": tk, "got": str(got), "what": "py"})
+    return calls
 
-    rnd = random.Random(token)
+
+def _cli_calls(token: str, n: int, per: int, cmd_of) -> list[dict]:
+    ids: list[str] = []
+    want: list[str] = []
+    for start in range(0, n, per):
+        cnt = min(per, n - start)
+        args = ["delegate", "submit", "--time", "10m"]
+        if cnt > 1:
+            args += ["--count", str(cnt)]
+        r = subprocess.run([*args, "--", *cmd_of(start)], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise SystemExit(f"submit failed: {r.stderr.strip()[-500:]}")
+        got = r.stdout.split()
+        ids += got
+        want += [f"{token}-{start + i}" for i in range(len(got))]
+    _cli_wait(ids)
+    outs = _cli_outputs(ids)
+    return [
+        {"id": j, "want": w, "got": outs[j].strip(), "what": "cli"} for j, w in zip(ids, want, strict=True)
+    ]
+
+
+def student(plan_json: str, token: str, out: str) -> None:
+    """One student's work by PLAN (JSON: `at`, the epoch second to start;
+    `kind`, "student" or "flood"; `singles`, the single calls after the map,
+    each "py", "cli" or "executor"; `secs`, their lengths): a map of 10
+    Python calls of 1 s (one submission, as CFiddle's run() of an arg_map
+    and Executor.map make it), its results awaited, then each single call
+    in turn, awaited; or, the flooder, RUSH_FLOOD calls of `true` in
+    submissions of 100."""
+    plan = json.loads(plan_json)
+    time.sleep(max(0.0, plan["at"] - time.time()))
     t0 = time.time()
-    calls: list[dict] = []  # id, expected token, got
-    if kind in ("single", "map"):
+    calls: list[dict] = []
+    if plan["kind"] == "flood":
+        n = int(os.environ.get("RUSH_FLOOD", "2000"))
+        calls = _cli_calls(
+            token, n, 100, lambda start: ["sh", "-c", f"echo {token}-$(({start} + $DELEGATE_INDEX))"]
+        )
+    else:
         import delegate
 
-        fn = delegate.remote(_sleep_and_tag, time="10m")
-        if kind == "single":
-            toks = [f"{token}-0"]
-            futs = [fn.submit(toks[0], rnd.uniform(1, 3))]
-        else:
-            toks = [f"{token}-{i}" for i in range(10)]
-            # What Executor.map and RemoteFunction.map do (one sbatch, the
-            # calls sharing allocations), keeping the futures' job ids.
-            futs = delegate._submit_many(_sleep_and_tag, [((tk, 1.0), {}) for tk in toks], {"time": "10m"})
-        for tk, f in zip(toks, futs, strict=True):
-            try:
-                got = f.result()
-            except Exception as e:  # noqa: BLE001 - reported, not raised
-                got = f"error: {type(e).__name__}: {e}"
-            calls.append({"id": f.job_id, "want": tk, "got": str(got)})
-    elif kind in ("cli", "flood"):
-        n, per = (1, 1) if kind == "cli" else (int(os.environ.get("RUSH_FLOOD", "1000")), 100)
-        ids: list[str] = []
-        want: list[str] = []
-        for start in range(0, n, per):
-            cnt = min(per, n - start)
-            if kind == "cli":
-                cmd = ["sh", "-c", f"sleep {rnd.uniform(1, 3):.2f}; echo {token}-0"]
+        toks = [f"{token}-map-{i}" for i in range(10)]
+        futs = delegate._submit_many(_sleep_and_tag, [((tk, 1.0), {}) for tk in toks], {"time": "10m"})
+        calls += _py_calls(futs, toks)
+        for c in calls:
+            c["what"] = "map"
+        for i, (what, secs) in enumerate(zip(plan["singles"], plan["secs"], strict=True)):
+            tk = f"{token}-{i}"
+            if what == "py":
+                calls += _py_calls([delegate.remote(_sleep_and_tag, time="10m").submit(tk, secs)], [tk])
+            elif what == "executor":
+                with delegate.Executor(time="10m") as ex:
+                    calls += _py_calls([ex.submit(_sleep_and_tag, tk, secs)], [tk])
+                calls[-1]["what"] = "executor"
             else:
-                cmd = ["sh", "-c", f"echo {token}-$(({start} + $DELEGATE_INDEX))"]
-            args = ["delegate", "submit", "--time", "10m"]
-            if cnt > 1:
-                args += ["--count", str(cnt)]
-            r = subprocess.run([*args, "--", *cmd], capture_output=True, text=True, timeout=600)
-            if r.returncode != 0:
-                raise SystemExit(f"submit failed: {r.stderr.strip()[-500:]}")
-            got = r.stdout.split()
-            ids += got
-            want += [f"{token}-{start + i}" for i in range(len(got))]
-        _cli_wait(ids)
-        outs = _cli_outputs(ids)
-        calls = [{"id": j, "want": w, "got": outs[j].strip()} for j, w in zip(ids, want, strict=True)]
-    else:
-        raise SystemExit(f"unknown kind {kind}")
+                one = _cli_calls(
+                    token, 1, 1, lambda _s, secs=secs, tk=tk: ["sh", "-c", f"sleep {secs:.2f}; echo {tk}"]
+                )
+                one[0]["want"] = tk
+                calls += one
     st = {s["id"]: s for s in _status([c["id"] for c in calls])}
     for c in calls:
         s = st.get(c["id"], {})
@@ -121,8 +147,19 @@ def student(kind: str, token: str, out: str) -> None:
             started_ms=s.get("started_ms"),
             finished_ms=s.get("finished_ms"),
         )
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     Path(out).write_text(
-        json.dumps({"kind": kind, "token": token, "t0": t0, "t1": time.time(), "calls": calls})
+        json.dumps(
+            {
+                "kind": plan["kind"],
+                "token": token,
+                "plan": plan,
+                "t0": t0,
+                "t1": time.time(),
+                "rss_kb": rss_kb,
+                "calls": calls,
+            }
+        )
     )
 
 
@@ -230,40 +267,89 @@ def _parts_cpu() -> dict[str, float]:
     return out
 
 
+def plans(users: list[str], flooder: str, seed: int, window: float, start: float) -> dict[str, dict]:
+    """Each student's plan, the same for a seed: a moment in the window,
+    then one to three single calls of 1-3 s after the map, one of them
+    through delegate.Executor, the others from Python or the CLI; the
+    flooder (when there is one) starts with the window."""
+    rnd = random.Random(seed)
+    out = {}
+    for u in users:
+        n = rnd.randint(1, 3)
+        singles = [rnd.choice(("py", "cli")) for _ in range(n)]
+        singles[rnd.randrange(n)] = "executor"
+        out[u] = {
+            "kind": "student",
+            "at": start + rnd.uniform(0, window),
+            "singles": singles,
+            "secs": [round(rnd.uniform(1, 3), 2) for _ in range(n)],
+        }
+    if flooder:
+        out[flooder] = {"kind": "flood", "at": start, "singles": [], "secs": []}
+    return out
+
+
+def _cgroup_file(service: str, name: str) -> Path | None:
+    """A file of a service's container in the cgroup v1 memory hierarchy."""
+    try:
+        cid = subprocess.run(
+            ["docker", "inspect", "-f", "{{.Id}}", _cid(service)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (subprocess.CalledProcessError, SystemExit):
+        return None
+    f = Path("/sys/fs/cgroup/memory/docker") / cid / name
+    return f if f.exists() else None
+
+
+def _sacct_allocations(since: float) -> list[list[str]]:
+    """Slurm's own records of the phase's allocations: id, submit, start,
+    end (epoch seconds) and node list."""
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 5))
+    r = subprocess.run(
+        ["docker", "exec", "-e", "SLURM_TIME_FORMAT=%s", _cid("head"), "sacct", "-a", "-X", "-n", "-P",
+         "-S", start, "-E", "now", "-o", "JobIDRaw,Submit,Start,End,NodeList"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    return [line.split("|") for line in r.stdout.splitlines() if line.count("|") == 4]
+
+
 def phase(name: str, outdir: str) -> None:
     users = os.environ["RUSH_STUDENTS_LIST"].split()
     flooder = os.environ.get("RUSH_FLOODER", "") if name == "rush" else ""
     script = os.environ["RUSH_SCRIPT"]  # this file, readable on the user node
+    seed = int(os.environ.get("RUSH_SEED", "1"))
+    window = float(os.environ.get("RUSH_WINDOW", "180"))
     user_cid = _cid("user")
     res_dir = Path(HOME) / ".rush" / name
     res_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(res_dir, 0o1777)
     os.chmod(res_dir.parent, 0o755)
+    # (the students' processes start first; the window opens when all are up)
+    start = time.time() + 15 + len(users) * 0.05
+    plan = plans(users, flooder, seed, window, start)
 
-    def one(u: str, kind: str) -> tuple[str, int, str]:
+    def one(u: str) -> tuple[str, int, str]:
         out = res_dir / f"{u}.json"
         out.unlink(missing_ok=True)
         cmd = [
             "docker", "exec", "-u", u, "-w", f"{HOME}/{u}", "-e", f"HOME={HOME}/{u}", "-e", f"USER={u}",
             # the student's own Slurm configuration (their own munged), as the hub gives it
             "-e", f"SLURM_CONF=/etc/slurm/users/{u}/slurm.conf",
-            "-e", f"RUSH_FLOOD={os.environ.get('RUSH_FLOOD', '1000')}", user_cid,
-            "/opt/delegate/venv/bin/python", script, "student", kind, f"{name}-{u}", str(out),
+            "-e", f"RUSH_FLOOD={os.environ.get('RUSH_FLOOD', '2000')}", user_cid,
+            "/opt/delegate/venv/bin/python", script, "student", json.dumps(plan[u]), f"{name}-{u}", str(out),
         ]  # fmt: skip
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
         return u, r.returncode, r.stderr[-800:]
 
+    head_peak = _cgroup_file("head", "memory.max_usage_in_bytes")
+    if head_peak:
+        head_peak.write_text("0")
     rpc0 = _sdiag()
     cpu0 = _cpu()
     parts0 = _parts_cpu()
     t0 = time.time()
-    jobs = [(u, KINDS[i % len(KINDS)]) for i, u in enumerate(users)]
-    with ThreadPoolExecutor(max_workers=len(jobs) + 1) as pool:
-        futs = []
-        if flooder:
-            futs.append(pool.submit(one, flooder, "flood"))
-            time.sleep(float(os.environ.get("RUSH_FLOOD_HEAD_START", "5")))
-        futs += [pool.submit(one, u, k) for u, k in jobs]
+    with ThreadPoolExecutor(max_workers=len(plan) + 1) as pool:
+        futs = [pool.submit(one, u) for u in plan]
         samples = []
         while not all(f.done() for f in futs):
             time.sleep(10)
@@ -274,7 +360,7 @@ def phase(name: str, outdir: str) -> None:
     parts1 = _parts_cpu()
     rpc1 = _sdiag()
     results = []
-    for u in ([flooder] if flooder else []) + users:
+    for u in plan:
         p = res_dir / f"{u}.json"
         if p.exists():
             results.append(json.loads(p.read_text()))
@@ -282,14 +368,20 @@ def phase(name: str, outdir: str) -> None:
         "phase": name,
         "t0": t0,
         "t1": t1,
+        "window_start": start,
+        "window": window,
+        "seed": seed,
         "rpc": [rpc0, *samples, rpc1],
         "cpu": [cpu0, cpu1],
         "parts_cpu": [parts0, parts1],
+        "head_mem_peak": int(head_peak.read_text()) if head_peak else None,
+        "allocations": _sacct_allocations(t0),
+        "lifecycle_s": float(os.environ.get("RUSH_LIFECYCLE_S", "nan")),
         "cpus": os.cpu_count(),
         "problems": problems,
         "students": len(users),
         "flooder": flooder,
-        "workers": int(os.environ.get("RUSH_WORKERS", "6")),
+        "workers": int(os.environ.get("RUSH_WORKERS", "12")),
     }
     Path(outdir, f"phase-{name}.json").write_text(json.dumps({"meta": meta, "students": results}))
     for u, rc, err in problems:
@@ -304,6 +396,84 @@ def _pct(xs: list[float], p: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def jain(xs: list[float]) -> float:
+    """Jain's fairness index of xs: 1 when all are equal, 1/n at worst."""
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs and any(xs) else float("nan")
+
+
+def student_figures(data: dict) -> list[dict]:
+    """For each student (not the flooder): the first submit, the time to
+    the first and to the last result from it, their own work (the calls'
+    run time) and their slowdown (span / work)."""
+    out = []
+    for s in data["students"]:
+        if s["kind"] == "flood":
+            continue
+        c = [c for c in s["calls"] if c["submitted_ms"] and c["finished_ms"]]
+        if not c:
+            continue
+        first_submit = min(x["submitted_ms"] for x in c) / 1000
+        work = sum((x["finished_ms"] - x["started_ms"]) / 1000 for x in c if x["started_ms"])
+        span = max(x["finished_ms"] for x in c) / 1000 - first_submit
+        out.append(
+            {
+                "token": s["token"],
+                "first_submit": first_submit,
+                "first": min(x["finished_ms"] for x in c) / 1000 - first_submit,
+                "last": span,
+                "first_call": min(c, key=lambda x: x["finished_ms"]),
+                "work": work,
+                "slowdown": span / work if work else float("nan"),
+                "rss_kb": s.get("rss_kb"),
+            }
+        )
+    return out
+
+
+def round_robin_bound(students: list[dict], workers: int, call_s: float) -> list[float]:
+    """Each student's time to their first result if the workers served the
+    students with work at their first submit one call each in turn: the
+    rounds before theirs (the students present, themselves included, over
+    the workers) of the phase's mean node time per call, then their own
+    first call."""
+    out = []
+    for s in students:
+        present = sum(
+            1 for o in students if o["first_submit"] <= s["first_submit"] < o["first_submit"] + o["last"]
+        )
+        fc = s["first_call"]
+        own = (fc["finished_ms"] - (fc["started_ms"] or fc["finished_ms"])) / 1000
+        out.append((math.ceil(max(present, 1) / workers) - 1) * call_s + own)
+    return out
+
+
+def idle_while_waiting(allocs: list[list[str]], workers: int, since: float, until: float) -> float:
+    """Node-seconds idle while work waited, from Slurm's records: at each
+    second, the idle nodes (workers less those with an allocation) up to
+    the allocations waiting (submitted, not started)."""
+
+    def num(v: str) -> float | None:
+        return float(v) if v.replace(".", "", 1).isdigit() else None
+
+    rows = [(num(a[1]), num(a[2]), num(a[3]), a[4]) for a in allocs]
+    idle = 0.0
+    t = since
+    while t < until:
+        running = {
+            n
+            for sub, st, en, n in rows
+            if st is not None and st <= t < (en or until) and n not in ("", "None assigned")
+        }
+        waiting = sum(
+            1
+            for sub, st, en, _ in rows
+            if sub is not None and sub <= t and (st is None or st > t) and (en is None or en > t)
+        )
+        idle += min(max(workers - len(running), 0), waiting)
+        t += 1
+    return idle
 
 
 def summarize(data: dict) -> dict:
@@ -374,7 +544,37 @@ def summarize(data: dict) -> dict:
         parts["sandboxes"] = max(containers - sum(d.values()), 0.0)
         parts.update(daemons)
         parts["host: shims, runc, rest"] = max(busy_s - containers - sum(daemons.values()), 0.0)
+    studs = student_figures(data)
+    call_s = (work / len([1 for _, _, c in calls_all if c["started_ms"]])) if work else 0.0
+    if not math.isnan(meta.get("lifecycle_s", float("nan"))):
+        call_s += meta["lifecycle_s"]
+    bound = round_robin_bound(studs, meta["workers"], call_s)
+    first_ratio = [s["first"] / b for s, b in zip(studs, bound, strict=True) if b > 0]
+    lifecycle_floor = len(calls_all) * meta.get("lifecycle_s", float("nan")) / meta["workers"]
+    floor = max(ideal, lifecycle_floor) if not math.isnan(lifecycle_floor) else ideal
+    rss = [s["rss_kb"] / 1024 for s in studs if s.get("rss_kb")]
+    idle = (
+        idle_while_waiting(meta.get("allocations", []), meta["workers"], first, last)
+        if meta.get("allocations")
+        else float("nan")
+    )
     return {
+        "first_p50": _pct([s["first"] for s in studs], 0.5),
+        "first_p95": _pct([s["first"] for s in studs], 0.95),
+        "first_max": max((s["first"] for s in studs), default=float("nan")),
+        "last_p50": _pct([s["last"] for s in studs], 0.5),
+        "last_p95": _pct([s["last"] for s in studs], 0.95),
+        "last_max": max((s["last"] for s in studs), default=float("nan")),
+        "first_vs_round_robin_p95": _pct(first_ratio, 0.95),
+        "jain_slowdown": jain([s["slowdown"] for s in studs if not math.isnan(s["slowdown"])]),
+        "floor_s": floor,
+        "lifecycle_floor_s": lifecycle_floor,
+        "drain_vs_floor": drain / floor if floor else float("nan"),
+        "idle_node_s_while_waiting": idle,
+        "head_mem_peak_mb": meta["head_mem_peak"] / 2**20 if meta.get("head_mem_peak") else float("nan"),
+        "head_cpu_s": dict(parts).get("head", float("nan")),
+        "client_rss_mb_p50": _pct(rss, 0.5),
+        "client_rss_mb_max": max(rss, default=float("nan")),
         "phase": meta["phase"],
         "students": meta["students"],
         "flooder": bool(meta["flooder"]),
@@ -434,6 +634,24 @@ def report(outdir: str) -> None:
             f"p95 {s['per_student_max_p95']:.1f} s, max {s['per_student_max_max']:.1f} s"
         )
         print(
+            f"  per student, from their first submit: first result p50 {s['first_p50']:.0f} s, p95 "
+            f"{s['first_p95']:.0f} s, max {s['first_max']:.0f} s; last result p50 {s['last_p50']:.0f} s, "
+            f"p95 {s['last_p95']:.0f} s, max {s['last_max']:.0f} s"
+        )
+        print(
+            f"  first result against the round-robin bound: p95 x{s['first_vs_round_robin_p95']:.2f} (goal <= 1.5); "
+            f"Jain's index of the students' slowdowns {s['jain_slowdown']:.3f} (goal >= 0.9)"
+        )
+        print(
+            f"  drain {s['drain_s']:.0f} s vs the floor {s['floor_s']:.0f} s (work/workers {s['ideal_s']:.0f} s, "
+            f"container lifecycle {s['lifecycle_floor_s']:.0f} s): x{s['drain_vs_floor']:.2f} (goal <= 1.15); "
+            f"node time idle while work waited {s['idle_node_s_while_waiting']:.0f} node-s"
+        )
+        print(
+            f"  manager (head): {s['head_cpu_s']:.0f} CPU-s, memory peak {s['head_mem_peak_mb']:.0f} MB; "
+            f"client memory per student p50 {s['client_rss_mb_p50']:.0f} MB, max {s['client_rss_mb_max']:.0f} MB"
+        )
+        print(
             f"  drain {s['drain_s']:.0f} s vs work/workers {s['ideal_s']:.0f} s "
             f"(sum of calls' run time {s['work_s']:.0f} s): ratio {s['drain_ratio']:.2f}"
         )
@@ -463,7 +681,7 @@ def report(outdir: str) -> None:
     if "quiet" in phases and "rush" in phases:
         q, r = phases["quiet"], phases["rush"]
         print("\n  the flooder's delay on the others (rush / quiet, same students, same run):")
-        for k in ("wait_p50", "wait_p95", "wait_max"):
+        for k in ("wait_p50", "wait_p95", "wait_max", "first_p95", "last_p50", "last_p95"):
             print(f"    {k}: {r[k]:.1f} s / {q[k]:.1f} s = x{r[k] / q[k] if q[k] else float('nan'):.2f}")
     slim = {k: {kk: vv for kk, vv in v.items() if kk != "waits"} for k, v in phases.items()}
     (out / "rush.json").write_text(json.dumps(slim, indent=1))

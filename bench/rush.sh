@@ -1,33 +1,41 @@
 #!/bin/bash
-# bench/rush.sh -- the deadline rush, measured on a stack of its own (issue 12).
+# bench/rush.sh -- the deadline rush, measured on a stack of its own (issues 12, 53).
 #
-#   bench/rush.sh [--students N] [--workers N] [--flood N] [--keep]
+#   bench/rush.sh [--students N] [--workers N] [--flood N] [--window S] [--seed N] [--keep]
 #
 # Deploys a swarm stack (build_cluster.sh deploy) named $DELEGATE_STACK_NAME
 # (default delegate-rush, its own directories, port and job ids, so it lives
-# beside any other stack) with N light workers (default 6; one CPU each),
-# N students (default 60) and one flooder as the stack's accounts (cluster.toml
-# DELEGATE_STACK_USERS: deploy gives each a Unix account on every node and an
-# association in the course account), then runs two phases, same students:
-#   quiet   every student submits at once: a single Python call of 1-3 s, a
-#           map of 10 Python calls of 1 s, or a CLI job of 1-3 s (in turn)
+# beside any other stack) with N light workers (default 12; one CPU each),
+# then adds N students (default 215) and one flooder with the instructor's
+# own roster command (`build_cluster.sh --stack accounts add --csv`, timed),
+# measures the engine's own container lifecycle on this machine (as many
+# `docker run --rm` of the sandbox image at once as there are workers: the
+# floor's second half), and runs two phases with the same seed's schedule:
+#   quiet   each student, at a moment of the window (default 180 s): a map of
+#           10 Python calls of 1 s, awaited, then one to three single calls
+#           of 1-3 s (one through delegate.Executor, the others from Python
+#           or the CLI), each awaited (bench/rush.py)
 #   rush    the same, while the flooder submits --flood calls (default
-#           1000, `true`, in submissions of 100) 5 s ahead of them
+#           2000, `true`, in submissions of 100) as the window opens
 # and prints: every call completed exactly once (state and the call's own
-# token in its output), the students' waits (submit -> start) p50/p95/max
-# and per student, the rush/quiet ratios (the flooder's delay on the
-# others), the drain time against the sum of the calls' run time divided by
-# the workers, and slurmctld's RPC rate from sdiag. Results (rush.json and,
-# with matplotlib in the bench venv of bench/run.sh, rush.png) go to
-# bench/results/. `down` at the end unless --keep. Run as root; it takes
-# the machine's CPU for a while (several minutes per phase on 2 cores).
-# Benchmarks print figures; nothing asserts on time.
+# token), the drain against the floor of the same run, per student the time
+# to their first and last result (p50/p95/max) and the first against the
+# round-robin bound, Jain's index of the students' slowdowns, the node time
+# idle while work waited (sacct), slurmctld's RPC rate (sdiag), the
+# manager's CPU and memory peak, the client's memory per student, and the
+# rush/quiet ratios (the flooder's delay on the others). Results (rush.json
+# and, with matplotlib in the bench venv of bench/run.sh, rush.png) go to
+# bench/results/. `down` at the end unless --keep. Run as root; it takes the
+# machine's CPU for a while. Benchmarks print figures; nothing asserts on
+# time.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PATH="$HOME/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
-STUDENTS=${RUSH_STUDENTS:-60}
-WORKERS=${RUSH_WORKERS:-6}
-FLOOD=${RUSH_FLOOD:-1000}
+STUDENTS=${RUSH_STUDENTS:-215}
+WORKERS=${RUSH_WORKERS:-12}
+FLOOD=${RUSH_FLOOD:-2000}
+WINDOW=${RUSH_WINDOW:-180}
+SEED=${RUSH_SEED:-1}
 KEEP=0
 OUT=$REPO/bench/results
 while (($#)); do
@@ -35,6 +43,8 @@ while (($#)); do
         --students) STUDENTS=$2; shift ;;
         --workers) WORKERS=$2; shift ;;
         --flood) FLOOD=$2; shift ;;
+        --window) WINDOW=$2; shift ;;
+        --seed) SEED=$2; shift ;;
         --keep) KEEP=1 ;;
         --out) OUT=$(realpath -m "$2"); shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
@@ -43,7 +53,7 @@ while (($#)); do
     shift
 done
 [[ $(id -u) -eq 0 ]] || { echo "bench/rush.sh must run as root" >&2; exit 1; }
-for n in "$STUDENTS" "$WORKERS" "$FLOOD"; do
+for n in "$STUDENTS" "$WORKERS" "$FLOOD" "$WINDOW" "$SEED"; do
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench/rush.sh: '$n' is not a positive number" >&2; exit 2; }
 done
 ((STUDENTS <= 400)) || { echo "bench/rush.sh: at most 400 students" >&2; exit 2; }
@@ -58,23 +68,42 @@ export DELEGATE_STACK_FIRST_JOB_ID=${DELEGATE_STACK_FIRST_JOB_ID:-60000000}
 # Light workers: one CPU each (the calls are sleeps and echos; memory as
 # cluster.toml's default, 1 GB: a call's default limit).
 export DELEGATE_STACK_WORKER_CPUS=${DELEGATE_STACK_WORKER_CPUS:-1}
-# The accounts: r001..rN (uids 5001..) and the flooder rflood (uid 5999).
-users=""
+# The accounts, from a roster as the instructor writes it: r001..rN and the
+# flooder rflood.
+roster=$(mktemp /tmp/delegate-rush-roster.XXXXXX.csv)
 list=""
 for ((i = 1; i <= STUDENTS; i++)); do
     u=$(printf 'r%03d' "$i")
-    users+="$u:$((5000 + i)) "
+    printf '%s,Rush Student %d,\n' "$u" "$i" >>"$roster"
     list+="$u "
 done
-export DELEGATE_STACK_USERS="${users}rflood:5999"
+printf 'rflood,Rush Flooder,\n' >>"$roster"
 export RUSH_STUDENTS_LIST=${list% } RUSH_FLOODER=rflood RUSH_FLOOD=$FLOOD RUSH_WORKERS=$WORKERS
+export RUSH_WINDOW=$WINDOW RUSH_SEED=$SEED
 
 cd "$REPO"
 "$REPO/build_cluster.sh" deploy --workers "$WORKERS"
 cleanup() {
+    rm -f "$roster"
     if ((KEEP == 0)); then "$REPO/build_cluster.sh" down || true; fi
 }
 trap cleanup EXIT
+t=$SECONDS
+"$REPO/build_cluster.sh" --stack accounts add --csv "$roster"
+echo "rush: the roster of $((STUDENTS + 1)) accounts added in $((SECONDS - t)) s"
+
+# The engine's own container lifecycle on this machine: as many sandboxes
+# of `true` at once as there are workers, three rounds.
+image=$(docker image ls -q delegate-sandbox:latest | head -n1)
+[[ -n $image ]] || { echo "bench/rush.sh: no delegate-sandbox:latest image" >&2; exit 1; }
+t0=$(date +%s.%N)
+for ((r = 0; r < 3; r++)); do
+    for ((w = 0; w < WORKERS; w++)); do docker run --rm --network none "$image" true >/dev/null & done
+    wait
+done
+RUSH_LIFECYCLE_S=$(echo "($(date +%s.%N) - $t0) * $WORKERS / (3 * $WORKERS)" | bc -l)
+export RUSH_LIFECYCLE_S
+printf 'rush: a sandbox lifecycle takes %.2f s of a worker with %d at once on this machine\n' "$RUSH_LIFECYCLE_S" "$WORKERS"
 
 # The driver, readable by the students on the user node (the shared home).
 install -d -m 0755 "$DELEGATE_STACK_HOME/.rush"
@@ -84,7 +113,7 @@ PY=python3
 VENV=${BENCH_VENV:-/var/lib/delegate/bench-venv}
 [[ -x $VENV/bin/python ]] && PY=$VENV/bin/python
 work=$(mktemp -d /tmp/delegate-rush.XXXXXX)
-echo "rush: $STUDENTS students, $WORKERS workers, a flooder of $FLOOD calls (results in $work, then $OUT)"
+echo "rush: $STUDENTS students over ${WINDOW} s (seed $SEED), $WORKERS workers, a flooder of $FLOOD calls (results in $work, then $OUT)"
 "$PY" bench/rush.py phase quiet "$work"
 "$PY" bench/rush.py phase rush "$work"
 "$PY" bench/rush.py report "$work"
