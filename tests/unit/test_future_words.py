@@ -29,3 +29,9 @@ def test_a_call_whose_node_was_lost_says_whether_it_runs_again():
     assert spent.outcome == (
         "pending — its node worker2 was lost; its retries are spent: it ends lost when a node takes it"
     )
+    # (its last attempt lost, and Slurm starting it again on a machine that
+    # came back: the start that ends it lost, never "running on worker1")
+    restarted = future(
+        "its node worker2 was lost: Slurm started it again on worker1; its retries are spent: it ends lost there"
+    )
+    assert restarted.outcome == spent.outcome

@@ -209,6 +209,10 @@ impl Client {
                 by_claimer: claimer.is_some(),
                 run_again: f.run_again,
                 started_secs: f.started.as_ref().map_or(0, |s| now_ms().saturating_sub(s.started_ms) / 1000),
+                start_recorded_lost: f
+                    .started
+                    .as_ref()
+                    .is_some_and(|s| f.attempts.iter().any(|a| a.node == s.host && a.started_ms == s.started_ms)),
                 slurm: view,
             };
             match decide(&facts, || self.log_facts(&f.id)) {

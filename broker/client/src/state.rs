@@ -44,6 +44,9 @@ pub struct Facts<'a> {
     pub run_again: bool,
     /// Seconds since the `started` record was written (0 without one).
     pub started_secs: u64,
+    /// The `started` record is one of an attempt the runner already
+    /// recorded lost (the newer attempt's record not visible yet).
+    pub start_recorded_lost: bool,
     pub slurm: SlurmView<'a>,
 }
 
@@ -238,6 +241,22 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
                 slurm_says()
             ),
         ),
+        // A one-node call whose last allowed attempt was lost, which Slurm
+        // started again elsewhere: that start ends lost at once (the
+        // runner's word), it never runs.
+        SlurmPhase::Active
+            if !f.shared && !f.run_again && !f.start_recorded_lost && f.started.is_some_and(|host| moved(j, host)) =>
+        {
+            live(
+                State::Pending,
+                format!(
+                    "its node {} was lost: Slurm started it again on {}; \
+                     its retries are spent: it ends lost there{note}",
+                    f.started.unwrap_or_default(),
+                    j.nodes
+                ),
+            )
+        }
         _ => running(f, note, &j.nodes),
     }
 }
@@ -344,6 +363,7 @@ mod tests {
             by_claimer: false,
             run_again: false,
             started_secs: 0,
+            start_recorded_lost: false,
             slurm,
         }
     }
@@ -382,6 +402,7 @@ mod tests {
             by_claimer: false,
             run_again: false,
             started_secs: 0,
+            start_recorded_lost: false,
             slurm: SlurmView::Present(&cf),
         };
         assert_eq!(
@@ -434,7 +455,11 @@ mod tests {
         let mut r = sj("RUNNING", "None");
         r.nodes = "worker2".into();
         let hidden = facts(SlurmView::Present(&r));
-        let earlier = Facts { started: Some("worker1"), ..hidden };
+        let earlier = Facts {
+            started: Some("worker1"),
+            start_recorded_lost: true,
+            ..hidden
+        };
         for f in [hidden, earlier] {
             assert_eq!(
                 decide(&f, no_log),
@@ -445,6 +470,19 @@ mod tests {
                 "{f:?}"
             );
         }
+        // (seen in the hub) its last allowed attempt, on worker1, lost, and
+        // Slurm starting it again on worker2 when that machine came back:
+        // that start ends lost, it never runs.
+        let spent = Facts { started: Some("worker1"), ..hidden };
+        assert_eq!(
+            decide(&spent, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "its node worker1 was lost: Slurm started it again on worker2; \
+                         its retries are spent: it ends lost there"
+                    .into()
+            }
+        );
         // Slurm unreachable or not asked: never a terminal verdict.
         for view in [SlurmView::Unavailable, SlurmView::NotAsked] {
             assert_eq!(state_of(&decide(&facts(view), || panic!())), State::Pending);
