@@ -128,8 +128,20 @@ impl Client {
     }
 
     fn live_status(&self, f: &JobFiles, state: State, reason: String) -> JobStatus {
-        let started_ms = f.started.as_ref().map(|s| s.started_ms);
-        let host = f.started.as_ref().map(|s| s.host.as_str());
+        self.live_status_on(f, state, reason, "")
+    }
+
+    /// A live job's status; `slurm_nodes`: the nodes Slurm runs it on, which
+    /// a start record on none of them (an earlier attempt's) yields to.
+    fn live_status_on(&self, f: &JobFiles, state: State, reason: String, slurm_nodes: &str) -> JobStatus {
+        let recorded = f.started.as_ref().map(|s| s.host.as_str());
+        let (host, started_ms) = match state {
+            State::Running => match crate::state::running_on(recorded, slurm_nodes) {
+                Some(h) if Some(h) != recorded => (Some(h), None),
+                _ => (recorded, f.started.as_ref().map(|s| s.started_ms)),
+            },
+            _ => (recorded, f.started.as_ref().map(|s| s.started_ms)),
+        };
         JobStatus {
             id: f.id.clone(),
             slurm_id: f.slurm_id.clone(),
@@ -138,7 +150,7 @@ impl Client {
             exit_code: None,
             refused: false,
             oom_killed: false,
-            host: f.started.as_ref().map(|s| s.host.clone()),
+            host: host.map(str::to_owned),
             submitted_ms: Some(f.created_ms),
             started_ms,
             finished_ms: None,
@@ -216,7 +228,13 @@ impl Client {
                 slurm: view,
             };
             match decide(&facts, || self.log_facts(&f.id)) {
-                Verdict::Live { state, reason } => out.push(self.live_status(f, state, reason)),
+                Verdict::Live { state, reason } => {
+                    let nodes = match view {
+                        SlurmView::Present(j) => j.nodes.as_str(),
+                        _ => "",
+                    };
+                    out.push(self.live_status_on(f, state, reason, nodes))
+                }
                 Verdict::Ended { state, reason, refused } => {
                     // The user's own words of why, when the marker has them.
                     let reason = match (&f.cancel_reason, state) {

@@ -139,15 +139,22 @@ fn ended(state: State, reason: String) -> Verdict {
 /// Running, on the host its start record names, else on the node Slurm
 /// gave it (a home whose caches still hide the start record).
 fn running(f: &Facts<'_>, note: &str, slurm_nodes: &str) -> Verdict {
-    // A start record on a node Slurm no longer runs the job on is an
-    // earlier attempt's (the new one's record not visible yet through a
-    // network home): Slurm's node then.
+    match running_on(f.started, slurm_nodes) {
+        Some(h) => live(State::Running, format!("running on {h}{note}")),
+        None => live(State::Running, format!("running{note}")),
+    }
+}
+
+/// The node a running call is shown on: its start record's, unless Slurm
+/// runs the job on other nodes (the record is then an earlier attempt's,
+/// the new one's not visible yet through a network home): Slurm's then.
+pub fn running_on<'a>(started: Option<&'a str>, slurm_nodes: &'a str) -> Option<&'a str> {
     let stale =
         |h: &str| !slurm_nodes.is_empty() && !slurm_nodes.contains('[') && !slurm_nodes.split(',').any(|n| n == h);
-    match f.started {
-        Some(h) if !h.is_empty() && !stale(h) => live(State::Running, format!("running on {h}{note}")),
-        _ if !slurm_nodes.is_empty() => live(State::Running, format!("running on {slurm_nodes}{note}")),
-        _ => live(State::Running, format!("running{note}")),
+    match started {
+        Some(h) if !h.is_empty() && !stale(h) => Some(h),
+        _ if !slurm_nodes.is_empty() => Some(slurm_nodes),
+        _ => None,
     }
 }
 

@@ -444,3 +444,26 @@ fn a_known_jobs_changing_reason_does_not_make_the_wait_ask_sooner() {
     );
     assert_eq!(busy, 3, "squeue calls in 9 s of a job whose reason keeps changing");
 }
+
+#[test]
+fn a_running_call_names_the_node_slurm_runs_it_on_over_an_earlier_start() {
+    // Issue 52, seen in the hub: attempt 1's start record (n1) still
+    // visible through a caching home while Slurm runs attempt 2 on worker2.
+    // The status's host (the notebook's line) is Slurm's node, and its
+    // start time unknown, not attempt 1's.
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = bin_dir(tmp.path());
+    let c = client(tmp.path(), fake_slurm(&bin, "echo 7", "echo '7|RUNNING|worker2|None'"));
+    let h = c.submit(&true_req()).unwrap();
+    write_started(&c.job_dir(&h.id));
+    let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+    assert_eq!(s[0].state, State::Running, "{s:?}");
+    assert_eq!(s[0].host.as_deref(), Some("worker2"), "{s:?}");
+    assert_eq!(s[0].reason, "running on worker2", "{s:?}");
+    assert_eq!(s[0].started_ms, None, "{s:?}");
+    // Slurm on the recorded node: the record's host and start.
+    let c = client(tmp.path(), fake_slurm(&bin, "echo 7", "echo '7|RUNNING|n1|None'"));
+    let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+    assert_eq!(s[0].host.as_deref(), Some("n1"), "{s:?}");
+    assert!(s[0].started_ms.is_some(), "{s:?}");
+}
