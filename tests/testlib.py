@@ -206,13 +206,14 @@ def _sacctmgr(*args: str, check: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def tight_qos(name: str):
-    """The test account `name` (created when missing) with TIGHT_QOS as its
-    only QOS for the duration; afterwards its jobs are cancelled, it gets the
+def tight_qos(name: str, max_submit: int = 1):
+    """The test account `name` (created when missing) with TIGHT_QOS (at
+    most `max_submit` jobs queued or running) as its only QOS for the
+    duration; afterwards its jobs are cancelled, it gets the
     course's QOS back and TIGHT_QOS leaves the course account's list and the
     database, so later suites see the cluster as the deployment made it."""
     _sacctmgr("add", "qos", TIGHT_QOS, check=False)
-    _sacctmgr("modify", "qos", TIGHT_QOS, "set", "MaxSubmitJobsPerUser=1")
+    _sacctmgr("modify", "qos", TIGHT_QOS, "set", f"MaxSubmitJobsPerUser={max_submit}")
     _sacctmgr("modify", "account", COURSE_ACCOUNT, "set", f"qos+={TIGHT_QOS}", check=False)
     ensure_user(name)
     ensure_association(name, qos=TIGHT_QOS)
@@ -224,6 +225,19 @@ def tight_qos(name: str):
         _sacctmgr(*where, "qos=", "defaultqos=-1", check=False)
         _sacctmgr("modify", "account", COURSE_ACCOUNT, "set", f"qos-={TIGHT_QOS}", check=False)
         _sacctmgr("delete", "qos", TIGHT_QOS, check=False)
+
+
+def containers_of_user(name: str) -> list[str]:
+    """Containers (running or not) of user `name`'s calls."""
+    uid = pwd.getpwnam(name).pw_uid
+    r = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=delegate.uid={uid}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return r.stdout.split()
 
 
 def containers_with_label(job: str) -> list[str]:
