@@ -29,13 +29,18 @@ STACK_WORKERS_ARG=
 
 # --- settings
 # stack_load_config: apply --workers to the settings (cluster.toml, loaded
-# at start), check them, and set the names every other function
+# at start, loaded again with it: delegate-deploy checks it), check the
+# rest, and set the names every other function
 # uses: STACK (the swarm stack's name), STACK_GEN, STACK_SECRETS,
 # STACK_FILE, STACK_SWARM_MARK.
 stack_load_config() {
-    [[ -n $STACK_WORKERS_ARG ]] && DELEGATE_STACK_WORKERS=$STACK_WORKERS_ARG
+    if [[ -n $STACK_WORKERS_ARG ]]; then
+        # (the settings' schema decides what a worker count may be, as for
+        # cluster.toml's: the environment wins over the file)
+        export DELEGATE_STACK_WORKERS=$STACK_WORKERS_ARG
+        settings_load
+    fi
     elastic_load_config
-    [[ $DELEGATE_STACK_WORKERS =~ ^[1-9][0-9]*$ ]] || die "--workers/DELEGATE_STACK_WORKERS must be a positive number, not '$DELEGATE_STACK_WORKERS'"
     [[ $DELEGATE_STACK_NAME =~ ^[a-z][a-z0-9-]*$ ]] || die "DELEGATE_STACK_NAME must be lowercase letters, digits and '-'"
     [[ $DELEGATE_STACK_HOME == /* ]] || die "DELEGATE_STACK_HOME must be an absolute path"
     [[ $DELEGATE_STACK_STAGING =~ ^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$ && $DELEGATE_STACK_STAGING != *..* ]] \
