@@ -22,19 +22,12 @@
 # elastic_on: DELEGATE_ELASTIC=1.
 elastic_on() { [[ ${DELEGATE_ELASTIC:-0} == 1 ]]; }
 
-# elastic_load_config: check the settings; with elastic on, the stack has
-# DELEGATE_ELASTIC_MAX workers.
+# elastic_load_config: with elastic on, the stack has DELEGATE_ELASTIC_MAX
+# workers (and the power hook, when set, must be an executable file).
 elastic_load_config() {
-    [[ ${DELEGATE_ELASTIC:-0} =~ ^[01]$ ]] || die "DELEGATE_ELASTIC must be 0 or 1, not '$DELEGATE_ELASTIC'"
+    # (each setting's bounds are the schema's, checked by settings_load;
+    # MIN above MAX is refused when slurm.conf is rendered)
     elastic_on || return 0
-    local v
-    for v in DELEGATE_ELASTIC_MIN DELEGATE_ELASTIC_MAX DELEGATE_ELASTIC_IDLE DELEGATE_ELASTIC_RESUME_TIMEOUT; do
-        [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, not '${!v}'"
-    done
-    ((DELEGATE_ELASTIC_MAX >= 1 && DELEGATE_ELASTIC_MAX <= 999)) || die "DELEGATE_ELASTIC_MAX must be 1..999"
-    ((DELEGATE_ELASTIC_MIN <= DELEGATE_ELASTIC_MAX)) || die "DELEGATE_ELASTIC_MIN ($DELEGATE_ELASTIC_MIN) is above DELEGATE_ELASTIC_MAX ($DELEGATE_ELASTIC_MAX)"
-    ((DELEGATE_ELASTIC_IDLE >= 10)) || die "DELEGATE_ELASTIC_IDLE must be at least 10 seconds"
-    ((DELEGATE_ELASTIC_RESUME_TIMEOUT >= 30)) || die "DELEGATE_ELASTIC_RESUME_TIMEOUT must be at least 30 seconds"
     if [[ -n $DELEGATE_POWER_HOOK ]]; then
         [[ -f $DELEGATE_POWER_HOOK && -x $DELEGATE_POWER_HOOK ]] || die "DELEGATE_POWER_HOOK $DELEGATE_POWER_HOOK is not an executable file"
     fi

@@ -29,8 +29,8 @@ STACK_WORKERS_ARG=
 
 # --- settings
 # stack_load_config: apply --workers to the settings (cluster.toml, loaded
-# at start, loaded again with it: delegate-deploy checks it), check the
-# rest, and set the names every other function
+# at start, loaded again with it: delegate-deploy's schema checks every
+# setting), and set the names every other function
 # uses: STACK (the swarm stack's name), STACK_GEN, STACK_SECRETS,
 # STACK_FILE, STACK_SWARM_MARK.
 stack_load_config() {
@@ -41,10 +41,6 @@ stack_load_config() {
         settings_load
     fi
     elastic_load_config
-    [[ $DELEGATE_STACK_NAME =~ ^[a-z][a-z0-9-]*$ ]] || die "DELEGATE_STACK_NAME must be lowercase letters, digits and '-'"
-    [[ $DELEGATE_STACK_HOME == /* ]] || die "DELEGATE_STACK_HOME must be an absolute path"
-    [[ $DELEGATE_STACK_STAGING =~ ^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$ && $DELEGATE_STACK_STAGING != *..* ]] \
-        || die "DELEGATE_STACK_STAGING must be a clean absolute path, not '$DELEGATE_STACK_STAGING'"
     STACK=$DELEGATE_STACK_NAME
     STACK_GEN=$DELEGATE_STACK_DIR/generated
     STACK_SECRETS=$DELEGATE_STACK_DIR/secrets
@@ -63,7 +59,6 @@ STACK_NODE_UP='(idle|mixed|allocated|completing)'
 stack_worker_ids() {
     STACK_SLOTS=$DELEGATE_STACK_WORKERS
     if [[ $DELEGATE_STACK_PLACEMENT == 1 ]] && ! elastic_on; then
-        [[ $DELEGATE_STACK_SLOTS =~ ^[1-9][0-9]{0,2}$ ]] || die "DELEGATE_STACK_SLOTS must be a number 1..999, not '$DELEGATE_STACK_SLOTS'"
         ((DELEGATE_STACK_SLOTS > STACK_SLOTS)) && STACK_SLOTS=$DELEGATE_STACK_SLOTS
         DELEGATE_STACK_SLOTS=$STACK_SLOTS
         mapfile -t STACK_WORKER_IDS < <(machine_workers 2>/dev/null | awk -v max="$STACK_SLOTS" '$1 <= max { print $1 }')

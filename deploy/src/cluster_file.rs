@@ -20,6 +20,8 @@ pub enum ConfigError {
         value: String,
         from: &'static str,
     },
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// Facts of this machine some defaults are made of.
@@ -112,7 +114,20 @@ pub fn resolve(
         resolved.insert(s.env, value.clone());
         out.push((s.env, value));
     }
+    check_together(&resolved)?;
     Ok(out)
+}
+
+/// What no setting decides alone: the elastic minimum at most its maximum.
+fn check_together(v: &BTreeMap<&'static str, String>) -> Result<(), ConfigError> {
+    let n = |k: &str| v.get(k).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    let (min, max) = (n("DELEGATE_ELASTIC_MIN"), n("DELEGATE_ELASTIC_MAX"));
+    if min > max {
+        return Err(ConfigError::Conflict(format!(
+            "DELEGATE_ELASTIC_MIN ({min}, elastic.min) is above DELEGATE_ELASTIC_MAX ({max}, elastic.max)"
+        )));
+    }
+    Ok(())
 }
 
 fn want_of(kind: Kind, want: &str) -> String {
@@ -263,6 +278,35 @@ mod tests {
         assert_eq!(value(&v, "DELEGATE_STACK_WORKER_CPUS"), "4");
         assert_eq!(value(&v, "DELEGATE_STACK_MAX_MEM"), "1024M");
         assert_eq!(value(&v, "DELEGATE_QOS_MAX_CPU_RUN_MINS"), "5760");
+    }
+
+    #[test]
+    fn the_stacks_name_and_mount_paths_are_checked_here() {
+        // (issue 57: build_cluster.sh re-checked these with its own rules)
+        for (k, bad) in [
+            ("DELEGATE_STACK_NAME", "Delegate"),
+            ("DELEGATE_STACK_NAME", "my_stack"),
+            ("DELEGATE_STACK_NAME", "1stack"),
+            ("DELEGATE_STACK_STAGING", "/run/a:b"),
+            ("DELEGATE_STACK_STAGING", "/run/x/"),
+            ("DELEGATE_STACK_HOME", "/srv/../etc"),
+            ("DELEGATE_STACK_DIR", "relative"),
+        ] {
+            let err = resolve(&BTreeMap::new(), &env(&[(k, bad)]), M).unwrap_err().to_string();
+            assert!(err.starts_with(k) && err.contains(&format!("not '{bad}'")), "{k}={bad}: {err}");
+        }
+        let ok = resolve(&BTreeMap::new(), &env(&[("DELEGATE_STACK_NAME", "delegate-rush")]), M).unwrap();
+        assert_eq!(value(&ok, "DELEGATE_STACK_NAME"), "delegate-rush");
+    }
+
+    #[test]
+    fn an_elastic_minimum_above_its_maximum_is_refused_with_the_settings() {
+        let e = env(&[("DELEGATE_ELASTIC_MIN", "3"), ("DELEGATE_ELASTIC_MAX", "2")]);
+        let err = resolve(&BTreeMap::new(), &e, M).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "DELEGATE_ELASTIC_MIN (3, elastic.min) is above DELEGATE_ELASTIC_MAX (2, elastic.max)"
+        );
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub enum Kind {
     Image,
     /// A Unix-style name (a-z 0-9 _ -).
     Name,
+    /// A swarm stack's name: a-z 0-9 -, starting with a letter (its
+    /// services are `<name>_<service>`).
+    StackName,
+    /// An absolute path Docker can bind (`src:dst`): A-Z a-z 0-9 . _ / -,
+    /// no `..`, no trailing `/`.
+    MountPath,
     /// A name, or empty.
     NameOrEmpty,
     /// "name:id".
@@ -85,15 +91,15 @@ use DefaultValue::{Lit, Nproc, NprocTimes, Ref};
 #[rustfmt::skip]
 pub const SETTINGS: &[Setting] = &[
     // [stack]
-    s("DELEGATE_STACK_NAME", "stack.name", Kind::Name, Lit("delegate"),
+    s("DELEGATE_STACK_NAME", "stack.name", Kind::StackName, Lit("delegate"),
       "Swarm stack name; prefixes every service, network, config and secret."),
     s("DELEGATE_STACK_WORKERS", "stack.workers", Kind::Count(1, 999), Lit("2"),
       "Number of worker nodes (Slurm nodes worker1..workerN); `--workers N` wins."),
-    s("DELEGATE_STACK_DIR", "stack.dir", Kind::Path, Lit("/srv/delegate-stack"),
+    s("DELEGATE_STACK_DIR", "stack.dir", Kind::MountPath, Lit("/srv/delegate-stack"),
       "Host directory for everything the stack keeps: the munge key (secrets/), generated files (generated/), and the shared home (home/)."),
-    s("DELEGATE_STACK_HOME", "stack.home", Kind::Path, Ref("DELEGATE_STACK_DIR", "/home"),
+    s("DELEGATE_STACK_HOME", "stack.home", Kind::MountPath, Ref("DELEGATE_STACK_DIR", "/home"),
       "The users' shared home. It is mounted at the SAME absolute path in the user node, the workers and (through sandbox-runner's bind mount, resolved by the host's Docker engine) the sandboxes, so a job directory has one path everywhere. On real machines: an NFS export mounted at this path on every node (docs/instructors.md, real machines)."),
-    s("DELEGATE_STACK_STAGING", "stack.staging", Kind::Path, Lit("/run/delegate-stack"),
+    s("DELEGATE_STACK_STAGING", "stack.staging", Kind::MountPath, Lit("/run/delegate-stack"),
       "The workers' staging directories on the host (one subdirectory per worker, bound into it at /run/delegate/jobs): the root agent pins each running job directory there and the host's Docker engine mounts it into the sandbox from there. `deploy` makes it a shared mount point (mount --bind D D; mount --make-rshared D) so the workers' mounts propagate to the host; `down` unmounts it. On real machines every worker host needs the same (docs/instructors.md, real machines)."),
     s("DELEGATE_STACK_FIRST_JOB_ID", "stack.first_job_id", Kind::Count(1, 2_000_000_000), Lit("30000000"),
       "Slurm job ids of this cluster start here: the sandbox containers of every cluster on one Docker engine carry the label delegate.slurm-job=<id>, and the epilog removes leftovers by that label. A disjoint id range keeps the stack's epilog from ever touching a container of another cluster (the single-machine --local one) on the same engine."),
@@ -287,6 +293,17 @@ impl Kind {
             Kind::PathOrEmpty => v.is_empty() || is_safe_path(v),
             Kind::Image => is_image(v),
             Kind::Name => is_unix_name(v),
+            Kind::StackName => {
+                v.len() <= 40
+                    && v.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+                    && v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            }
+            Kind::MountPath => {
+                is_safe_path(v)
+                    && v.len() > 1
+                    && !v.ends_with('/')
+                    && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b))
+            }
             Kind::NameOrEmpty => v.is_empty() || is_unix_name(v),
             Kind::NameId => v.split_once(':').is_some_and(|(n, id)| is_unix_name(n) && is_id(id)),
             Kind::Accounts => v.split(' ').filter(|w| !w.is_empty()).all(|w| Kind::NameId.check(w).is_ok()),
@@ -320,6 +337,8 @@ impl Kind {
             Kind::PathOrEmpty => "an absolute path of A-Z a-z 0-9 . _ / + @ = , : -, or empty",
             Kind::Image => "a Docker image name such as delegate-sandbox:latest",
             Kind::Name => "a name of a-z 0-9 _ - starting with a letter or _",
+            Kind::StackName => "a name of a-z 0-9 - starting with a letter, at most 40 bytes",
+            Kind::MountPath => "an absolute path of A-Z a-z 0-9 . _ / -, without '..' or a trailing /",
             Kind::NameOrEmpty => "a name of a-z 0-9 _ -, or empty",
             Kind::NameId => "name:number",
             Kind::Accounts => "space-separated name:uid pairs",

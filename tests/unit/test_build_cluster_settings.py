@@ -27,3 +27,32 @@ def test_a_worker_count_on_the_command_line_is_the_schemas_to_check(workers):
     assert r.returncode != 0, r.stdout + r.stderr
     want = f"DELEGATE_STACK_WORKERS (stack.workers in the settings file) must be a whole number from 1 to 999, not '{workers}'"
     assert want in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "setting,want",
+    [
+        (
+            {"DELEGATE_STACK_NAME": "my_stack"},
+            "DELEGATE_STACK_NAME (stack.name in the settings file) must be",
+        ),
+        (
+            {"DELEGATE_STACK_STAGING": "/run/a:b"},
+            "DELEGATE_STACK_STAGING (stack.staging in the settings file) must be",
+        ),
+        (
+            {"DELEGATE_ELASTIC_MIN": "3", "DELEGATE_ELASTIC_MAX": "2"},
+            "DELEGATE_ELASTIC_MIN (3, elastic.min) is above DELEGATE_ELASTIC_MAX (2, elastic.max)",
+        ),
+    ],
+)
+def test_the_stacks_own_settings_are_the_schemas_to_check(setting, want):
+    # (build_cluster.sh re-checked these with rules of its own)
+    r = subprocess.run(
+        [str(REPO / "build_cluster.sh"), "status"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **setting},
+    )
+    assert r.returncode != 0 and want in r.stderr, r.stderr
