@@ -15,6 +15,7 @@ use std::time::Duration;
 use delegate_protocol::policy::{PerfMode, Policy, DEFAULT_POLICY_PATH, POLICY_ENV};
 
 use crate::slurm::nodes::{each_node_once, parse_nodes, NodeRow, SINFO_NODES_FORMAT};
+use crate::slurm::Slurm;
 use crate::{subprocess, Client, Config, DEFAULT_RUNNER};
 
 /// One check: what was found, and how to fix it when it failed.
@@ -56,8 +57,13 @@ impl Output {
 
 /// Runs a program through the client's subprocess helper (killed when over
 /// `limit`); the error is one sentence.
-fn run_cmd(program: &str, args: &[&str], stdin: Option<Vec<u8>>, limit: Duration) -> Result<Output, String> {
-    let o = subprocess::run(Path::new(program), args, stdin.as_deref(), limit).map_err(|e| e.to_string())?;
+fn run_cmd(
+    program: impl AsRef<Path>,
+    args: &[&str],
+    stdin: Option<Vec<u8>>,
+    limit: Duration,
+) -> Result<Output, String> {
+    let o = subprocess::run(program.as_ref(), args, stdin.as_deref(), limit).map_err(|e| e.to_string())?;
     Ok(Output {
         ok: o.success(),
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -75,8 +81,10 @@ pub fn run(client: Result<&Client, String>) -> Vec<Check> {
         detail: role.describe().to_owned(),
         fix: None,
     }];
-    let nodes = sinfo_nodes();
-    slurm_checks(&mut checks, &nodes);
+    // (the client's Slurm adapter: its tools' paths, as every other command)
+    let slurm = client.as_ref().map_or_else(|_| Slurm::from_env(), |c| c.config().slurm.clone());
+    let nodes = sinfo_nodes(&slurm);
+    slurm_checks(&mut checks, &slurm, &nodes);
     checks.push(munge_check(role::munge_socket_in_use()));
     if role.runs_sandboxes() {
         sandbox_checks(&mut checks);
@@ -92,9 +100,9 @@ pub fn run(client: Result<&Client, String>) -> Vec<Check> {
 }
 
 /// Every node line of sinfo (the one parser), or sinfo's complaint.
-fn sinfo_nodes() -> Result<Vec<NodeRow>, String> {
+fn sinfo_nodes(slurm: &Slurm) -> Result<Vec<NodeRow>, String> {
     let format = format!("--Format={SINFO_NODES_FORMAT}");
-    match run_cmd("sinfo", &["--noheader", "--Node", &format], None, T) {
+    match run_cmd(&slurm.sinfo, &["--noheader", "--Node", &format], None, T) {
         Ok(o) if o.ok => Ok(parse_nodes(&o.stdout)),
         Ok(o) => Err(format!("sinfo: {}", o.first_line())),
         Err(e) => Err(e),
@@ -155,12 +163,12 @@ fn partition_overlap(rows: &[NodeRow], ours: &[String]) -> Result<String, String
 const T: Duration = Duration::from_secs(20);
 
 /// The controller answers, a node is usable; elastic workers explained.
-fn slurm_checks(checks: &mut Vec<Check>, nodes: &Result<Vec<NodeRow>, String>) {
+fn slurm_checks(checks: &mut Vec<Check>, slurm: &Slurm, nodes: &Result<Vec<NodeRow>, String>) {
     let slurm_fix = "start Slurm (build_cluster.sh --local on a single machine) and check that slurmctld is running and SLURM_CONF points at its configuration";
 
     checks.push(check(
         "slurm controller",
-        match run_cmd("scontrol", &["ping"], None, T) {
+        match run_cmd(&slurm.scontrol, &["ping"], None, T) {
             Ok(o) if o.ok && o.stdout.contains("UP") => Ok(o.stdout.lines().next().unwrap_or("").trim().to_owned()),
             Ok(o) => Err((format!("scontrol ping: {}", o.first_line()), slurm_fix.into())),
             Err(e) => Err((e, slurm_fix.into())),
@@ -168,7 +176,7 @@ fn slurm_checks(checks: &mut Vec<Check>, nodes: &Result<Vec<NodeRow>, String>) {
     ));
     checks.push(check(
         "slurm nodes",
-        match run_cmd("sinfo", &["--noheader", "--format=%P %a %D %T"], None, T) {
+        match run_cmd(&slurm.sinfo, &["--noheader", "--format=%P %a %D %T"], None, T) {
             Ok(o) if o.ok => {
                 let lines: Vec<&str> = o.stdout.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
                 let usable = lines.iter().any(|l| {
@@ -196,7 +204,7 @@ fn slurm_checks(checks: &mut Vec<Check>, nodes: &Result<Vec<NodeRow>, String>) {
     // Elastic workers (docs/elastic.md): a job waiting for a worker Slurm
     // is powering up, or a worker that failed to start.
     let waiting = run_cmd(
-        "squeue",
+        &slurm.squeue,
         &["--me", "--noheader", "--states=PD,CF", "--format=%i|%T|%r"],
         None,
         T,
@@ -437,6 +445,26 @@ mod tests {
     fn rows(lines: &str) -> Vec<NodeRow> {
         let full: String = lines.lines().map(|l| format!("{l}idle||none||\n")).collect();
         parse_nodes(&full)
+    }
+
+    #[test]
+    fn the_slurm_checks_run_the_adapters_tools() {
+        // (issue 57: doctor goes through the client's Slurm adapter, the
+        // tools at its paths, not whatever `scontrol` $PATH finds)
+        let missing = Path::new("/nonexistent/delegate-doctor-test");
+        let slurm = Slurm {
+            scontrol: missing.join("scontrol"),
+            sinfo: missing.join("sinfo"),
+            squeue: missing.join("squeue"),
+            ..Slurm::default()
+        };
+        let mut checks = Vec::new();
+        slurm_checks(&mut checks, &slurm, &sinfo_nodes(&slurm));
+        let failed: Vec<&Check> = checks.iter().filter(|c| !c.ok).collect();
+        assert_eq!(failed.len(), 2, "{checks:?}");
+        for c in failed {
+            assert!(c.detail.contains("/nonexistent/delegate-doctor-test/s"), "{c:?}");
+        }
     }
 
     #[test]

@@ -99,6 +99,8 @@ pub struct Slurm {
     pub scancel: PathBuf,
     pub sinfo: PathBuf,
     pub sacct: PathBuf,
+    /// `scontrol`, for `delegate doctor`'s ping of the controller.
+    pub scontrol: PathBuf,
     /// How long one call may take ([`SLURM_TIMEOUT`]).
     pub timeout: Duration,
 }
@@ -112,6 +114,7 @@ impl Default for Slurm {
             scancel: "scancel".into(),
             sinfo: "sinfo".into(),
             sacct: "sacct".into(),
+            scontrol: "scontrol".into(),
             timeout: SLURM_TIMEOUT,
         }
     }
