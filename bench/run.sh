@@ -89,6 +89,20 @@ if grep -q '^AccountingStorageType *= *accounting_storage/slurmdbd' <<<"$slurm_c
         || { echo "bench/run.sh: cannot give $BENCH_USER an association in $acct" >&2; exit 1; }
 fi
 
+# The course accounts the maps and the Dask graph run as (two students, not
+# admins), made the instructor's way: the roster command, which leaves
+# accounts already in place as they are (a fresh `--local` has none).
+MAP_USER=${BENCH_MAP_USER:-delegate-load0}
+OTHER_USER=${BENCH_OTHER_USER:-delegate-load1}
+roster=$(mktemp)
+printf 'username,full name\n%s,Bench student A\n%s,Bench student B\n' "$MAP_USER" "$OTHER_USER" >"$roster"
+if ! ./build_cluster.sh accounts add --csv "$roster"; then
+    rm -f "$roster"
+    echo "bench/run.sh: cannot add the course accounts $MAP_USER and $OTHER_USER (build_cluster.sh's error above)" >&2
+    exit 1
+fi
+rm -f "$roster"
+
 # 1. The bench venv: delegate + submitit + matplotlib.
 if [[ ! -x $VENV/bin/python ]]; then
     python3 -m venv "$VENV"
