@@ -287,3 +287,32 @@ def test_a_job_not_in_a_root_below_an_unlistable_directory_is_no_job(alice):
         shutil.rmtree(top)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert r.stderr.strip() == f"delegate: error: no job {missing} in {root}", r.stderr
+
+
+def test_a_waiting_call_says_when_it_likely_starts(alice):
+    """Issue 56: while a call waits behind another on the one node, its
+    status says when Slurm expects it to start (the backfill scheduler's
+    estimate, from the time limit of the call ahead: within about 2 min
+    here), in minutes; before the scheduler placed it, that there is no
+    estimate yet."""
+    first = alice.submit("sleep", "60", opts=("--time", "2m"))
+    alice.wait_started(first)
+    second = alice.submit("true", opts=("--time", "2m"))
+    try:
+        seen = []
+
+        def estimate():
+            reason = alice.status(second)["reason"]
+            seen.append(reason)
+            return "likely to start within" in reason
+
+        deadline = time.monotonic() + 90
+        while not estimate():
+            assert time.monotonic() < deadline, f"no estimate of the start within 90 s: {seen[-3:]}"
+            time.sleep(1)
+        assert all("likely to start" in r or "no estimate of its start yet" in r for r in seen), seen
+        within = seen[-1].split("likely to start within ")[1]
+        mins = 1 if within.startswith("a minute") else int(within.split(" min")[0])
+        assert 1 <= mins <= 3, seen[-1]
+    finally:
+        alice.run("cancel", first, second)

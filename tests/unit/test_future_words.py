@@ -35,3 +35,16 @@ def test_a_call_whose_node_was_lost_says_whether_it_runs_again():
         "its node worker2 was lost: Slurm started it again on worker1; its retries are spent: it ends lost there"
     )
     assert restarted.outcome == spent.outcome
+
+
+def test_a_waiting_call_says_when_it_likely_starts():
+    """Issue 56: Slurm's estimate of a waiting call's start, in the line."""
+    soon = future(
+        "waiting in Slurm's queue (Resources); likely to start within 3 min "
+        "(Slurm's estimate from the time limits of the jobs ahead)"
+    )
+    assert soon.outcome == "pending — likely to start within 3 min"
+    none = future(
+        "waiting in Slurm's queue (Priority); no estimate of its start yet (Slurm's scheduler has not placed it)"
+    )
+    assert none.outcome == "pending — no estimate of its start yet"

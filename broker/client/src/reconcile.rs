@@ -221,6 +221,7 @@ impl Client {
                 by_claimer: claimer.is_some(),
                 run_again: f.run_again,
                 started_secs: f.started.as_ref().map_or(0, |s| now_ms().saturating_sub(s.started_ms) / 1000),
+                now_secs: now_ms() / 1000,
                 start_recorded_lost: f
                     .started
                     .as_ref()

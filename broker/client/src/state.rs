@@ -47,6 +47,8 @@ pub struct Facts<'a> {
     /// The `started` record is one of an attempt the runner already
     /// recorded lost (the newer attempt's record not visible yet).
     pub start_recorded_lost: bool,
+    /// Now, in seconds since the epoch (for Slurm's expected start).
+    pub now_secs: u64,
     pub slurm: SlurmView<'a>,
 }
 
@@ -230,7 +232,8 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
             } else {
                 "waiting in Slurm's queue"
             };
-            live(State::Pending, format!("{what}{why}{note}"))
+            let when = likely_start(j.expected_start, f.now_secs);
+            live(State::Pending, format!("{what}{why}; {when}{note}"))
         }
         SlurmPhase::Active if f.shared && f.started.is_none() => {
             live(State::Pending, format!("{WAITING_FOR_AN_ALLOCATION}{note}"))
@@ -265,6 +268,32 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
             )
         }
         _ => running(f, note, &j.nodes),
+    }
+}
+
+/// When a waiting job will likely start, from Slurm's backfill estimate
+/// (which counts every job ahead as running to its time limit, so it is a
+/// latest start unless jobs of higher priority arrive), or why there is none.
+pub fn likely_start(expected: Option<u64>, now: u64) -> String {
+    match expected {
+        Some(t) if t > now + 60 => format!(
+            "{LIKELY} within {} (Slurm's estimate from the time limits of the jobs ahead)",
+            in_words(t - now)
+        ),
+        Some(_) => format!("{LIKELY} within a minute (Slurm's estimate)"),
+        None => "no estimate of its start yet (Slurm's scheduler has not placed it)".to_owned(),
+    }
+}
+
+/// The words a waiting job's reason has before its likely start.
+pub const LIKELY: &str = "likely to start";
+
+/// A wait in minutes (rounded up) or hours and minutes.
+fn in_words(secs: u64) -> String {
+    let min = secs.div_ceil(60);
+    match min {
+        0..=89 => format!("{min} min"),
+        _ => format!("{} h {} min", min / 60, min % 60),
     }
 }
 
@@ -371,6 +400,7 @@ mod tests {
             run_again: false,
             started_secs: 0,
             start_recorded_lost: false,
+            now_secs: 1_000_000,
             slurm,
         }
     }
@@ -384,6 +414,7 @@ mod tests {
             state: SlurmState::parse(state),
             reason: reason.into(),
             nodes: String::new(),
+            expected_start: None,
         }
     }
 
@@ -410,6 +441,7 @@ mod tests {
             run_again: false,
             started_secs: 0,
             start_recorded_lost: false,
+            now_secs: 1_000_000,
             slurm: SlurmView::Present(&cf),
         };
         assert_eq!(
@@ -422,6 +454,35 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_call_says_when_it_likely_starts() {
+        let now = 1_000_000;
+        let mut p = sj("PENDING", "Resources");
+        p.expected_start = Some(now + 150);
+        let f = Facts {
+            now_secs: now,
+            ..facts(SlurmView::Present(&p))
+        };
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "waiting in Slurm's queue (Resources); likely to start within 3 min \
+                         (Slurm's estimate from the time limits of the jobs ahead)"
+                    .into()
+            }
+        );
+        assert_eq!(
+            likely_start(Some(now + 30), now),
+            "likely to start within a minute (Slurm's estimate)"
+        );
+        assert_eq!(
+            likely_start(Some(now - 5), now),
+            "likely to start within a minute (Slurm's estimate)"
+        );
+        assert!(likely_start(Some(now + 2 * 3600 + 61), now).contains("within 2 h 2 min"));
+    }
+
+    #[test]
     fn live_states() {
         let p = sj("PENDING", "Priority");
         let v = decide(&facts(SlurmView::Present(&p)), || panic!("log read for a live job"));
@@ -429,7 +490,9 @@ mod tests {
             v,
             Verdict::Live {
                 state: State::Pending,
-                reason: "waiting in Slurm's queue (Priority)".into()
+                reason: "waiting in Slurm's queue (Priority); \
+                         no estimate of its start yet (Slurm's scheduler has not placed it)"
+                    .into()
             }
         );
         let held = sj("PENDING", "launch failed requeued held");
@@ -602,7 +665,9 @@ mod tests {
             decide(&facts_shared(SlurmView::Present(&queued)), no_log),
             Verdict::Live {
                 state: State::Pending,
-                reason: "waiting for an allocation of its map, in Slurm's queue (Resources)".into()
+                reason: "waiting for an allocation of its map, in Slurm's queue (Resources); \
+                         no estimate of its start yet (Slurm's scheduler has not placed it)"
+                    .into()
             }
         );
         f.started = Some("n1");

@@ -73,11 +73,23 @@ pub fn run<S: AsRef<OsStr>>(
     stdin: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<Output, SubprocessError> {
+    run_env(program, args, &[], stdin, timeout)
+}
+
+/// [`run`], with `env` added to the program's environment.
+pub fn run_env<S: AsRef<OsStr>>(
+    program: &Path,
+    args: &[S],
+    env: &[(&str, &str)],
+    stdin: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Output, SubprocessError> {
     let name = program.display().to_string();
     tracing::debug!(program = %name, args = ?args.iter().map(|a| a.as_ref().to_string_lossy()).collect::<Vec<_>>(), "running");
     let spawn = || {
         Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -186,6 +186,12 @@ class DelegateFuture(cf.Future[Any]):
             if "its retries are spent" in self.reason:
                 return "pending — %s; its retries are spent: it ends lost when a node takes it" % lost
             return "pending — %s, it runs again" % lost
+        for words in ("likely to start", "no estimate of its start"):
+            # (Slurm's estimate of a waiting call's start, issue 56; the
+            # reason's words before its parenthesis)
+            at = self.reason.find(words)
+            if at >= 0:
+                return "pending — " + self.reason[at:].split(" (", 1)[0].split(";", 1)[0]
         return "pending"
 
     def _again(self) -> str:

@@ -167,10 +167,16 @@ impl Slurm {
             // job directory naming `123_4` would look gone).
             "--array".to_owned(),
             format!("--user={uid}"),
-            "--format=%i|%T|%N|%r".to_owned(),
+            // (%S: a pending job's expected start, from the backfill
+            // scheduler; in seconds since the epoch with SLURM_TIME_FORMAT)
+            "--format=%i|%T|%N|%r|%S".to_owned(),
         ];
         SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
-        Ok(parse_squeue(&self.run(&self.squeue, &args, None)?))
+        let out = subprocess::run_env(&self.squeue, &args, &[("SLURM_TIME_FORMAT", "%s")], None, self.timeout)?;
+        if !out.success() {
+            return Err(failed(&self.squeue, &out));
+        }
+        Ok(parse_squeue(&out.stdout_text()))
     }
 
     /// The partition jobs go to: its usable nodes and time limit, in one

@@ -132,6 +132,10 @@ pub struct SlurmJob {
     /// The nodes Slurm gave it (`worker1`, `worker[1-2]`), empty while it
     /// waits.
     pub nodes: String,
+    /// While it waits: when Slurm's backfill scheduler expects it to start
+    /// (seconds since the epoch; from the time limits of the jobs ahead, so
+    /// a latest start unless others arrive first), when it has one.
+    pub expected_start: Option<u64>,
 }
 
 /// Where a Slurm state is in a job's life.
@@ -255,12 +259,18 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
             continue;
         }
         let mut parts = line.splitn(4, '|');
-        let (id, state, nodes, reason) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        let (id, state, nodes, rest) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
             (Some(i), Some(s), n, r) => (i.trim(), s.trim(), n.unwrap_or("").trim(), r.unwrap_or("").trim()),
             _ => {
-                tracing::warn!(line, "skipping an squeue line that is not id|state|nodes|reason");
+                tracing::warn!(line, "skipping an squeue line that is not id|state|nodes|reason|start");
                 continue;
             }
+        };
+        // (the start is the last field, when it is one: a reason may hold
+        // the separator)
+        let (reason, expected_start) = match rest.rsplit_once('|') {
+            Some((r, t)) if is_start_field(t) => (r.trim(), expected_start(t)),
+            _ => (rest, None),
         };
         let id_ok = !id.is_empty()
             && id.bytes().next().is_some_and(|b| b.is_ascii_digit())
@@ -278,10 +288,27 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
                 state: SlurmState::parse(state),
                 reason: reason.to_owned(),
                 nodes: nodes.to_owned(),
+                expected_start,
             },
         );
     }
     jobs
+}
+
+/// Whether `f` is what squeue prints for `%S` (seconds, `N/A`, `Unknown`).
+fn is_start_field(f: &str) -> bool {
+    let f = f.trim();
+    f.is_empty() || f == "N/A" || f == "Unknown" || (f.len() <= 12 && f.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// squeue's `%S` under `SLURM_TIME_FORMAT=%s`: seconds since the epoch, or
+/// `N/A`/`Unknown`/0 when Slurm has no start time for the job.
+fn expected_start(field: &str) -> Option<u64> {
+    let f = field.trim();
+    if f.is_empty() || f.len() > 12 || !f.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    f.parse().ok().filter(|&t| t > 0)
 }
 
 /// True when the task list of a pending array record (`1-49`, `1,3,5-9`,
@@ -380,6 +407,7 @@ mod tests {
                 state: SlurmState::Pending,
                 reason: "Priority".into(),
                 nodes: String::new(),
+                expected_start: None,
             }
         );
         assert_eq!(m["13"].state, SlurmState::Running);
@@ -393,13 +421,26 @@ mod tests {
                 state: SlurmState::Timeout,
                 reason: "".into(),
                 nodes: String::new(),
+                expected_start: None,
             }
         );
         assert_eq!(m["19"].state, SlurmState::Cancelled);
         assert!(!m.contains_key("16"));
+        // %S under SLURM_TIME_FORMAT=%s: a pending job's expected start.
+        let m = parse_squeue(
+            "20|PENDING||Resources|1795929371
+21|PENDING||Priority|N/A
+22|RUNNING|w1|None|0
+",
+        );
+        assert_eq!(m["20"].expected_start, Some(1_795_929_371));
+        assert_eq!(m["20"].reason, "Resources");
+        assert_eq!(m["21"].expected_start, None);
+        assert_eq!(m["22"].expected_start, None);
         assert!(parse_squeue("").is_empty());
         // Reasons may contain the separator.
         assert_eq!(parse_squeue("5|PENDING||a|b")["5"].reason, "a|b");
+        assert_eq!(parse_squeue("5|PENDING||a|b|N/A")["5"].reason, "a|b");
     }
 
     #[test]
