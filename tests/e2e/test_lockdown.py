@@ -571,6 +571,31 @@ def test_other_students_processes_are_invisible(alice, bob):
         alice.run("cancel", job)
 
 
+def test_no_student_makes_another_students_call_run_again(alice, bob):
+    """Security round 5, the new round (issue 52's attempts): Bob cannot
+    make Alice's running call with retries run again or stop it: Slurm
+    refuses his requeue, requeuehold, hold, signal and cancel of her job,
+    and the gate his update of its flag; her call runs once (no attempt
+    recorded) and completes."""
+    job = alice.submit("sleep", "8", opts=("--retries", "2", "--time", "1m"))
+    alice.wait_started(job)
+    sid = alice.status(job)["slurm_id"]
+    for cmd in (
+        ("scontrol", "requeue", sid),
+        ("scontrol", "requeuehold", sid),
+        ("scontrol", "hold", sid),
+        ("scontrol", "update", f"jobid={sid}", "Requeue=0"),
+        ("scancel", "--signal=STOP", "--batch", sid),
+        ("scancel", sid),
+    ):
+        r = slurm_as(bob, *cmd)
+        assert r.returncode != 0 or "denied" in (r.stdout + r.stderr).lower(), f"{cmd}: {r.stdout}{r.stderr}"
+    st = alice.wait(job, timeout=120)
+    assert st["state"] == "completed", st
+    assert not (alice.job_dir(job) / "attempts").exists(), "it ran more than once"
+    assert "ran again" not in st["reason"], st
+
+
 def test_protected_links_and_files():
     for k in ("symlinks", "hardlinks", "fifos", "regular"):
         v = Path(f"/proc/sys/fs/protected_{k}").read_text().strip()
