@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import time
 
@@ -289,14 +290,16 @@ def test_a_job_not_in_a_root_below_an_unlistable_directory_is_no_job(alice):
     assert r.stderr.strip() == f"delegate: error: no job {missing} in {root}", r.stderr
 
 
-def test_a_waiting_call_says_when_it_likely_starts(alice):
-    """Issue 56: while a call waits behind another on the one node, its
+def test_a_waiting_call_says_when_it_likely_starts(alice, bob):
+    """Issue 56: while Alice's call waits behind Bob's on the one node, its
     status says when Slurm expects it to start (the backfill scheduler's
     estimate, from the time limit of the call ahead: within about 2 min
     here), in minutes; before the scheduler placed it, that there is no
-    estimate yet."""
-    first = alice.submit("sleep", "60", opts=("--time", "2m"))
-    alice.wait_started(first)
+    estimate yet. Nothing of Bob's shows (his name, uid, job id: the
+    security round's question of the estimate)."""
+    first = bob.submit("sleep", "60", opts=("--time", "2m"))
+    bob.wait_started(first)
+    bob_sid = bob.status(first)["slurm_id"]
     second = alice.submit("true", opts=("--time", "2m"))
     try:
         seen = []
@@ -314,5 +317,9 @@ def test_a_waiting_call_says_when_it_likely_starts(alice):
         within = seen[-1].split("likely to start within ")[1]
         mins = 1 if within.startswith("a minute") else int(within.split(" min")[0])
         assert 1 <= mins <= 3, seen[-1]
+        shown = alice.run("status", second).stdout + "\n" + seen[-1]
+        for his in (bob.name, str(bob.uid), bob_sid, first):
+            assert not re.search(rf"\b{re.escape(his)}\b", shown), f"{his!r} of Bob's shows to Alice: {shown}"
     finally:
-        alice.run("cancel", first, second)
+        alice.run("cancel", second)
+        bob.run("cancel", first)
