@@ -16,6 +16,7 @@ use crate::load::JobFiles;
 use crate::slurm;
 use crate::state::{decide, Facts, SlurmView, Verdict};
 use crate::{Client, JobStatus, Result};
+use delegate_protocol::attempt::Attempt;
 
 /// Why a verdict cannot be written into the job directory, in the words a
 /// student acts on, for the errors that mean "the disk, not delegate"; `None`
@@ -37,8 +38,8 @@ fn unrecordable_hint(errno: i32) -> Option<&'static str> {
 
 /// A reason with the call's history of attempts, when it ran again:
 /// "...; ran again on worker1 (attempt 2): worker2 was lost".
-fn with_history(reason: &str, f: &JobFiles, host: Option<&str>) -> String {
-    match protocol::attempt::history_line(&f.attempts, host) {
+fn with_history(reason: &str, attempts: &[Attempt], host: Option<&str>) -> String {
+    match protocol::attempt::history_line(attempts, host) {
         Some(h) if reason.is_empty() => h,
         Some(h) => format!("{reason}; {h}"),
         None => reason.to_owned(),
@@ -115,7 +116,7 @@ impl Client {
             id: f.id.clone(),
             slurm_id: f.slurm_id.clone(),
             state: outcome.state,
-            reason: with_history(&outcome.reason, f, host.as_deref()),
+            reason: with_history(&outcome.reason, &f.attempts, host.as_deref()),
             exit_code: outcome.exit_code,
             refused: outcome.refused,
             oom_killed: outcome.oom_killed,
@@ -142,11 +143,28 @@ impl Client {
             },
             _ => (recorded, f.started.as_ref().map(|s| s.started_ms)),
         };
+        // A start record Slurm no longer runs the job by is an attempt lost
+        // since, whose record in `attempts` may not be visible yet either (a
+        // caching home): the history counts it.
+        let attempts = match (f.started.as_ref(), host != recorded) {
+            (Some(s), true) if !f.attempts.iter().any(|a| a.node == s.host && a.started_ms == s.started_ms) => {
+                let mut all = f.attempts.clone();
+                all.push(Attempt {
+                    n: all.last().map_or(1, |a| a.n + 1),
+                    node: s.host.clone(),
+                    started_ms: s.started_ms,
+                    ended_ms: 0,
+                    why: String::new(),
+                });
+                std::borrow::Cow::Owned(all)
+            }
+            _ => std::borrow::Cow::Borrowed(f.attempts.as_slice()),
+        };
         JobStatus {
             id: f.id.clone(),
             slurm_id: f.slurm_id.clone(),
             state,
-            reason: with_history(&reason, f, host),
+            reason: with_history(&reason, &attempts, host),
             exit_code: None,
             refused: false,
             oom_killed: false,
