@@ -596,6 +596,58 @@ def test_5_a_students_shell_on_the_hub(day):
     assert "doctor-exit=0" in out and "FAIL" not in out, out
 
 
+# Ben's call returns an object that, unpickled, runs a command as whoever
+# unpickles it; he then opens his jobs to everyone.
+BAIT = """cat >bait.py <<'PY'
+import os, delegate
+class Bait:
+    def __reduce__(self):
+        return (os.system, ("touch ~/pwned-by-ben",))
+@delegate.remote(time="1m")
+def bait():
+    return Bait()
+f = bait.submit()
+f.exception()
+print("BAIT", f.job_id, f.state, flush=True)
+PY
+python3 bait.py
+chmod 755 ~ ~/.delegate ~/.delegate/jobs
+chmod -R a+rX ~/.delegate/jobs
+ls "$(dirname "$HOME")/day-ann/.delegate/jobs"; echo ls-ann=$?
+"""
+
+
+def test_5b_no_student_makes_another_unpickle_their_data(day):
+    """Security round 5, item 3c, in the students' shells on the hub: Ben
+    leaves a finished call whose result runs a command when unpickled, opens
+    his jobs to everyone, and has Ann point her delegate at them
+    (DELEGATE_ROOT, the CLI and Python); her client refuses a jobs root that
+    is not hers before it reads anything, so the bait never runs as her. Ben
+    cannot list Ann's jobs either."""
+    r = run(SCRIPT, "shell", BEN, input=BAIT, env=ENV, timeout=300)
+    out = r.stdout + r.stderr
+    m = re.search(r"BAIT (\S+) completed", out)
+    assert m, out
+    assert "Permission denied" in out and "ls-ann=0" not in out, out
+    theirs = 'DELEGATE_ROOT="$(dirname "$HOME")/day-ben/.delegate/jobs"'
+    victim = (
+        f'ls "$(dirname "$HOME")/day-ben/.delegate/jobs/{m[1]}" >/dev/null && echo seen=yes\n'
+        f"{theirs} delegate status {m[1]}; echo status=$?\n"
+        f"{theirs} delegate wait {m[1]}; echo wait=$?\n"
+        f"{theirs} python3 -c 'import delegate; print(delegate.Job(\"{m[1]}\").result())'; echo py=$?\n"
+        "test -e ~/pwned-by-ben; echo pwned=$?\n"
+    )
+    r = run(SCRIPT, "shell", ANN, input=victim, env=ENV, timeout=300)
+    out = r.stdout + r.stderr
+    print(out)
+    for what in ("status", "wait", "py"):
+        assert f"{what}=0" not in out, out
+    # (Ben's job is there for Ann to read, and her client refuses it, in
+    # one sentence, before it reads anything)
+    assert "seen=yes" in out and "pwned=1" in out, out
+    assert "cannot use the delegate root" in out and "is owned by uid" in out, out
+
+
 def test_6_down_leaves_nothing(day):
     r = run(SCRIPT, "down", env=ENV, timeout=600)
     assert r.returncode == 0 and "nothing of stack" in r.stdout + r.stderr
