@@ -229,24 +229,21 @@ def tight_qos(name: str, max_submit: int = 1):
 
 def containers_of_user(name: str) -> list[str]:
     """Containers (running or not) of user `name`'s calls."""
-    uid = pwd.getpwnam(name).pw_uid
-    r = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=delegate.uid={uid}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return r.stdout.split()
+    return _containers(f"delegate.uid={pwd.getpwnam(name).pw_uid}", check=True)
 
 
 def containers_with_label(job: str) -> list[str]:
     """Containers (running or not) of delegate job `job`."""
+    return _containers(f"delegate.job={job}")
+
+
+def _containers(label: str, check: bool = False) -> list[str]:
     r = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=delegate.job={job}"],
+        ["docker", "ps", "-aq", "--filter", f"label={label}"],
         capture_output=True,
         text=True,
         timeout=60,
+        check=check,
     )
     return r.stdout.split()
 

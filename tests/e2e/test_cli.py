@@ -12,6 +12,8 @@ import time
 import pytest
 from conftest import IMAGE, containers_created_since, containers_with_label, sh
 
+import testlib
+
 # perf_event_open(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK) via ctypes: prints the
 # count and exits 0, or prints the errno and exits 1.
 PERF_PROBE = r"""
@@ -309,10 +311,7 @@ def test_a_waiting_call_says_when_it_likely_starts(alice, bob):
             seen.append(reason)
             return "likely to start within" in reason
 
-        deadline = time.monotonic() + 90
-        while not estimate():
-            assert time.monotonic() < deadline, f"no estimate of the start within 90 s: {seen[-3:]}"
-            time.sleep(1)
+        testlib.wait_until("Slurm's estimate of the call's start", estimate, 90, 1, detail=lambda: seen[-3:])
         assert all("likely to start" in r or "no estimate of its start yet" in r for r in seen), seen
         within = seen[-1].split("likely to start within ")[1]
         mins = 1 if within.startswith("a minute") else int(within.split(" min")[0])

@@ -46,6 +46,16 @@ pub(crate) struct JobFiles {
     pub(crate) run_again: bool,
 }
 
+impl JobFiles {
+    /// The `started` record is that of an attempt `attempts` lists as lost
+    /// (the newer attempt's record not visible yet).
+    pub(crate) fn start_recorded_lost(&self) -> bool {
+        self.started
+            .as_ref()
+            .is_some_and(|s| self.attempts.iter().any(|a| a.node == s.host && a.started_ms == s.started_ms))
+    }
+}
+
 impl Client {
     pub(crate) fn load(&self, id: &JobId) -> Result<JobFiles> {
         let dir = self.job_dir(id);

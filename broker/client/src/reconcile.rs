@@ -147,7 +147,7 @@ impl Client {
         // since, whose record in `attempts` may not be visible yet either (a
         // caching home): the history counts it.
         let attempts = match (f.started.as_ref(), host != recorded) {
-            (Some(s), true) if !f.attempts.iter().any(|a| a.node == s.host && a.started_ms == s.started_ms) => {
+            (Some(s), true) if !f.start_recorded_lost() => {
                 let mut all = f.attempts.clone();
                 all.push(Attempt {
                     n: all.last().map_or(1, |a| a.n + 1),
@@ -240,10 +240,7 @@ impl Client {
                 run_again: f.run_again,
                 started_secs: f.started.as_ref().map_or(0, |s| now_ms().saturating_sub(s.started_ms) / 1000),
                 now_secs: now_ms() / 1000,
-                start_recorded_lost: f
-                    .started
-                    .as_ref()
-                    .is_some_and(|s| f.attempts.iter().any(|a| a.node == s.host && a.started_ms == s.started_ms)),
+                start_recorded_lost: f.start_recorded_lost(),
                 slurm: view,
             };
             match decide(&facts, || self.log_facts(&f.id)) {

@@ -151,8 +151,8 @@ fn running(f: &Facts<'_>, note: &str, slurm_nodes: &str) -> Verdict {
 /// runs the job on other nodes (the record is then an earlier attempt's,
 /// the new one's not visible yet through a network home): Slurm's then.
 pub fn running_on<'a>(started: Option<&'a str>, slurm_nodes: &'a str) -> Option<&'a str> {
-    let stale =
-        |h: &str| !slurm_nodes.is_empty() && !slurm_nodes.contains('[') && !slurm_nodes.split(',').any(|n| n == h);
+    // (a compressed list, `worker[1-2]`, cannot be compared by name)
+    let stale = |h: &str| !slurm_nodes.contains('[') && elsewhere(slurm_nodes, h);
     match started {
         Some(h) if !h.is_empty() && !stale(h) => Some(h),
         _ if !slurm_nodes.is_empty() => Some(slurm_nodes),
@@ -318,9 +318,14 @@ fn lost_node(f: &Facts<'_>, j: &SlurmJob) -> String {
 fn moved(j: &SlurmJob, host: &str) -> bool {
     match j.state.phase() {
         SlurmPhase::Queued => true,
-        SlurmPhase::Active => !j.nodes.is_empty() && !j.nodes.split(',').any(|n| n == host),
+        SlurmPhase::Active => elsewhere(&j.nodes, host),
         SlurmPhase::Ended => false,
     }
+}
+
+/// Slurm names nodes for the job (`a,b`), and `host` is none of them.
+fn elsewhere(nodes: &str, host: &str) -> bool {
+    !nodes.is_empty() && !nodes.split(',').any(|n| n == host)
 }
 
 /// Slurm's own end of a job the runner wrote no outcome for, when it

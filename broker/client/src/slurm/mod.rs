@@ -132,7 +132,18 @@ impl Slurm {
     /// Runs one tool through [`subprocess::run`]; its stdout when it
     /// succeeded, else the first line it printed.
     fn run(&self, program: &std::path::Path, args: &[String], stdin: Option<&str>) -> Result<String, SlurmError> {
-        let out = subprocess::run(program, args, stdin.map(str::as_bytes), self.timeout)?;
+        self.run_env(program, args, &[], stdin)
+    }
+
+    /// [`Slurm::run`] with `env` added to the tool's environment.
+    fn run_env(
+        &self,
+        program: &std::path::Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        stdin: Option<&str>,
+    ) -> Result<String, SlurmError> {
+        let out = subprocess::run_env(program, args, env, stdin.map(str::as_bytes), self.timeout)?;
         if !out.success() {
             return Err(failed(program, &out));
         }
@@ -172,11 +183,12 @@ impl Slurm {
             "--format=%i|%T|%N|%r|%S".to_owned(),
         ];
         SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
-        let out = subprocess::run_env(&self.squeue, &args, &[("SLURM_TIME_FORMAT", "%s")], None, self.timeout)?;
-        if !out.success() {
-            return Err(failed(&self.squeue, &out));
-        }
-        Ok(parse_squeue(&out.stdout_text()))
+        Ok(parse_squeue(&self.run_env(
+            &self.squeue,
+            &args,
+            &[("SLURM_TIME_FORMAT", "%s")],
+            None,
+        )?))
     }
 
     /// The partition jobs go to: its usable nodes and time limit, in one

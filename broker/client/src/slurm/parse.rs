@@ -303,12 +303,9 @@ fn is_start_field(f: &str) -> bool {
 
 /// squeue's `%S` under `SLURM_TIME_FORMAT=%s`: seconds since the epoch, or
 /// `N/A`/`Unknown`/0 when Slurm has no start time for the job.
+/// (`field` passed [`is_start_field`]: bounded.)
 fn expected_start(field: &str) -> Option<u64> {
-    let f = field.trim();
-    if f.is_empty() || f.len() > 12 || !f.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    f.parse().ok().filter(|&t| t > 0)
+    field.trim().parse().ok().filter(|&t| t > 0)
 }
 
 /// True when the task list of a pending array record (`1-49`, `1,3,5-9`,
