@@ -5,8 +5,8 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use delegate_protocol::{
-    self as protocol, atomic_write_at, encode, now_ms, read_record_at, JobId, Outcome, ProtocolError, Spec, Started,
-    State, Writer,
+    self as protocol, atomic_write_at, encode, now_ms, read_record_at, JobId, Outcome, ProtocolError, Spec, State,
+    Writer,
 };
 use nix::errno::Errno;
 use nix::fcntl::AtFlags;
@@ -46,6 +46,19 @@ fn with_history(reason: &str, attempts: &[Attempt], host: Option<&str>) -> Strin
     }
 }
 
+/// The host and start time a call's status gives: its start record's,
+/// unless Slurm ran the job on other nodes (`slurm_nodes`): the record is
+/// then an earlier attempt's, the new one's not visible yet through a
+/// network home, and Slurm's node is given with no start time. No record
+/// at all (a caching home hides it): Slurm's node too.
+fn shown_start<'a>(f: &'a JobFiles, slurm_nodes: &'a str) -> (Option<&'a str>, Option<u64>) {
+    let recorded = f.started.as_ref().map(|s| s.host.as_str());
+    match crate::state::running_on(recorded, slurm_nodes) {
+        Some(h) if Some(h) != recorded => (Some(h), None),
+        _ => (recorded, f.started.as_ref().map(|s| s.started_ms)),
+    }
+}
+
 impl Client {
     /// Writes an outcome unless one exists (link of a complete temporary file,
     /// so two writers never clobber each other, also on NFS). Returns the
@@ -57,17 +70,12 @@ impl Client {
         state: State,
         reason: &str,
         refused: bool,
-        started: Option<&Started>,
+        (host, started_ms): (Option<&str>, Option<u64>),
     ) -> Result<Outcome> {
         let outcome = Outcome {
             refused,
-            started_ms: started.map(|s| s.started_ms),
-            ..Outcome::ended(
-                state,
-                reason,
-                started.map(|s| s.host.clone()).unwrap_or_default(),
-                Writer::Client,
-            )
+            started_ms,
+            ..Outcome::ended(state, reason, host.unwrap_or_default().to_owned(), Writer::Client)
         };
         let bytes = encode(&outcome)?;
         let mut rnd = [0u8; 4];
@@ -137,10 +145,7 @@ impl Client {
     fn live_status_on(&self, f: &JobFiles, state: State, reason: String, slurm_nodes: &str) -> JobStatus {
         let recorded = f.started.as_ref().map(|s| s.host.as_str());
         let (host, started_ms) = match state {
-            State::Running => match crate::state::running_on(recorded, slurm_nodes) {
-                Some(h) if Some(h) != recorded => (Some(h), None),
-                _ => (recorded, f.started.as_ref().map(|s| s.started_ms)),
-            },
+            State::Running => shown_start(f, slurm_nodes),
             _ => (recorded, f.started.as_ref().map(|s| s.started_ms)),
         };
         // A start record Slurm no longer runs the job by is an attempt lost
@@ -262,7 +267,13 @@ impl Client {
                     // The runner writes its outcome before it exits: look again.
                     let outcome = match optional(read_record_at::<Outcome>(fd, &f.dir, None))? {
                         Some(o) => o,
-                        None => self.write_client_outcome(fd, &f.dir, state, &reason, refused, f.started.as_ref())?,
+                        None => {
+                            let nodes = match view {
+                                SlurmView::Present(j) => j.nodes.as_str(),
+                                _ => "",
+                            };
+                            self.write_client_outcome(fd, &f.dir, state, &reason, refused, shown_start(f, nodes))?
+                        }
                     };
                     out.push(self.status_of(f, &outcome));
                     f.outcome = Some(outcome);

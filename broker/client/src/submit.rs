@@ -448,7 +448,7 @@ impl Client {
     /// Marks every prepared job failed with `reason` (best effort).
     fn fail_all(&self, jobs: &[(JobId, PathBuf, OwnedFd)], reason: &str) {
         for (_, dir, fd) in jobs {
-            let _ = self.write_client_outcome(fd, dir, State::Failed, reason, false, None);
+            let _ = self.write_client_outcome(fd, dir, State::Failed, reason, false, (None, None));
         }
     }
 }

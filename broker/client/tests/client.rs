@@ -472,3 +472,20 @@ fn a_running_call_names_the_node_slurm_runs_it_on_over_an_earlier_start() {
     assert_eq!(s[0].host.as_deref(), Some("n1"), "{s:?}");
     assert!(s[0].started_ms.is_some(), "{s:?}");
 }
+
+#[test]
+fn a_lost_call_whose_start_record_is_not_visible_names_slurms_node() {
+    // CI on the machines, issue 52: a call with --retries 0 whose engine
+    // died before its start record showed through the caching home ended
+    // lost with no host. The host is the node Slurm ran it on.
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = bin_dir(tmp.path());
+    let c = client(tmp.path(), fake_slurm(&bin, "echo 7", "echo '7|NODE_FAIL|worker1|None'"));
+    let h = c.submit(&true_req()).unwrap();
+    let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+    assert_eq!(s[0].state, State::Lost, "{s:?}");
+    assert_eq!(s[0].host.as_deref(), Some("worker1"), "{s:?}");
+    // The recorded outcome says so too: a second reader sees the same.
+    let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+    assert_eq!(s[0].host.as_deref(), Some("worker1"), "{s:?}");
+}
