@@ -492,6 +492,15 @@ def test_calls_whose_machines_die_end_lost_once_their_retries_are_spent(stack):
         assert r.returncode == 0, r.stderr
         return r.stdout.strip()
 
+    try:
+        spent_both_ways(submit)
+    finally:
+        # (a failure must not leave a 10-minute call to hold a worker
+        # under the next test)
+        on("head", "scancel", "-u", STUDENT, quiet=True)
+
+
+def spent_both_ways(submit) -> None:
     once = submit(0)
     first = running_on(once)
     twice = submit(1)
@@ -538,15 +547,17 @@ def test_a_machine_cut_off_the_network_mid_call(stack):
         def again_elsewhere():
             return any(j["state"] == "running" and "(attempt 2)" in j["reason"] for j in statuses(ids))
 
-        wait_until(
-            "the cut-off machine's call running again on the other machine",
-            again_elsewhere,
-            300,
-            2,
-            detail=lambda: str(statuses(ids)),
-        )
-        for rule in rules:
-            on_machine("m1", "iptables", "-D", *rule.split())
+        try:
+            wait_until(
+                "the cut-off machine's call running again on the other machine",
+                again_elsewhere,
+                300,
+                2,
+                detail=lambda: str(statuses(ids)),
+            )
+        finally:
+            for rule in rules:
+                on_machine("m1", "iptables", "-D", *rule.split())
 
     through_a_fault("m1", cut, reconnect)
 
