@@ -296,6 +296,12 @@ run_head() {
         chmod 0700 /run/delegate-power
     fi
     private_log /var/log/delegate/power.log "${slurmuser:-root}"
+    # A worker whose start failed for want of a machine is resumed once
+    # the power service sees a machine that can take it again (power.sh's
+    # watch, as SlurmUser, beside slurmctld).
+    if [[ -d /run/delegate-power && ! -e /usr/local/lib/delegate/power-hook ]]; then
+        runuser -u "${slurmuser:-root}" -- /usr/local/lib/delegate/power watch </dev/null >/dev/null 2>&1 &
+    fi
     # slurmctld needs slurmdbd (the "dbd" service) on its first start: with
     # AccountingStorageEnforce and no saved state it cannot start without
     # the associations. With state on the volume (a restart) it starts from

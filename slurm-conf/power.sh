@@ -7,6 +7,10 @@
 #   power-suspend HOSTLIST       SuspendProgram: stop these idle workers
 #   power-resume-fail HOSTLIST   ResumeFailProgram: these did not register
 #                                within ResumeTimeout: stop them, say why
+# and, started by the head's entrypoint as SlurmUser:
+#   power watch                  resumes in Slurm each worker whose start
+#                                failed for want of a machine once the
+#                                power service says one is back (below)
 # HOSTLIST is Slurm's expression (worker[1-2]); `scontrol show hostnames`
 # expands it. How a node is started or stopped:
 #   - a site hook (/usr/local/lib/delegate/power-hook, cluster.toml
@@ -22,7 +26,12 @@
 # until an operator resumes it: the failure is remembered in the spool
 # (failed.NODE), put back when Slurm's ResumeTimeout overwrites the reason,
 # and turned into a drain should Slurm's power saving (idle_on_node_suspend)
-# make the DOWN node idle again.
+# make the DOWN node idle again. One failure ends by itself: swarm had no
+# node for the worker's task ("no suitable node": its machine was off or
+# cut off when Slurm asked for it). The power service watches the swarm for
+# a machine that can take it again and says so in the spool (back.NODE);
+# `power watch` then resumes the node, which Slurm starts when a job wants
+# it.
 set -uo pipefail
 
 SPOOL=${DELEGATE_POWER_SPOOL:-/run/delegate-power}
@@ -77,8 +86,9 @@ keep_out() {
         || log "$1: scontrol update state=drain failed"
 }
 
-# started NODE: NODE registered: forget an earlier failure.
-started() { rm -f -- "$SPOOL/failed.$1"; }
+# started NODE: NODE registered: forget an earlier failure (and that its
+# machine was announced back).
+started() { rm -f -- "$SPOOL/failed.$1" "$SPOOL/back.$1"; }
 
 # remembered NODE: the reason of NODE's remembered failed start, without
 # its "elastic: " ("" when none).
@@ -246,6 +256,48 @@ slurm_side() {
     return 0
 }
 
+# watch: every WATCH_EVERY seconds, each worker the power service announced
+# back (back.NODE: a machine can take it again) whose failed start still
+# keeps it out (its reason is this program's) is resumed in Slurm; its
+# failure is forgotten. One an operator already resumed is only forgotten.
+WATCH_EVERY=${DELEGATE_POWER_WATCH_EVERY:-5}
+watch() {
+    local f n
+    log "watching $SPOOL for workers whose machine is back"
+    while :; do
+        for f in "$SPOOL"/back.worker*; do
+            [[ -f $f && ! -L $f ]] || continue
+            n=${f##*/back.}
+            node_ok "$n" || { rm -f -- "$f"; continue; }
+            back_in_service "$n" "$(head -c 200 -- "$f" | head -n1)" || continue
+            started "$n"
+        done
+        sleep "$WATCH_EVERY"
+    done
+}
+
+# back_in_service NODE WHY: NODE's machine is back (WHY, the power service's
+# words): NODE resumed in Slurm. Not while Slurm still counts it as
+# powering up ("#": the failed start is younger than ResumeTimeout): Slurm
+# then ends that start itself (ResumeFailProgram keeps this program's
+# reason) and powers it down, and a node resumed before would be failed
+# again by that timeout, with a reason that keeps it out. Fails (to be
+# tried again) until it can be resumed.
+back_in_service() {
+    local n=$1 why
+    why=$(clean "$2")
+    if [[ $(node_reason "$n") != elastic:* ]]; then
+        log "$n: $why; already back in service"
+        return 0
+    fi
+    [[ $(sinfo -h -N -n "$n" -o %T 2>/dev/null | head -n1) == *'#' ]] && return 1
+    if ! scontrol update "nodename=$n" state=resume >>"$LOG" 2>&1; then
+        log "$n: scontrol update state=resume failed; tried again"
+        return 1
+    fi
+    log "$n: its start waited for a machine; $why: resumed"
+}
+
 case ${0##*/} in
     power-resume) ACTION=resume ;;
     power-suspend) ACTION=suspend ;;
@@ -254,5 +306,6 @@ case ${0##*/} in
 esac
 case $ACTION in
     resume | suspend | resume-fail) slurm_side "$ACTION" "${1:-}" ;;
-    *) echo "usage: power-resume|power-suspend|power-resume-fail HOSTLIST" >&2; exit 2 ;;
+    watch) watch ;;
+    *) echo "usage: power-resume|power-suspend|power-resume-fail HOSTLIST, or power watch" >&2; exit 2 ;;
 esac

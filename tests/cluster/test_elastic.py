@@ -9,7 +9,9 @@ workers are stopped (no worker container left); a call submitted while a
 worker powers down still completes; a worker whose start fails for real
 (its service's image does not exist) is DOWN with a clear reason, then
 kept out (drained) until an operator resumes it, and the call it was meant
-for still runs, once. Then `down`, nothing left.
+for still runs, once; a worker whose start found no machine to take it
+rejoins by itself when one is back, and runs the call that waited for it.
+Then `down`, nothing left.
 
 Run by tests/run.sh as root (after test_stack.py). Honours the stack
 settings of the environment (DELEGATE_STACK_NAME, DELEGATE_STACK_HOME, ...)
@@ -338,3 +340,47 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
     assert on("head", "scontrol", "update", "nodename=worker1", "state=resume").returncode == 0
     wait_until("worker1 back in service", lambda: not worker1_out(), 60)
     assert nodes()["worker1"] == ("idle~", "none"), nodes()
+
+
+def test_a_worker_whose_machine_was_off_rejoins_when_it_is_back(stack):
+    """Issue 52: worker1's start is asked while no machine can take it:
+    its service is constrained to a node label no swarm node has, so swarm
+    answers "no suitable node", as it does for a machine that is off or cut
+    off. worker2 is drained, so the call can only go to worker1. worker1 is
+    DOWN with swarm's reason and the call waits (requeued, not lost). Then
+    the machine is back (this host's swarm node gets the label): with no
+    command, the power service sees a machine that can take worker1, the
+    head resumes the node, Slurm starts it for the waiting call, and the
+    call runs there, once."""
+    wait_until("workers powered down", all_powered_down, STOP_WITHIN)
+    svc = f"{STACK}_worker1"
+    label = "delegate.test-machine-back"
+    constraint = f"node.labels.{label} == yes"
+    me = run("docker", "node", "inspect", "self", "-f", "{{.ID}}", quiet=True).stdout.strip()
+    assert run("docker", "service", "update", "-d", "--constraint-add", constraint, svc).returncode == 0
+    try:
+        drain = on(
+            "head", "scontrol", "update", "nodename=worker2", "state=drain", "reason=test: worker1 only"
+        )
+        assert drain.returncode == 0, drain.stderr
+        ids = submit("sh", "-c", "echo back-$DELEGATE_INDEX")
+
+        def worker1_out():
+            st, reason = nodes().get("worker1", ("", ""))
+            return reason if st.startswith(("down", "drained")) else None
+
+        reason = wait_until("worker1 DOWN for want of a machine", worker1_out, 180, step=0.5)
+        print("worker1:", reason)
+        assert "no suitable node" in reason.lower(), reason
+        assert status(ids)[ids[0]]["state"] == "pending", status(ids)
+        assert run("docker", "node", "update", "--label-add", f"{label}=yes", me).returncode == 0
+        end = wait_terminal(ids, 400)
+        assert end[ids[0]]["state"] == "completed", end
+        assert end[ids[0]].get("host") == "worker1", end
+        ran_once(ids[0], "back-")
+        log = on("head", "cat", "/var/log/delegate/power.log", quiet=True).stdout
+        assert "worker1: its start waited for a machine; machine " in log and ": resumed" in log, log
+    finally:
+        run("docker", "service", "update", "-d", "--constraint-rm", constraint, svc)
+        run("docker", "node", "update", "--label-rm", label, me)
+        on("head", "scontrol", "update", "nodename=worker2", "state=resume")

@@ -17,6 +17,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod back;
+mod placement;
+
 use bollard::models::TaskState;
 use bollard::query_parameters::{InspectServiceOptions, ListTasksOptions, UpdateServiceOptions};
 use bollard::Docker;
@@ -251,7 +254,8 @@ fn read_bounded(path: &Path, limit: u64) -> Vec<u8> {
     body
 }
 
-/// The service's loop: the spool is looked at every 200 ms.
+/// The service's loop: the spool is looked at every 200 ms; the swarm,
+/// for workers that wait for a machine, every [`back::CHECK_INTERVAL`].
 pub async fn serve(s: Settings) -> Result<(), String> {
     if !s.spool.is_dir() {
         return Err(format!("{} is missing", s.spool.display()));
@@ -266,6 +270,7 @@ pub async fn serve(s: Settings) -> Result<(), String> {
     );
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut machines = tokio::time::interval(back::CHECK_INTERVAL);
     loop {
         for (id, request) in take_requests(&s) {
             match request {
@@ -278,6 +283,7 @@ pub async fn serve(s: Settings) -> Result<(), String> {
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = machines.tick() => back::announce(&docker, &s).await,
             _ = term.recv() => return Ok(()),
         }
     }
