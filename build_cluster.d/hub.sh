@@ -48,7 +48,8 @@ hub_versions() {
 # hub_context CTX: what the user image's build needs beside the wheels:
 # CTX/chp (configurable-http-proxy with its node_modules, `npm install`ed on
 # the host once per version into DELEGATE_CACHE_DIR) and
-# CTX/stack/jupyterhub_config.py, CTX/docker/keep-passwords.sh. Sets HUB_PIP_PINS (the build argument).
+# CTX/stack/jupyterhub_config.py, CTX/stack/rush_page.py (the instructor's
+# page), CTX/docker/keep-passwords.sh. Sets HUB_PIP_PINS (the build argument).
 hub_context() {
     local ctx=$1 chp cache
     chp=$(hub_versions npm)
@@ -73,7 +74,7 @@ hub_context() {
     fi
     cp -a "$cache" "$ctx/chp"
     mkdir -p "$ctx/stack"
-    cp "$REPO/stack/jupyterhub_config.py" "$ctx/stack/"
+    cp "$REPO/stack/jupyterhub_config.py" "$REPO/stack/rush_page.py" "$ctx/stack/"
     mkdir -p "$ctx/docker"
     cp "$REPO/docker/keep-passwords.sh" "$ctx/docker/"
     HUB_PIP_PINS=$(hub_versions pip | paste -sd ' ' -)

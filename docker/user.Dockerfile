@@ -49,8 +49,9 @@ RUN ln -s /opt/configurable-http-proxy/node_modules/.bin/configurable-http-proxy
  && configurable-http-proxy --version
 
 COPY stack/jupyterhub_config.py /etc/jupyterhub/jupyterhub_config.py
+COPY stack/rush_page.py /etc/jupyterhub/rush_page.py
 COPY docker/keep-passwords.sh /usr/local/lib/delegate/keep-passwords
-RUN chmod 0644 /etc/jupyterhub/jupyterhub_config.py \
+RUN chmod 0644 /etc/jupyterhub/jupyterhub_config.py /etc/jupyterhub/rush_page.py \
  && chmod 0755 /usr/local/lib/delegate/keep-passwords \
  && install -d -m 0700 /var/lib/jupyterhub /etc/jupyterhub/tls
 

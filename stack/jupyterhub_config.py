@@ -259,6 +259,19 @@ c.JupyterHub.services = [
         ],
     },
     {"name": "delegate-check", "api_token": check_token()},
+    # The instructor's page of the rush (stack/rush_page.py): for the hub's
+    # admins alone (instructors and the admin group; JupyterHub's admin role
+    # is the only one that holds access:services), listed in their Services
+    # menu as "rush". It runs as root here: Slurm shows every student's jobs only to
+    # root and SlurmUser (PrivateData).
+    {
+        "name": "rush",
+        "display": True,
+        "info": {"description": "The rush, live (the course's instructors only)"},
+        "url": "http://127.0.0.1:10102",
+        "command": [sys.executable, "/etc/jupyterhub/rush_page.py"],
+        "oauth_no_confirm": True,
+    },
 ]
 c.JupyterHub.load_roles = [
     {

@@ -586,6 +586,118 @@ def test_4_the_instructor_in_the_browser(browser, students):
     prof.ctx.close()
 
 
+# A student's burst before the deadline, from their shell: three calls of
+# 40 s (with Ben's three, six calls for two workers: some wait).
+RUSH = "for i in 1 2 3; do delegate submit --time 3m -- sleep 40 >/dev/null || echo submit-failed; done\necho rush-submitted\n"
+ADMIN_RUSH = "delegate admin rush --since now-1hour; echo admin-rush-exit=$?\n"
+# A student's notebook asks the page's service for its data directly.
+PEEK = """import os, urllib.request, urllib.error
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *a, **k):
+        return None
+opener = urllib.request.build_opener(NoRedirect)
+for token in (None, os.environ["JUPYTERHUB_API_TOKEN"]):
+    auth = {"Authorization": f"token {token}"} if token else {}
+    try:
+        r = opener.open(urllib.request.Request("http://127.0.0.1:10102/services/rush/data", headers=auth), timeout=30)
+        print("peek", r.status, r.read()[:200])
+    except urllib.error.HTTPError as e:
+        print("peek", e.code)
+print("peek-done")"""
+
+
+def back_to_a_notebook(s: HubSession) -> None:
+    """The student's own JupyterLab again, on a notebook whose kernel is
+    idle: the one the workspace restores, else a new one."""
+    p = s.page
+    p.goto(f"{URL}/user/{s.user}/lab")
+    p.wait_for_selector(".jp-LauncherCard, .jp-Notebook .jp-Cell .cm-content", timeout=180_000)
+    if p.locator(".jp-Notebook .jp-Cell .cm-content").count() == 0:
+        s.new_notebook()
+    p.wait_for_selector(".jp-StatusBar-TextItem:has-text('| Idle')", timeout=120_000)
+
+
+def test_4b_the_instructors_page_during_a_rush(browser, students):
+    """Issue 56, tried as its people live it: Ann and Ben each submit three
+    calls of 40 s from their shells; Ann's `delegate list` says where her
+    waiting calls stand; the instructor opens the rush page from the hub
+    (/services/rush/): the calls running and waiting, the students waiting
+    longest (both of them), the busy nodes, the plots after a few samples;
+    `delegate admin rush` in the instructor's shell says the same numbers
+    as text. Ben opening the page's address is refused by the hub."""
+    _, ben = students
+    for u in (ANN, BEN):
+        r = run(SCRIPT, "shell", u, input=RUSH, env=ENV, timeout=300)
+        out = r.stdout + r.stderr
+        assert "rush-submitted" in out and "submit-failed" not in out, out
+    try:
+        r = run(SCRIPT, "shell", ANN, input="delegate list; echo list-exit=$?\n", env=ENV, timeout=300)
+        out = r.stdout + r.stderr
+        print(out)
+        assert "list-exit=0" in out and re.search(
+            r"likely to start within|no estimate of its start|running", out
+        ), out
+        prof = HubSession(browser, PROF, initial_password(PROF), ARTIFACTS)
+        prof.login(lab=False)
+        p = prof.page
+        resp = p.goto(f"{URL}/services/rush/")
+        assert resp is not None and resp.status == 200, resp and resp.status
+
+        def fact(name: str) -> str:
+            return p.inner_text(f"#f-{name} b").strip()
+
+        def rush_shown():
+            waiting = p.inner_text("#t-waits")
+            return fact("pending") not in ("-", "0") and ANN in waiting and BEN in waiting
+
+        wait_until("the page showing both students waiting", rush_shown, 120, 1)
+        # two samples or more: the plots have lines
+        wait_until("the plots drawn", lambda: p.locator("#p-queue polyline").count() == 2, 60, 1)
+        prof.shot("rush-page")
+        body = p.inner_text("body")
+        print(body)
+        assert "calls running" in body and "students waiting" in body and "Nodes out, and why" in body, body
+        assert int(fact("running")) >= 1 and re.fullmatch(r"\d+ of 2", fact("busy")), body
+        heavy = p.inner_text("#t-heavy")
+        assert "node time" in heavy, heavy
+        prof.ctx.close()
+        r = run(SCRIPT, "shell", PROF, input=ADMIN_RUSH, env=ENV, timeout=300)
+        out = r.stdout + r.stderr
+        print(out)
+        assert "admin-rush-exit=0" in out and re.search(r"calls: \d+ running, [1-9]\d* waiting", out), out
+        assert re.search(rf"waiting longest: {ANN} \(\d+ waiting", out), out
+        # Ben, a student, at the page's address (a new tab: his notebook
+        # stays): the hub refuses him.
+        tab = ben.ctx.new_page()
+        resp = tab.goto(f"{URL}/services/rush/")
+        tab.screenshot(path=str(ARTIFACTS / f"{BEN}-rush-page-refused.png"), full_page=True)
+        text = tab.inner_text("body")
+        print("Ben at the rush page:", resp and resp.status, text[:300])
+        assert resp is not None and resp.status == 403, (resp and resp.status, text)
+        assert "calls waiting" not in text and ANN not in text, text
+        tab.close()
+        # ... nor straight at the service's port from his own server, on
+        # the same node, with or without his server's token (his own lab
+        # first: test 3 left his page at Ann's address).
+        back_to_a_notebook(ben)
+        text = ben.run_cell(PEEK, "peek-done", "rush-peek")
+        print(text)
+        assert "peek-done" in text and re.search(r"peek (302|40[134])", text), text
+        assert "peek 200" not in text and ANN not in text, text
+    finally:
+        # The rush's calls run to their end (test 5 reads Ben's last ones
+        # in sacct as completed); cancelled only past a deadline.
+        def queue_empty():
+            r = on("head", "squeue", "-h", "-u", f"{ANN},{BEN}", quiet=True)
+            return r.returncode == 0 and not r.stdout.strip()
+
+        try:
+            wait_until("the rush's calls done", queue_empty, 300, 3)
+        finally:
+            for u in (ANN, BEN):
+                on("head", "scancel", "-u", u, quiet=True)
+
+
 def test_5_a_students_shell_on_the_hub(day):
     """`./build_cluster.sh shell NAME` (docs/instructors.md's way to a student's
     shell): Slurm, sacct and delegate work there as in the hub's terminal."""

@@ -120,6 +120,16 @@ pub enum AdminCmd {
     /// and counters as its agent reports them, and every node whose class
     /// changed since the last deployment (drift).
     Nodes,
+    /// The rush now, as the instructor's page shows it: calls running and
+    /// waiting, busy and free nodes, the waits (median, 90th percentile,
+    /// longest), the students waiting longest, the nodes out and why, and
+    /// with --since the heaviest users by node time.
+    Rush {
+        /// Also the heaviest users by node time from this date or time
+        /// (sacct: e.g. now-3hours, 2026-11-23T08:00).
+        #[arg(long, value_name = "DATE")]
+        since: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]

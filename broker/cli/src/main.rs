@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{AdminCmd, Cli, Cmd};
-use crate::commands::{admin, cancel, doctor, list, logs, status, submit, wait};
+use crate::commands::{admin, cancel, doctor, list, logs, rush, status, submit, wait};
 use crate::fail::CliResult;
 
 fn main() -> ExitCode {
@@ -77,5 +77,6 @@ fn run(cli: Cli) -> CliResult {
         Cmd::Admin(AdminCmd::Usage { since, csv }) => admin::usage(&cli, since.as_deref(), *csv),
         Cmd::Admin(AdminCmd::Queue) => admin::queue(&cli),
         Cmd::Admin(AdminCmd::Nodes) => admin::nodes(&cli),
+        Cmd::Admin(AdminCmd::Rush { since }) => rush::rush(&cli, since.as_deref()),
     }
 }

@@ -18,7 +18,7 @@ use crate::output::print_json;
 pub const ADMIN_GROUP_ENV: &str = "DELEGATE_ADMIN_GROUP";
 
 /// Refuses anyone but root and the admin group's members, in one sentence.
-fn require_admin() -> Result<(), Fail> {
+pub(crate) fn require_admin() -> Result<(), Fail> {
     let group = std::env::var(ADMIN_GROUP_ENV)
         .ok()
         .filter(|g| !g.trim().is_empty())
@@ -37,7 +37,7 @@ fn require_admin() -> Result<(), Fail> {
 }
 
 /// A duration in seconds as hours:minutes:seconds.
-fn hms(secs: u64) -> String {
+pub(crate) fn hms(secs: u64) -> String {
     format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
 }
 

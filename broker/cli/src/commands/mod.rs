@@ -6,6 +6,7 @@ pub mod cancel;
 pub mod doctor;
 pub mod list;
 pub mod logs;
+pub mod rush;
 pub mod status;
 pub mod submit;
 pub mod wait;

@@ -8,6 +8,7 @@
 pub mod nodes;
 mod parse;
 mod refusal;
+pub mod rush;
 mod script;
 pub mod usage;
 
@@ -262,6 +263,22 @@ impl Slurm {
         ];
         SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
         Ok(usage::parse_queue(&self.run(&self.squeue, &args, None)?))
+    }
+
+    /// Every user's jobs waiting or running now, for the rush's snapshot
+    /// (submit times in seconds since the epoch).
+    pub fn rush_queue(&self) -> Result<Vec<rush::QueueLine>, SlurmError> {
+        let args = vec![
+            "--local".to_owned(),
+            "--all".to_owned(),
+            "--array".to_owned(),
+            "--noheader".to_owned(),
+            "--states=PENDING,RUNNING,CONFIGURING,COMPLETING".to_owned(),
+            format!("--format={}", rush::SQUEUE_FORMAT),
+        ];
+        SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
+        let out = self.run_env(&self.squeue, &args, &[("SLURM_TIME_FORMAT", "%s")], None)?;
+        Ok(rush::parse_queue(&out))
     }
 
     /// Cancels all `ids` in one call.
