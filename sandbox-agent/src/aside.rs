@@ -120,8 +120,12 @@ pub fn watch(shared: Arc<Shared>, job: String, partition: Option<String>, uid: u
 pub async fn keep_maps_moving(shared: Arc<Shared>) {
     // (when first seen running, and whether its batch script is a map's)
     let mut seen: HashMap<String, (Instant, bool)> = HashMap::new();
+    let mut served = Served::default();
     loop {
         tokio::time::sleep(CHECK).await;
+        if !served.any_stalled(&shared) {
+            continue;
+        }
         let maps = match squeue_maps(&shared.node).await {
             Ok(m) => m,
             Err(e) => {
@@ -160,12 +164,43 @@ pub async fn keep_maps_moving(shared: Arc<Shared>) {
     }
 }
 
+/// The jobs a slurmstepd serves on this node, from the process table (no
+/// question to Slurm), with when each was first seen. Slurm is asked about
+/// the node's maps only when one of them may be stalled: a runner that
+/// claims call after call never makes the agent ask (in a rush, every
+/// node's agent asked slurmctld for every job every 5 s: issue 53).
+#[derive(Default)]
+struct Served(HashMap<String, Instant>);
+
+impl Served {
+    /// Whether a job served here ran no sandbox and showed no progress for
+    /// [`STALL`] since it was first seen. Without slurmstepd's path the
+    /// process table tells nothing: always (Slurm is asked, as before).
+    fn any_stalled(&mut self, shared: &Shared) -> bool {
+        if shared.stepds.is_empty() {
+            return true;
+        }
+        let here = crate::failed_launch::served_jobs(&shared.stepds);
+        self.0.retain(|j, _| here.contains(j));
+        for j in here {
+            self.0.entry(j).or_insert_with(Instant::now);
+        }
+        self.0.iter().any(|(job, first)| idle_since(shared, job, *first))
+    }
+}
+
+/// Whether Slurm job `job` on this node runs no sandbox and showed no
+/// progress for [`STALL`] (`first`: when this agent first saw it).
+fn idle_since(shared: &Shared, job: &str, first: Instant) -> bool {
+    let busy = shared.running.lock().map_or(true, |r| r.contains(job));
+    let last = shared.progress.last(job).map_or(first, |t| t.max(first));
+    !busy && last.elapsed() >= STALL
+}
+
 /// Whether the map's allocation has shown no progress for [`STALL`]
 /// (`first`: when this agent first saw it running).
 fn stalled(shared: &Shared, m: &Map, first: Instant) -> bool {
-    let busy = shared.running.lock().map_or(true, |r| r.contains(&m.job));
-    let last = shared.progress.last(&m.job).map_or(first, |t| t.max(first));
-    !busy && last.elapsed() >= STALL
+    idle_since(shared, &m.job, first)
 }
 
 /// Whether the batch script of job `job` is a map's allocation: delegate's

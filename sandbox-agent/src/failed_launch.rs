@@ -108,7 +108,7 @@ fn settled(path: &Path) -> bool {
 
 /// The jobs some slurmstepd of this node serves: root processes whose
 /// program is one of `stepds`, titled `slurmstepd: [<job>.<step>]`.
-fn served_jobs(stepds: &[PathBuf]) -> HashSet<String> {
+pub fn served_jobs(stepds: &[PathBuf]) -> HashSet<String> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return HashSet::new();
     };
