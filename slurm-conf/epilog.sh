@@ -97,7 +97,7 @@ remove_own() {
 # stacks' worker1): its sandboxes' /job comes from its own staging
 # directory, not from this node's (policy staging_host_dir, else
 # staging_dir); those are left alone.
-# The job-private networks of multi-node jobs (sandbox-agent/src/rank.rs):
+# The job-private networks of multi-node jobs (sandbox-agent/src/sandbox/rank.rs):
 # this job's, and any whose Slurm job has ended or is unknown. The engine
 # refuses to remove a network that still has a container on it.
 remove_networks() {

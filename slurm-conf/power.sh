@@ -19,7 +19,7 @@
 #   - else the stack's power service: one request file per node in the
 #     spool directory (a root-only host directory bound into the head and
 #     into the "power" service only), answered there by `sandbox-agent
-#     power-serve` (sandbox-agent/src/power.rs), which scales the worker's
+#     power-serve` (sandbox-agent/src/power/mod.rs), which scales the worker's
 #     swarm service to 1 or 0 replicas.
 # A worker that cannot be started is set DOWN with the reason (the jobs that
 # waited for it are requeued) and stays out of service with that reason

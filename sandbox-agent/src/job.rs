@@ -18,16 +18,16 @@ use nix::sys::stat::{fstat, SFlag};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
-use crate::call::Ctx;
-use crate::config::{self, Params, Perf};
-use crate::conn::{self, Incoming};
-use crate::engine::{self, EngineError};
-use crate::fingerprint;
-use crate::gpu::{self, GpuError};
-use crate::ident::{self, Caller};
-use crate::rank;
-use crate::stage::Staged;
-use crate::supervise;
+use crate::caller::conn::{self, Incoming};
+use crate::caller::ident::{self, Caller};
+use crate::gpu::devices::{self as gpu, GpuError};
+use crate::measure::fingerprint;
+use crate::sandbox::call::Ctx;
+use crate::sandbox::config::{self, Params, Perf};
+use crate::sandbox::engine::{self, EngineError};
+use crate::sandbox::rank;
+use crate::sandbox::stage::Staged;
+use crate::sandbox::supervise;
 
 /// How long the removal waits for an engine that does not answer (restarting).
 pub(crate) const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
@@ -43,20 +43,20 @@ pub struct Shared {
     pub stepds: Vec<PathBuf>,
     pub node: String,
     /// Told when a call ended: the node's class and report are published
-    /// again (crate::node).
+    /// again (crate::node::report).
     pub republish: Arc<tokio::sync::Notify>,
-    /// The per-user log lines' limiter (crate::quiet).
-    pub quiet: crate::quiet::PerUser,
-    /// The probe's last answer (crate::probe::Cached).
-    pub probe: crate::probe::Cached,
+    /// The per-user log lines' limiter (crate::caller::quiet).
+    pub quiet: crate::caller::quiet::PerUser,
+    /// The probe's last answer (crate::node::probe::Cached).
+    pub probe: crate::node::probe::Cached,
     /// Whether others wait, asked of Slurm at most once a second
-    /// (crate::queue::Cached).
-    pub queue: crate::queue::Cached,
+    /// (crate::scheduling::queue::Cached).
+    pub queue: crate::scheduling::queue::Cached,
     /// Maps' allocations told to step aside, watched until the node they
-    /// gave up is taken (crate::aside).
-    pub aside: crate::aside::Watched,
-    /// When each job last showed progress (crate::aside::keep_maps_moving).
-    pub progress: crate::aside::Progress,
+    /// gave up is taken (crate::scheduling::aside).
+    pub aside: crate::scheduling::aside::Watched,
+    /// When each job last showed progress (crate::scheduling::aside::keep_maps_moving).
+    pub progress: crate::scheduling::aside::Progress,
 }
 
 /// The policy: the root-owned default file, or `$DELEGATE_POLICY` of the
@@ -74,7 +74,7 @@ pub fn policy_path() -> PathBuf {
 }
 
 /// Serves one connection until the runner closes it; when serving ends,
-/// so does the connection (crate::conn::Reader).
+/// so does the connection (crate::caller::conn::Reader).
 pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
     let cred = match stream.peer_cred() {
         Ok(c) => c,
@@ -88,12 +88,15 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
     let (mut rx, _reader) = conn::spawn_reader(stream.clone());
     let mut caller: Option<Caller> = None;
     let mut engine: Option<EngineConn> = None;
-    // A connection idle for crate::admit::IDLE between requests is closed.
-    while let Ok(Some(Incoming { request, fds })) = tokio::time::timeout(crate::admit::IDLE, rx.recv()).await {
+    // A connection idle for crate::caller::admit::IDLE between requests is closed.
+    while let Ok(Some(Incoming { request, fds })) = tokio::time::timeout(crate::caller::admit::IDLE, rx.recv()).await {
         let answer = match request {
-            Request::Probe => {
-                Answer::Probe(shared.probe.get(crate::probe::cache_key(&policy_path()), probe_report).await)
-            }
+            Request::Probe => Answer::Probe(
+                shared
+                    .probe
+                    .get(crate::node::probe::cache_key(&policy_path()), probe_report)
+                    .await,
+            ),
             Request::Kill => continue,
             Request::RunRank(rr) => {
                 // One rank per connection.
@@ -115,7 +118,7 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
                 shared.progress.touch(&c.job);
                 let others_wait = shared.queue.others_wait(q.partition.as_deref(), uid).await;
                 if others_wait {
-                    crate::aside::watch(shared.clone(), c.job.clone(), q.partition, uid);
+                    crate::scheduling::aside::watch(shared.clone(), c.job.clone(), q.partition, uid);
                 }
                 Answer::Queue { others_wait }
             }
@@ -179,7 +182,7 @@ fn past_allocation_bound(caller: &Caller, bound: u64) -> Option<String> {
 /// The probe's report (`delegate doctor` through the runner).
 async fn probe_report() -> delegate_protocol::agent::ProbeReport {
     match load_policy() {
-        Ok(p) => crate::probe::probe(&p).await,
+        Ok(p) => crate::node::probe::probe(&p).await,
         Err(e) => delegate_protocol::agent::ProbeReport {
             error: e.to_string(),
             perf_mode: "unknown".into(),
@@ -190,7 +193,7 @@ async fn probe_report() -> delegate_protocol::agent::ProbeReport {
 }
 
 /// Serves a rank's one request: the caller identified as a step's task,
-/// its place (rank, world) from slurmctld (crate::rank) and checked
+/// its place (rank, world) from slurmctld (crate::sandbox::rank) and checked
 /// against the request, then the call; the answer ends the connection.
 async fn serve_rank(
     shared: &Shared,
@@ -657,7 +660,7 @@ async fn engine_phase(
     let off_cores = placement
         .as_ref()
         .filter(|_| ctx.alone && created_ok)
-        .and_then(|p| crate::pin::OffCores::new(&p.others));
+        .and_then(|p| crate::measure::pin::OffCores::new(&p.others));
     let mut ended = if created_ok {
         let cores = call_cores(ctx, placement.as_ref());
         let call = Call {
@@ -714,12 +717,12 @@ async fn measured_call(
     rx: &mut mpsc::Receiver<Incoming>,
 ) -> Ended {
     let tuned = if ctx.policy.tune_cpus {
-        crate::tune::tune(std::path::Path::new("/"), &cores)
+        crate::measure::tune::tune(std::path::Path::new("/"), &cores)
     } else {
-        crate::tune::untouched()
+        crate::measure::tune::untouched()
     };
     let before = fingerprint_before(ctx, cores).await;
-    let gpus = crate::gpu_info::now(&call.gpus.devices, &call.gpus.ordinals).await;
+    let gpus = crate::gpu::info::now(&call.gpus.devices, &call.gpus.ordinals).await;
     let (docker, perf) = (call.docker, call.perf);
     let ended = supervise::supervise(ctx, docker, call.id, perf, call.dir, out, err, call.stream, rx).await;
     let mut fp = fingerprint_after(ctx, docker, before, perf).await;
@@ -744,7 +747,7 @@ fn node_proc(ctx: &Ctx<'_>) -> PathBuf {
     }
 }
 
-/// The machine's state just before the call starts (crate::fingerprint).
+/// The machine's state just before the call starts (crate::measure::fingerprint).
 async fn fingerprint_before(ctx: &Ctx<'_>, cores: Vec<u32>) -> fingerprint::Before {
     let proc = node_proc(ctx);
     let skip = [std::process::id() as i32].into_iter().collect();

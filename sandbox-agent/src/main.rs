@@ -22,34 +22,21 @@
 //! `/var/log/delegate/agent.log`), a file the agent opens itself in append
 //! mode: nothing the student controls can block or break them.
 
-mod admit;
-mod aside;
 mod ask;
-mod call;
-mod config;
-mod conn;
-mod engine;
-mod failed_launch;
-mod fingerprint;
+mod caller;
 mod gpu;
-mod gpu_info;
-mod ident;
 mod job;
-mod jobdisk;
-mod lifecycle;
 mod logfile;
+mod measure;
 mod node;
-mod output;
-mod pin;
 mod power;
-mod probe;
-mod queue;
-mod quiet;
-mod rank;
-mod seccomp;
-mod stage;
-mod supervise;
-mod tune;
+mod sandbox;
+mod scheduling;
+
+use caller::{admit, conn, ident, quiet};
+use node::probe;
+use sandbox::stage;
+use scheduling::{aside, failed_launch, queue};
 
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
@@ -207,7 +194,7 @@ async fn serve() -> Result<(), String> {
     });
     tokio::spawn(aside::keep_maps_moving(shared.clone()));
     tokio::spawn(failed_launch::keep_released(shared.node.clone(), shared.stepds.clone()));
-    tokio::spawn(node::keep_published(
+    tokio::spawn(node::report::keep_published(
         policy.clone(),
         shared.node.clone(),
         shared.republish.clone(),

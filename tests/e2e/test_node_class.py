@@ -22,7 +22,7 @@ import testlib
 
 NODE = os.uname().nodename.split(".")[0]
 LABEL_FILE = Path("/etc/delegate/node-class")
-# The agent publishes every 30 s at the latest (sandbox-agent/src/node.rs).
+# The agent publishes every 30 s at the latest (sandbox-agent/src/node/report.rs).
 PUBLISH = 75
 
 

@@ -140,7 +140,7 @@ async fn scale(docker: &Docker, service: &str, replicas: i64) -> Result<(), Stri
     let current = docker
         .inspect_service(service, None::<InspectServiceOptions>)
         .await
-        .map_err(|e| format!("cannot inspect {service}: {}", crate::engine::short_reason(&e)))?;
+        .map_err(|e| format!("cannot inspect {service}: {}", crate::sandbox::engine::short_reason(&e)))?;
     let version = current
         .version
         .and_then(|v| v.index)
@@ -159,7 +159,7 @@ async fn scale(docker: &Docker, service: &str, replicas: i64) -> Result<(), Stri
         .map_err(|e| {
             format!(
                 "docker service update --replicas {replicas} {service} failed: {}",
-                crate::engine::short_reason(&e)
+                crate::sandbox::engine::short_reason(&e)
             )
         })
 }

@@ -326,7 +326,7 @@ pub async fn identify_as(
     }
     // The batch step's CPUs: its slurmstepd's affinity (root's, which the
     // task cannot change; the runner moves itself off the sandbox's cores).
-    let cpus = crate::pin::allowed(ppid).unwrap_or_else(|e| {
+    let cpus = crate::measure::pin::allowed(ppid).unwrap_or_else(|e| {
         tracing::warn!("{e}; the sandbox gets a CPU quota, not cores of its own");
         Vec::new()
     });
@@ -356,7 +356,7 @@ impl Caller {
     pub fn age(&self) -> Option<Duration> {
         let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
         let up: f64 = uptime.split_whitespace().next()?.parse().ok()?;
-        let started = self.starttime as f64 / crate::fingerprint::clock_ticks() as f64;
+        let started = self.starttime as f64 / crate::measure::fingerprint::clock_ticks() as f64;
         Some(Duration::from_secs_f64((up - started).max(0.0)))
     }
 }

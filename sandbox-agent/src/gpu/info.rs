@@ -125,7 +125,7 @@ pub async fn now(devices: &[PathBuf], indexes: &[u64]) -> Vec<Gpu> {
 pub fn indexes(devices: &[PathBuf]) -> (Vec<PathBuf>, Vec<u64>) {
     devices
         .iter()
-        .filter_map(|d| match crate::gpu::char_device_minor(Path::new(d)) {
+        .filter_map(|d| match crate::gpu::devices::char_device_minor(Path::new(d)) {
             Ok(m) => Some((d.clone(), m)),
             Err(e) => {
                 tracing::warn!("{e}; left out of the node's GPUs");

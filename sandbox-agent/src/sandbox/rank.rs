@@ -26,9 +26,9 @@ use bollard::query_parameters::ListNetworksOptions;
 use bollard::Docker;
 use delegate_protocol::agent::{rank_env, MASTER_ALIAS};
 
-use crate::config::{LABEL_SLURM_JOB, LABEL_UID};
-use crate::engine;
-use crate::ident::{Caller, RankPlace};
+use crate::caller::ident::{Caller, RankPlace};
+use crate::sandbox::config::{LABEL_SLURM_JOB, LABEL_UID};
+use crate::sandbox::engine;
 
 /// The label that marks delegate's job networks.
 pub const LABEL_NETWORK: &str = "delegate.network";

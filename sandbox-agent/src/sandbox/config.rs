@@ -11,8 +11,8 @@ use bollard::models::{
 };
 use delegate_protocol::{Spec, Task, SANDBOX_JOB_DIR};
 
-use crate::gpu::Passthrough;
-use crate::seccomp;
+use crate::gpu::devices::Passthrough;
+use crate::sandbox::seccomp;
 
 pub const LABEL_JOB: &str = "delegate.job";
 pub const LABEL_SLURM_JOB: &str = "delegate.slurm-job";
@@ -418,7 +418,7 @@ mod tests {
         assert!(!env.contains(&"NVIDIA_VISIBLE_DEVICES=all".to_string()));
         assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()));
         let g = Passthrough {
-            mode: crate::gpu::Mode::Devices,
+            mode: crate::gpu::devices::Mode::Devices,
             devices: vec!["/dev/delegate-gpu1".into()],
             ordinals: vec![1],
             control: vec![],

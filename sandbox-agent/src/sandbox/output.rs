@@ -19,7 +19,7 @@ use delegate_protocol::{STDERR, STDOUT};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::engine;
+use crate::sandbox::engine;
 
 /// Chunks in flight to the writer thread (the attach stream waits beyond).
 const IN_FLIGHT: usize = 64;

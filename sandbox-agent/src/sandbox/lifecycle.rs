@@ -1,7 +1,7 @@
 //! What supervising a created sandbox asks of the container engine
 //! ([`Lifecycle`]): attach to its output, start it, wait for its end, kill
 //! it, read its last state. The Docker engine is the one implementation the
-//! agent runs with; the unit tests of crate::supervise run the same code
+//! agent runs with; the unit tests of crate::sandbox::supervise run the same code
 //! against a scripted engine (its exit, its output, a failing wait, an
 //! engine that never answers).
 
@@ -16,7 +16,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::Stream;
 
-use crate::output::OutputStream;
+use crate::sandbox::output::OutputStream;
 
 /// The engine's answer to a wait: the exit (or an error) once.
 pub type WaitStream<'a> = Pin<Box<dyn Stream<Item = Result<ContainerWaitResponse, BollardError>> + Send + 'a>>;
@@ -57,7 +57,7 @@ impl Lifecycle for Docker {
     }
 
     async fn kill(&self, id: &str) -> Result<(), BollardError> {
-        crate::engine::kill(self, id).await
+        crate::sandbox::engine::kill(self, id).await
     }
 
     async fn state(&self, id: &str) -> Result<Option<ContainerState>, BollardError> {

@@ -15,13 +15,13 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::call::Ctx;
-use crate::config::Perf;
-use crate::conn::{self, Incoming};
-use crate::engine;
-use crate::jobdisk::{self, Budget};
-use crate::lifecycle::Lifecycle;
-use crate::output::{pump, Owner, Pumped};
+use crate::caller::conn::{self, Incoming};
+use crate::sandbox::call::Ctx;
+use crate::sandbox::config::Perf;
+use crate::sandbox::engine;
+use crate::sandbox::jobdisk::{self, Budget};
+use crate::sandbox::lifecycle::Lifecycle;
+use crate::sandbox::output::{pump, Owner, Pumped};
 
 /// Time allowed for the output to drain after the container ended.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(30);
@@ -302,7 +302,7 @@ fn output_note(pumped: Pumped, max_output: u64) -> Option<String> {
     (!notes.is_empty()).then(|| notes.join("; "))
 }
 
-/// Watches the job directory's budget (crate::jobdisk) until the call
+/// Watches the job directory's budget (crate::sandbox::jobdisk) until the call
 /// passes it; returns why. Never returns when there is no budget.
 async fn watch_job_dir<E: Lifecycle>(ctx: &Ctx<'_>, docker: &E, id: &str, dir: &OwnedFd) -> String {
     let budget = Budget {
@@ -367,8 +367,8 @@ mod tests {
     use delegate_protocol::policy::Policy;
     use delegate_protocol::{JobId, Resources, Spec, Task};
 
-    use crate::ident::Caller;
-    use crate::lifecycle::scripted::Scripted;
+    use crate::caller::ident::Caller;
+    use crate::sandbox::lifecycle::scripted::Scripted;
 
     /// What one supervision of a scripted sandbox gave: its end, the
     /// answers sent to the runner, the stdout file's text.

@@ -16,7 +16,8 @@ use delegate_protocol::node_class::{self, check_label, class_of_feature, NodeCla
 use delegate_protocol::policy::Policy;
 
 use crate::ask::Question;
-use crate::{config, fingerprint};
+use crate::measure::fingerprint;
+use crate::sandbox::config;
 
 /// How often the class and report are published at the latest.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(30);
@@ -63,10 +64,10 @@ pub fn topology(root: &Path) -> Topology {
 /// This node's GPUs (gres.conf's devices) as its driver describes them
 /// now; none when gres.conf cannot be trusted (logged).
 async fn node_gpus(policy: &Policy, node: &str) -> Vec<delegate_protocol::Gpu> {
-    match crate::gpu::node_devices(policy, node) {
+    match crate::gpu::devices::node_devices(policy, node) {
         Ok(devices) => {
-            let (devices, indexes) = crate::gpu_info::indexes(&devices);
-            crate::gpu_info::now(&devices, &indexes).await
+            let (devices, indexes) = crate::gpu::info::indexes(&devices);
+            crate::gpu::info::now(&devices, &indexes).await
         }
         Err(e) => {
             tracing::warn!("{e}; the node's class counts no GPU");

@@ -11,8 +11,8 @@ use delegate_protocol::policy::Policy;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::config::{self, Perf, LABEL_PROBE, LABEL_UID};
-use crate::engine;
+use crate::sandbox::config::{self, Perf, LABEL_PROBE, LABEL_UID};
+use crate::sandbox::engine;
 
 /// A throwaway container that is created (never started) to see whether the
 /// engine accepts CAP_PERFMON.
@@ -79,14 +79,14 @@ pub async fn probe(policy: &Policy) -> Report {
     };
     r.perf_mode = mode;
     r.perf_detail = detail;
-    let node = crate::ident::node_name();
-    match crate::gpu::node_devices(policy, &node) {
+    let node = crate::caller::ident::node_name();
+    match crate::gpu::devices::node_devices(policy, &node) {
         Ok(devs) if devs.is_empty() => {
             r.gpu_mode = "none".into();
             r.gpu_detail = format!("no GPUs for node {node} in {}", policy.gres_conf.display());
         }
         Ok(devs) => {
-            let (mode, why) = crate::gpu::detect(policy, &docker).await;
+            let (mode, why) = crate::gpu::devices::detect(policy, &docker).await;
             r.gpu_mode = mode.as_str().into();
             r.gpu_detail = format!(
                 "{} GPU(s) in {} ({}); {why}; max_gpus = {}",

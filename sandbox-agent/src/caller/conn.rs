@@ -24,16 +24,16 @@ pub struct Incoming {
 }
 
 /// An admitted connection: the socket and its place in the agent's bounds
-/// ([`crate::admit::Ticket`]), given back exactly when the descriptor is
+/// ([`crate::caller::admit::Ticket`]), given back exactly when the descriptor is
 /// closed, that is when the last holder (the serving task or the reader)
 /// drops it.
 pub struct Socket {
     stream: UnixStream,
-    _ticket: crate::admit::Ticket,
+    _ticket: crate::caller::admit::Ticket,
 }
 
 impl Socket {
-    pub fn new(stream: UnixStream, ticket: crate::admit::Ticket) -> Socket {
+    pub fn new(stream: UnixStream, ticket: crate::caller::admit::Ticket) -> Socket {
         Socket { stream, _ticket: ticket }
     }
 }

@@ -6,13 +6,13 @@
 //! credential has expired (`cred_expire`, 30 s here): once the other
 //! student's short job was over, the node idled for the rest of that time
 //! while the map's calls waited. The agent that told the allocation that
-//! others wait ([`crate::queue`]) watches it: once it is pending again,
+//! others wait ([`crate::scheduling::queue`]) watches it: once it is pending again,
 //! held only by that begin time, and no other user's job waits for its
 //! partition any more (the one it stepped aside for has the node), it is
 //! made eligible at once (`StartTime=now`, which the student could set on
 //! their own job too). If others still wait, Slurm's own delay stands, as
 //! before: the nodes are busy then, none idles. A requeued allocation never
-//! counts as "others waiting" (crate::queue::others_waiting), so two maps
+//! counts as "others waiting" (crate::scheduling::queue::others_waiting), so two maps
 //! do not trade a node call by call.
 //!
 //! Stepping aside is the runner's decision, and a runner the student
@@ -180,7 +180,7 @@ impl Served {
         if shared.stepds.is_empty() {
             return true;
         }
-        let here = crate::failed_launch::served_jobs(&shared.stepds);
+        let here = crate::scheduling::failed_launch::served_jobs(&shared.stepds);
         self.0.retain(|j, _| here.contains(j));
         for j in here {
             self.0.entry(j).or_insert_with(Instant::now);

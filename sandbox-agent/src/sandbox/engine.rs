@@ -11,7 +11,7 @@ use bollard::query_parameters::{
 };
 use bollard::{Docker, API_DEFAULT_VERSION};
 
-use crate::config::{Perf, LABEL_JOB, LABEL_SLURM_JOB, LABEL_UID};
+use crate::sandbox::config::{Perf, LABEL_JOB, LABEL_SLURM_JOB, LABEL_UID};
 
 /// Seconds to wait for an answer (headers) to any one request.
 const REQUEST_TIMEOUT_SECS: u64 = 60;

@@ -1,11 +1,11 @@
 //! One call as the agent runs it: what its checks established (the policy,
 //! the verified caller, the spec, the limits), shared by the job's setup
-//! (crate::job) and its supervision (crate::supervise), which then depend
+//! (crate::job) and its supervision (crate::sandbox::supervise), which then depend
 //! on this module and not on each other.
 
 use delegate_protocol::policy::Policy;
 
-use crate::ident::{self, Caller};
+use crate::caller::ident::{self, Caller};
 
 pub(crate) struct Ctx<'a> {
     pub(crate) policy: &'a Policy,
@@ -23,6 +23,6 @@ pub(crate) struct Ctx<'a> {
     /// The only sandbox on this node right now (the agent may then keep
     /// itself off its cores).
     pub(crate) alone: bool,
-    /// A rank of a multi-node job (crate::rank), or `None`.
+    /// A rank of a multi-node job (crate::sandbox::rank), or `None`.
     pub(crate) place: Option<ident::RankPlace>,
 }

@@ -11,7 +11,7 @@
 //! round 4).
 //!
 //! A [`Ticket`] is held by the connection's socket itself
-//! (crate::conn::Socket): the place is given back when the descriptor is
+//! (crate::caller::conn::Socket): the place is given back when the descriptor is
 //! closed, never earlier (round 4, item 1: it was given back when serving
 //! ended while the reader task kept the socket open).
 
