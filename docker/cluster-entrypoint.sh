@@ -106,7 +106,7 @@ if [[ $role == power ]]; then
     chmod 0700 "$engine"
     ln -sfn "$engine/docker.sock" /var/run/docker.sock
     log "power service: serving requests in /run/delegate-power"
-    exec /usr/local/sbin/sandbox-agent power-serve
+    exec /usr/local/sbin/delegate-power
 fi
 
 # --- accounts: "name uid [role [full name]]" per line (role and name: the

@@ -44,12 +44,13 @@ COPY bin/docker /usr/bin/docker
 # is an ordinary program (root:root 0755, no setgid): it asks the agent,
 # which the worker's entrypoint starts as root and which alone reaches the
 # Docker socket. Students are in no group that owns the socket.
-COPY bin/delegate bin/sandbox-runner bin/sandbox-agent bin/delegate-deploy /tmp/bin/
+COPY bin/delegate bin/sandbox-runner bin/sandbox-agent bin/delegate-deploy bin/delegate-power /tmp/bin/
 RUN set -e; \
     install -o root -g root -m 0755 /tmp/bin/delegate /usr/local/bin/delegate; \
     install -o root -g root -m 0755 /tmp/bin/sandbox-runner /usr/local/bin/sandbox-runner; \
     install -o root -g root -m 0755 /tmp/bin/sandbox-agent /usr/local/sbin/sandbox-agent; \
     install -o root -g root -m 0755 /tmp/bin/delegate-deploy /usr/local/sbin/delegate-deploy; \
+    install -o root -g root -m 0755 /tmp/bin/delegate-power /usr/local/sbin/delegate-power; \
     install -d -o root -g root -m 0700 /run/delegate-engine; \
     rm -rf /tmp/bin; \
     ls -l /usr/local/bin/sandbox-runner /usr/local/sbin/sandbox-agent
@@ -69,4 +70,4 @@ RUN chmod 0755 /etc/slurm/delegate-epilog.sh /usr/local/sbin/cluster-entrypoint 
 ENTRYPOINT ["/usr/local/sbin/cluster-entrypoint"]
 CMD ["worker"]
 LABEL org.opencontainers.image.title="delegate-cluster" \
-      org.opencontainers.image.description="delegate head/dbd/worker node: munge, Slurm, sandbox-runner, sandbox-agent"
+      org.opencontainers.image.description="delegate head/dbd/worker node: munge, Slurm, sandbox-runner, sandbox-agent, delegate-power"

@@ -18,9 +18,9 @@
 #     for real machines (wake-on-LAN, IPMI, a cloud CLI; docs/elastic.md);
 #   - else the stack's power service: one request file per node in the
 #     spool directory (a root-only host directory bound into the head and
-#     into the "power" service only), answered there by `sandbox-agent
-#     power-serve` (sandbox-agent/src/power/mod.rs), which scales the worker's
-#     swarm service to 1 or 0 replicas.
+#     into the "power" service only), answered there by `delegate-power`
+#     (stack/power/), which scales the worker's swarm service to 1 or 0
+#     replicas.
 # A worker that cannot be started is set DOWN with the reason (the jobs that
 # waited for it are requeued) and stays out of service with that reason
 # until an operator resumes it: the failure is remembered in the spool

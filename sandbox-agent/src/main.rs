@@ -4,8 +4,6 @@
 //! ```text
 //! sandbox-agent            serve on the site policy's agent_socket (root only);
 //!                          SIGHUP publishes the node's class now ([`node`])
-//! sandbox-agent power-serve  the stack's power service of elastic workers
-//!                          (root, the Docker socket; see [`power`])
 //! sandbox-agent --version
 //! ```
 //!
@@ -29,7 +27,6 @@ mod job;
 mod logfile;
 mod measure;
 mod node;
-mod power;
 mod sandbox;
 mod scheduling;
 
@@ -98,11 +95,8 @@ fn main() {
         println!("sandbox-agent {}", env!("CARGO_PKG_VERSION"));
         return;
     }
-    if std::env::args().nth(1).as_deref() == Some("power-serve") && std::env::args().len() == 2 {
-        return power_serve();
-    }
     if std::env::args().len() > 1 {
-        eprintln!("usage: sandbox-agent [--version | power-serve]");
+        eprintln!("usage: sandbox-agent [--version]");
         std::process::exit(2);
     }
     if !nix::unistd::geteuid().is_root() {
@@ -120,27 +114,6 @@ fn main() {
     if let Err(e) = rt.block_on(serve()) {
         tracing::error!("{e}");
         eprintln!("sandbox-agent: {e}");
-        std::process::exit(1);
-    }
-}
-
-/// `sandbox-agent power-serve`: the power service (logs on stderr, the
-/// service's log).
-fn power_serve() {
-    tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .init();
-    let result = power::Settings::from_env().and_then(|s| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        rt.block_on(power::serve(s))
-    });
-    if let Err(e) = result {
-        tracing::error!("power service: {e}");
         std::process::exit(1);
     }
 }

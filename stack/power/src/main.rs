@@ -1,5 +1,6 @@
-//! `sandbox-agent power-serve`: the stack's power service for elastic
-//! workers (docs/elastic.md). slurmctld's power programs (slurm-conf/power.sh,
+//! `delegate-power`: the stack's power service for elastic workers
+//! (docs/elastic.md), its own binary in the stack's `power` service (the
+//! cluster image, root, the host's Docker socket). slurmctld's power programs (slurm-conf/power.sh,
 //! run as SlurmUser on the head) leave one request per worker in the spool
 //! directory, a root/SlurmUser-only directory bound into the head and into
 //! this service only: a file `req.<id>` holding `resume workerN` or
@@ -104,6 +105,21 @@ pub fn parse_request(body: &[u8], min: u32, max: u32) -> Result<(Action, u32), S
     Ok((action, n))
 }
 
+/// The engine's own words for a failed request (the agent's
+/// `sandbox::engine::short_reason`, for this service's answers).
+fn short_reason(e: &bollard::errors::Error) -> String {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { message, .. } => message.trim().to_string(),
+        other => {
+            let mut last: &dyn std::error::Error = other;
+            while let Some(e) = last.source() {
+                last = e;
+            }
+            last.to_string()
+        }
+    }
+}
+
 /// Text fit for an answer and a Slurm reason: printable, no quotes, bounded.
 pub fn clean(s: &str) -> String {
     let kept: String = s
@@ -140,7 +156,7 @@ async fn scale(docker: &Docker, service: &str, replicas: i64) -> Result<(), Stri
     let current = docker
         .inspect_service(service, None::<InspectServiceOptions>)
         .await
-        .map_err(|e| format!("cannot inspect {service}: {}", crate::sandbox::engine::short_reason(&e)))?;
+        .map_err(|e| format!("cannot inspect {service}: {}", crate::short_reason(&e)))?;
     let version = current
         .version
         .and_then(|v| v.index)
@@ -159,7 +175,7 @@ async fn scale(docker: &Docker, service: &str, replicas: i64) -> Result<(), Stri
         .map_err(|e| {
             format!(
                 "docker service update --replicas {replicas} {service} failed: {}",
-                crate::sandbox::engine::short_reason(&e)
+                crate::short_reason(&e)
             )
         })
 }
@@ -254,9 +270,37 @@ fn read_bounded(path: &Path, limit: u64) -> Vec<u8> {
     body
 }
 
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--version") {
+        println!("delegate-power {}", env!("CARGO_PKG_VERSION"));
+        return;
+    }
+    if std::env::args().len() > 1 {
+        eprintln!("usage: delegate-power [--version] (settings from the environment: docs/elastic.md)");
+        std::process::exit(2);
+    }
+    // (logs on stderr: the service's log)
+    tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = Settings::from_env().and_then(|s| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(serve(s))
+    });
+    if let Err(e) = result {
+        tracing::error!("power service: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// The service's loop: the spool is looked at every 200 ms; the swarm,
 /// for workers that wait for a machine, every [`back::CHECK_INTERVAL`].
-pub async fn serve(s: Settings) -> Result<(), String> {
+async fn serve(s: Settings) -> Result<(), String> {
     if !s.spool.is_dir() {
         return Err(format!("{} is missing", s.spool.display()));
     }

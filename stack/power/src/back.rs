@@ -66,7 +66,7 @@ async fn swarm_nodes(docker: &Docker) -> Result<Vec<NodeFacts>, String> {
     let nodes = docker
         .list_nodes(None::<ListNodesOptions>)
         .await
-        .map_err(|e| format!("cannot list the swarm's nodes: {}", crate::sandbox::engine::short_reason(&e)))?;
+        .map_err(|e| format!("cannot list the swarm's nodes: {}", crate::short_reason(&e)))?;
     Ok(nodes
         .into_iter()
         .map(|n| {
@@ -89,7 +89,7 @@ async fn constraints(docker: &Docker, service: &str) -> Result<Vec<String>, Stri
     let svc = docker
         .inspect_service(service, None::<InspectServiceOptions>)
         .await
-        .map_err(|e| format!("cannot inspect {service}: {}", crate::sandbox::engine::short_reason(&e)))?;
+        .map_err(|e| format!("cannot inspect {service}: {}", crate::short_reason(&e)))?;
     Ok(svc
         .spec
         .and_then(|s| s.task_template)
