@@ -19,6 +19,54 @@ use crate::ask::{AskError, Question};
 /// At most this much of a Slurm command's answer about one job is read.
 const MAX_SLURM_ANSWER: usize = 1 << 20;
 
+/// Why a peer is not identified; each is the one sentence the runner is
+/// told (and the agent logs).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IdentError {
+    /// The peer process is not the step task it must be.
+    #[error("the caller (pid {pid}) is not {what} on this node ({why})")]
+    NotTask { pid: i32, what: &'static str, why: String },
+    /// What slurmctld says of the job refuses it.
+    #[error(transparent)]
+    Job(#[from] JobRefusal),
+    #[error("slurmctld did not answer about {what} in time")]
+    SlurmTimeout { what: String },
+    #[error("cannot ask slurmctld about {what}: {why}")]
+    Slurm { what: String, why: String },
+}
+
+/// What slurmctld's answer about the caller's job refuses.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum JobRefusal {
+    #[error("slurmctld does not know job {job}")]
+    Unknown { job: String },
+    #[error("Slurm job {job} is not running")]
+    NotRunning { job: String },
+    #[error("Slurm job {job} does not belong to uid {uid}")]
+    OtherUser { job: String, uid: u32 },
+    #[error("Slurm job {job} does not run its batch step on this node ({node})")]
+    NotHere { job: String, node: String },
+    #[error("Slurm job {job} has no usable node list")]
+    NoNodeList { job: String },
+    #[error("the job's node list is empty or too long")]
+    BadNodeList,
+    #[error("rank sandboxes are only for multi-node delegate jobs, and this Slurm job has one node")]
+    OneNode,
+    #[error("this node ({node}) is not one of the job's nodes")]
+    NotOneOfNodes { node: String },
+}
+
+/// What the kernel cannot tell of a peer process.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    #[error("process {pid}: {source}")]
+    Read { pid: i32, source: std::io::Error },
+    #[error("process {pid}: unreadable {what}")]
+    Unreadable { pid: i32, what: &'static str },
+    #[error("process {pid}: pidfd_open: {source}")]
+    Pidfd { pid: i32, source: std::io::Error },
+}
+
 /// The verified caller.
 #[derive(Debug)]
 pub struct Caller {
@@ -37,25 +85,25 @@ pub struct Caller {
 }
 
 /// `(ppid, starttime)` of `/proc/<pid>/stat`.
-fn proc_stat(pid: i32) -> Result<(i32, u64), String> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("process {pid}: {e}"))?;
+fn proc_stat(pid: i32) -> Result<(i32, u64), ProcError> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|source| ProcError::Read { pid, source })?;
     let rest = s
         .rfind(')')
         .map(|i| &s[i + 1..])
-        .ok_or_else(|| format!("process {pid}: unreadable stat"))?;
+        .ok_or(ProcError::Unreadable { pid, what: "stat" })?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // rest starts at field 3 (state): ppid is field 4, starttime field 22.
     let ppid = f.get(1).and_then(|v| v.parse().ok());
     let start = f.get(19).and_then(|v| v.parse().ok());
     match (ppid, start) {
         (Some(p), Some(s)) => Ok((p, s)),
-        _ => Err(format!("process {pid}: unreadable stat")),
+        _ => Err(ProcError::Unreadable { pid, what: "stat" }),
     }
 }
 
 /// Real gid and groups from `/proc/<pid>/status`.
-fn proc_groups(pid: i32) -> Result<(u32, u32, Vec<u32>), String> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("process {pid}: {e}"))?;
+fn proc_groups(pid: i32) -> Result<(u32, u32, Vec<u32>), ProcError> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|source| ProcError::Read { pid, source })?;
     let field = |name: &str| {
         s.lines()
             .find_map(|l| l.strip_prefix(name))
@@ -66,15 +114,18 @@ fn proc_groups(pid: i32) -> Result<(u32, u32, Vec<u32>), String> {
     let gids = field("Gid:");
     match (uids.first(), gids.first()) {
         (Some(&u), Some(&g)) => Ok((u, g, field("Groups:"))),
-        _ => Err(format!("process {pid}: unreadable status")),
+        _ => Err(ProcError::Unreadable { pid, what: "status" }),
     }
 }
 
-fn pidfd_open(pid: i32) -> Result<OwnedFd, String> {
+fn pidfd_open(pid: i32) -> Result<OwnedFd, ProcError> {
     // SAFETY: pidfd_open(2) with flags 0 returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
-        return Err(format!("process {pid}: pidfd_open: {}", std::io::Error::last_os_error()));
+        return Err(ProcError::Pidfd {
+            pid,
+            source: std::io::Error::last_os_error(),
+        });
     }
     // SAFETY: a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -120,28 +171,28 @@ pub const SQUEUE_FORMAT: &str = "%A|%T|%U|%B";
 /// array's id, its siblings run on other nodes or wait): the one line whose
 /// job id (`%A`, unique per element) is `job` is the answer, and there must
 /// be exactly one.
-pub fn check_squeue(out: &str, job: &str, uid: u32, node: &str) -> Result<(), String> {
+pub fn check_squeue(out: &str, job: &str, uid: u32, node: &str) -> Result<(), JobRefusal> {
     let mut rows = Vec::new();
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
         let f: Vec<&str> = line.trim().split('|').collect();
         let [id, state, owner, host] = f.as_slice() else {
-            return Err(format!("slurmctld does not know job {job}"));
+            return Err(JobRefusal::Unknown { job: job.into() });
         };
         if *id == job {
             rows.push((*state, *owner, *host));
         }
     }
     let [(state, owner, host)] = rows.as_slice() else {
-        return Err(format!("slurmctld does not know job {job}"));
+        return Err(JobRefusal::Unknown { job: job.into() });
     };
     if *state != "RUNNING" {
-        return Err(format!("Slurm job {job} is not running"));
+        return Err(JobRefusal::NotRunning { job: job.into() });
     }
     if owner.parse::<u32>().ok() != Some(uid) {
-        return Err(format!("Slurm job {job} does not belong to uid {uid}"));
+        return Err(JobRefusal::OtherUser { job: job.into(), uid });
     }
     if *host != node {
-        return Err(format!("Slurm job {job} does not run its batch step on this node ({node})"));
+        return Err(JobRefusal::NotHere { job: job.into(), node: node.into() });
     }
     Ok(())
 }
@@ -196,53 +247,53 @@ pub const SQUEUE_RANK_FORMAT: &str = "%A|%T|%U|%N";
 
 /// Checks squeue's answer (`SQUEUE_RANK_FORMAT`) about `job`; the node
 /// list (compressed, e.g. `worker[1-2]`) on success.
-pub fn check_squeue_rank(out: &str, job: &str, uid: u32) -> Result<String, String> {
+pub fn check_squeue_rank(out: &str, job: &str, uid: u32) -> Result<String, JobRefusal> {
     let mut rows = Vec::new();
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
         let f: Vec<&str> = line.trim().split('|').collect();
         let [id, state, owner, nodes] = f.as_slice() else {
-            return Err(format!("slurmctld does not know job {job}"));
+            return Err(JobRefusal::Unknown { job: job.into() });
         };
         if *id == job {
             rows.push((*state, *owner, *nodes));
         }
     }
     let [(state, owner, nodes)] = rows.as_slice() else {
-        return Err(format!("slurmctld does not know job {job}"));
+        return Err(JobRefusal::Unknown { job: job.into() });
     };
     if *state != "RUNNING" {
-        return Err(format!("Slurm job {job} is not running"));
+        return Err(JobRefusal::NotRunning { job: job.into() });
     }
     if owner.parse::<u32>().ok() != Some(uid) {
-        return Err(format!("Slurm job {job} does not belong to uid {uid}"));
+        return Err(JobRefusal::OtherUser { job: job.into(), uid });
     }
     if nodes.is_empty() || nodes.len() > 4096 {
-        return Err(format!("Slurm job {job} has no usable node list"));
+        return Err(JobRefusal::NoNodeList { job: job.into() });
     }
     Ok(nodes.to_string())
 }
 
 /// This node's place in the expanded node list (`scontrol show hostnames`
 /// output, one name per line, in slurmctld's order).
-pub fn place_in(hostnames: &str, node: &str) -> Result<RankPlace, String> {
+pub fn place_in(hostnames: &str, node: &str) -> Result<RankPlace, JobRefusal> {
     let names: Vec<&str> = hostnames.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     if names.is_empty() || names.len() > delegate_protocol::MAX_RANKS as usize {
-        return Err("the job's node list is empty or too long".into());
+        return Err(JobRefusal::BadNodeList);
     }
     if names.len() < 2 {
-        return Err("rank sandboxes are only for multi-node delegate jobs, and this Slurm job has one node".into());
+        return Err(JobRefusal::OneNode);
     }
     let rank = names
         .iter()
         .position(|n| *n == node)
-        .ok_or_else(|| format!("this node ({node}) is not one of the job's nodes"))?;
+        .ok_or_else(|| JobRefusal::NotOneOfNodes { node: node.into() })?;
     Ok(RankPlace {
         rank: rank as u32,
         world: names.len() as u32,
     })
 }
 
-async fn slurm_command(args: &[&str], what: &str) -> Result<String, String> {
+async fn slurm_command(args: &[&str], what: &str) -> Result<String, IdentError> {
     let question = Question {
         argv: args,
         patience: Duration::from_secs(15),
@@ -251,13 +302,13 @@ async fn slurm_command(args: &[&str], what: &str) -> Result<String, String> {
         clear_env: false,
     };
     question.ask().await.map_err(|e| match e {
-        AskError::Timeout { .. } => format!("slurmctld did not answer about {what} in time"),
-        e => format!("cannot ask slurmctld about {what}: {e}"),
+        AskError::Timeout { .. } => IdentError::SlurmTimeout { what: what.into() },
+        e => IdentError::Slurm { what: what.into(), why: e.to_string() },
     })
 }
 
 /// Identifies the peer `pid` (uid from `SO_PEERCRED`) as a batch task.
-pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Result<Caller, String> {
+pub async fn identify(pid: i32, uid: u32, stepds: &[PathBuf], node: &str) -> Result<Caller, IdentError> {
     identify_as(pid, uid, stepds, node, StepKind::Batch).await.map(|(c, _)| c)
 }
 
@@ -269,19 +320,19 @@ pub async fn identify_as(
     stepds: &[PathBuf],
     node: &str,
     kind: StepKind,
-) -> Result<(Caller, Option<RankPlace>), String> {
+) -> Result<(Caller, Option<RankPlace>), IdentError> {
     use std::os::unix::fs::MetadataExt;
     let what = match kind {
         StepKind::Batch => "a Slurm batch task",
         StepKind::Rank => "a Slurm rank task",
     };
-    let not_task = |why: String| format!("the caller (pid {pid}) is not {what} on this node ({why})");
+    let not_task = |why: String| IdentError::NotTask { pid, what, why };
     if pid <= 0 {
         return Err(not_task("no peer process".into()));
     }
-    let pidfd = pidfd_open(pid).map_err(not_task)?;
-    let (ppid, starttime) = proc_stat(pid).map_err(not_task)?;
-    let (puid, gid, groups) = proc_groups(pid).map_err(not_task)?;
+    let pidfd = pidfd_open(pid).map_err(|e| not_task(e.to_string()))?;
+    let (ppid, starttime) = proc_stat(pid).map_err(|e| not_task(e.to_string()))?;
+    let (puid, gid, groups) = proc_groups(pid).map_err(|e| not_task(e.to_string()))?;
     if puid != uid {
         return Err(not_task("its uid changed".into()));
     }
@@ -408,43 +459,52 @@ mod tests {
     #[test]
     fn rank_squeue_and_place() {
         let line = "42|RUNNING|2001|w[1-2]\n";
+        let job = || "42".to_string();
         assert_eq!(check_squeue_rank(line, "42", 2001), Ok("w[1-2]".into()));
-        assert_eq!(
-            check_squeue_rank(line, "42", 2002),
-            Err("Slurm job 42 does not belong to uid 2002".into())
-        );
+        let other = check_squeue_rank(line, "42", 2002);
+        assert_eq!(other, Err(JobRefusal::OtherUser { job: job(), uid: 2002 }));
+        assert_eq!(other.unwrap_err().to_string(), "Slurm job 42 does not belong to uid 2002");
         assert_eq!(
             check_squeue_rank(&line.replace("RUNNING", "PENDING"), "42", 2001),
-            Err("Slurm job 42 is not running".into())
+            Err(JobRefusal::NotRunning { job: job() })
         );
-        assert_eq!(
-            check_squeue_rank("42|RUNNING|2001|\n", "42", 2001),
-            Err("Slurm job 42 has no usable node list".into())
-        );
+        let no_list = check_squeue_rank("42|RUNNING|2001|\n", "42", 2001);
+        assert_eq!(no_list, Err(JobRefusal::NoNodeList { job: job() }));
+        assert_eq!(no_list.unwrap_err().to_string(), "Slurm job 42 has no usable node list");
         assert_eq!(
             check_squeue_rank("42|RUNNING|2001|a|b\n", "42", 2001),
-            Err("slurmctld does not know job 42".into())
+            Err(JobRefusal::Unknown { job: job() })
         );
         assert_eq!(place_in("w1\nw2\n", "w2"), Ok(RankPlace { rank: 1, world: 2 }));
         assert_eq!(place_in("w1\nw2\n", "w1"), Ok(RankPlace { rank: 0, world: 2 }));
-        assert!(place_in("w1\n", "w1").unwrap_err().contains("only for multi-node"));
+        assert_eq!(place_in("w1\n", "w1"), Err(JobRefusal::OneNode));
+        assert!(JobRefusal::OneNode.to_string().contains("only for multi-node"));
+        let elsewhere = place_in("w1\nw2\n", "w3");
+        assert_eq!(elsewhere, Err(JobRefusal::NotOneOfNodes { node: "w3".into() }));
         assert_eq!(
-            place_in("w1\nw2\n", "w3"),
-            Err("this node (w3) is not one of the job's nodes".into())
+            elsewhere.unwrap_err().to_string(),
+            "this node (w3) is not one of the job's nodes"
         );
-        assert_eq!(place_in("", "w1"), Err("the job's node list is empty or too long".into()));
+        assert_eq!(place_in("", "w1"), Err(JobRefusal::BadNodeList));
+        assert_eq!(JobRefusal::BadNodeList.to_string(), "the job's node list is empty or too long");
     }
 
     #[test]
     fn squeue_fields() {
         let line = "42|RUNNING|2001|n1\n";
+        let here = |job: &str, node: &str| Err(JobRefusal::NotHere { job: job.into(), node: node.into() });
         assert_eq!(check_squeue(line, "42", 2001, "n1"), Ok(()));
-        assert!(check_squeue(line, "42", 2002, "n1").unwrap_err().contains("does not belong"));
-        assert!(check_squeue(line, "42", 2001, "n2").unwrap_err().contains("batch step"));
-        let unknown = |job: &str| Err(format!("slurmctld does not know job {job}"));
+        assert_eq!(
+            check_squeue(line, "42", 2002, "n1"),
+            Err(JobRefusal::OtherUser { job: "42".into(), uid: 2002 })
+        );
+        let not_here = check_squeue(line, "42", 2001, "n2");
+        assert_eq!(not_here, here("42", "n2"));
+        assert!(not_here.unwrap_err().to_string().contains("batch step"));
+        let unknown = |job: &str| Err(JobRefusal::Unknown { job: job.into() });
         assert_eq!(
             check_squeue(&line.replace("RUNNING", "COMPLETING"), "42", 2001, "n1"),
-            Err("Slurm job 42 is not running".into())
+            Err(JobRefusal::NotRunning { job: "42".into() })
         );
         assert_eq!(check_squeue("", "42", 2001, "n1"), unknown("42"));
         assert_eq!(check_squeue(line, "43", 2001, "n1"), unknown("43"));
@@ -457,7 +517,7 @@ mod tests {
         // skipped: the line of the caller's own job id decides.
         let array = "43|RUNNING|2001|n2\n42|RUNNING|2001|n1\n44|PENDING|2001|\n";
         assert_eq!(check_squeue(array, "42", 2001, "n1"), Ok(()));
-        assert!(check_squeue(array, "43", 2001, "n1").unwrap_err().contains("batch step"));
+        assert_eq!(check_squeue(array, "43", 2001, "n1"), here("43", "n1"));
         assert_eq!(check_squeue("43|RUNNING|2001|n1\n", "42", 2001, "n1"), unknown("42"));
         assert_eq!(check_squeue("42|RUNNING|2001|n1|x\n", "42", 2001, "n1"), unknown("42"));
     }
@@ -468,6 +528,10 @@ mod tests {
         let me = std::process::id() as i32;
         let uid = nix::unistd::getuid().as_raw();
         let e = rt.block_on(identify(me, uid, &slurmstepd_paths(), "n1")).unwrap_err();
-        assert!(e.contains("is not a Slurm batch task"), "{e}");
+        assert!(
+            matches!(&e, IdentError::NotTask { pid, what: "a Slurm batch task", .. } if *pid == me),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("is not a Slurm batch task"), "{e}");
     }
 }

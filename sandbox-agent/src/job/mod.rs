@@ -137,7 +137,7 @@ async fn batch_task<'a>(
                 shared
                     .quiet
                     .warn(uid, "refused", &format!("refused pid {pid} uid {uid}: {why}"));
-                let _ = conn::send(stream, &Answer::Refused(why)).await;
+                let _ = conn::send(stream, &Answer::Refused(why.to_string())).await;
                 return None;
             }
         }
@@ -182,7 +182,7 @@ async fn serve_rank(
             shared
                 .quiet
                 .warn(uid, "refused", &format!("refused rank pid {pid} uid {uid}: {why}"));
-            let _ = conn::send(stream, &Answer::Refused(why)).await;
+            let _ = conn::send(stream, &Answer::Refused(why.to_string())).await;
             return;
         }
     };
