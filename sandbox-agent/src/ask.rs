@@ -122,10 +122,18 @@ async fn read_capped<R: AsyncRead + Unpin>(pipe: Option<R>, cap: usize) -> std::
     }
 }
 
+/// A Slurm command that did not answer: the command line and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{command}: {source}")]
+pub struct SlurmError {
+    pub command: String,
+    pub source: AskError,
+}
+
 /// A Slurm command's answer (`argv`: the command and its arguments),
 /// within [`SLURM_PATIENCE`] and `max_answer` bytes; the error names the
 /// command.
-pub async fn slurm(argv: &[&str], max_answer: usize) -> Result<String, String> {
+pub async fn slurm(argv: &[&str], max_answer: usize) -> Result<String, SlurmError> {
     let question = Question {
         argv,
         patience: SLURM_PATIENCE,
@@ -133,7 +141,10 @@ pub async fn slurm(argv: &[&str], max_answer: usize) -> Result<String, String> {
         env: &[],
         clear_env: false,
     };
-    question.ask().await.map_err(|e| format!("{}: {e}", argv.join(" ")))
+    question
+        .ask()
+        .await
+        .map_err(|source| SlurmError { command: argv.join(" "), source })
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use delegate_protocol::node_class::{self, check_label, class_of_feature, NodeClass, NodeReport, Topology};
 use delegate_protocol::policy::Policy;
 
-use crate::ask::Question;
+use crate::ask::{AskError, Question};
 use crate::measure::fingerprint;
 use crate::sandbox::config;
 
@@ -181,7 +181,7 @@ pub fn report_to_publish(now: &NodeReport, held: &str) -> NodeReport {
     NodeReport { deployed, ..now.clone() }
 }
 
-async fn scontrol(args: &[String]) -> Result<String, String> {
+async fn scontrol(args: &[String]) -> Result<String, AskError> {
     let mut argv = vec!["scontrol"];
     argv.extend(args.iter().map(String::as_str));
     let question = Question {
@@ -191,25 +191,34 @@ async fn scontrol(args: &[String]) -> Result<String, String> {
         env: &[],
         clear_env: false,
     };
-    question.ask().await.map_err(|e| e.to_string())
+    question.ask().await
+}
+
+/// Why this node's class was not published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("the fingerprint task failed: {0}")]
+    Fingerprint(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Slurm(#[from] AskError),
+    #[error("node {node} is {state} in Slurm: its class is published once it is up")]
+    NotUp { node: String, state: String },
 }
 
 /// Publishes this node's class and report; Ok(true) when Slurm's record
 /// changed.
-pub async fn publish(policy: &Policy, node: &str) -> Result<bool, String> {
+pub async fn publish(policy: &Policy, node: &str) -> Result<bool, PublishError> {
     let gpus = node_gpus(policy, node).await;
     let (class, now) = {
         let (policy, node) = (policy.clone(), node.to_owned());
-        tokio::task::spawn_blocking(move || current(&policy, &node, gpus))
-            .await
-            .map_err(|e| format!("the fingerprint task failed: {e}"))?
+        tokio::task::spawn_blocking(move || current(&policy, &node, gpus)).await?
     };
     let held = parse_show_node(&scontrol(&["show".into(), "node".into(), node.into()]).await?);
     if !held.settled() {
-        return Err(format!(
-            "node {node} is {} in Slurm: its class is published once it is up",
-            held.state
-        ));
+        return Err(PublishError::NotUp {
+            node: node.into(),
+            state: held.state.clone(),
+        });
     }
     let report = report_to_publish(&now, &held.comment);
     let comment = report.to_comment();

@@ -27,6 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::ask::SlurmError;
 use crate::job::Shared;
 
 /// How long an allocation is watched after it was told to step aside:
@@ -226,7 +227,7 @@ struct Map {
     partition: String,
 }
 
-async fn squeue_maps(node: &str) -> Result<Vec<Map>, String> {
+async fn squeue_maps(node: &str) -> Result<Vec<Map>, SlurmError> {
     // (STOPPED: `scancel --signal=STOP --batch` makes Slurm say so)
     let argv = ["squeue", "-h", "-t", "RUNNING,STOPPED", "-w", node, "-o", "%A|%U|%P"];
     Ok(maps_in(&slurm(&argv).await?))
@@ -256,7 +257,7 @@ fn map_of(line: &str) -> Option<Map> {
 
 /// Looks at the job every [`STEP`] until it is requeued and nobody else
 /// waits (then makes it eligible), or it is over, or [`WATCH`] passed.
-async fn until_free(shared: &Shared, job: &str, partition: Option<&str>, uid: u32) -> Result<Watch, String> {
+async fn until_free(shared: &Shared, job: &str, partition: Option<&str>, uid: u32) -> Result<Watch, SlurmError> {
     let end = Instant::now() + WATCH;
     while Instant::now() < end {
         let answer = scontrol(&["show", "job", "-o", job]).await?;
@@ -289,13 +290,13 @@ fn held_by_begin_time(answer: &str) -> Option<bool> {
     }
 }
 
-async fn scontrol(args: &[&str]) -> Result<String, String> {
+async fn scontrol(args: &[&str]) -> Result<String, SlurmError> {
     let argv: Vec<&str> = std::iter::once("scontrol").chain(args.iter().copied()).collect();
     slurm(&argv).await
 }
 
 /// A Slurm command's answer, within [`MAX_ANSWER`].
-async fn slurm(argv: &[&str]) -> Result<String, String> {
+async fn slurm(argv: &[&str]) -> Result<String, SlurmError> {
     crate::ask::slurm(argv, MAX_ANSWER).await
 }
 

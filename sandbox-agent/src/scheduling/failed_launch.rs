@@ -30,7 +30,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::ask::slurm;
+use crate::ask::{slurm, SlurmError};
 
 /// Between two sweeps and two looks for held jobs.
 pub const EVERY: Duration = Duration::from_secs(30);
@@ -47,9 +47,18 @@ const LAUNCH_FAILED: &str = "launch failed requeued held";
 
 /// The spool directory of this node's slurmd, from Slurm's configuration
 /// (`%n` and `%h` expanded to the node's name).
-pub async fn spool_dir(node: &str) -> Result<PathBuf, String> {
+pub async fn spool_dir(node: &str) -> Result<PathBuf, SpoolError> {
     let config = slurm(&["scontrol", "show", "config"], 1 << 20).await?;
-    spool_of(&config, node).ok_or_else(|| "Slurm's configuration names no SlurmdSpoolDir".to_owned())
+    spool_of(&config, node).ok_or(SpoolError::NotNamed)
+}
+
+/// Why slurmd's spool directory is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error(transparent)]
+    Slurm(#[from] SlurmError),
+    #[error("Slurm's configuration names no SlurmdSpoolDir")]
+    NotNamed,
 }
 
 fn spool_of(config: &str, node: &str) -> Option<PathBuf> {
@@ -152,7 +161,7 @@ pub async fn keep_released(node: String, stepds: Vec<PathBuf>) {
     }
 }
 
-async fn release_held() -> Result<(), String> {
+async fn release_held() -> Result<(), SlurmError> {
     let argv = ["squeue", "-h", "-t", "PD", "-O", "JobID:|,Reason:|,RestartCnt:|"];
     let pending = slurm(&argv, MAX_PENDING_ANSWER).await?;
     for (job, restarts) in held_after_a_failed_launch(&pending) {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::ask::Question;
+use crate::ask::{AskError, Question};
 
 /// How long an answer is reused.
 const FRESH: Duration = Duration::from_secs(1);
@@ -63,7 +63,7 @@ fn now_utc() -> String {
 
 /// squeue's `uid|reason|eligible time|restarts` lines (UTC) of the
 /// pending jobs of `partition` ("": all).
-async fn pending(partition: &str) -> Result<String, String> {
+async fn pending(partition: &str) -> Result<String, AskError> {
     let mut argv = vec![
         "squeue",
         "-h",
@@ -82,7 +82,7 @@ async fn pending(partition: &str) -> Result<String, String> {
         env: &[("TZ", "UTC")],
         clear_env: false,
     };
-    question.ask().await.map_err(|e| e.to_string())
+    question.ask().await
 }
 
 /// squeue's `uid|reason|eligible time|restarts` lines of pending jobs:
