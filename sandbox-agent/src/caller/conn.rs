@@ -75,12 +75,29 @@ pub fn spawn_reader(socket: Arc<Socket>) -> (mpsc::Receiver<Incoming>, Reader) {
     (rx, Reader { task, socket })
 }
 
-async fn read_loop(stream: &UnixStream, tx: &mpsc::Sender<Incoming>) -> Result<(), String> {
+/// Why a connection's reading ended.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Frame(#[from] delegate_protocol::ProtocolError),
+    #[error("too many descriptors in one message")]
+    TruncatedFds,
+    #[error("too many descriptors")]
+    TooManyFds,
+    #[error("end of stream")]
+    End,
+    #[error("a run request without its descriptors")]
+    RunWithoutFds,
+}
+
+async fn read_loop(stream: &UnixStream, tx: &mpsc::Sender<Incoming>) -> Result<(), ReadError> {
     let mut frames = FrameBuf::default();
     let mut fds: VecDeque<OwnedFd> = VecDeque::new();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        stream.readable().await.map_err(|e| e.to_string())?;
+        stream.readable().await?;
         let got = stream.try_io(Interest::READABLE, || {
             let mut iov = [IoSliceMut::new(&mut buf)];
             let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 4]);
@@ -101,27 +118,27 @@ async fn read_loop(stream: &UnixStream, tx: &mpsc::Sender<Incoming>) -> Result<(
         let (n, new_fds, truncated) = match got {
             Ok(v) => v,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         };
         if truncated {
-            return Err("too many descriptors in one message".into());
+            return Err(ReadError::TruncatedFds);
         }
         fds.extend(new_fds);
         if fds.len() > MAX_QUEUED_FDS {
-            return Err("too many descriptors".into());
+            return Err(ReadError::TooManyFds);
         }
         if n == 0 {
-            return Err("end of stream".into());
+            return Err(ReadError::End);
         }
         frames.push(&buf[..n]);
-        while let Some(request) = frames.next_frame::<Request>().map_err(|e| e.to_string())? {
+        while let Some(request) = frames.next_frame::<Request>()? {
             let take = if matches!(request, Request::Run(_) | Request::RunRank(_)) {
                 RUN_FDS
             } else {
                 0
             };
             if fds.len() < take {
-                return Err("a run request without its descriptors".into());
+                return Err(ReadError::RunWithoutFds);
             }
             let mine: Vec<OwnedFd> = fds.drain(..take).collect();
             if tx.send(Incoming { request, fds: mine }).await.is_err() {

@@ -30,20 +30,35 @@ pub(super) fn past_allocation_bound(caller: &Caller, bound: u64) -> Option<Strin
     })
 }
 
+/// What is wrong with a descriptor a run request carries (`what`: which
+/// one, in the user's words).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(super) enum FdRefusal {
+    #[error("{what}: {errno}")]
+    Stat { what: &'static str, errno: nix::Error },
+    #[error("{what} is not a {kind}")]
+    Kind { what: &'static str, kind: &'static str },
+    #[error("{what} is owned by uid {owner}, expected uid {uid}")]
+    Owner { what: &'static str, owner: u32, uid: u32 },
+    #[error("{what} is writable by group or others")]
+    Writable { what: &'static str },
+}
+
 /// Checks a descriptor: its type and owner (and for the directory, not
 /// writable by group or others).
-pub(super) fn check_fd(fd: &OwnedFd, what: &str, uid: u32, dir: bool) -> Result<(), String> {
-    let st = fstat(fd.as_fd()).map_err(|e| format!("{what}: {e}"))?;
+pub(super) fn check_fd(fd: &OwnedFd, what: &'static str, uid: u32, dir: bool) -> Result<(), FdRefusal> {
+    let st = fstat(fd.as_fd()).map_err(|errno| FdRefusal::Stat { what, errno })?;
     let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
     let want = if dir { SFlag::S_IFDIR } else { SFlag::S_IFREG };
     if kind != want {
-        return Err(format!("{what} is not a {}", if dir { "directory" } else { "regular file" }));
+        let kind = if dir { "directory" } else { "regular file" };
+        return Err(FdRefusal::Kind { what, kind });
     }
     if st.st_uid != uid {
-        return Err(format!("{what} is owned by uid {}, expected uid {uid}", st.st_uid));
+        return Err(FdRefusal::Owner { what, owner: st.st_uid, uid });
     }
     if dir && st.st_mode & 0o022 != 0 {
-        return Err(format!("{what} is writable by group or others"));
+        return Err(FdRefusal::Writable { what });
     }
     Ok(())
 }
@@ -63,7 +78,7 @@ pub(super) fn checked_request(
         (out, "stdout", false),
         (err, "stderr", false),
     ] {
-        check_fd(fd, what, uid, is_dir).map_err(Answer::Refused)?;
+        check_fd(fd, what, uid, is_dir).map_err(|e| Answer::Refused(e.to_string()))?;
     }
     let policy = load_policy().map_err(|e| Answer::Failed(format!("{e}; ask the cluster's administrators")))?;
     let limits = policy

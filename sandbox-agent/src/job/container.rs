@@ -146,7 +146,9 @@ pub(super) async fn connect(
         .map_err(|e| Answer::Failed(e.to_string()))?;
     let network = match ctx.place {
         Some(place) => Some((
-            rank::ensure_network(&docker, ctx.caller, place).await.map_err(Answer::Failed)?,
+            rank::ensure_network(&docker, ctx.caller, place)
+                .await
+                .map_err(|e| Answer::Failed(e.to_string()))?,
             place,
         )),
         None => None,

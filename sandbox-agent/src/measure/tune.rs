@@ -28,14 +28,23 @@ fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
 }
 
+/// Why a tunable was left as it is.
+#[derive(Debug, thiserror::Error)]
+enum SetError {
+    #[error("{} is missing", .0.display())]
+    Missing(PathBuf),
+    #[error("{} cannot be written ({source})", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
 /// Writes `value` into `path` when it holds something else; remembers the
 /// old value for the restore. Err: why not.
-fn set(restore: &mut Vec<(PathBuf, String)>, path: PathBuf, value: &str) -> Result<bool, String> {
-    let old = read(&path).ok_or_else(|| format!("{} is missing", path.display()))?;
+fn set(restore: &mut Vec<(PathBuf, String)>, path: PathBuf, value: &str) -> Result<bool, SetError> {
+    let old = read(&path).ok_or_else(|| SetError::Missing(path.clone()))?;
     if old == value {
         return Ok(false);
     }
-    std::fs::write(&path, value).map_err(|e| format!("{} cannot be written ({e})", path.display()))?;
+    std::fs::write(&path, value).map_err(|source| SetError::Write { path: path.clone(), source })?;
     restore.push((path, old));
     Ok(true)
 }

@@ -68,13 +68,22 @@ impl Sink {
 
 /// Takes `owner`'s filesystem identity and drops every capability, for
 /// the calling thread only (both are per-thread in Linux).
-fn become_owner(owner: Owner) -> Result<(), String> {
+fn become_owner(owner: Owner) -> Result<(), WriterError> {
     nix::unistd::setfsgid(nix::unistd::Gid::from_raw(owner.gid));
     nix::unistd::setfsuid(nix::unistd::Uid::from_raw(owner.uid));
     for set in [caps::CapSet::Effective, caps::CapSet::Permitted] {
-        caps::clear(None, set).map_err(|e| format!("cannot drop the writer's capabilities: {e}"))?;
+        caps::clear(None, set).map_err(WriterError::Caps)?;
     }
     Ok(())
+}
+
+/// Why the output writer could not start as the student.
+#[derive(Debug, thiserror::Error)]
+enum WriterError {
+    #[error("cannot drop the writer's capabilities: {0}")]
+    Caps(caps::errors::CapsError),
+    #[error("cannot start the output writer: {0}")]
+    Thread(std::io::Error),
 }
 
 /// A chunk for the writer: whether it is stderr's, and its bytes.
@@ -83,13 +92,13 @@ type Chunk = (bool, Vec<u8>);
 type Done = oneshot::Receiver<Option<String>>;
 
 /// The writer thread: chunks in, the first error out.
-fn spawn_writer(owner: Owner, stdout: OwnedFd, stderr: OwnedFd) -> Result<(mpsc::Sender<Chunk>, Done), String> {
+fn spawn_writer(owner: Owner, stdout: OwnedFd, stderr: OwnedFd) -> Result<(mpsc::Sender<Chunk>, Done), WriterError> {
     let (tx, mut rx) = mpsc::channel::<Chunk>(IN_FLIGHT);
     let (done_tx, done_rx) = oneshot::channel();
     std::thread::Builder::new()
         .name("output-writer".into())
         .spawn(move || {
-            let mut error = become_owner(owner).err();
+            let mut error = become_owner(owner).err().map(|e| e.to_string());
             let mut out = Sink {
                 file: stdout.into(),
                 name: STDOUT,
@@ -108,7 +117,7 @@ fn spawn_writer(owner: Owner, stdout: OwnedFd, stderr: OwnedFd) -> Result<(mpsc:
             err.finish(&mut error);
             let _ = done_tx.send(error);
         })
-        .map_err(|e| format!("cannot start the output writer: {e}"))?;
+        .map_err(WriterError::Thread)?;
     Ok((tx, done_rx))
 }
 
@@ -128,7 +137,7 @@ pub async fn pump(
         Err(e) => {
             // Drain the stream anyway: the container never blocks on a pipe.
             while stream.next().await.is_some() {}
-            return Pumped { error: Some(e), dropped: 0 };
+            return Pumped { error: Some(e.to_string()), dropped: 0 };
         }
     };
     let mut error: Option<String> = None;

@@ -69,8 +69,21 @@ pub fn network_request(slurm_job: &str, uid: u32) -> NetworkCreateRequest {
     }
 }
 
+/// Why a rank has no network of its job.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("cannot list the job's network: {}", engine::short_reason(.0))]
+    List(bollard::errors::Error),
+    #[error("cannot create the job's network: {}", engine::short_reason(.0))]
+    Create(bollard::errors::Error),
+    #[error("the rank task ended while waiting for the job's network")]
+    CallerEnded,
+    #[error("rank 0 did not create the job's network within {}s", .0.as_secs())]
+    NotCreated(Duration),
+}
+
 /// The id of this job's network, if one exists (the oldest when several do).
-async fn find(docker: &Docker, slurm_job: &str, uid: u32) -> Result<Option<String>, String> {
+async fn find(docker: &Docker, slurm_job: &str, uid: u32) -> Result<Option<String>, NetworkError> {
     let filters = HashMap::from([(
         "label".to_string(),
         vec![
@@ -82,7 +95,7 @@ async fn find(docker: &Docker, slurm_job: &str, uid: u32) -> Result<Option<Strin
     let mut nets = docker
         .list_networks(Some(ListNetworksOptions { filters: Some(filters) }))
         .await
-        .map_err(|e| format!("cannot list the job's network: {}", engine::short_reason(&e)))?;
+        .map_err(NetworkError::List)?;
     nets.retain(|n| n.name.as_deref() == Some(network_name(slurm_job).as_str()));
     nets.sort_by_key(|n| (n.created.as_ref().map(|c| c.to_string()), n.id.clone()));
     Ok(nets.into_iter().find_map(|n| n.id))
@@ -90,7 +103,7 @@ async fn find(docker: &Docker, slurm_job: &str, uid: u32) -> Result<Option<Strin
 
 /// The job's network for this rank: rank 0 creates it, the others wait
 /// for it (while their caller lives).
-pub async fn ensure_network(docker: &Docker, caller: &Caller, place: RankPlace) -> Result<String, String> {
+pub async fn ensure_network(docker: &Docker, caller: &Caller, place: RankPlace) -> Result<String, NetworkError> {
     let slurm_job = caller.job.as_str();
     if place.rank == 0 {
         if let Some(id) = find(docker, slurm_job, caller.uid).await? {
@@ -99,7 +112,7 @@ pub async fn ensure_network(docker: &Docker, caller: &Caller, place: RankPlace) 
         let r = docker
             .create_network(network_request(slurm_job, caller.uid))
             .await
-            .map_err(|e| format!("cannot create the job's network: {}", engine::short_reason(&e)))?;
+            .map_err(NetworkError::Create)?;
         tracing::info!("Slurm job {slurm_job}: created network {} ({})", network_name(slurm_job), r.id);
         return Ok(r.id);
     }
@@ -109,13 +122,10 @@ pub async fn ensure_network(docker: &Docker, caller: &Caller, place: RankPlace) 
             return Ok(id);
         }
         if !caller.alive() {
-            return Err("the rank task ended while waiting for the job's network".into());
+            return Err(NetworkError::CallerEnded);
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(format!(
-                "rank 0 did not create the job's network within {}s",
-                NETWORK_WAIT.as_secs()
-            ));
+            return Err(NetworkError::NotCreated(NETWORK_WAIT));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -35,8 +35,17 @@ pub fn prepare(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Why the job directory could not be staged.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("{}: {source}", path.display())]
+    Dir { path: PathBuf, source: std::io::Error },
+    #[error("bind mount onto {}: {source}", path.display())]
+    Mount { path: PathBuf, source: nix::Error },
+}
+
 impl Staged {
-    pub fn new(policy: &Policy, slurm_job: &str, dir: &OwnedFd) -> Result<Staged, String> {
+    pub fn new(policy: &Policy, slurm_job: &str, dir: &OwnedFd) -> Result<Staged, StageError> {
         use std::os::unix::fs::DirBuilderExt;
         prepare_once(&policy.staging_dir)?;
         let local = policy.staging_dir.join(slurm_job);
@@ -46,11 +55,11 @@ impl Staged {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&local)
-            .map_err(|e| format!("{}: {e}", local.display()))?;
+            .map_err(|source| StageError::Dir { path: local.clone(), source })?;
         let source = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
         if let Err(e) = mount(Some(&source), &local, None::<&str>, MsFlags::MS_BIND, None::<&str>) {
             let _ = std::fs::remove_dir(&local);
-            return Err(format!("bind mount onto {}: {e}", local.display()));
+            return Err(StageError::Mount { path: local, source: e });
         }
         let engine_root = if policy.staging_host_dir.as_os_str().is_empty() {
             &policy.staging_dir
@@ -69,7 +78,7 @@ impl Staged {
     }
 }
 
-fn prepare_once(dir: &Path) -> Result<(), String> {
+fn prepare_once(dir: &Path) -> Result<(), StageError> {
     use std::os::unix::fs::DirBuilderExt;
     if dir.is_dir() {
         return Ok(());
@@ -78,7 +87,7 @@ fn prepare_once(dir: &Path) -> Result<(), String> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))
+        .map_err(|source| StageError::Dir { path: dir.to_path_buf(), source })
 }
 
 impl Drop for Staged {

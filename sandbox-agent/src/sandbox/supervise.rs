@@ -53,8 +53,8 @@ enum End {
 }
 
 /// The engine's error for `action` in the user's words.
-fn classify(ctx: &Ctx<'_>, e: &bollard::errors::Error, action: &'static str) -> String {
-    engine::classify(e, action, &ctx.policy.docker_socket, &ctx.host, &ctx.spec.image).to_string()
+fn classify(ctx: &Ctx<'_>, e: &bollard::errors::Error, action: &'static str) -> engine::EngineError {
+    engine::classify(e, action, &ctx.policy.docker_socket, &ctx.host, &ctx.spec.image)
 }
 
 /// Attaches, starts, waits (time limit, the runner's kill, the batch
@@ -89,7 +89,7 @@ pub(crate) async fn supervise<E: Lifecycle>(
     let Running { mut pump_task, over_rx, started_ms } = match start(ctx, docker, id, out, err).await {
         Ok(r) => r,
         Err(why) => {
-            ended.how = EndedHow::Failed(why);
+            ended.how = EndedHow::Failed(why.to_string());
             return ended;
         }
     };
@@ -141,7 +141,7 @@ async fn start<E: Lifecycle>(
     id: &str,
     out: OwnedFd,
     err: OwnedFd,
-) -> Result<Running, String> {
+) -> Result<Running, engine::EngineError> {
     let output = docker
         .attach(id)
         .await
@@ -184,7 +184,7 @@ where
     tokio::select! {
         w = wait.next() => match w {
             Some(Ok(_)) | Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => End::Exited,
-            Some(Err(e)) => End::WaitFailed(classify(ctx, &e, "wait for the sandbox")),
+            Some(Err(e)) => End::WaitFailed(classify(ctx, &e, "wait for the sandbox").to_string()),
             None => End::WaitFailed("the Docker engine ended the wait without a result".into()),
         },
         _ = tokio::time::sleep(limit) => End::TimedOut,
@@ -242,7 +242,7 @@ async fn last_state<E: Lifecycle>(
         Ok(Err(e)) => {
             tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
             if engine::unreachable(&e) {
-                ended.engine_gone = Some(classify(ctx, &e, "inspect the sandbox"));
+                ended.engine_gone = Some(classify(ctx, &e, "inspect the sandbox").to_string());
             }
             None
         }
