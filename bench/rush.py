@@ -313,6 +313,42 @@ def _sacct_allocations(since: float) -> list[list[str]]:
     return [line.split("|") for line in r.stdout.splitlines() if line.count("|") == 4]
 
 
+def _expected_starts() -> tuple[float, dict[str, int]]:
+    """Slurm's expected start of each waiting job now (squeue's %S, the
+    estimate a waiting student's line says in minutes: issue 56), by job
+    id, as root on the manager."""
+    at = time.time()
+    r = subprocess.run(
+        ["docker", "exec", "-e", "SLURM_TIME_FORMAT=%s", _cid("head"), "squeue", "-h", "-r", "-t", "PD",
+         "-o", "%A|%S"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    out = {}
+    for line in r.stdout.splitlines():
+        job, _, start = line.partition("|")
+        if start.strip().isdigit() and int(start) > 0:
+            out[job.strip()] = int(start)
+    return at, out
+
+
+def estimate_errors(first_seen: dict[str, list[float]], allocations: list[list[str]]) -> dict:
+    """How far off Slurm's expected starts were: for each job that had one
+    while it waited (the first one seen), its start (sacct) minus that
+    estimate, in seconds (negative: it started earlier)."""
+    started = {}
+    for job, _submit, start, _end, _nodes in allocations:
+        if start.strip().isdigit():
+            started[job] = int(start)
+    signed = [started[j] - est for j, (_at, est) in first_seen.items() if j in started]
+    absolute = [abs(x) for x in signed]
+    return {
+        "estimates": len(signed),
+        "estimate_abs_err_p50": _pct(absolute, 0.5),
+        "estimate_abs_err_p90": _pct(absolute, 0.9),
+        "estimate_signed_err_p50": _pct(signed, 0.5),
+    }
+
+
 def phase(name: str, outdir: str) -> None:
     users = os.environ["RUSH_STUDENTS_LIST"].split()
     flooder = os.environ.get("RUSH_FLOODER", "") if name == "rush" else ""
@@ -351,9 +387,13 @@ def phase(name: str, outdir: str) -> None:
     with ThreadPoolExecutor(max_workers=len(plan) + 1) as pool:
         futs = [pool.submit(one, u) for u in plan]
         samples = []
+        first_seen: dict[str, list[float]] = {}
         while not all(f.done() for f in futs):
             time.sleep(10)
             samples.append(_sdiag())
+            at, starts = _expected_starts()
+            for job, est in starts.items():
+                first_seen.setdefault(job, [at, est])
         problems = [f.result() for f in futs if f.result()[1] != 0]
     t1 = time.time()
     cpu1 = _cpu()
@@ -376,6 +416,7 @@ def phase(name: str, outdir: str) -> None:
         "parts_cpu": [parts0, parts1],
         "head_mem_peak": int(head_peak.read_text()) if head_peak else None,
         "allocations": _sacct_allocations(t0),
+        "first_estimates": first_seen,
         "lifecycle_s": float(os.environ.get("RUSH_LIFECYCLE_S", "nan")),
         "cpus": os.cpu_count(),
         "problems": problems,
@@ -605,6 +646,7 @@ def summarize(data: dict) -> dict:
         "rpc_by_type": by_type,
         "waits": waits,
         "problems": meta["problems"],
+        **estimate_errors(meta.get("first_estimates", {}), meta["allocations"]),
     }
 
 
@@ -655,6 +697,13 @@ def report(outdir: str) -> None:
             f"  drain {s['drain_s']:.0f} s vs work/workers {s['ideal_s']:.0f} s "
             f"(sum of calls' run time {s['work_s']:.0f} s): ratio {s['drain_ratio']:.2f}"
         )
+        if s.get("estimates"):
+            print(
+                f"  Slurm's expected start (a waiting student's 'likely to start within'), first seen per "
+                f"job, against its start: |error| p50 {s['estimate_abs_err_p50']:.0f} s, p90 "
+                f"{s['estimate_abs_err_p90']:.0f} s over {s['estimates']} jobs; signed p50 "
+                f"{s['estimate_signed_err_p50']:.0f} s (negative: earlier than said)"
+            )
         if s.get("cpus"):
             print(
                 f"  this machine's {s['cpus']} cores were {s['cpu_busy_frac'] * 100:.0f} % busy over the phase: "
