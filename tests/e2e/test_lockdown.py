@@ -46,9 +46,18 @@ def fresh_job_dir(user: User) -> str:
     return str(user.root / (time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]))
 
 
+# The single call's form as the client writes it (the fixture its unit
+# test checks and the gate's Lua test reads: one source), with its
+# example runner and job directory.
+SINGLE_FORM = (Path(__file__).resolve().parents[1] / "fixtures" / "batch-scripts" / "single.sh").read_text()
+FORM_RUNNER = "/usr/local/bin/sandbox-runner"
+FORM_DIR = "/home/alice/.delegate/jobs/20261123T103000-abcdef01"
+
+
 def delegate_script(job_dir: str) -> str:
     """broker/client/src/slurm/script.rs batch_script, for `job_dir`."""
-    return f"#!/bin/sh\nexec '{RUNNER}' '{job_dir}'\n"
+    assert SINGLE_FORM.count(FORM_DIR) == 1 and SINGLE_FORM.count(FORM_RUNNER) == 1, SINGLE_FORM
+    return SINGLE_FORM.replace(FORM_RUNNER, RUNNER).replace(FORM_DIR, job_dir)
 
 
 def slurm_id(user: User, job: str) -> str:

@@ -59,14 +59,17 @@ local function expect(name, want_ok, j)
   if ok ~= want_ok then fails = fails + 1; print("FAIL " .. name .. " rc=" .. rc .. " " .. tostring(last_user_msg))
   else print("ok   " .. name .. (ok and "" or ("  -> " .. tostring(last_user_msg)))) end
 end
--- the exact strings broker/client/src/slurm/script.rs produces
-local single = "#!/bin/sh\nexec '" .. R .. "' '" .. D1 .. "'\n"
-local arr = "#!/bin/sh\n#SBATCH --array=0-1\ncase \"$SLURM_ARRAY_TASK_ID\" in\n" ..
-  "0) exec >>'" .. D1 .. ".log' 2>&1; exec '" .. R .. "' '" .. D1 .. "' ;;\n" ..
-  "1) exec >>'" .. D2 .. ".log' 2>&1; exec '" .. R .. "' '" .. D2 .. "' ;;\n" ..
-  "esac\necho \"delegate: no job directory for array task $SLURM_ARRAY_TASK_ID\" >&2\nexit 1\n"
-local sh1 = "#!/bin/sh\nexec '" .. R .. "' pull '" .. D1 .. "' '" .. D2 .. "'\n"
-local sh2 = "#!/bin/sh\n#SBATCH --array=0-1\nexec '" .. R .. "' pull '" .. D1 .. "' '" .. D2 .. "'\n"
+-- The forms the client writes: tests/fixtures/batch-scripts/, checked
+-- against broker/client/src/slurm/script.rs by its unit test (one source:
+-- a form changed there fails here until the gate accepts it).
+local function fixture(name)
+  local fx = assert(io.open(here .. "/../fixtures/batch-scripts/" .. name, "r"))
+  local body = fx:read("*a"); fx:close()
+  return body
+end
+local single, arr = fixture("single.sh"), fixture("array.sh")
+local sh1, sh2 = fixture("map.sh"), fixture("map-array.sh")
+-- the gate writes each form exactly as the client does
 assert(L.batch_script(R, D1) == single and L.array_script(R, {D1, D2}, {D1..".log", D2..".log"}) == arr)
 assert(L.pull_script(R, {D1, D2}, 1) == sh1 and L.pull_script(R, {D1, D2}, 2) == sh2)
 
@@ -88,9 +91,10 @@ expect("array of one call each: no bound", true, job(arr, { array_inx = "0-1", t
 expect("a single call keeps its own limit", true, job(single, { time_limit = 600 }))
 -- GPUs: the script's own "#SBATCH --gres=gpu:N" line (script.rs: with_gpus),
 -- and the job's request (tres_per_node) must be exactly that line's.
-local g1 = "#!/bin/sh\n#SBATCH --gres=gpu:1\nexec '" .. R .. "' '" .. D1 .. "'\n"
+local g1 = fixture("gpu-single.sh")
 assert(L.with_gpus(single, 1) == g1 and L.with_gpus(single, 0) == single)
-local g2arr = L.with_gpus(arr, 2)
+local g2arr = fixture("gpu-array.sh")
+assert(L.with_gpus(arr, 2) == g2arr)
 expect("gpu single form", true, job(g1, { tres_per_node = "gres:gpu:1" }))
 expect("gpu array form", true, job(g2arr, { array_inx = "0-1", tres_per_node = "gres:gpu:2" }))
 expect("gpu map form", true, job(L.with_gpus(sh1, 1), { tres_per_node = "gres:gpu:1" }))
@@ -135,7 +139,7 @@ expect("script args", false, job(single, { argc = 2 }))
 expect("two nodes", false, job(single, { min_nodes = 2 }))
 expect("--uid other user", false, job(single, { user_id = 1002 }))
 -- the multi-node form (script.rs: ranks_script): its own node count only
-local rk = "#!/bin/sh\n#SBATCH --nodes=2\nexec '" .. R .. "' ranks '" .. D1 .. "'\n"
+local rk = fixture("ranks.sh")
 assert(L.ranks_script(R, D1, 2) == rk)
 expect("ranks form, 2 nodes", true, job(rk, { min_nodes = 2, max_nodes = 2 }))
 expect("ranks form, max_nodes unset", true, job(rk, { min_nodes = 2 }))

@@ -157,6 +157,40 @@ pub fn sbatch_args(req: &BatchRequest, partition: Option<&str>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The batch scripts' forms, one file each, the one source of what the
+    /// site's gate must accept (issue 57, item 2): this test checks that
+    /// the client writes exactly these files (`DELEGATE_WRITE_FIXTURES=1`
+    /// writes them instead); tests/lua/job_submit_test.lua checks that the
+    /// gate accepts each and writes the same, tests/e2e/test_lockdown.py
+    /// submits the single form through the installed gate. A change of a
+    /// form here fails there until the gate follows.
+    #[test]
+    fn the_gates_fixtures_are_the_forms_this_client_writes() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/batch-scripts");
+        let r = Path::new("/usr/local/bin/sandbox-runner");
+        let d1 = PathBuf::from("/home/alice/.delegate/jobs/20261123T103000-abcdef01");
+        let d2 = PathBuf::from("/home/alice/.delegate/jobs/20261123T103001-abcdef02");
+        let dirs = [d1.clone(), d2.clone()];
+        let logs = [d1.with_extension("log"), d2.with_extension("log")];
+        let forms = [
+            ("single.sh", batch_script(r, &d1)),
+            ("array.sh", array_script(r, &dirs, &logs)),
+            ("map.sh", pull_script(r, &dirs, 1)),
+            ("map-array.sh", pull_script(r, &dirs, 2)),
+            ("gpu-single.sh", with_gpus(batch_script(r, &d1), 1)),
+            ("gpu-array.sh", with_gpus(array_script(r, &dirs, &logs), 2)),
+            ("ranks.sh", ranks_script(r, &d1, 2)),
+        ];
+        for (name, script) in forms {
+            let path = dir.join(name);
+            if std::env::var_os("DELEGATE_WRITE_FIXTURES").is_some() {
+                std::fs::write(&path, &script).unwrap();
+            }
+            let want = std::fs::read_to_string(&path).unwrap_or_default();
+            assert_eq!(script, want, "{name}: the client's form differs from {}", path.display());
+        }
+    }
     use super::*;
 
     #[test]
