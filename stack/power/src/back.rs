@@ -18,7 +18,7 @@ use bollard::query_parameters::{InspectServiceOptions, ListNodesOptions};
 use bollard::Docker;
 
 use super::placement::{can_take, NodeFacts};
-use super::{clean, read_bounded, Settings};
+use super::{clean, read_bounded, write_spool, Settings};
 
 /// How often the swarm is read while a worker waits for its machine.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(10);
@@ -122,10 +122,7 @@ pub async fn announce(docker: &Docker, s: &Settings) {
             continue;
         };
         let text = clean(&format!("machine {} ({}) is ready", node.hostname, node.id));
-        let tmp = s.spool.join(format!(".back.worker{n}"));
-        let done =
-            std::fs::write(&tmp, format!("{text}\n")).and_then(|()| std::fs::rename(&tmp, back_file(&s.spool, n)));
-        match done {
+        match write_spool(&s.spool, &format!("back.worker{n}"), &text) {
             Ok(()) => tracing::info!("worker{n}: its start waited for a machine; {text}: announced back"),
             Err(e) => tracing::error!("worker{n}: cannot announce it back: {e}"),
         }

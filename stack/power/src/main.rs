@@ -142,13 +142,17 @@ pub fn clean(s: &str) -> String {
 
 /// Writes the answer to request `id` (atomically: a temporary, renamed).
 fn answer(spool: &Path, id: &str, text: &str) {
-    let tmp = spool.join(format!(".res{id}"));
-    let done =
-        std::fs::write(&tmp, format!("{text}\n")).and_then(|()| std::fs::rename(&tmp, spool.join(format!("res.{id}"))));
-    match done {
+    match write_spool(spool, &format!("res.{id}"), text) {
         Ok(()) => tracing::info!("answer {id}: {text}"),
         Err(e) => tracing::error!("cannot answer {id}: {e}"),
     }
+}
+
+/// Writes `text` as the spool file `name`, whole or not at all (a
+/// temporary `.name`, renamed): the head's programs never read half.
+fn write_spool(spool: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let tmp = spool.join(format!(".{name}"));
+    std::fs::write(&tmp, format!("{text}\n")).and_then(|()| std::fs::rename(&tmp, spool.join(name)))
 }
 
 /// Sets the service's replicas (as `docker service update --replicas`).

@@ -253,31 +253,28 @@ impl Slurm {
     /// Every user's jobs waiting or running now (one line per array
     /// element), running first, then in the order Slurm will start them.
     pub fn queue_all(&self) -> Result<Vec<usage::QueuedJob>, SlurmError> {
+        Ok(usage::parse_queue(&self.every_users_jobs(usage::SQUEUE_FORMAT, &[])?))
+    }
+
+    /// One `squeue` of every user's jobs waiting or running now (one line
+    /// per array element) in `format`, `env` added to its environment.
+    fn every_users_jobs(&self, format: &str, env: &[(&str, &str)]) -> Result<String, SlurmError> {
         let args = vec![
             "--local".to_owned(),
             "--all".to_owned(),
             "--array".to_owned(),
             "--noheader".to_owned(),
             "--states=PENDING,RUNNING,CONFIGURING,COMPLETING".to_owned(),
-            format!("--format={}", usage::SQUEUE_FORMAT),
+            format!("--format={format}"),
         ];
         SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
-        Ok(usage::parse_queue(&self.run(&self.squeue, &args, None)?))
+        self.run_env(&self.squeue, &args, env, None)
     }
 
     /// Every user's jobs waiting or running now, for the rush's snapshot
     /// (submit times in seconds since the epoch).
     pub fn rush_queue(&self) -> Result<Vec<rush::QueueLine>, SlurmError> {
-        let args = vec![
-            "--local".to_owned(),
-            "--all".to_owned(),
-            "--array".to_owned(),
-            "--noheader".to_owned(),
-            "--states=PENDING,RUNNING,CONFIGURING,COMPLETING".to_owned(),
-            format!("--format={}", rush::SQUEUE_FORMAT),
-        ];
-        SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
-        let out = self.run_env(&self.squeue, &args, &[("SLURM_TIME_FORMAT", "%s")], None)?;
+        let out = self.every_users_jobs(rush::SQUEUE_FORMAT, &[("SLURM_TIME_FORMAT", "%s")])?;
         Ok(rush::parse_queue(&out))
     }
 
