@@ -158,6 +158,11 @@ impl Client {
             _ => return LogFacts::default(),
         };
         let len = f.seek(SeekFrom::End(0)).unwrap_or(0);
+        let age_secs = f
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .map(|t| std::time::SystemTime::now().duration_since(t).map_or(0, |d| d.as_secs()));
         let start = len.saturating_sub(LOG_TAIL_BYTES);
         let mut buf = Vec::new();
         if f.seek(SeekFrom::Start(start)).is_err() || f.take(LOG_TAIL_BYTES).read_to_end(&mut buf).is_err() {
@@ -170,6 +175,6 @@ impl Client {
         } else {
             &text
         };
-        scan_log(text)
+        LogFacts { age_secs, ..scan_log(text) }
     }
 }

@@ -62,7 +62,21 @@ pub struct LogFacts {
     pub refusal: Option<String>,
     /// The last non-empty line, for a lost job's reason.
     pub last_line: Option<String>,
+    /// Seconds since the log was last written (the runner's end, once the
+    /// job is over), when the log can be seen.
+    pub age_secs: Option<u64>,
 }
+
+/// How long after its end a call Slurm reports `COMPLETED` may still show
+/// no outcome here: the runner exits 0 only once its outcome is written,
+/// so that outcome is on its way through a network home's caches (30 s
+/// of entries and negative lookups on the course's home, the directory
+/// its new attempt replaced included). Past this, it is lost.
+pub const OUTCOME_SHOWS_WITHIN_SECS: u64 = 90;
+
+/// What such a call says meanwhile: "finished on worker2; its result ...".
+pub const OUTCOME_ON_ITS_WAY_HEAD: &str = "finished";
+pub const OUTCOME_ON_ITS_WAY: &str = "its result is not visible here yet (the home's caches), it shows within a minute";
 
 /// The decision for a job without an outcome file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,6 +140,18 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
             reason: r,
             refused: true,
         };
+    }
+    let said_lost = log.last_line.as_deref().and_then(parse_lost_line).is_some();
+    if !said_lost && outcome_on_its_way(slurm_state, before_start || f.shared, log.age_secs) {
+        let nodes = match f.slurm {
+            SlurmView::Present(j) => j.nodes.as_str(),
+            _ => "",
+        };
+        let on = running_on(f.started, nodes).map(|h| format!(" on {h}")).unwrap_or_default();
+        return live(
+            State::Running,
+            format!("{OUTCOME_ON_ITS_WAY_HEAD}{on}; {OUTCOME_ON_ITS_WAY}{note}"),
+        );
     }
     lost(slurm_state, slurm_reason, before_start, log.last_line)
 }
@@ -328,6 +354,14 @@ fn elsewhere(nodes: &str, host: &str) -> bool {
     !nodes.is_empty() && !nodes.split(',').any(|n| n == host)
 }
 
+/// A call Slurm reports `COMPLETED` (its runner wrote an outcome, then
+/// exited 0) whose outcome is not visible here yet, within
+/// [`OUTCOME_SHOWS_WITHIN_SECS`] of the end of its log. (A map's allocation
+/// completes whatever its calls did: not for them.)
+fn outcome_on_its_way(state: Option<&SlurmState>, shared: bool, log_age: Option<u64>) -> bool {
+    state == Some(&SlurmState::Completed) && !shared && log_age.is_some_and(|a| a < OUTCOME_SHOWS_WITHIN_SECS)
+}
+
 /// Slurm's own end of a job the runner wrote no outcome for, when it
 /// explains it (cancelled, timed out).
 fn slurm_ended(state: Option<&SlurmState>, before_start: bool) -> Option<Verdict> {
@@ -431,6 +465,47 @@ mod tests {
         match v {
             Verdict::Live { state, .. } | Verdict::Ended { state, .. } => *state,
         }
+    }
+
+    /// Stop 63's CI, in the hub over the caching home: a call that ran
+    /// again on worker2 completed there, and the notebook, still shown the
+    /// directory its new attempt replaced, ended it lost. A call Slurm
+    /// reports COMPLETED has an outcome (the runner exits 0 only once it is
+    /// written): the reader waits for it, then, long past the end of the
+    /// job's log, says lost.
+    #[test]
+    fn a_completed_call_whose_outcome_is_not_visible_yet_waits_for_it() {
+        let mut done = sj("COMPLETED", "None");
+        done.nodes = "worker2".into();
+        let f = Facts {
+            started: Some("worker1"),
+            ..facts(SlurmView::Present(&done))
+        };
+        let log = |age| {
+            move || LogFacts {
+                age_secs: age,
+                ..scan_log("INFO job x: completed: exited with code 0\n")
+            }
+        };
+        assert_eq!(
+            decide(&f, log(Some(5))),
+            Verdict::Live {
+                state: State::Running,
+                reason: format!("finished on worker2; {OUTCOME_ON_ITS_WAY}")
+            }
+        );
+        for late in [Some(OUTCOME_SHOWS_WITHIN_SECS), None] {
+            assert_eq!(state_of(&decide(&f, log(late))), State::Lost, "{late:?}");
+        }
+        // A map's allocation completes whatever its calls did.
+        let shared = Facts { shared: true, ..f };
+        assert_eq!(state_of(&decide(&shared, log(Some(5)))), State::Lost);
+        // The runner's own word that it is lost stands.
+        let said = decide(&f, || LogFacts {
+            age_secs: Some(5),
+            ..scan_log("delegate: lost: its node was lost on every attempt (attempt 1 on worker1)\n")
+        });
+        assert_eq!(state_of(&said), State::Lost);
     }
 
     #[test]
@@ -591,6 +666,7 @@ mod tests {
         let v = decide(&facts(SlurmView::Present(&failed)), || LogFacts {
             refusal: None,
             last_line: Some("exec: /usr/local/bin/sandbox-runner: not found".into()),
+            age_secs: Some(1),
         });
         match v {
             Verdict::Ended { state: State::Lost, reason, .. } => {
@@ -608,6 +684,7 @@ mod tests {
         let v = decide(&facts(SlurmView::Present(&spent)), || LogFacts {
             refusal: None,
             last_line: Some("delegate: lost: its node was lost on every attempt (attempt 1 on worker1)".into()),
+            age_secs: Some(2),
         });
         assert_eq!(
             v,
