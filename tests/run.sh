@@ -44,8 +44,12 @@ STAGE_T0=
 STAGE=
 # Each stage's time, one "SECONDS  STAGE" line per stage and the total,
 # kept where CI keeps its artifacts (tests/README.md: each stage's budget).
-TIMES=${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}/test-times.txt
-mkdir -p "$(dirname "$TIMES")"
+ARTIFACTS=${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}
+TIMES=$ARTIFACTS/test-times.txt
+# Each pytest stage's JUnit report (every test's time), beside the table.
+JUNIT=$ARTIFACTS/junit
+mkdir -p "$JUNIT"
+rm -f "$JUNIT"/*.xml
 printf '# tests/run.sh %s, commit %s\n' "$(date -u +%FT%TZ)" \
     "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$TIMES"
 
@@ -54,8 +58,16 @@ stage_done() {
     [[ -n $STAGE ]] || return 0
     printf '\033[1m--- %s: %ds\033[0m\n' "$STAGE" "$((SECONDS - STAGE_T0))"
     printf '%6d  %s%s\n' "$((SECONDS - STAGE_T0))" "$STAGE" "${1:+  $1}" >>"$TIMES"
-    STAGE=
+    if [[ -f $STAGE_REPORT ]]; then
+        "$VENV/bin/python" "$REPO/tests/slowest.py" "$STAGE_REPORT" 8 >>"$TIMES" || true
+    fi
+    STAGE=''
+    STAGE_REPORT=''
 }
+# stage_slowest NAME: the table lists the slowest tests of the stage's
+# report ($JUNIT/NAME.xml) under the stage's time.
+STAGE_REPORT=
+stage_slowest() { STAGE_REPORT=$JUNIT/$1.xml; }
 # Prints every stage's time and the total, and keeps them in $TIMES.
 stage_table() {
     printf '%6d  total\n' "$((SECONDS - T0))" >>"$TIMES"
@@ -121,7 +133,7 @@ wheels=$(mktemp -d)
     && "$VENV/bin/pip" install -q "$wheels"/delegate-*.whl; } || fail "pip install of the delegate wheel"
 rm -rf "$wheels"
 chmod -R a+rX "$VENV"
-"$VENV/bin/python" -m pytest -v tests/unit || fail "the fast tier's Python tests (tests/unit)"
+"$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/unit.xml" tests/unit || fail "the fast tier's Python tests (tests/unit)"
 
 section "build_cluster.sh --local (set up and start the cluster)"
 # Two stand-in GPUs (test scaffolding: tests/e2e/test_gpu.py runs without
@@ -144,9 +156,10 @@ done
 # (the test venv: made or updated in stage 2)
 if [[ -d tests/e2e ]]; then
     set +e
-    "$VENV/bin/python" -m pytest -v --durations=10 tests/e2e "$@"
+    "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/e2e.xml" tests/e2e "$@"
     rc=$?
     set -e
+    stage_slowest e2e
     # 5 = no tests collected: a pass only when extra arguments (-k ...)
     # deselected them all; the suite itself is never empty.
     if ((rc == 5 && $# > 0)); then
@@ -160,9 +173,10 @@ fi
 
 section "Python package: pytest -v tests/python (as students, on the cluster)"
 set +e
-"$VENV/bin/python" -m pytest -v tests/python "$@"
+"$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/python.xml" tests/python "$@"
 rc=$?
 set -e
+stage_slowest python
 ((rc == 0)) || fail "Python package tests (pytest exit $rc)"
 
 # stack_stage DIR WHAT ARGS...: pytest DIR (a stage on the multi-node stack),
@@ -177,9 +191,10 @@ stack_stage() {
     fi
     set +e
     # (the ten slowest steps are printed: where the CI's minutes go)
-    "$VENV/bin/python" -m pytest -v --durations=10 "$dir" "$@"
+    "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/${dir##*/}.xml" "$dir" "$@"
     rc=$?
     set -e
+    stage_slowest "${dir##*/}"
     ((rc == 0 || (rc == 5 && $# > 0))) || fail "$what (pytest exit $rc)"
 }
 
