@@ -112,7 +112,8 @@ forward() {
     local op=$1 dir
     for dir in -i -o; do
         if iptables -C FORWARD "$dir" "$BRIDGE" -j ACCEPT 2>/dev/null; then
-            [[ $op == -D ]] && iptables -D FORWARD "$dir" "$BRIDGE" -j ACCEPT
+            # (an `up` of machines already up keeps the rule: not a failure)
+            if [[ $op == -D ]]; then iptables -D FORWARD "$dir" "$BRIDGE" -j ACCEPT; fi
         elif [[ $op == -I ]]; then
             iptables -I FORWARD "$dir" "$BRIDGE" -j ACCEPT
         fi
