@@ -93,6 +93,22 @@ cd "$REPO"
 # shellcheck source=venv.sh
 source "$REPO/tests/venv.sh"
 
+# cargo's build kept outside the clone: CI runs each time from a clean
+# clone, where building every dependency again costs it minutes (a fresh
+# machine builds them once). One cache per clone's path (cargo rebuilds
+# the clone's own crates, all newer than it); caches of other paths left
+# unused for 3 days are removed. A clone with its own target/, or a
+# CARGO_TARGET_DIR, is left as it is.
+if [[ ! -e $REPO/target && ! -L $REPO/target && -z ${CARGO_TARGET_DIR:-} ]]; then
+    cargo_cache=${DELEGATE_CARGO_CACHE:-/var/lib/delegate/cargo-target}
+    key=$(printf '%s' "$REPO" | sha256sum | cut -c1-12)
+    mkdir -p "$cargo_cache/$key" || fail "cannot make cargo's build cache $cargo_cache/$key"
+    find "$cargo_cache" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -mtime +3 -exec rm -rf {} + || true
+    touch "$cargo_cache/$key"
+    ln -s "$cargo_cache/$key" "$REPO/target" || fail "cannot link $REPO/target to cargo's build cache"
+    echo "cargo's build: $REPO/target -> $cargo_cache/$key (kept between clean clones)"
+fi
+
 section "lint: cargo fmt, cargo clippy, shellcheck, ruff (tests/lint.sh)"
 if [[ ${DELEGATE_SKIP_LINT:-0} == 1 ]]; then
     echo "WARNING: DELEGATE_SKIP_LINT=1: lint stage skipped" >&2
