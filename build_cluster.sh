@@ -55,11 +55,14 @@
 #      when not running (accounting: the cluster, the course account and
 #      the student QOS in slurmdbd), and waits until the node is idle,
 #   4. builds the Rust workspace and installs `delegate`, `sandbox-runner`
-#      (an ordinary root:root 0755 program) and the root `sandbox-agent`,
+#      (an ordinary root:root 0755 program), the root `sandbox-agent` and
+#      the place helper `delegate-place`,
 #   5. builds the base and sandbox images,
 #   6. installs the site policy /etc/delegate/policy.toml (unless present)
 #      and (re)starts the root agent sandbox-agent (the Docker socket's only
-#      holder; socket $DELEGATE_AGENT_SOCKET, log /var/log/delegate/agent.log),
+#      holder; socket $DELEGATE_AGENT_SOCKET, log /var/log/delegate/agent.log)
+#      and the place helper delegate-place (as Slurm's user: it tells each
+#      student where their waiting jobs stand; log place.log),
 #   7. runs a demo job as a non-root user and prints `delegate doctor`.
 # It is idempotent: a second run skips everything already in place.
 #

@@ -15,6 +15,8 @@
 #   4. Rust build and install   local_build_install
 #   5. images                   local_build_images (also used by stack.sh)
 #   6. site policy              local_install_policy
+#      the root agent           local_start_agent
+#      the place helper         local_start_place
 #   7. demo job                 local_demo
 # Daemons this script starts are recorded in $STARTED_FILE so that `stop`
 # stops those and nothing else.
@@ -485,6 +487,8 @@ local_build_install() {
     install -o root -g root -m 0755 "$t/sandbox-runner" "$DELEGATE_PREFIX/sandbox-runner"
     install -o root -g root -m 0755 "$t/sandbox-agent" "$DELEGATE_PREFIX/sandbox-agent"
     log "installed $DELEGATE_PREFIX/sandbox-runner (root:root 0755) and $DELEGATE_PREFIX/sandbox-agent"
+    [[ -x $t/delegate-place ]] || die "the workspace built no target/release/delegate-place"
+    install -o root -g root -m 0755 "$t/delegate-place" "$DELEGATE_PREFIX/delegate-place"
 }
 
 # ------------------------------------------------------ 6b. the agent
@@ -513,6 +517,30 @@ local_start_agent() {
         || die "sandbox-agent did not open $DELEGATE_AGENT_SOCKET; tail $DELEGATE_LOG_DIR/agent.log:
 $(tail -n 20 "$DELEGATE_LOG_DIR/agent.log")"
     log "sandbox-agent: listening on $DELEGATE_AGENT_SOCKET (log $DELEGATE_LOG_DIR/agent.log)"
+}
+
+# ------------------------------------------------------ 6c. the place helper
+# local_start_place: (re)start delegate-place, which tells each student
+# where their waiting jobs stand in Slurm's queue (students do not see other
+# users' jobs). It runs as Slurm's user (who sees every job, and is given
+# nothing more) from a directory only it writes; log place.log.
+local_start_place() {
+    local pid user socket
+    pid=$(awk '$1 == "delegate-place" { print $2 }' "$STARTED_FILE" 2>/dev/null || true)
+    [[ -z $pid ]] || stop_recorded delegate-place "$pid"
+    user=root
+    id slurm >/dev/null 2>&1 && user=slurm
+    socket=$("$DELEGATE_PREFIX/delegate-place" --print-socket) || die "delegate-place --print-socket failed"
+    install -d -o "$user" -g root -m 0755 "$(dirname "$socket")"
+    rm -f "$socket"
+    private_logs "$DELEGATE_LOG_DIR" place.log
+    SLURM_CONF=$SLURM_CONF detached setpriv --reuid="$user" --regid="$user" --init-groups \
+        "$DELEGATE_PREFIX/delegate-place" </dev/null >>"$DELEGATE_LOG_DIR/place.log" 2>&1
+    record_started delegate-place $!
+    wait_for 20 delegate-place test -S "$socket" \
+        || die "delegate-place did not open $socket; tail $DELEGATE_LOG_DIR/place.log:
+$(tail -n 20 "$DELEGATE_LOG_DIR/place.log")"
+    log "delegate-place: listening on $socket as $user (log $DELEGATE_LOG_DIR/place.log)"
 }
 
 # ------------------------------------------------------------- 5. images
@@ -752,6 +780,7 @@ local_up() {
     local_install_policy
     local_new_deployment
     local_start_agent
+    local_start_place
     local_demo
     private_logs "$DELEGATE_LOG_DIR"
     log "up: done in $((SECONDS - T0)) s"
@@ -778,7 +807,7 @@ local_stop() {
 # local_status: `--local status`, daemons, Slurm's view and the images.
 local_status() {
     local d pids
-    for d in munged dockerd mariadbd slurmdbd slurmctld slurmd sandbox-agent; do
+    for d in munged dockerd mariadbd slurmdbd slurmctld slurmd sandbox-agent delegate-place; do
         pids=$(local_pgrep "$d" | tr '\n' ' ')
         printf '%-10s %s\n' "$d" "${pids:-(not running)}"
     done

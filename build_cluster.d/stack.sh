@@ -429,8 +429,8 @@ stack_build_images() {
         cp "$REPO/slurm-conf/spank/delegate_lockdown.c" "$ctx/slurm-conf/spank/"
         cp "$REPO/target/release/delegate" "$REPO/target/release/sandbox-runner" \
             "$REPO/target/release/sandbox-agent" "$REPO/target/release/delegate-deploy" \
-            "$REPO/target/release/delegate-power" "$ctx/bin/" \
-            || die "target/release/{delegate,sandbox-runner,sandbox-agent,delegate-deploy,delegate-power} missing after cargo build"
+            "$REPO/target/release/delegate-power" "$REPO/target/release/delegate-place" "$ctx/bin/" \
+            || die "target/release/{delegate,sandbox-runner,sandbox-agent,delegate-deploy,delegate-power,delegate-place} missing after cargo build"
         cp "$(command -v docker)" "$ctx/bin/docker"
         build_image "$DELEGATE_CLUSTER_IMAGE" "$src" "$ctx" cluster "BASE_IMAGE=$DELEGATE_BASE_IMAGE"
         force=1   # the user image is built on top of it

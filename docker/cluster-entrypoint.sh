@@ -479,6 +479,31 @@ run_worker() {
 
 # run_user: the user node: munge per account, the limit of queries to
 # Slurm, the accounts' passwords and JupyterHub.
+# place_helper: on the user node, delegate-place tells each student where
+# their waiting jobs stand in Slurm's queue (students see only their own
+# jobs; docs/students.md). It runs as SlurmUser, which sees every job, with a
+# munged of its own as each student has (the shared one's directory is
+# closed to all but the admins); it needs nothing more. Without it the
+# students' lines only lack their place: a warning, not a failure.
+place_helper() {
+    local user=${slurmuser:-root} d=/run/munge-place socket
+    socket=$(delegate-place --print-socket) || { log "WARNING: delegate-place is missing: no places"; return 0; }
+    install -d -o munge -g "$(id -g "$user")" -m 0750 "$d"
+    if ! runuser -u munge -- munged --force --socket="$d/munge.socket" --pid-file="$d/munged.pid" \
+        --seed-file=/var/lib/munge/place.seed --log-file=/var/log/munge/place.log; then
+        log "WARNING: the place helper's munged did not start: no places"
+        return 0
+    fi
+    install -d -m 0755 /etc/slurm/place
+    delegate-deploy student-slurm-conf --base /etc/slurm/slurm.conf --socket "$d/munge.socket" \
+        >/etc/slurm/place/slurm.conf || { log "WARNING: no slurm.conf for the place helper: no places"; return 0; }
+    install -d -o "$user" -g root -m 0755 "$(dirname "$socket")"
+    private_log /var/log/delegate/place.log "$user"
+    SLURM_CONF=/etc/slurm/place/slurm.conf setpriv --reuid="$user" --regid="$user" --init-groups --no-new-privs \
+        delegate-place </dev/null >>/var/log/delegate/place.log 2>&1 &
+    log "place helper: delegate-place on $socket as $user (log /var/log/delegate/place.log)"
+}
+
 run_user() {
     local keep
     # JupyterHub (/etc/jupyterhub/jupyterhub_config.py): the accounts'
@@ -487,6 +512,7 @@ run_user() {
     # the student).
     munge_per_account
     limit_queries
+    place_helper
     # A password a student changed since (passwd in a terminal) is kept in
     # the hub's state directory and set again (keep-passwords).
     if [[ -s /run/secrets/hub-passwords ]]; then

@@ -44,13 +44,14 @@ COPY bin/docker /usr/bin/docker
 # is an ordinary program (root:root 0755, no setgid): it asks the agent,
 # which the worker's entrypoint starts as root and which alone reaches the
 # Docker socket. Students are in no group that owns the socket.
-COPY bin/delegate bin/sandbox-runner bin/sandbox-agent bin/delegate-deploy bin/delegate-power /tmp/bin/
+COPY bin/delegate bin/sandbox-runner bin/sandbox-agent bin/delegate-deploy bin/delegate-power bin/delegate-place /tmp/bin/
 RUN set -e; \
     install -o root -g root -m 0755 /tmp/bin/delegate /usr/local/bin/delegate; \
     install -o root -g root -m 0755 /tmp/bin/sandbox-runner /usr/local/bin/sandbox-runner; \
     install -o root -g root -m 0755 /tmp/bin/sandbox-agent /usr/local/sbin/sandbox-agent; \
     install -o root -g root -m 0755 /tmp/bin/delegate-deploy /usr/local/sbin/delegate-deploy; \
     install -o root -g root -m 0755 /tmp/bin/delegate-power /usr/local/sbin/delegate-power; \
+    install -o root -g root -m 0755 /tmp/bin/delegate-place /usr/local/sbin/delegate-place; \
     install -d -o root -g root -m 0700 /run/delegate-engine; \
     rm -rf /tmp/bin; \
     ls -l /usr/local/bin/sandbox-runner /usr/local/sbin/sandbox-agent

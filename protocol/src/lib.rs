@@ -62,7 +62,8 @@
 //! [`shipped`] (the shipped files' manifest),
 //! [`fingerprint`] (the machine of a call), [`node_class`] (node classes
 //! and their Slurm features), [`agent`] (the wire protocol between the
-//! runner and the root agent), [`cpus`] (core placement on an exclusive
+//! runner and the root agent), [`place`] (the place helper's answer: where
+//! a student's waiting jobs stand), [`cpus`] (core placement on an exclusive
 //! node), [`host`] (this host's name), [`error`] and [`clock`].
 //!
 //! Nothing here is CLI-only: `sandbox-runner` (an ordinary program that
@@ -84,6 +85,7 @@ pub mod layout;
 pub mod line;
 pub mod node_class;
 pub mod outcome;
+pub mod place;
 pub mod policy;
 pub mod record;
 pub mod shipped;

@@ -620,7 +620,8 @@ def back_to_a_notebook(s: HubSession) -> None:
 def test_4b_the_instructors_page_during_a_rush(browser, students):
     """Issue 56, tried as its people live it: Ann and Ben each submit three
     calls of 40 s from their shells; Ann's `delegate list` says where her
-    waiting calls stand; the instructor opens the rush page from the hub
+    waiting calls stand (how many jobs are ahead, when they likely start);
+    the instructor opens the rush page from the hub
     (/services/rush/): the calls running and waiting, the students waiting
     longest (both of them), the busy nodes, the plots after a few samples;
     `delegate admin rush` in the instructor's shell says the same numbers
@@ -637,6 +638,9 @@ def test_4b_the_instructors_page_during_a_rush(browser, students):
         assert "list-exit=0" in out and re.search(
             r"likely to start within|no estimate of its start|running", out
         ), out
+        # (the place helper's count: four of the six calls wait for the two
+        # workers, Ann's behind some of them)
+        assert re.search(r", (\d+ jobs? ahead|next in line);", out), out
         prof = HubSession(browser, PROF, initial_password(PROF), ARTIFACTS)
         prof.login(lab=False)
         p = prof.page

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from conftest import IMAGE, containers_created_since, containers_with_label, sh
@@ -322,3 +323,132 @@ def test_a_waiting_call_says_when_it_likely_starts(alice, bob):
     finally:
         alice.run("cancel", second)
         bob.run("cancel", first)
+
+
+# The place helper's socket (delegate_protocol::place::DEFAULT_PLACE_SOCKET).
+PLACE_SOCKET = "/run/delegate-place/place.sock"
+# As a student: connect to the helper, print its answer in hex (the student
+# reads it raw, as a hostile one would).
+ASK_PLACE = f"""
+import socket
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect({PLACE_SOCKET!r})
+data = b""
+while chunk := s.recv(65536):
+    data += chunk
+print(data.hex())
+"""
+
+
+def varint(b: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        n |= (b[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if b[i - 1] < 0x80:
+            return n, i
+
+
+def place_answer(raw: bytes) -> tuple[list[tuple[str, int]], str | None]:
+    """A place answer's frame (4-byte length, the `DLGT` header of kind P,
+    postcard): its places and why it has none."""
+    length = int.from_bytes(raw[:4], "little")
+    body = raw[4 : 4 + length]
+    assert body[:4] == b"DLGT" and body[4:5] == b"P", body[:8]
+    i = 8
+    _, i = varint(body, i)  # as_of_ms
+    n, i = varint(body, i)
+    places = []
+    for _ in range(n):
+        ln, i = varint(body, i)
+        job = body[i : i + ln].decode()
+        ahead, i = varint(body, i + ln)
+        places.append((job, ahead))
+    unavailable = None
+    if body[i] == 1:
+        ln, j = varint(body, i + 1)
+        unavailable = body[j : j + ln].decode()
+    return places, unavailable
+
+
+def in_line_before(sid: str) -> int | None:
+    """Root's count of the waiting jobs Slurm starts before `sid` (by
+    priority, then submit time: the helper's order), held ones left out."""
+    out = sh("squeue", "--all", "--array", "-h", "-t", "PENDING", "-o", "%i|%Q|%V|%r").stdout
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    rows.sort(key=lambda r: (-int(r[1]), r[2], r[0]))
+    ids = [r[0] for r in rows]
+    if sid not in ids:
+        return None
+    return sum(
+        1 for r in rows[: ids.index(sid)] if not r[3].startswith(("JobHeld", "BeginTime", "Dependency"))
+    )
+
+
+def waiting_of(user: str) -> set[str]:
+    """Root's view of `user`'s waiting jobs (ids as squeue --array prints)."""
+    out = sh("squeue", "--array", "-h", "-t", "PENDING", "-u", user, "-o", "%i").stdout
+    return set(out.split())
+
+
+def test_a_waiting_call_says_how_many_jobs_are_ahead(alice, bob):
+    """Issue 56: behind Bob's running call and two of his waiting ones,
+    Alice's waiting call says how many jobs Slurm will start before it,
+    as root counts them. The helper tells each student only of their own
+    jobs: Alice reading its socket raw gets her job and a count, nothing of
+    Bob's; two hundred connections of hers held open do not keep Bob's
+    answer from him."""
+    assert Path(PLACE_SOCKET).is_socket(), (
+        "the place helper does not run (build_cluster.sh --local up starts it)"
+    )
+    running = bob.submit("sleep", "60", opts=("--time", "2m"))
+    bob.wait_started(running)
+    his = [bob.submit("true", opts=("--time", "2m")) for _ in range(2)]
+    mine = alice.submit("true", opts=("--time", "2m"))
+    try:
+        sid = alice.status(mine)["slurm_id"]
+        seen = []
+
+        def as_root_counts():
+            reason = alice.status(mine)["reason"]
+            seen.append(reason)
+            m = re.search(r", (\d+) jobs? ahead;|, (next in line);", reason)
+            if not m:
+                return False
+            shown = 0 if m.group(2) else int(m.group(1))
+            return shown == in_line_before(sid)
+
+        testlib.wait_until(
+            "Alice's call saying as many jobs ahead as root counts",
+            as_root_counts,
+            60,
+            1,
+            detail=lambda: seen[-3:],
+        )
+        raw = bytes.fromhex(alice.as_user("python3", "-c", ASK_PLACE).stdout.strip())
+        places, unavailable = place_answer(raw)
+        # (her own waiting jobs only: this one, and any an earlier test left)
+        assert unavailable is None and sid in {p[0] for p in places}, places
+        assert {p[0] for p in places} <= waiting_of(alice.name), places
+        bob_sids = {bob.status(j)["slurm_id"] for j in [running, *his]}
+        assert not bob_sids & {p[0] for p in places}, places
+        # A flood of held connections: Bob still gets his places.
+        flood = alice.popen(
+            "python3", "-c",
+            f"import socket,time\nss=[]\nfor _ in range(200):\n s=socket.socket(socket.AF_UNIX)\n"
+            f" s.connect({PLACE_SOCKET!r})\n ss.append(s)\nprint('held', flush=True)\ntime.sleep(30)",
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert flood.stdout is not None and flood.stdout.readline().strip() == "held"
+            raw = bytes.fromhex(bob.as_user("python3", "-c", ASK_PLACE, timeout=20).stdout.strip())
+            theirs, _ = place_answer(raw)
+            theirs_ids = {p[0] for p in theirs}
+            assert bob_sids - {bob.status(running)["slurm_id"]} <= theirs_ids <= waiting_of(bob.name), theirs
+        finally:
+            flood.kill()
+    finally:
+        alice.run("cancel", mine)
+        bob.run("cancel", running, *his)

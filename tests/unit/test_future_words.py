@@ -48,3 +48,16 @@ def test_a_waiting_call_says_when_it_likely_starts():
         "waiting in Slurm's queue (Priority); no estimate of its start yet (Slurm's scheduler has not placed it)"
     )
     assert none.outcome == "pending — no estimate of its start yet"
+
+
+def test_a_waiting_call_says_how_many_jobs_are_ahead():
+    """Issue 56: the place helper's count of the jobs ahead, in the line."""
+    ahead = future(
+        "waiting in Slurm's queue (Priority), 37 jobs ahead; likely to start within 3 min "
+        "(Slurm's estimate from the time limits of the jobs ahead)"
+    )
+    assert ahead.outcome == "pending — 37 jobs ahead, likely to start within 3 min"
+    first = future("waiting in Slurm's queue (Resources), next in line; no estimate of its start yet (...)")
+    assert first.outcome == "pending — next in line, no estimate of its start yet"
+    one = future("waiting in Slurm's queue, 1 job ahead; cancellation requested")
+    assert one.outcome == "pending — 1 job ahead"

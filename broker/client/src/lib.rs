@@ -20,6 +20,7 @@ pub mod config;
 pub mod doctor;
 pub mod error;
 pub mod jobsfile;
+pub mod place;
 pub mod plan;
 pub mod request;
 pub mod slurm;

@@ -59,6 +59,29 @@ fn shown_start<'a>(f: &'a JobFiles, slurm_nodes: &'a str) -> (Option<&'a str>, O
     }
 }
 
+/// The user's jobs `q` with each waiting one's place in Slurm's queue,
+/// asked of the place helper when one of them waits and a helper listens
+/// here (else as they are).
+fn with_places(
+    mut q: std::collections::HashMap<String, slurm::SlurmJob>,
+) -> std::collections::HashMap<String, slurm::SlurmJob> {
+    let waiting = q.values().any(|j| j.state.phase() == slurm::SlurmPhase::Queued);
+    let Some(path) = waiting.then(crate::place::socket_path).flatten() else {
+        return q;
+    };
+    match crate::place::ask(&path) {
+        Ok(places) => {
+            for (job, ahead) in places {
+                if let Some(j) = q.get_mut(&job) {
+                    j.ahead = Some(ahead);
+                }
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "no place in Slurm's queue"),
+    }
+    q
+}
+
 impl Client {
     /// Writes an outcome unless one exists (link of a complete temporary file,
     /// so two writers never clobber each other, also on NFS). Returns the
@@ -187,7 +210,7 @@ impl Client {
         let need_slurm = ask_slurm && jobs.iter().any(|j| j.outcome.is_none() && j.slurm_id.is_some());
         let queue = if need_slurm {
             match self.config.slurm.query_user(self.uid) {
-                Ok(q) => Some(q),
+                Ok(q) => Some(with_places(q)),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot ask Slurm about the jobs");
                     None

@@ -259,7 +259,8 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
                 "waiting in Slurm's queue"
             };
             let when = likely_start(j.expected_start, f.now_secs);
-            live(State::Pending, format!("{what}{why}; {when}{note}"))
+            let place = j.ahead.map(place_words).unwrap_or_default();
+            live(State::Pending, format!("{what}{why}{place}; {when}{note}"))
         }
         SlurmPhase::Active if f.shared && f.started.is_none() => {
             live(State::Pending, format!("{WAITING_FOR_AN_ALLOCATION}{note}"))
@@ -308,6 +309,16 @@ pub fn likely_start(expected: Option<u64>, now: u64) -> String {
         ),
         Some(_) => format!("{LIKELY} within a minute (Slurm's estimate)"),
         None => "no estimate of its start yet (Slurm's scheduler has not placed it)".to_owned(),
+    }
+}
+
+/// Where a waiting job stands, after "waiting in Slurm's queue": its
+/// number of waiting jobs ahead (the place helper's count).
+fn place_words(ahead: u32) -> String {
+    match ahead {
+        0 => ", next in line".to_owned(),
+        1 => ", 1 job ahead".to_owned(),
+        n => format!(", {n} jobs ahead"),
     }
 }
 
@@ -454,6 +465,7 @@ mod tests {
             reason: reason.into(),
             nodes: String::new(),
             expected_start: None,
+            ahead: None,
         }
     }
 
@@ -506,6 +518,31 @@ mod tests {
             ..scan_log("delegate: lost: its node was lost on every attempt (attempt 1 on worker1)\n")
         });
         assert_eq!(state_of(&said), State::Lost);
+    }
+
+    /// Issue 56: a waiting call says where it stands when the place helper
+    /// told the client, and nothing of it otherwise.
+    #[test]
+    fn a_waiting_call_says_how_many_jobs_are_ahead() {
+        let mut j = sj("PENDING", "Priority");
+        let reason = |j: &SlurmJob| match decide(&facts(SlurmView::Present(j)), no_log) {
+            Verdict::Live { state: State::Pending, reason } => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            reason(&j).starts_with("waiting in Slurm's queue (Priority); "),
+            "{}",
+            reason(&j)
+        );
+        for (ahead, words) in [
+            (37, ", 37 jobs ahead; "),
+            (1, ", 1 job ahead; "),
+            (0, ", next in line; "),
+        ] {
+            j.ahead = Some(ahead);
+            let r = reason(&j);
+            assert!(r.starts_with(&format!("waiting in Slurm's queue (Priority){words}")), "{r}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ import json
 import linecache
 import os
 import pickle
+import re
 import sys
 import threading
 import time
@@ -34,6 +35,9 @@ from delegate._errors import (
 # added (``_core.wake``); Slurm is asked at most once per 2 s across rounds.
 POLL_INTERVAL = float(os.environ.get("DELEGATE_POLL_INTERVAL", "2"))
 MAX_LOG = 64 * 1024 * 1024
+# A waiting call's place in Slurm's queue, in its reason (the client's
+# words when the place helper told it: broker/client/src/state.rs).
+_PLACE = re.compile(r", (\d+ jobs? ahead|next in line)[;,]")
 
 
 def _format_frames(frames, summary: str, remote_text: str) -> str:
@@ -186,13 +190,16 @@ class DelegateFuture(cf.Future[Any]):
             if "its retries are spent" in self.reason:
                 return "pending — %s; its retries are spent: it ends lost when a node takes it" % lost
             return "pending — %s, it runs again" % lost
+        # (where it stands, from the place helper: "37 jobs ahead", issue 56)
+        place = _PLACE.search(self.reason)
+        ahead = place.group(1) + ", " if place else ""
         for words in ("likely to start", "no estimate of its start"):
             # (Slurm's estimate of a waiting call's start, issue 56; the
             # reason's words before its parenthesis)
             at = self.reason.find(words)
             if at >= 0:
-                return "pending — " + self.reason[at:].split(" (", 1)[0].split(";", 1)[0]
-        return "pending"
+                return "pending — " + ahead + self.reason[at:].split(" (", 1)[0].split(";", 1)[0]
+        return "pending — " + place.group(1) if place else "pending"
 
     def _again(self) -> str:
         """`` — ran again on worker1 (attempt 2): worker2 was lost`` for a

@@ -136,6 +136,10 @@ pub struct SlurmJob {
     /// (seconds since the epoch; from the time limits of the jobs ahead, so
     /// a latest start unless others arrive first), when it has one.
     pub expected_start: Option<u64>,
+    /// While it waits: how many waiting jobs Slurm will start before it,
+    /// when the place helper told (`crate::place`; students cannot see
+    /// other users' jobs).
+    pub ahead: Option<u32>,
 }
 
 /// Where a Slurm state is in a job's life.
@@ -289,6 +293,7 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
                 reason: reason.to_owned(),
                 nodes: nodes.to_owned(),
                 expected_start,
+                ahead: None,
             },
         );
     }
@@ -405,6 +410,7 @@ mod tests {
                 reason: "Priority".into(),
                 nodes: String::new(),
                 expected_start: None,
+                ahead: None,
             }
         );
         assert_eq!(m["13"].state, SlurmState::Running);
@@ -419,6 +425,7 @@ mod tests {
                 reason: "".into(),
                 nodes: String::new(),
                 expected_start: None,
+                ahead: None,
             }
         );
         assert_eq!(m["19"].state, SlurmState::Cancelled);
