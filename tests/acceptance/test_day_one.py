@@ -590,6 +590,12 @@ def test_4_the_instructor_in_the_browser(browser, students):
 # 40 s (with Ben's three, six calls for two workers: some wait).
 RUSH = "for i in 1 2 3; do delegate submit --time 3m -- sleep 40 >/dev/null || echo submit-failed; done\necho rush-submitted\n"
 ADMIN_RUSH = "delegate admin rush --since now-1hour; echo admin-rush-exit=$?\n"
+# Ann's call behind the rush's calls (issue 56: her line says where it stands).
+BEHIND = """import delegate
+@delegate.remote(time="2m")
+def behind():
+    return "behind-done"
+print(behind())"""
 # A student's notebook asks the page's service for its data directly.
 PEEK = """import os, urllib.request, urllib.error
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -620,13 +626,13 @@ def back_to_a_notebook(s: HubSession) -> None:
 def test_4b_the_instructors_page_during_a_rush(browser, students):
     """Issue 56, tried as its people live it: Ann and Ben each submit three
     calls of 40 s from their shells; Ann's `delegate list` says where her
-    waiting calls stand (how many jobs are ahead, when they likely start);
-    the instructor opens the rush page from the hub
+    waiting calls stand (how many jobs are ahead, when they likely start),
+    and so does her notebook's line for one more call; the instructor opens the rush page from the hub
     (/services/rush/): the calls running and waiting, the students waiting
     longest (both of them), the busy nodes, the plots after a few samples;
     `delegate admin rush` in the instructor's shell says the same numbers
     as text. Ben opening the page's address is refused by the hub."""
-    _, ben = students
+    ann, ben = students
     for u in (ANN, BEN):
         r = run(SCRIPT, "shell", u, input=RUSH, env=ENV, timeout=300)
         out = r.stdout + r.stderr
@@ -641,6 +647,15 @@ def test_4b_the_instructors_page_during_a_rush(browser, students):
         # (the place helper's count: four of the six calls wait for the two
         # workers, Ann's behind some of them)
         assert re.search(r", (\d+ jobs? ahead|next in line);", out), out
+        # ... and her notebook's line, for a call behind the rush's (it
+        # runs on in her kernel while the instructor looks; the queue is
+        # waited for below)
+        back_to_a_notebook(ann)
+        states, _ = ann.watch_cell(BEHIND, "delegate: behind", " ahead", "rush-place", timeout=180_000)
+        print("Ann's line behind the rush:", states)
+        assert any(
+            re.search(r"pending — \d+ jobs? ahead, (likely to start|no estimate)", x) for x in states
+        ), states
         prof = HubSession(browser, PROF, initial_password(PROF), ARTIFACTS)
         prof.login(lab=False)
         p = prof.page
