@@ -47,6 +47,26 @@ pub(crate) struct JobFiles {
 }
 
 impl JobFiles {
+    /// A job whose directory cannot be opened safely (`why`).
+    fn unreadable(id: &JobId, dir: PathBuf, why: String) -> JobFiles {
+        JobFiles {
+            id: id.clone(),
+            dir,
+            fd: None,
+            unreadable: Some(why),
+            slurm_id: None,
+            shared: None,
+            claimed_by: None,
+            started: None,
+            outcome: None,
+            cancel: false,
+            cancel_reason: None,
+            created_ms: now_ms(),
+            attempts: Vec::new(),
+            run_again: false,
+        }
+    }
+
     /// The `started` record is that of an attempt `attempts` lists as lost
     /// (the newer attempt's record not visible yet).
     pub(crate) fn start_recorded_lost(&self) -> bool {
@@ -56,34 +76,47 @@ impl JobFiles {
     }
 }
 
+/// The most names of a job directory [`listing`] reads (a call may write
+/// many files into its directory).
+const MAX_LISTED: usize = 4096;
+
+/// The names in a job directory, read from its filesystem (getdents).
+/// Through a network home's client caches, a name looked up before it
+/// existed stays absent for the cache's negative-lookup time (30 s on the
+/// worker machines' GlusterFS home): a reader polling for `outcome` saw
+/// each result that late. Listing the directory before the lookups makes
+/// that cache look again (tried on that home: a new file seen at once
+/// instead of 28 s later). The names are not used to skip lookups: a home
+/// may cache listings too (sshfs's `dir_cache`, NFS), longer than lookups.
+/// `None`: the directory could not be listed, or lists too many names.
+fn listing(dir: &OwnedFd) -> Option<std::collections::HashSet<String>> {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut d = nix::dir::Dir::openat(dir, ".", flags, nix::sys::stat::Mode::empty()).ok()?;
+    let mut names = std::collections::HashSet::new();
+    for entry in d.iter() {
+        let name = entry.ok()?.file_name().to_string_lossy().into_owned();
+        if names.len() == MAX_LISTED {
+            return None;
+        }
+        names.insert(name);
+    }
+    Some(names)
+}
+
 impl Client {
     pub(crate) fn load(&self, id: &JobId) -> Result<JobFiles> {
         let dir = self.job_dir(id);
         let fd = match self.open_job_dir(id) {
             Ok(fd) => fd,
-            Err(ClientError::Protocol(e)) => {
-                // The directory exists but cannot be opened safely: the
-                // runner refuses such a job too, and says so in the Slurm
-                // log beside the directory.
-                return Ok(JobFiles {
-                    id: id.clone(),
-                    dir,
-                    fd: None,
-                    unreadable: Some(e.to_string()),
-                    slurm_id: None,
-                    shared: None,
-                    claimed_by: None,
-                    started: None,
-                    outcome: None,
-                    cancel: false,
-                    cancel_reason: None,
-                    created_ms: now_ms(),
-                    attempts: Vec::new(),
-                    run_again: false,
-                });
-            }
+            // The directory exists but cannot be opened safely: the runner
+            // refuses such a job too, and says so in the Slurm log beside
+            // the directory.
+            Err(ClientError::Protocol(e)) => return Ok(JobFiles::unreadable(id, dir, e.to_string())),
             Err(e) => return Err(e),
         };
+        // (the listing refreshes a network home's cache of these names)
+        let _ = listing(&fd);
         // A damaged spec does not hide the job's state: the runner reports
         // on it in the outcome.
         let spec: Option<Spec> = match optional(read_record_at(&fd, &dir, None)) {
@@ -176,5 +209,30 @@ impl Client {
             &text
         };
         LogFacts { age_secs, ..scan_log(text) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{listing, MAX_LISTED};
+
+    fn dir_fd(p: &std::path::Path) -> std::os::fd::OwnedFd {
+        std::fs::File::open(p).expect("open the directory").into()
+    }
+
+    #[test]
+    fn a_listing_names_what_is_there_and_gives_up_past_its_bound() {
+        let d = tempfile::tempdir().expect("tempdir");
+        for n in ["spec", "started"] {
+            std::fs::write(d.path().join(n), b"x").expect("write");
+        }
+        let names = listing(&dir_fd(d.path())).expect("listed");
+        assert!(names.contains("spec") && names.contains("started"), "{names:?}");
+        assert!(!names.contains("outcome"), "{names:?}");
+        // (a call may fill its directory: then names are looked up directly)
+        for i in 0..MAX_LISTED {
+            std::fs::write(d.path().join(format!("f{i}")), b"").expect("write");
+        }
+        assert_eq!(listing(&dir_fd(d.path())), None);
     }
 }
