@@ -82,7 +82,74 @@ fn with_places(
     q
 }
 
+/// The nodes Slurm names for a job ("" when it does not).
+fn nodes_of<'a>(view: SlurmView<'a>) -> &'a str {
+    match view {
+        SlurmView::Present(j) => j.nodes.as_str(),
+        _ => "",
+    }
+}
+
+/// How a job without a visible outcome ends ([`Client::end`]).
+struct Ending {
+    state: State,
+    reason: String,
+    refused: bool,
+    /// Slurm reports it `COMPLETED` ([`Verdict::Finished`]).
+    finished: bool,
+}
+
+/// Whether the job directory `dir` is one a new attempt replaced (kept
+/// beside the job as a lost attempt's): its inputs, the spec first, were
+/// moved out of it. Asked of the filesystem, not of a network home's cache:
+/// a link to the name `spec` is refused where a spec is (`EEXIST`, which the
+/// kernel checks with the server); a link that is made (no spec there) is
+/// removed at once.
+fn replaced(dir: &OwnedFd) -> bool {
+    use nix::unistd::{linkat, unlinkat, UnlinkatFlags};
+    let mut rnd = [0u8; 4];
+    let _ = getrandom::fill(&mut rnd);
+    let probe = format!(".probe.client-{}-{:08x}", std::process::id(), u32::from_le_bytes(rnd));
+    if atomic_write_at(dir, Path::new("."), &probe, b"", 0o600).is_err() {
+        return false;
+    }
+    let made = linkat(dir, probe.as_str(), dir, protocol::SPEC, AtFlags::empty());
+    let _ = unlinkat(dir, probe.as_str(), UnlinkatFlags::NoRemoveDir);
+    match made {
+        Ok(()) => {
+            let _ = unlinkat(dir, protocol::SPEC, UnlinkatFlags::NoRemoveDir);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 impl Client {
+    /// A job over whose outcome this view does not show: the runner's when
+    /// it shows now (it writes its outcome before it exits); a finished
+    /// call whose directory a new attempt replaced, live until the new one
+    /// shows; else the client's outcome (the runner's, should it appear
+    /// meanwhile). Returns its status and the outcome in effect.
+    fn end(&self, f: &JobFiles, fd: &OwnedFd, nodes: &str, e: Ending) -> Result<(JobStatus, Option<Outcome>)> {
+        // The user's own words of why, when the marker has them.
+        let reason = match (&f.cancel_reason, e.state) {
+            (Some(why), State::Cancelled) if e.reason.starts_with("cancelled by the user") => {
+                protocol::cancel::cancelled_by(Some(why))
+            }
+            _ => e.reason,
+        };
+        if let Some(o) = optional(read_record_at::<Outcome>(fd, &f.dir, None))? {
+            return Ok((self.status_of(f, &o), Some(o)));
+        }
+        if e.finished && replaced(fd) {
+            let host = Some(nodes).filter(|n| !n.is_empty());
+            let (state, reason) = crate::state::outcome_on_its_way_on(host);
+            return Ok((self.live_status_on(f, state, reason, nodes), None));
+        }
+        let o = self.write_client_outcome(fd, &f.dir, e.state, &reason, e.refused, shown_start(f, nodes))?;
+        Ok((self.status_of(f, &o), Some(o)))
+    }
+
     /// Writes an outcome unless one exists (link of a complete temporary file,
     /// so two writers never clobber each other, also on NFS). Returns the
     /// outcome in effect.
@@ -272,34 +339,24 @@ impl Client {
                 slurm: view,
             };
             match decide(&facts, || self.log_facts(&f.id)) {
-                Verdict::Live { state, reason } => {
-                    let nodes = match view {
-                        SlurmView::Present(j) => j.nodes.as_str(),
-                        _ => "",
-                    };
-                    out.push(self.live_status_on(f, state, reason, nodes))
-                }
+                Verdict::Live { state, reason } => out.push(self.live_status_on(f, state, reason, nodes_of(view))),
                 Verdict::Ended { state, reason, refused } => {
-                    // The user's own words of why, when the marker has them.
-                    let reason = match (&f.cancel_reason, state) {
-                        (Some(why), State::Cancelled) if reason.starts_with("cancelled by the user") => {
-                            protocol::cancel::cancelled_by(Some(why))
-                        }
-                        _ => reason,
+                    let nodes = nodes_of(view);
+                    let ending = Ending { state, reason, refused, finished: false };
+                    let (st, outcome) = self.end(f, fd, nodes, ending)?;
+                    out.push(st);
+                    f.outcome = outcome;
+                }
+                Verdict::Finished { reason } => {
+                    let ending = Ending {
+                        state: State::Lost,
+                        reason,
+                        refused: false,
+                        finished: true,
                     };
-                    // The runner writes its outcome before it exits: look again.
-                    let outcome = match optional(read_record_at::<Outcome>(fd, &f.dir, None))? {
-                        Some(o) => o,
-                        None => {
-                            let nodes = match view {
-                                SlurmView::Present(j) => j.nodes.as_str(),
-                                _ => "",
-                            };
-                            self.write_client_outcome(fd, &f.dir, state, &reason, refused, shown_start(f, nodes))?
-                        }
-                    };
-                    out.push(self.status_of(f, &outcome));
-                    f.outcome = Some(outcome);
+                    let (st, outcome) = self.end(f, fd, nodes_of(view), ending)?;
+                    out.push(st);
+                    f.outcome = outcome;
                 }
             }
         }
@@ -321,7 +378,23 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    use super::unrecordable_hint;
+    use super::{replaced, unrecordable_hint};
+
+    /// Stop 63's CI: a directory a new attempt replaced, read through a
+    /// stale view, is told from the call's own by its spec, asked of the
+    /// filesystem; the probe leaves nothing behind either way.
+    #[test]
+    fn a_replaced_directory_is_told_by_its_missing_spec() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let fd = |p: &std::path::Path| -> std::os::fd::OwnedFd { std::fs::File::open(p).expect("open").into() };
+        std::fs::write(d.path().join("spec"), b"the call's spec").expect("write");
+        assert!(!replaced(&fd(d.path())));
+        assert_eq!(std::fs::read(d.path().join("spec")).expect("read"), b"the call's spec");
+        std::fs::remove_file(d.path().join("spec")).expect("remove");
+        assert!(replaced(&fd(d.path())));
+        let left: Vec<_> = std::fs::read_dir(d.path()).expect("list").collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn a_full_disk_is_explained_and_other_errors_are_not() {

@@ -74,9 +74,15 @@ pub struct LogFacts {
 /// its new attempt replaced included). Past this, it is lost.
 pub const OUTCOME_SHOWS_WITHIN_SECS: u64 = 90;
 
-/// What such a call says meanwhile: "finished on worker2; its result ...".
-pub const OUTCOME_ON_ITS_WAY_HEAD: &str = "finished";
+/// What a [`Verdict::Finished`] call whose directory a new attempt
+/// replaced says: "finished on worker2; its result ...".
 pub const OUTCOME_ON_ITS_WAY: &str = "its result is not visible here yet (the home's caches), it shows within a minute";
+
+/// The live state of that call (`host`: where Slurm ran it).
+pub fn outcome_on_its_way_on(host: Option<&str>) -> (State, String) {
+    let on = host.map(|h| format!(" on {h}")).unwrap_or_default();
+    (State::Running, format!("finished{on}; {OUTCOME_ON_ITS_WAY}"))
+}
 
 /// The decision for a job without an outcome file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +96,12 @@ pub enum Verdict {
         reason: String,
         refused: bool,
     },
+    /// Over, `COMPLETED` by Slurm: the runner wrote an outcome (it exits 0
+    /// only once it is written), which this view of the directory does not
+    /// show (a network home's caches). Read it; a directory that a new
+    /// attempt replaced is not the call's any more (wait for the new one
+    /// to show); else `reason` (lost), unless the runner's appears.
+    Finished { reason: String },
 }
 
 /// The reason of a job whose node is being powered up (elastic workers,
@@ -143,15 +155,9 @@ pub fn decide(f: &Facts<'_>, log: impl FnOnce() -> LogFacts) -> Verdict {
     }
     let said_lost = log.last_line.as_deref().and_then(parse_lost_line).is_some();
     if !said_lost && outcome_on_its_way(slurm_state, before_start || f.shared, log.age_secs) {
-        let nodes = match f.slurm {
-            SlurmView::Present(j) => j.nodes.as_str(),
-            _ => "",
+        return Verdict::Finished {
+            reason: lost_reason(slurm_state, slurm_reason, before_start, log.last_line),
         };
-        let on = running_on(f.started, nodes).map(|h| format!(" on {h}")).unwrap_or_default();
-        return live(
-            State::Running,
-            format!("{OUTCOME_ON_ITS_WAY_HEAD}{on}; {OUTCOME_ON_ITS_WAY}{note}"),
-        );
     }
     lost(slurm_state, slurm_reason, before_start, log.last_line)
 }
@@ -397,11 +403,21 @@ fn slurm_ended(state: Option<&SlurmState>, before_start: bool) -> Option<Verdict
 /// Over, with no outcome and no explanation from Slurm: lost, with what
 /// Slurm and its log of the job say.
 fn lost(state: Option<&SlurmState>, slurm_reason: &str, before_start: bool, last_line: Option<String>) -> Verdict {
+    ended(State::Lost, lost_reason(state, slurm_reason, before_start, last_line))
+}
+
+/// Why [`lost`].
+fn lost_reason(
+    state: Option<&SlurmState>,
+    slurm_reason: &str,
+    before_start: bool,
+    last_line: Option<String>,
+) -> String {
     // The runner said so itself (its retries spent), and its outcome is
     // not visible here yet (a network home's cache of the directory it
     // replaced): its words.
     if let Some(why) = last_line.as_deref().and_then(parse_lost_line) {
-        return ended(State::Lost, why.to_owned());
+        return why.to_owned();
     }
     let why = match slurm_reason {
         "" if state.is_none() => "it is no longer in Slurm's queue",
@@ -417,7 +433,7 @@ fn lost(state: Option<&SlurmState>, slurm_reason: &str, before_start: bool, last
     if let Some(l) = last_line {
         reason.push_str(&format!("; Slurm's log of the job ends with: {l}"));
     }
-    ended(State::Lost, reason)
+    reason
 }
 
 /// Extracts the refusal and the last line from the tail of a Slurm log.
@@ -476,6 +492,7 @@ mod tests {
     fn state_of(v: &Verdict) -> State {
         match v {
             Verdict::Live { state, .. } | Verdict::Ended { state, .. } => *state,
+            Verdict::Finished { .. } => State::Completed,
         }
     }
 
@@ -499,12 +516,13 @@ mod tests {
                 ..scan_log("INFO job x: completed: exited with code 0\n")
             }
         };
+        match decide(&f, log(Some(5))) {
+            Verdict::Finished { reason } => assert!(reason.contains("COMPLETED"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(
-            decide(&f, log(Some(5))),
-            Verdict::Live {
-                state: State::Running,
-                reason: format!("finished on worker2; {OUTCOME_ON_ITS_WAY}")
-            }
+            outcome_on_its_way_on(Some("worker2")),
+            (State::Running, format!("finished on worker2; {OUTCOME_ON_ITS_WAY}"))
         );
         for late in [Some(OUTCOME_SHOWS_WITHIN_SECS), None] {
             assert_eq!(state_of(&decide(&f, log(late))), State::Lost, "{late:?}");
