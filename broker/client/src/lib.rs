@@ -50,6 +50,7 @@ pub use jobsfile::{JobsFile, JobsFileError};
 pub use list::{JobSummary, MAX_WHAT_CHARS};
 pub use load::LOG_TAIL_BYTES;
 pub use plan::{plan_map, MapPlan, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
+pub use reconcile::REPLACED_VIEW;
 pub use request::{JobHandle, SubmitRequest};
 pub use state::{decide, scan_log, Facts, LogFacts, SlurmView, Verdict, SUBMIT_GRACE_SECS};
 pub use status::{exit_status_for, JobStatus, Stream};

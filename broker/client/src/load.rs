@@ -44,6 +44,8 @@ pub(crate) struct JobFiles {
     pub(crate) attempts: Vec<Attempt>,
     /// The call may still run again when this attempt is lost.
     pub(crate) run_again: bool,
+    /// A spec could be read.
+    pub(crate) has_spec: bool,
 }
 
 impl JobFiles {
@@ -64,6 +66,7 @@ impl JobFiles {
             created_ms: now_ms(),
             attempts: Vec::new(),
             run_again: false,
+            has_spec: false,
         }
     }
 
@@ -167,6 +170,7 @@ impl Client {
         let retries = spec.as_ref().map_or(0, |s| s.resources.retries);
         let run_again = (attempts.len() as u64) < u64::from(retries);
         Ok(JobFiles {
+            has_spec: spec.is_some(),
             attempts,
             run_again,
             id: id.clone(),

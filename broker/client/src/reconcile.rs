@@ -90,6 +90,10 @@ fn nodes_of<'a>(view: SlurmView<'a>) -> &'a str {
     }
 }
 
+/// What a call whose directory shows replaced says.
+pub const REPLACED_VIEW: &str =
+    "it runs again; its new attempt's directory is not visible here yet (the home's caches), it shows within a minute";
+
 /// How a job without a visible outcome ends ([`Client::end`]).
 struct Ending {
     state: State,
@@ -148,6 +152,16 @@ impl Client {
         }
         let o = self.write_client_outcome(fd, &f.dir, e.state, &reason, e.refused, shown_start(f, nodes))?;
         Ok((self.status_of(f, &o), Some(o)))
+    }
+
+    /// The status of a call whose directory, as this view shows it, is one
+    /// a new attempt replaced: running again, nowhere named yet.
+    fn replaced_status(&self, f: &JobFiles) -> JobStatus {
+        let mut st = self.live_status(f, State::Running, REPLACED_VIEW.to_owned());
+        st.host = None;
+        st.started_ms = None;
+        st.elapsed_secs = None;
+        st
     }
 
     /// Writes an outcome unless one exists (link of a complete temporary file,
@@ -312,6 +326,13 @@ impl Client {
                     continue;
                 }
             };
+            // A directory a new attempt replaced, read through a network
+            // home's stale view (its inputs moved out, its lost attempt's
+            // start record left): the call runs again elsewhere.
+            if f.slurm_id.is_none() && !f.has_spec && f.started.is_some() && replaced(fd) {
+                out.push(self.replaced_status(f));
+                continue;
+            }
             // A map's call that an allocation claimed: that allocation.
             let claimer = match &f.claimed_by {
                 Some(by) if f.shared.is_some() => Some(by.as_str()),

@@ -489,3 +489,34 @@ fn a_lost_call_whose_start_record_is_not_visible_names_slurms_node() {
     let s = c.status(std::slice::from_ref(&h.id)).unwrap();
     assert_eq!(s[0].host.as_deref(), Some("worker1"), "{s:?}");
 }
+
+#[test]
+fn a_directory_a_new_attempt_replaced_reads_as_running_again() {
+    // The acceptance day on the machines, stop 64: through the caching
+    // home the notebook went on reading the directory a new attempt had
+    // replaced (its spec and slurm-id moved out, its lost start record
+    // left) and ended the call "never submitted". It runs again; nothing
+    // is written into that directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = bin_dir(tmp.path());
+    let c = client(tmp.path(), fake_slurm(&bin, "echo 7", "echo '7|RUNNING|worker2|None'"));
+    let h = c.submit(&true_req()).unwrap();
+    let dir = tmp.path().join("home/.delegate/jobs").join(h.id.to_string());
+    write_started(&dir);
+    let spec_at = std::fs::read(dir.join("spec")).unwrap();
+    for f in ["spec", "payload", "slurm-id"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    // (made old: past the grace of a submission)
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::open(&dir).unwrap().set_modified(old).unwrap();
+    let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+    assert_eq!(s[0].state, State::Running, "{s:?}");
+    assert!(s[0].reason.contains("new attempt's directory is not visible"), "{s:?}");
+    assert_eq!(s[0].host, None, "{s:?}");
+    assert!(!dir.join("outcome").exists() && !dir.join("spec").exists());
+    // The directory of the call's own (a spec there): as before.
+    std::fs::write(dir.join("spec"), spec_at).unwrap();
+    let s = c.status(std::slice::from_ref(&h.id)).unwrap();
+    assert_ne!(s[0].reason, delegate_client::REPLACED_VIEW, "{s:?}");
+}
