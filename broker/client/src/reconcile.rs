@@ -146,6 +146,7 @@ impl Client {
             return Ok((self.status_of(f, &o), Some(o)));
         }
         if e.finished && replaced(fd) {
+            self.look_again_at_the_jobs();
             let host = Some(nodes).filter(|n| !n.is_empty());
             let (state, reason) = crate::state::outcome_on_its_way_on(host);
             return Ok((self.live_status_on(f, state, reason, nodes), None));
@@ -157,11 +158,28 @@ impl Client {
     /// The status of a call whose directory, as this view shows it, is one
     /// a new attempt replaced: running again, nowhere named yet.
     fn replaced_status(&self, f: &JobFiles) -> JobStatus {
+        self.look_again_at_the_jobs();
         let mut st = self.live_status(f, State::Running, REPLACED_VIEW.to_owned());
         st.host = None;
         st.started_ms = None;
         st.elapsed_secs = None;
         st
+    }
+
+    /// Lists the delegate root, so that a network home's client looks its
+    /// job directories up again: found on the machines' home, a name whose
+    /// directory a new attempt replaced kept resolving to the replaced one
+    /// for minutes in a waiting notebook; a listing replaces the cache's
+    /// entry of each name it lists. Bounded; only when a replaced
+    /// directory was read.
+    fn look_again_at_the_jobs(&self) {
+        use nix::fcntl::OFlag;
+        const MAX_NAMES: usize = 1_000_000;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        if let Ok(mut d) = nix::dir::Dir::openat(&self.root_fd, ".", flags, nix::sys::stat::Mode::empty()) {
+            let n = d.iter().take(MAX_NAMES).count();
+            tracing::debug!(names = n, "listed the delegate root: a replaced job directory was read");
+        }
     }
 
     /// Writes an outcome unless one exists (link of a complete temporary file,
