@@ -93,11 +93,15 @@ class HubSession:
         self.shot("notebook")
 
     def _run_last_cell(self, code: str):
-        """Types CODE into the last cell and runs it; returns the cell."""
+        """Types CODE into the last cell, over whatever it held, and runs
+        it; returns the cell. (A notebook the workspace restores may end in
+        a cell with text its autosave kept: the acceptance day of stop 64
+        typed Ann's call after a stale `delegate.jobs()`.)"""
         p = self.page
         cells = p.locator(".jp-Notebook .jp-Cell")
         cell = cells.nth(cells.count() - 1)
         cell.locator(".cm-content").click()
+        p.keyboard.press("Control+A")
         p.keyboard.insert_text(code)
         p.keyboard.press("Shift+Enter")
         return cell
