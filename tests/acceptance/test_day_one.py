@@ -558,10 +558,7 @@ def watch_the_call_come_back(ann: HubSession, killed: dict) -> str:
     names the new attempt, and the value comes back from the other machine.
     Returns the lost worker."""
     states, text = ann.watch_cell(LONG, "delegate: slow", "came back from", "machine-lost", timeout=600_000)
-    deadline = time.monotonic() + 10
-    while not killed and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert killed, "no sandbox of Ann's call was seen on a machine"
+    wait_until("the killer thread's record of the machine it killed", lambda: bool(killed), 10, 0.5)
     lost = str(killed["worker"])
     # (on the machines the lost one stays off until powered on; on this
     # host alone swarm starts its container again at once, and the new

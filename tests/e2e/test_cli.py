@@ -437,9 +437,9 @@ def test_a_waiting_call_says_how_many_jobs_are_ahead(alice, bob):
         # A flood of held connections: Bob still gets his places.
         flood = alice.popen(
             "python3", "-c",
-            f"import socket,time\nss=[]\nfor _ in range(200):\n s=socket.socket(socket.AF_UNIX)\n"
-            f" s.connect({PLACE_SOCKET!r})\n ss.append(s)\nprint('held', flush=True)\ntime.sleep(30)",
-            stdout=subprocess.PIPE, text=True,
+            f"import socket\nss=[]\nfor _ in range(200):\n s=socket.socket(socket.AF_UNIX)\n"
+            f" s.connect({PLACE_SOCKET!r})\n ss.append(s)\nprint('held', flush=True)\nimport sys\nsys.stdin.read()",
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
             assert flood.stdout is not None and flood.stdout.readline().strip() == "held"
