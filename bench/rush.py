@@ -21,6 +21,11 @@ flooder submits RUSH_FLOOD calls of `true` in submissions of 100 as the
 window opens. Every call returns or prints a token of its own, so
 "completed exactly once" is checked against the outputs, not only the
 states. Benchmarks print figures; nothing here asserts on time.
+
+The work is the course's by default; RUSH_MAP_CALLS (10), RUSH_CALL_SECS
+(1: a map call's length, and the scale of the single calls' 1-3 s) and
+RUSH_MAX_SINGLES (3) make it smaller, as the CI's short rush does
+(tests/cluster/test_rush.py).
 """
 
 from __future__ import annotations
@@ -100,9 +105,10 @@ def _cli_calls(token: str, n: int, per: int, cmd_of) -> list[dict]:
 
 def student(plan_json: str, token: str, out: str) -> None:
     """One student's work by PLAN (JSON: `at`, the epoch second to start;
-    `kind`, "student" or "flood"; `singles`, the single calls after the map,
-    each "py", "cli" or "executor"; `secs`, their lengths): a map of 10
-    Python calls of 1 s (one submission, as CFiddle's run() of an arg_map
+    `kind`, "student" or "flood"; `map` and `map_secs`, the map's calls and
+    their length; `singles`, the single calls after the map, each "py",
+    "cli" or "executor"; `secs`, their lengths): a map of `map` (10)
+    Python calls of `map_secs` (1 s) (one submission, as CFiddle's run() of an arg_map
     and Executor.map make it), its results awaited, then each single call
     in turn, awaited; or, the flooder, RUSH_FLOOD calls of `true` in
     submissions of 100."""
@@ -118,8 +124,10 @@ def student(plan_json: str, token: str, out: str) -> None:
     else:
         import delegate
 
-        toks = [f"{token}-map-{i}" for i in range(10)]
-        futs = delegate._submit_many(_sleep_and_tag, [((tk, 1.0), {}) for tk in toks], {"time": "10m"})
+        toks = [f"{token}-map-{i}" for i in range(plan.get("map", 10))]
+        futs = delegate._submit_many(
+            _sleep_and_tag, [((tk, plan.get("map_secs", 1.0)), {}) for tk in toks], {"time": "10m"}
+        )
         calls += _py_calls(futs, toks)
         for c in calls:
             c["what"] = "map"
@@ -142,6 +150,7 @@ def student(plan_json: str, token: str, out: str) -> None:
         s = st.get(c["id"], {})
         c.update(
             state=s.get("state"),
+            reason=s.get("reason"),
             slurm_id=s.get("slurm_id"),
             submitted_ms=s.get("submitted_ms"),
             started_ms=s.get("started_ms"),
@@ -273,16 +282,21 @@ def plans(users: list[str], flooder: str, seed: int, window: float, start: float
     through delegate.Executor, the others from Python or the CLI; the
     flooder (when there is one) starts with the window."""
     rnd = random.Random(seed)
+    most = int(os.environ.get("RUSH_MAX_SINGLES", "3"))
+    scale = float(os.environ.get("RUSH_CALL_SECS", "1"))
+    calls = int(os.environ.get("RUSH_MAP_CALLS", "10"))
     out = {}
     for u in users:
-        n = rnd.randint(1, 3)
+        n = rnd.randint(1, most)
         singles = [rnd.choice(("py", "cli")) for _ in range(n)]
         singles[rnd.randrange(n)] = "executor"
         out[u] = {
             "kind": "student",
             "at": start + rnd.uniform(0, window),
+            "map": calls,
+            "map_secs": scale,
             "singles": singles,
-            "secs": [round(rnd.uniform(1, 3), 2) for _ in range(n)],
+            "secs": [round(rnd.uniform(1, 3) * scale, 2) for _ in range(n)],
         }
     if flooder:
         out[flooder] = {"kind": "flood", "at": start, "singles": [], "secs": []}

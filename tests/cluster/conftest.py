@@ -3,8 +3,9 @@ stack of two workers, and the order the suites run in.
 
 A deploy and a `down` cost minutes each, so the suites that need the plain
 stack of two workers (test_hub, test_ranks, test_stack,
-test_stack_accounting) share one, deployed the first time one of them asks
-(the hub's roster enrolled before it, its per-student memory set) and
+test_stack_accounting, test_rush) share one, deployed the first time one
+of them asks (the hub's roster and the rush's accounts enrolled before it,
+its per-student memory set) and
 taken down by test_stack's `test_down_leaves_nothing_behind`, the last test
 of the stage (and here, whatever happened); the roster's accounts are
 removed once it is down (a change of the roster redeploys a running
@@ -28,6 +29,8 @@ from stacklib import (
     HUB_IVY,
     HUB_ROSTER,
     HUB_STUDENT_MEM,
+    RUSH_FLOODER,
+    RUSH_STUDENTS,
     SCRIPT,
     STACK_DIR,
     deployed,
@@ -43,6 +46,7 @@ ORDER = (
     "test_ranks.py",
     "test_stack.py",
     "test_stack_accounting.py",
+    "test_rush.py",
 )
 LAST = "test_down_leaves_nothing_behind"
 
@@ -77,7 +81,7 @@ def course_stack(tmp_path_factory):
         with deployed("--workers", "2") as r:
             yield CourseStack(r, roster)
     finally:
-        for u in (HUB_ADA, HUB_BOB, HUB_IVY):
+        for u in (HUB_ADA, HUB_BOB, HUB_IVY, *RUSH_STUDENTS, RUSH_FLOODER):
             run(SCRIPT, "--stack", "accounts", "remove", u, "--archive")
             for f in (STACK_DIR / "archive").glob(f"{u}-*.tar.gz"):
                 f.unlink()

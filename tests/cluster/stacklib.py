@@ -33,11 +33,18 @@ HUB_STUDENT_MEM = 768 << 20
 # The roster the shared stack enrols before its deploy (conftest.py), as an
 # instructor does on day one: two students and an instructor (test_hub).
 HUB_ADA, HUB_BOB, HUB_IVY = "hub-ada", "hub-bob", "hub-ivy"
+# The short rush's students and its flooder (test_rush.py): enrolled with
+# the hub's roster, before the shared stack's deploy (a roster added to a
+# running stack redeploys it).
+RUSH_STUDENTS = tuple(f"rush-s{i:02d}" for i in range(1, 31))
+RUSH_FLOODER = "rush-flood"
 HUB_ROSTER = (
     "username,full name,email,role\n"
     'hub-ada,"Lovelace, Ada",ada@example.org\n'
     "hub-bob,Bob Hub,\n"
     "hub-ivy,Ivy Instructor,ivy@example.org,instructor\n"
+    + "".join(f"{u},Rush Student {u[-2:]},\n" for u in RUSH_STUDENTS)
+    + f"{RUSH_FLOODER},Rush Flooder,\n"
 )
 
 # cluster.toml DELEGATE_STACK_TEST_USERS
