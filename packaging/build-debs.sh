@@ -88,17 +88,64 @@ doc() {
     install -m 0644 "$@" "$dir/"
 }
 
+# unit_scripts DIR UNIT WHAT [SETUP]: the package's maintainer scripts for
+# its systemd UNIT (WHAT names the service in their comments): postinst runs
+# SETUP, makes systemd learn the unit and restarts the service when it runs
+# (an upgrade); prerm stops it before its binary goes on removal; postrm
+# makes systemd forget the unit. The site enables the service itself.
+unit_scripts() {
+    local d=$1 unit=$2 what=$3 setup=${4:-:}
+    cat >"$d/DEBIAN/postinst" <<SH
+#!/bin/sh
+# $what: systemd learns the unit, and a service that runs (an upgrade) is
+# restarted on the new binary. The site enables it itself.
+set -e
+if [ "\$1" = configure ]; then
+    $setup
+    if [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+        systemctl try-restart $unit || true
+    fi
+fi
+exit 0
+SH
+    cat >"$d/DEBIAN/prerm" <<SH
+#!/bin/sh
+# $what: on removal the service stops before its binary goes (an upgrade
+# restarts it in postinst instead).
+set -e
+if [ "\$1" = remove ] || [ "\$1" = deconfigure ]; then
+    if [ -d /run/systemd/system ]; then systemctl stop $unit || true; fi
+fi
+exit 0
+SH
+    cat >"$d/DEBIAN/postrm" <<SH
+#!/bin/sh
+# $what: systemd forgets the removed unit.
+set -e
+if [ "\$1" = remove ] || [ "\$1" = purge ]; then
+    if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
+fi
+exit 0
+SH
+    chmod 0755 "$d/DEBIAN/postinst" "$d/DEBIAN/prerm" "$d/DEBIAN/postrm"
+}
+
 pkg_delegate() {
     local d=$STAGE/delegate wheel
-    install -d -m 0755 "$d/usr/bin" "$d/usr/share/delegate/wheels"
+    install -d -m 0755 "$d/usr/bin" "$d/usr/sbin" "$d/usr/share/delegate/wheels" "$d/usr/lib/systemd/system"
     install -m 0755 "$REPO/target/release/delegate" "$REPO/target/release/delegate-deploy" "$d/usr/bin/"
+    install -m 0755 "$REPO/target/release/delegate-place" "$d/usr/sbin/"
+    install -m 0644 "$REPO/packaging/delegate-place.service" "$d/usr/lib/systemd/system/"
     for wheel in "$STAGE"/wheel/*.whl; do install -m 0644 "$wheel" "$d/usr/share/delegate/wheels/"; done
     doc "$d" delegate "$REPO/README.md" "$REPO/docs/students.md" "$REPO/docs/existing-site.md" \
         "$REPO/docs/configuration.md"
     control "$d" delegate "$VERSION" "$ARCH" "libc6 (>= $GLIBC)" \
         "delegate: Python functions and CFiddle experiments in sandboxes on Slurm
  The delegate CLI, delegate-deploy (the site policy, the job gate, the SPANK
- line) and the Python wheel with cloudpickle at its pin (/usr/share/delegate/wheels)."
+ line), the place helper for login nodes (the service delegate-place) and
+ the Python wheel with cloudpickle at its pin (/usr/share/delegate/wheels)."
+    unit_scripts "$d" delegate-place.service "the place helper"
     build "$d"
 }
 
@@ -114,41 +161,8 @@ pkg_node() {
         "delegate worker node: sandbox-runner, the root agent, the SPANK plugin
  For Slurm $SLURM (the SPANK plugin is built against its headers). The agent
  is the service delegate-agent; nothing under /etc/slurm is written."
-    cat >"$d/DEBIAN/postinst" <<'SH'
-#!/bin/sh
-# delegate-node: the agent's log directory; systemd learns the unit, and an
-# agent that runs (an upgrade) is restarted on the new binary. The site
-# enables the agent itself once /etc/delegate/policy.toml is in place.
-set -e
-if [ "$1" = configure ]; then
-    install -d -m 0750 -o root -g adm /var/log/delegate
-    if [ -d /run/systemd/system ]; then
-        systemctl daemon-reload || true
-        systemctl try-restart delegate-agent.service || true
-    fi
-fi
-exit 0
-SH
-    cat >"$d/DEBIAN/prerm" <<'SH'
-#!/bin/sh
-# delegate-node: on removal the agent stops before its binary goes (an
-# upgrade restarts it in postinst instead).
-set -e
-if [ "$1" = remove ] || [ "$1" = deconfigure ]; then
-    if [ -d /run/systemd/system ]; then systemctl stop delegate-agent.service || true; fi
-fi
-exit 0
-SH
-    cat >"$d/DEBIAN/postrm" <<'SH'
-#!/bin/sh
-# delegate-node: systemd forgets the removed unit.
-set -e
-if [ "$1" = remove ] || [ "$1" = purge ]; then
-    if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
-fi
-exit 0
-SH
-    chmod 0755 "$d/DEBIAN/postinst" "$d/DEBIAN/prerm" "$d/DEBIAN/postrm"
+    unit_scripts "$d" delegate-agent.service "the agent" \
+        "install -d -m 0750 -o root -g adm /var/log/delegate"
     build "$d"
 }
 

@@ -23,7 +23,8 @@
 # headers; ctl gets delegate + delegate-controller, c1 delegate +
 # delegate-node, g1 nothing; the site admin's lines (policy, the gate module
 # and three lines of job_submit.lua, one plugstack.conf.d file, one epilog
-# link, the agent's service). tests/site/test_site.py is the suite.
+# link, the agent's service, the place helper's service on the login node).
+# tests/site/test_site.py is the suite.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")/../.." && pwd)
@@ -190,6 +191,24 @@ start_agent() {
     die "c1: the agent did not open /run/delegate/agent.sock: $(on c1 tail -n 20 /var/log/delegate/agent.log)"
 }
 
+# start_place: ctl's place helper as delegate-place.service starts it (no
+# systemd in a container): the unit's RuntimeDirectory made as systemd
+# makes it, then its ExecStart as its User.
+start_place() {
+    local unit=/usr/lib/systemd/system/delegate-place.service exec user dir mode socket
+    exec=$(on ctl sed -n 's/^ExecStart=//p' "$unit")
+    user=$(on ctl sed -n 's/^User=//p' "$unit")
+    dir=$(on ctl sed -n 's/^RuntimeDirectory=//p' "$unit")
+    mode=$(on ctl sed -n 's/^RuntimeDirectoryMode=//p' "$unit")
+    [[ -n $exec && -n $user && -n $dir ]] || die "ctl: $unit has no ExecStart, User or RuntimeDirectory"
+    socket=$(on ctl "$exec" --print-socket) || die "ctl: $exec --print-socket failed"
+    [[ $socket == /run/$dir/* ]] || die "ctl: the helper's socket $socket is not in its RuntimeDirectory /run/$dir"
+    on ctl install -d -m "${mode:-0755}" -o "$user" -g "$user" "/run/$dir"
+    on ctl sh -c "setsid -f runuser -u $user -- $exec </dev/null >>/var/log/delegate-place.log 2>&1"
+    for _ in $(seq 40); do on ctl test -S "$socket" && return; sleep 0.25; done
+    die "ctl: the place helper did not open $socket: $(on ctl tail -n 20 /var/log/delegate-place.log)"
+}
+
 start_slurm() {
     on ctl sh -c 'slurmctld' || die "slurmctld did not start: $(on ctl tail -n 20 /var/log/slurm/slurmctld.log)"
     on g1 slurmd || die "g1: slurmd did not start"
@@ -226,6 +245,7 @@ up() {
     for n in "${NODES[@]}"; do start_node "$n"; done
     install_delegate
     start_slurm
+    start_place
 }
 
 down() {

@@ -55,6 +55,8 @@ def test_the_packages_are_installed_and_the_site_files_kept(root):
         "systemd-analyze", "verify", "/usr/lib/systemd/system/delegate-agent.service"
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    place = root.run("systemd-analyze", "verify", "/usr/lib/systemd/system/delegate-place.service")
+    assert place.returncode == 0, place.stdout + place.stderr
     assert "24.11" in root.run("sinfo", "--version", check=True).stdout
 
 
@@ -94,6 +96,31 @@ def test_a_students_call_runs_in_course_on_24_11(alice, root):
     assert "hello 42" in alice.run("delegate", "logs", job, check=True).stdout
     row = next(line for line in listed(alice) if line.startswith(job))
     assert " completed " in row and " c1 " in row, row
+
+
+def test_a_waiting_call_says_where_it_stands_from_the_login_nodes_helper(alice, root):
+    """The package's place helper (delegate-place.service, started on ctl
+    by site.sh as the unit says: Slurm's user) answers the student's
+    client: her second call, behind her first on the course's one node,
+    reads `next in line` in `delegate status`."""
+    who = root.run("ps", "-o", "user=", "-C", "delegate-place", check=True).stdout.split()
+    assert who == ["slurm"], who
+
+    def submit(*cmd: str) -> str:
+        return json.loads(alice.run("delegate", "--json", "submit", "--", *cmd, check=True).stdout)["id"]
+
+    first, second = submit("sleep", "60"), submit("true")
+    try:
+        end = time.monotonic() + 60
+        reason = ""
+        while time.monotonic() < end and "next in line" not in reason:
+            time.sleep(1)
+            st = json.loads(alice.run("delegate", "--json", "status", second, check=True).stdout)[0]
+            reason = st["reason"]
+        assert "next in line" in reason, reason
+        assert st["state"] == "pending", st
+    finally:
+        alice.run("delegate", "cancel", first, second)
 
 
 def test_a_students_map_is_pulled_by_one_allocation_in_course(alice):
