@@ -32,12 +32,16 @@ import stacklib
 from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, as_user, cid, deployed, on, run
 
 IDLE = 30
+# Seconds a started worker has to register: a worker of this stack starts
+# in 5-25 s; the two tests of a start that fails wait this long for Slurm
+# to give up on it.
+RESUME = 60
 ELASTIC = {
     "DELEGATE_ELASTIC": "1",
     "DELEGATE_ELASTIC_MIN": "0",
     "DELEGATE_ELASTIC_MAX": "2",
     "DELEGATE_ELASTIC_IDLE": str(IDLE),
-    "DELEGATE_ELASTIC_RESUME_TIMEOUT": "120",
+    "DELEGATE_ELASTIC_RESUME_TIMEOUT": str(RESUME),
 }
 WORKERS = ("worker1", "worker2")
 # SuspendTime, then SuspendTimeout (30 s), power_save_interval (5 s), margin.
@@ -330,7 +334,7 @@ def test_failed_start_leaves_reason_and_no_lost_call(stack):
         out = kept_out()
         return out if out and out[1] == reason else None
 
-    wait_until("worker1 powered down", kept_out, 120 + STOP_WITHIN)
+    wait_until("worker1 powered down", kept_out, RESUME + STOP_WITHIN)
     st, _ = wait_until("worker1's reason of its failed start put back", kept_with_reason, 30, step=1)
     time.sleep(15)  # three power-saving passes later, still out
     assert kept_out() == (st, reason), nodes()

@@ -432,7 +432,7 @@ def until_classes(want, timeout=120) -> dict[str, str]:
         if want(c):
             return c
         assert time.monotonic() < deadline, f"the workers' classes are {c} after {timeout}s"
-        time.sleep(3)
+        time.sleep(1)
 
 
 def slurm_features(job: str) -> str:
@@ -441,9 +441,12 @@ def slurm_features(job: str) -> str:
     return next(w for w in show.split() if w.startswith("Features=")).removeprefix("Features=")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_classes(stack):
-    """worker2 labelled `slow` (a second class), unlabelled afterwards."""
+    """worker2 labelled `slow` (a second class), unlabelled afterwards
+    (for the module's last tests). The agent publishes a changed class
+    within 30 s by itself (E test_node_class); here it is told at once, as
+    a deployment tells it (SIGHUP)."""
     until_classes(lambda c: len(c) == 2 and len(set(c.values())) == 1)
     # The deployment recorded each worker's class (no label yet) as its own.
     comments = on("head", "sinfo", "-N", "-h", "-O", "Comment:|", quiet=True).stdout.splitlines()
@@ -451,9 +454,11 @@ def two_classes(stack):
     r = on("worker2", "sh", "-c", "mkdir -p /etc/delegate && echo slow > /etc/delegate/node-class")
     assert r.returncode == 0, r.stderr
     try:
+        on("worker2", "pkill", "-HUP", "-x", "sandbox-agent")
         yield until_classes(lambda c: len(set(c.values())) == 2)
     finally:
         on("worker2", "rm", "-f", "/etc/delegate/node-class")
+        on("worker2", "pkill", "-HUP", "-x", "sandbox-agent")
         until_classes(lambda c: len(set(c.values())) == 1)
 
 

@@ -46,7 +46,7 @@ def published(want, timeout=PUBLISH) -> dict:
         if want(row):
             return row
         assert time.monotonic() < deadline, f"not published within {timeout}s: {row}"
-        time.sleep(2)
+        time.sleep(0.5)
 
 
 def admin_nodes(*args) -> subprocess.CompletedProcess:
@@ -86,9 +86,17 @@ def test_the_node_publishes_its_class_and_report(unlabelled):
     assert me["class"] == cls and me["report"]["class"] == cls, me
 
 
+def relabel(text: str) -> None:
+    """The node's label file, and the agent told at once (SIGHUP), as a
+    deployment tells it; the agent's own republishing within 30 s is
+    test_a_reconfigure_loses_the_feature_and_the_agent_puts_it_back's."""
+    LABEL_FILE.write_text(text)
+    os.kill(testlib.agent_pid(), signal.SIGHUP)
+
+
 def test_a_relabelled_node_drifts_and_comes_back(unlabelled):
     cls = published(lambda r: node_class() is not None) and node_class()
-    LABEL_FILE.write_text("slow\n")
+    relabel("slow\n")
     published(lambda r: node_class() not in (None, cls))
     relabelled = node_class()
     r = admin_nodes()
@@ -97,7 +105,7 @@ def test_a_relabelled_node_drifts_and_comes_back(unlabelled):
     ), r.stdout
     assert "slow" in r.stdout
     # An invalid label is ignored (the class without a label), not published.
-    LABEL_FILE.write_text("two words; rm -rf /\n")
+    relabel("two words; rm -rf /\n")
     published(lambda r: node_class() == cls)
     assert "no drift" in admin_nodes().stdout
 
