@@ -206,7 +206,7 @@ main() {
         case $1 in
             -h|--help|help) usage; exit 0 ;;
             --local) mode=local ;;
-            --gpu-worker) DELEGATE_LOCAL_GPUS=nvidia ;;
+            --gpu-worker) export DELEGATE_LOCAL_GPUS=nvidia ;;
             --stack) mode=stack ;;
             --workers) (($# > 1)) || die "--workers needs a number"; STACK_WORKERS_ARG=$2; shift ;;
             --workers=*) STACK_WORKERS_ARG=${1#--workers=} ;;

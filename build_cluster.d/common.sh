@@ -152,6 +152,17 @@ deploy_render() {
         || die "cannot render $1 (delegate-deploy's error above)"
 }
 
+# deploy_value ARGS...: the one value `delegate-deploy ARGS` prints (a
+# setting's bytes, a CPU quota: decided there, from the settings), or die
+# with its error.
+deploy_value() {
+    local tmp
+    tmp=$(mktemp -p "$BC_TMP")
+    deploy_render "$tmp" "$@"
+    cat "$tmp"
+    rm -f "$tmp"
+}
+
 # --- lockdown (docs/security.md): shared by local.sh and stack.sh
 # (settings: cluster.toml's [lockdown]).
 

@@ -286,13 +286,11 @@ stack_accounts_main() {
 hub_cgroup_name() { echo "delegate-hub-$STACK"; }
 
 hub_cgroups() {
-    local name mem cpus fallback
+    local name mem cpus fallback quota
     name=$(hub_cgroup_name)
-    mem=$(quota_bytes "$DELEGATE_USER_NODE_MEM" DELEGATE_USER_NODE_MEM) || exit 1
+    mem=$(deploy_value bytes DELEGATE_USER_NODE_MEM) || exit 1
     cpus=$DELEGATE_USER_NODE_CPUS
-    [[ $cpus =~ ^[0-9]+([.][0-9]+)?$ ]] || die "DELEGATE_USER_NODE_CPUS: not a number: $cpus"
-    local quota
-    quota=$(awk -v c="$cpus" 'BEGIN { printf "%d", c * 100000 }')
+    quota=$(deploy_value cpu-quota DELEGATE_USER_NODE_CPUS --period 100000) || exit 1
     fallback=$DELEGATE_STACK_DIR/hub-no-cgroup
     if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
         HUB_CG_MEM=/sys/fs/cgroup/$name

@@ -41,9 +41,7 @@
 #                  sandbox). A new policy gets max_gpus = their number.
 #   /dev/x[0-1]    these device files (a Slurm File= expression).
 #   none           no GPUs.
-STANDIN_GPU_PREFIX=/dev/delegate-gpu
-# The minors of major 1 the stand-ins copy: null, zero, full, urandom.
-STANDIN_GPU_MINORS=(3 5 7 9)
+# (the stand-ins, /dev/delegate-gpu<N>: deploy/src/local_gpus.rs)
 
 # "name pid" per daemon this script started (read by `stop` and `status`,
 # and by tests/e2e/test_faults.py, which restarts daemons and records the
@@ -129,61 +127,36 @@ install_generated() {
     return 0
 }
 
-# local_gpu_files: the File= expression of this node's GPUs (empty: none),
-# after making the stand-in devices when DELEGATE_LOCAL_GPUS asks for them.
-local_gpu_files() {
-    local spec=$DELEGATE_LOCAL_GPUS n i dev want have
-    if [[ $spec == auto ]]; then
-        spec=none
-        for dev in /dev/nvidia[0-9]*; do
-            [[ -c $dev ]] && spec=nvidia
-        done
-    fi
-    case $spec in
-        "" | none) return 0 ;;
-        standin:*)
-            n=${spec#standin:}
-            [[ $n =~ ^[1-4]$ ]] || die "DELEGATE_LOCAL_GPUS=$spec: standin:N takes N from 1 to 4"
-            for ((i = 0; i < n; i++)); do
-                dev=$STANDIN_GPU_PREFIX$i
-                want="1:${STANDIN_GPU_MINORS[i]}"
-                if [[ -e $dev || -L $dev ]]; then
-                    have=$(stat -c '%F %t:%T' "$dev" 2>/dev/null || true)
+# local_gpu_plan: this node's GPUs as DELEGATE_LOCAL_GPUS asks, decided by
+# `delegate-deploy local-gpus` (deploy/src/local_gpus.rs) from the node's
+# /dev/nvidia<N> minors; here the stand-in devices it names are made (or
+# found made). Sets GPU_FILES (gres.conf's File=, empty: none), GPU_COUNT
+# and GPU_MAX (a new policy's max_gpus: real GPUs only).
+local_gpu_plan() {
+    local dev minors=() tmp what a b c have
+    for dev in /dev/nvidia[0-9]*; do
+        [[ -c $dev && ${dev#/dev/nvidia} =~ ^[0-9]+$ ]] && minors+=(--nvidia "${dev#/dev/nvidia}")
+    done
+    tmp=$(mktemp -p "$BC_TMP")
+    deploy_render "$tmp" local-gpus "${minors[@]}"
+    GPU_FILES="" GPU_COUNT=0 GPU_MAX=0
+    while read -r what a b c; do
+        case $what in
+            files) GPU_FILES=$a ;;
+            count) GPU_COUNT=$a ;;
+            max_gpus) GPU_MAX=$a ;;
+            device)
+                if [[ -e $a || -L $a ]]; then
+                    have=$(stat -c '%F %t:%T' "$a" 2>/dev/null || true)
                     # stat prints major:minor in hex.
-                    [[ $have == "character special file 1:$(printf '%x' "${STANDIN_GPU_MINORS[i]}")" ]] && continue
-                    die "$dev exists and is not delegate's stand-in GPU ($want): move it away or set DELEGATE_LOCAL_GPUS"
+                    [[ $have == "character special file $(printf '%x:%x' "$b" "$c")" ]] && continue
+                    die "$a exists and is not delegate's stand-in GPU ($b:$c): move it away or set DELEGATE_LOCAL_GPUS"
                 fi
-                mknod -m 0666 "$dev" c 1 "${STANDIN_GPU_MINORS[i]}" || die "cannot make the stand-in GPU $dev (mknod)"
-            done
-            echo "${STANDIN_GPU_PREFIX}[0-$((n - 1))]"
-            ;;
-        nvidia)
-            local devs=()
-            for dev in /dev/nvidia[0-9]*; do
-                [[ -c $dev && ${dev#/dev/nvidia} =~ ^[0-9]+$ ]] && devs+=("${dev#/dev/nvidia}")
-            done
-            ((${#devs[@]})) || die "DELEGATE_LOCAL_GPUS=nvidia: no /dev/nvidia<N> on this machine (is the NVIDIA driver loaded? nvidia-smi)"
-            echo "/dev/nvidia[$(printf '%s\n' "${devs[@]}" | sort -n | paste -sd,)]"
-            ;;
-        /*) echo "$spec" ;;
-        *) die "DELEGATE_LOCAL_GPUS=$spec: expected auto, standin:N, nvidia, a device file expression or none" ;;
-    esac
-}
-
-# local_gpu_count FILES: how many devices a File= expression names.
-local_gpu_count() {
-    local files=$1 inner n=0 r
-    [[ -n $files ]] || { echo 0; return; }
-    if [[ $files =~ \[([0-9,-]+)\] ]]; then
-        inner=${BASH_REMATCH[1]}
-        local IFS=,
-        for r in $inner; do
-            if [[ $r == *-* ]]; then n=$((n + ${r#*-} - ${r%-*} + 1)); else n=$((n + 1)); fi
-        done
-    else
-        n=$(tr ',' '\n' <<<"$files" | grep -c .)
-    fi
-    echo "$n"
+                mknod -m 0666 "$a" c "$b" "$c" || die "cannot make the stand-in GPU $a (mknod)"
+                ;;
+        esac
+    done <"$tmp"
+    rm -f "$tmp"
 }
 
 # Set to 1 by local_write_slurm_conf when slurm.conf changed, so that
@@ -193,11 +166,11 @@ SLURM_CONF_CHANGED=0
 # node) and the epilog, both only over files this script wrote; the private
 # state and log directories the Slurm daemons use.
 local_write_slurm_conf() {
-    local node slurmuser tmp gpu_files gpus
+    local node slurmuser tmp gpus
     node=$(hostname -s)
     [[ -n $node ]] || die "hostname -s is empty"
-    gpu_files=$(local_gpu_files) || exit 1
-    gpus=$(local_gpu_count "$gpu_files")
+    local_gpu_plan
+    gpus=$GPU_COUNT
     slurmuser=root
     id slurm >/dev/null 2>&1 && slurmuser=slurm
     tmp=$(mktemp -p "$BC_TMP")
@@ -215,10 +188,10 @@ local_write_slurm_conf() {
     # order Slurm numbers them (the root agent maps the job's GPU indexes
     # through this file; the site policy's gres_conf names it).
     tmp=$(mktemp -p "$BC_TMP")
-    deploy_render "$tmp" gres-conf --shape local --node "$node" --gpus "$gpus" --files "$gpu_files"
+    deploy_render "$tmp" gres-conf --shape local --node "$node" --gpus "$gpus" --files "$GPU_FILES"
     if install_generated "$tmp" "$(dirname "$SLURM_CONF")/gres.conf" 0644; then
         SLURM_CONF_CHANGED=1
-        log "slurm: wrote $(dirname "$SLURM_CONF")/gres.conf (${gpus} GPU(s)${gpu_files:+: $gpu_files})"
+        log "slurm: wrote $(dirname "$SLURM_CONF")/gres.conf (${gpus} GPU(s)${GPU_FILES:+: $GPU_FILES})"
     fi
     rm -f "$tmp"
 
@@ -665,9 +638,8 @@ local_install_policy() {
     local tmp max_gpus=0
     # Real GPUs (the GPU worker profile, or device files named): jobs may
     # use them all. Stand-ins are for tests, which set max_gpus themselves.
-    if [[ $DELEGATE_LOCAL_GPUS == nvidia || $DELEGATE_LOCAL_GPUS == auto || $DELEGATE_LOCAL_GPUS == /* ]]; then
-        max_gpus=$(local_gpu_count "$(local_gpu_files)")
-    fi
+    local_gpu_plan
+    max_gpus=$GPU_MAX
     tmp=$(mktemp -p "$BC_TMP")
     # max_mem: DELEGATE_MAX_MEM, else 3/4 of the machine's memory.
     deploy_render "$tmp" policy --shape local --max-gpus "$max_gpus"

@@ -22,22 +22,6 @@
 #                             0 or empty: no limit is set
 #   DELEGATE_ROSTER_HOME_BASE where the roster's new homes are made
 
-# quota_bytes SIZE [SETTING]: SIZE (digits with an optional K, M, G or T
-# suffix, powers of 1024) in bytes; dies on anything else, naming SETTING
-# (default DELEGATE_HOME_QUOTA).
-quota_bytes() {
-    local s=${1^^} n unit
-    [[ $s =~ ^([0-9]+)([KMGT]?)I?B?$ ]] || die "${2:-DELEGATE_HOME_QUOTA}: '$1' is not a size (e.g. 5G, 500M)"
-    n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
-    case $unit in
-        K) n=$((n << 10)) ;;
-        M) n=$((n << 20)) ;;
-        G) n=$((n << 30)) ;;
-        T) n=$((n << 40)) ;;
-    esac
-    echo "$n"
-}
-
 # quota_wanted: true when a per-student limit is configured.
 quota_wanted() { [[ -n $DELEGATE_HOME_QUOTA && $DELEGATE_HOME_QUOTA != 0 ]]; }
 
@@ -76,7 +60,7 @@ btrfs_home_subvolume() {
 home_quota_apply() {
     local u=$1 new=$2 home fs mnt bytes
     quota_wanted || return 0
-    bytes=$(quota_bytes "$DELEGATE_HOME_QUOTA") || exit 1
+    bytes=$(deploy_value bytes DELEGATE_HOME_QUOTA) || exit 1
     home=$(getent passwd "$u" | cut -d: -f6)
     [[ -d $home ]] || { warn "quota: $u has no home directory ($home)"; return 0; }
     read -r fs mnt <<<"$(home_fs "$home")"

@@ -20,6 +20,7 @@
 pub mod cgroup;
 pub mod cluster_file;
 pub mod gres;
+pub mod local_gpus;
 pub mod lockdown;
 pub mod nodes;
 pub mod roster;

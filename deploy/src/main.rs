@@ -10,8 +10,8 @@ use delegate_deploy::lockdown::GateForm;
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
-    cgroup, cluster_file, gres, lockdown, roster, roster_state, site_policy, slurm_conf, stack_accounts, stack_file,
-    user_node, RenderError, Settings, Shape,
+    cgroup, cluster_file, gres, local_gpus, lockdown, roster, roster_state, site_policy, slurm_conf, stack_accounts,
+    stack_file, user_node, RenderError, Settings, Shape,
 };
 use roster_state::Reserved;
 
@@ -204,6 +204,27 @@ enum Rendered {
         #[arg(long)]
         markdown: bool,
     },
+    /// The single machine's GPUs for DELEGATE_LOCAL_GPUS: `files EXPR`,
+    /// `count N`, `max_gpus N`, then `device PATH MAJOR MINOR` per
+    /// stand-in device to make.
+    LocalGpus {
+        /// The minor of each `/dev/nvidia<N>` of this machine (repeatable).
+        #[arg(long = "nvidia", value_name = "N")]
+        nvidia: Vec<u32>,
+    },
+    /// A size setting (DELEGATE_HOME_QUOTA, DELEGATE_USER_NODE_MEM) in bytes.
+    Bytes {
+        /// The setting's name.
+        name: String,
+    },
+    /// A CPUs setting (DELEGATE_USER_NODE_CPUS) as a CFS quota: microseconds
+    /// of CPU per `--period` microseconds.
+    CpuQuota {
+        /// The setting's name.
+        name: String,
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1000..=1_000_000))]
+        period: u64,
+    },
     /// The stack file (docker stack deploy) with what only the deployment knows.
     StackFile(Facts),
     /// The stack's `accounts` config: cluster.toml's accounts and the
@@ -229,6 +250,11 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             slurm_conf::render(s, shape, Some(&local))
         }
         Rendered::GresConf { shape, node, gpus, files } => gres::render(s, shape, &node, gpus, &files),
+        Rendered::Bytes { name } => Ok(format!("{}\n", s.bytes(&name)?)),
+        Rendered::CpuQuota { name, period } => Ok(format!("{}\n", s.cpu_quota_us(&name, period)?)),
+        Rendered::LocalGpus { nvidia } => {
+            local_gpus::plan(s.raw_or("DELEGATE_LOCAL_GPUS", "auto"), &nvidia).map(|p| p.lines())
+        }
         Rendered::CgroupConf { shape, cgroup, systemd, slurm_version } => {
             cgroup::render(shape, cgroup, systemd, &slurm_version)
         }

@@ -100,6 +100,27 @@ impl Settings {
         }
     }
 
+    /// A size setting in bytes (`0` where the setting allows none).
+    pub fn bytes(&self, name: &str) -> Result<u64, SettingError> {
+        if self.raw(name)? == "0" {
+            return Ok(0);
+        }
+        let v = self.size(name)?;
+        units::parse_size(&v).map_err(|_| Self::invalid(name, "a size such as 512M or 4G", &v))
+    }
+
+    /// A number of CPUs (2, 0.5) as a CFS quota: microseconds of CPU per
+    /// `period_us` (rounded down, at least 1000: the kernel's minimum).
+    pub fn cpu_quota_us(&self, name: &str, period_us: u64) -> Result<u64, SettingError> {
+        let v = self.raw(name)?;
+        let cpus: f64 = v
+            .parse()
+            .ok()
+            .filter(|c: &f64| c.is_finite() && *c > 0.0 && v.len() <= 12 && !v.starts_with(['+', '-']))
+            .ok_or_else(|| Self::invalid(name, "a number of CPUs such as 2 or 0.5", v))?;
+        Ok(((cpus * period_us as f64) as u64).max(1000))
+    }
+
     /// A duration as the site policy writes it (90s, 10m, 1h30m).
     pub fn duration(&self, name: &str) -> Result<String, SettingError> {
         let v = self.raw(name)?;
@@ -209,6 +230,30 @@ mod tests {
             "DELEGATE_G must be 0 or 1, not 'yes'"
         );
         assert!(matches!(st.raw("DELEGATE_NONE"), Err(SettingError::Missing { .. })));
+    }
+
+    #[test]
+    fn sizes_in_bytes_and_cpus_as_a_cfs_quota() {
+        let st = s(&[
+            ("M", "512M"),
+            ("Z", "0"),
+            ("X", "5 G"),
+            ("C", "1.5"),
+            ("D", "0.0001"),
+            ("E", "-1"),
+        ]);
+        assert_eq!(st.bytes("M"), Ok(512 << 20));
+        assert_eq!(st.bytes("Z"), Ok(0));
+        assert_eq!(
+            st.bytes("X").unwrap_err().to_string(),
+            "X must be a size such as 512M or 4G, not '5 G'"
+        );
+        assert_eq!(st.cpu_quota_us("C", 100_000), Ok(150_000));
+        assert_eq!(st.cpu_quota_us("D", 100_000), Ok(1000));
+        assert_eq!(
+            st.cpu_quota_us("E", 100_000).unwrap_err().to_string(),
+            "E must be a number of CPUs such as 2 or 0.5, not '-1'"
+        );
     }
 
     #[test]
