@@ -96,6 +96,9 @@ pub async fn serve(stream: conn::Socket, shared: Arc<Shared>) {
                 let Some(c) = batch_task(&shared, &mut caller, pid, uid, &stream).await else {
                     return;
                 };
+                // (a runner asking for its sandbox is making progress, for
+                // as long as the checks before the sandbox take)
+                shared.progress.touch(&c.job);
                 run(&shared, c, &mut engine, req, fds, &stream, &mut rx, None).await
             }
             Request::Queue(q) => {

@@ -201,7 +201,14 @@ fn idle_since(shared: &Shared, job: &str, first: Instant) -> bool {
 /// Whether the map's allocation has shown no progress for [`STALL`]
 /// (`first`: when this agent first saw it running).
 fn stalled(shared: &Shared, m: &Map, first: Instant) -> bool {
-    idle_since(shared, &m.job, first)
+    !started_lately(m.ran_secs) && idle_since(shared, &m.job, first)
+}
+
+/// Whether an allocation's current run has lasted less than [`STALL`]: a
+/// requeued allocation that starts again keeps its job id, and its last
+/// progress may be its previous run's (a run not read from Slurm: no).
+fn started_lately(ran_secs: Option<u64>) -> bool {
+    ran_secs.is_some_and(|r| r < STALL.as_secs())
 }
 
 /// Whether the batch script of job `job` is a map's allocation: delegate's
@@ -225,16 +232,19 @@ struct Map {
     job: String,
     uid: u32,
     partition: String,
+    /// Seconds its current run has lasted (squeue's `%M`, which starts
+    /// again when a requeued allocation starts again); `None` unread.
+    ran_secs: Option<u64>,
 }
 
 async fn squeue_maps(node: &str) -> Result<Vec<Map>, SlurmError> {
     // (STOPPED: `scancel --signal=STOP --batch` makes Slurm say so)
-    let argv = ["squeue", "-h", "-t", "RUNNING,STOPPED", "-w", node, "-o", "%A|%U|%P"];
+    let argv = ["squeue", "-h", "-t", "RUNNING,STOPPED", "-w", node, "-o", "%A|%U|%P|%M"];
     Ok(maps_in(&slurm(&argv).await?))
 }
 
-/// squeue's `job|uid|partition` lines (a map's allocations are told from
-/// the others by their batch script: [`runs_a_map`]).
+/// squeue's `job|uid|partition|time used` lines (a map's allocations are
+/// told from the others by their batch script: [`runs_a_map`]).
 fn maps_in(squeue: &str) -> Vec<Map> {
     squeue.lines().filter_map(map_of).collect()
 }
@@ -242,7 +252,7 @@ fn maps_in(squeue: &str) -> Vec<Map> {
 fn map_of(line: &str) -> Option<Map> {
     let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
     let f: Vec<&str> = line.trim().split('|').collect();
-    let [job, uid, partition] = f[..] else {
+    let [job, uid, partition, used] = f[..] else {
         return None;
     };
     if !digits(job) || partition.is_empty() || partition.len() > 64 {
@@ -252,7 +262,23 @@ fn map_of(line: &str) -> Option<Map> {
         job: job.to_owned(),
         uid: uid.parse().ok()?,
         partition: partition.to_owned(),
+        ran_secs: used_secs(used),
     })
+}
+
+/// squeue's time used (`%M`: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`) in seconds.
+fn used_secs(s: &str) -> Option<u64> {
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().ok()?, r),
+        None => (0, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let secs = match parts[..] {
+        [m, s] => m * 60 + s,
+        [h, m, s] => h * 3600 + m * 60 + s,
+        _ => return None,
+    };
+    Some(days * 86_400 + secs)
 }
 
 /// Looks at the job every [`STEP`] until it is requeued and nobody else
@@ -320,11 +346,31 @@ mod tests {
 
     #[test]
     fn the_jobs_on_a_node() {
-        let out = "512|2001|delegate\n514|2002|gpu\ngarbage\n1|x|p\n5|6|\n";
+        let out = "512|2001|delegate|0:05\n514|2002|gpu|1-02:03:04\ngarbage\n1|x|p|0:01\n5|6||0:01\n516|2003|d|?\n";
         let maps = maps_in(out);
-        let jobs: Vec<(&str, u32, &str)> = maps.iter().map(|m| (m.job.as_str(), m.uid, m.partition.as_str())).collect();
-        assert_eq!(jobs, vec![("512", 2001, "delegate"), ("514", 2002, "gpu")]);
+        let jobs: Vec<(&str, u32, &str, Option<u64>)> = maps
+            .iter()
+            .map(|m| (m.job.as_str(), m.uid, m.partition.as_str(), m.ran_secs))
+            .collect();
+        assert_eq!(
+            jobs,
+            vec![
+                ("512", 2001, "delegate", Some(5)),
+                ("514", 2002, "gpu", Some(93_784)),
+                ("516", 2003, "d", None)
+            ]
+        );
         assert!(maps_in("").is_empty());
+        assert_eq!(used_secs("12:34"), Some(754));
+        assert_eq!(used_secs("1:00:00"), Some(3600));
+        assert_eq!(used_secs("5"), None);
+    }
+
+    #[test]
+    fn a_map_that_just_started_again_is_not_stalled() {
+        assert!(started_lately(Some(0)) && started_lately(Some(STALL.as_secs() - 1)));
+        assert!(!started_lately(Some(STALL.as_secs())), "a run of STALL may be stalled");
+        assert!(!started_lately(None), "a time not read: as before");
     }
 
     #[test]
