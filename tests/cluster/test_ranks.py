@@ -426,13 +426,11 @@ def classes_on_head() -> dict[str, str]:
 
 
 def until_classes(want, timeout=120) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def wanted():
         c = classes_on_head()
-        if want(c):
-            return c
-        assert time.monotonic() < deadline, f"the workers' classes are {c} after {timeout}s"
-        time.sleep(1)
+        return c if want(c) else None
+
+    return wait_until("the workers' classes", wanted, timeout, 1, classes_on_head)
 
 
 def slurm_features(job: str) -> str:

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -40,13 +39,12 @@ def node_class() -> str | None:
 
 def published(want, timeout=PUBLISH) -> dict:
     """The node's row once `want(row)` holds (the agent published)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def wanted():
         row = node_row()
-        if want(row):
-            return row
-        assert time.monotonic() < deadline, f"not published within {timeout}s: {row}"
-        time.sleep(0.5)
+        return row if want(row) else None
+
+    return testlib.wait_until("the agent's published class", wanted, timeout, 0.5, node_row)
 
 
 def admin_nodes(*args) -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from sitelib import Shell
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SITE = REPO / "tests/site/site.sh"
+# (testlib: the helpers every suite shares)
+sys.path.insert(0, str(REPO / "tests"))
 
 
 @pytest.fixture(scope="session")

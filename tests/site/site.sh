@@ -187,8 +187,15 @@ start_agent() {
     env=$(on c1 sed -n 's/^Environment=//p' "$unit")
     [[ -n $exec ]] || die "c1: $unit has no ExecStart"
     on c1 sh -c "env $env setsid -f $exec </dev/null >/dev/null 2>&1"
-    for _ in $(seq 40); do on c1 test -S /run/delegate/agent.sock && return; sleep 0.25; done
-    die "c1: the agent did not open /run/delegate/agent.sock: $(on c1 tail -n 20 /var/log/delegate/agent.log)"
+    wait_socket c1 /run/delegate/agent.sock \
+        || die "c1: the agent did not open /run/delegate/agent.sock: $(on c1 tail -n 20 /var/log/delegate/agent.log)"
+}
+
+# wait_socket NODE PATH: PATH is a socket on NODE within 10 s (polled).
+wait_socket() {
+    local _
+    for _ in $(seq 40); do on "$1" test -S "$2" && return 0; sleep 0.25; done
+    return 1
 }
 
 # start_place: ctl's place helper as delegate-place.service starts it (no
@@ -205,8 +212,8 @@ start_place() {
     [[ $socket == /run/$dir/* ]] || die "ctl: the helper's socket $socket is not in its RuntimeDirectory /run/$dir"
     on ctl install -d -m "${mode:-0755}" -o "$user" -g "$user" "/run/$dir"
     on ctl sh -c "setsid -f runuser -u $user -- $exec </dev/null >>/var/log/delegate-place.log 2>&1"
-    for _ in $(seq 40); do on ctl test -S "$socket" && return; sleep 0.25; done
-    die "ctl: the place helper did not open $socket: $(on ctl tail -n 20 /var/log/delegate-place.log)"
+    wait_socket ctl "$socket" \
+        || die "ctl: the place helper did not open $socket: $(on ctl tail -n 20 /var/log/delegate-place.log)"
 }
 
 start_slurm() {

@@ -12,6 +12,8 @@ import time
 
 from sitelib import Shell
 
+import testlib
+
 REFUSED = "delegate: "
 
 
@@ -110,14 +112,18 @@ def test_a_waiting_call_says_where_it_stands_from_the_login_nodes_helper(alice, 
         return json.loads(alice.run("delegate", "--json", "submit", "--", *cmd, check=True).stdout)["id"]
 
     first, second = submit("sleep", "60"), submit("true")
+
+    def status() -> dict:
+        return json.loads(alice.run("delegate", "--json", "status", second, check=True).stdout)[0]
+
     try:
-        end = time.monotonic() + 60
-        reason = ""
-        while time.monotonic() < end and "next in line" not in reason:
-            time.sleep(1)
-            st = json.loads(alice.run("delegate", "--json", "status", second, check=True).stdout)[0]
-            reason = st["reason"]
-        assert "next in line" in reason, reason
+        st = testlib.wait_until(
+            "her second call `next in line`",
+            lambda: next((st for st in [status()] if "next in line" in st["reason"]), None),
+            60,
+            1,
+            detail=lambda: status()["reason"],
+        )
         assert st["state"] == "pending", st
     finally:
         alice.run("delegate", "cancel", first, second)
