@@ -27,6 +27,15 @@ import pytest
 
 from stacklib import HOME, REPO, RUSH_FLOODER, RUSH_STUDENTS, STACK, on
 
+# Where the daemons' logs of a rush with a second attempt are kept (the
+# finding of issue 53 they are kept for: the closing note of stop 65).
+ARTIFACTS = Path(os.environ.get("DELEGATE_ARTIFACTS", "/var/lib/delegate/artifacts")) / "rush"
+LOGS = {
+    "head": ("slurmctld.log",),
+    "worker1": ("slurmd.log", "agent.log", "epilog.log"),
+    "worker2": ("slurmd.log", "agent.log", "epilog.log"),
+}
+
 FLOOD = 200
 SHORT = {
     "RUSH_STUDENTS_LIST": " ".join(RUSH_STUDENTS),
@@ -68,6 +77,22 @@ def short_rush(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "phase-rush.json").read_text())
 
 
+def keep_logs(again: list[dict]) -> None:
+    """The stack's daemon logs and the calls' records, kept in ARTIFACTS
+    for calls that ran again (the stack's logs go with its `down`)."""
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    (ARTIFACTS / "again.json").write_text(json.dumps(again, indent=1))
+    for c in again:
+        for d in Path(HOME).glob(f"*/.delegate/jobs/{c['id']}"):
+            shutil.copytree(d, ARTIFACTS / "jobs" / d.name, symlinks=True, dirs_exist_ok=True)
+    for service, names in LOGS.items():
+        for name in names:
+            r = on(service, "tail", "-n", "20000", f"/var/log/delegate/{name}", quiet=True)
+            (ARTIFACTS / f"{service}-{name}").write_text(r.stdout + r.stderr)
+    print(f"short rush: the daemons' logs kept in {ARTIFACTS}")
+
+
 def test_a_short_rush_loses_nothing_and_runs_nothing_twice(stack, tmp_path):
     data = short_rush(tmp_path)
     meta = data["meta"]
@@ -93,6 +118,8 @@ def test_a_short_rush_loses_nothing_and_runs_nothing_twice(stack, tmp_path):
     # of stop 65).
     again = [c for c in calls if "ran again" in (c.get("reason") or "")]
     print(f"short rush: {len(again)} call(s) ran again: {[c['reason'] for c in again][:3]}")
+    if again:
+        keep_logs(again)
     # Slurm keeps nothing of the rush waiting or running.
     left = on("head", "squeue", "-h", "-o", "%i %u %T", quiet=True).stdout.split("\n")
     ours = [ln for ln in left if ln.split()[1:2] and ln.split()[1].startswith("rush-")]
