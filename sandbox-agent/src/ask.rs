@@ -141,10 +141,18 @@ pub async fn slurm(argv: &[&str], max_answer: usize) -> Result<String, SlurmErro
         env: &[],
         clear_env: false,
     };
-    question
-        .ask()
-        .await
-        .map_err(|source| SlurmError { command: argv.join(" "), source })
+    match question.ask().await {
+        Err(AskError::Failed { stderr, .. }) if each_element_succeeded(&stderr) => Ok(String::new()),
+        answer => answer.map_err(|source| SlurmError { command: argv.join(" "), source }),
+    }
+}
+
+/// scontrol's answer to an update or requeue that reached a job array's
+/// elements: a line `<element>: No error` for each, and exit status 1
+/// although every one succeeded (scontrol prints each element's code once
+/// there is more than one, and sets its exit status whatever the code).
+fn each_element_succeeded(stderr: &str) -> bool {
+    !stderr.trim().is_empty() && stderr.lines().all(|l| l.trim().ends_with(": No error"))
 }
 
 #[cfg(test)]
@@ -173,6 +181,28 @@ mod tests {
         assert!(matches!(big, AskError::TooLarge { max: 1024, .. }), "{big}");
         let missing = question(&["no-such-program-of-delegate"]).ask().await.unwrap_err();
         assert!(matches!(missing, AskError::Spawn { .. }), "{missing}");
+    }
+
+    #[tokio::test]
+    async fn an_array_update_whose_every_element_succeeded_is_an_answer() {
+        let ok = [
+            "sh",
+            "-c",
+            "printf '30002306_1: No error\\n30002306_2: No error\\n' >&2; exit 1",
+        ];
+        assert_eq!(slurm(&ok, 1 << 10).await.unwrap(), "");
+        let mixed = [
+            "sh",
+            "-c",
+            "printf '7_1: No error\\n7_2: Job has already finished\\n' >&2; exit 1",
+        ];
+        let err = slurm(&mixed, 1 << 10).await.unwrap_err();
+        assert!(err.to_string().contains("Job has already finished"), "{err}");
+        let silent = ["sh", "-c", "exit 1"];
+        assert!(matches!(
+            slurm(&silent, 1 << 10).await.unwrap_err().source,
+            AskError::Failed { .. }
+        ));
     }
 
     #[tokio::test]
