@@ -77,6 +77,20 @@ def test_runner_by_hand_with_forged_job_id_is_refused(alice, bob, forged):
             sid = slurm_id(bob, victim)
             ids = sh("docker", "ps", "-aq", "--filter", f"label=delegate.slurm-job={sid}").stdout.split()
             assert len(ids) == 1, ids
+        # The refusal is the call's outcome while its Slurm job still waits
+        # held: `delegate cancel` cancels that job too (issue 54: it stayed
+        # in Slurm's queue, counted toward the student's limits).
+        st = alice.status(job)
+        assert st["state"] not in ("pending", "running"), st
+        held = slurm_id(alice, job)
+        assert sh("squeue", "-h", "-j", held, "-o", "%T").stdout.strip() == "PENDING"
+        cancel(alice, job)
+        testlib.wait_until(
+            "the call's held Slurm job gone from the queue",
+            lambda: sh("squeue", "-h", "-j", held, "-o", "%T").stdout.strip() == "",
+            30,
+            0.5,
+        )
     finally:
         cancel(alice, job)
         if victim:

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use delegate_protocol::{self as protocol, atomic_write_at, exists_at, read_bounded_at, JobId, ProtocolError};
 
+use crate::load::JobFiles;
+use crate::slurm::SlurmPhase;
 use crate::wait::{FirstRound, Until};
 use crate::{Client, ClientError, JobStatus, Result};
 
@@ -30,7 +32,7 @@ impl Client {
             .and_then(|r| protocol::cancel::cancel_reason_of(r.as_bytes()))
             .unwrap_or_default();
         let jobs = ids.iter().map(|id| self.load(id)).collect::<Result<Vec<_>>>()?;
-        let mut slurm_ids = Vec::new();
+        let mut slurm_ids = self.over_but_waiting(&jobs);
         for j in &jobs {
             if j.outcome.is_some() {
                 continue;
@@ -69,6 +71,32 @@ impl Client {
             tracing::warn!(error = %e, "scancel reported an error");
         }
         self.wait_inner(ids, Some(CANCEL_WAIT), || false, FirstRound::AskSlurm, Until::AllOver)
+    }
+
+    /// The Slurm jobs of calls that are over (a refusal is their outcome)
+    /// while their own allocation still waits in Slurm's queue, e.g. held
+    /// after a failed launch: nothing of the call is left to run, but the
+    /// job would wait on and count toward the student's limits.
+    fn over_but_waiting(&self, jobs: &[JobFiles]) -> Vec<String> {
+        let own: Vec<&str> = jobs
+            .iter()
+            .filter(|j| j.outcome.is_some() && j.shared.is_none())
+            .filter_map(|j| j.slurm_id.as_deref())
+            .collect();
+        if own.is_empty() {
+            return Vec::new();
+        }
+        let queue = match self.config.slurm.query_user(self.uid) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell whether the over calls' Slurm jobs still wait");
+                return Vec::new();
+            }
+        };
+        own.into_iter()
+            .filter(|s| queue.get(*s).is_some_and(|j| j.state.phase() == SlurmPhase::Queued))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// True when every call of the shared allocation `sid` other than
