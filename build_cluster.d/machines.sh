@@ -38,12 +38,6 @@ machine_workers() {
     done | awk '$1 ~ /^[0-9]+$/' | sort -n
 }
 
-# machine_next_worker LIST: the lowest worker number no machine of LIST
-# (machine_workers' lines) has.
-machine_next_worker() {
-    awk '{ taken[$1] = 1 } END { n = 1; while (n in taken) n++; print n }' <<<"$1"
-}
-
 machine_add() {
     local worker="" host="" out node version boot manager token
     while (($#)); do
@@ -78,7 +72,8 @@ machine_add() {
     if [[ -n $had && -n $worker && $worker != "$had" ]]; then
         die "machine $host is worker$had already (./build_cluster.sh machine remove worker$had first)"
     fi
-    [[ -n $worker ]] || worker=${had:-$(machine_next_worker "$workers")}
+    stack_worker_ids
+    [[ -n $worker ]] || worker=${had:-$STACK_NEXT_WORKER}
     [[ $worker =~ ^[1-9][0-9]{0,2}$ ]] || die "--worker must be a number from 1, not '$worker'"
     local other
     other=$(awk -v n="$worker" -v id="$known" '$1 == n && $2 != id {print $3}' <<<"$workers")
@@ -169,35 +164,31 @@ machine_remove() {
 
 # machines_placed: with placement (DELEGATE_STACK_PLACEMENT=1), every worker
 # 1..N has its machine, and some node is labelled for the user node (this
-# manager, when none is); without, no machine is labelled a worker. `deploy`
-# and `update` call it.
+# manager, when none is); without, no machine is labelled a worker (what
+# delegate-deploy's `placement` says, stack_worker_ids). `deploy` and
+# `update` call it.
 machines_placed() {
-    local workers missing
-    workers=$(machine_workers)
-    if [[ $DELEGATE_STACK_PLACEMENT != 1 ]]; then
-        # Without placement swarm would put any service on any machine,
-        # where the manager's directories are not.
-        [[ -z $workers ]] || die "this swarm has worker machines (./build_cluster.sh machine list): deploy with placement (DELEGATE_STACK_PLACEMENT=1 in cluster.toml)"
-        return 0
-    fi
-    missing=$(awk -v max="$DELEGATE_STACK_WORKERS" \
-        '{ have[$1] = 1 } END { for (i = 1; i <= max; i++) if (!(i in have)) printf " worker%d", i }' <<<"$workers")
-    [[ -z $missing ]] || die "placement: no machine for${missing}: ./build_cluster.sh machine add HOST (one per worker), or deploy --workers $(grep -c . <<<"$workers")"
+    local key rest
     stack_worker_ids
-    if ! elastic_on; then
-        local above
-        above=$(awk -v max="$STACK_SLOTS" '$1 > max { printf " worker%d (%s)", $1, $3 }' <<<"$workers")
-        [[ -z $above ]] || warn "placement: no slot for${above}: DELEGATE_STACK_SLOTS is $STACK_SLOTS"
-        # The workers are the machines (those beyond N too: added to the
-        # running course by `machine add`).
-        DELEGATE_STACK_WORKERS=${#STACK_WORKER_IDS[@]}
-    fi
+    while read -r key rest; do
+        case $key in
+            refuse) die "$rest" ;;
+            warn) warn "$rest" ;;
+        esac
+    done <<<"$STACK_PLACEMENT_SAYS"
+    [[ $DELEGATE_STACK_PLACEMENT == 1 ]] || return 0
+    # The workers are the machines (those beyond N too: added to the
+    # running course by `machine add`); the renders after it read it.
+    # shellcheck disable=SC2034
+    elastic_on || DELEGATE_STACK_WORKERS=${#STACK_WORKER_IDS[@]}
     if [[ -z $(docker node ls -q --filter node.label=delegate.role=user) ]]; then
         docker node update --label-add delegate.role=user "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null \
             || die "cannot label this manager delegate.role=user"
         log "placement: the user node (JupyterHub) goes to this manager (label delegate.role=user)"
     fi
-    log "placement: $(awk -v n="$STACK_SLOTS" '$1 <= n {printf "%sworker%s on %s", s, $1, $3; s = ", "}' <<<"$workers")$( ((STACK_SLOTS > DELEGATE_STACK_WORKERS)) && echo "; Slurm knows worker1..$STACK_SLOTS, those without a machine wait for one (machine add)")"
+    while read -r key rest; do
+        [[ $key != log ]] || log "$rest"
+    done <<<"$STACK_PLACEMENT_SAYS"
 }
 
 machines_main() {

@@ -52,31 +52,38 @@ stack_load_config() {
 # Slurm's states of a worker that is up and takes jobs (sinfo %T).
 STACK_NODE_UP='(idle|mixed|allocated|completing)'
 
-# stack_worker_ids: STACK_WORKER_IDS, the numbers of the workers there are
-# (1..N; placement: those of the machines `machine add` labelled), and
-# STACK_SLOTS, how many Slurm knows (placement: DELEGATE_STACK_SLOTS, at
-# least N, each FUTURE until its machine runs it; else N).
+# stack_worker_ids: what delegate-deploy's `placement` decides from the
+# settings and the machines `machine add` labelled: STACK_WORKER_IDS, the
+# numbers of the workers there are (1..N; placement: those of the machines
+# within the slots), STACK_SLOTS, how many Slurm knows (placement:
+# DELEGATE_STACK_SLOTS, at least N, each FUTURE until its machine runs it;
+# else N), STACK_REPLICAS (each worker service's, unless elastic),
+# STACK_NEXT_WORKER (a joining machine's number) and STACK_PLACEMENT_SAYS
+# (its refuse/warn/log lines for a deploy: machines_placed).
 stack_worker_ids() {
-    STACK_SLOTS=$DELEGATE_STACK_WORKERS
-    if [[ $DELEGATE_STACK_PLACEMENT == 1 ]] && ! elastic_on; then
-        ((DELEGATE_STACK_SLOTS > STACK_SLOTS)) && STACK_SLOTS=$DELEGATE_STACK_SLOTS
-        DELEGATE_STACK_SLOTS=$STACK_SLOTS
-        mapfile -t STACK_WORKER_IDS < <(machine_workers 2>/dev/null | awk -v max="$STACK_SLOTS" '$1 <= max { print $1 }')
-    else
-        mapfile -t STACK_WORKER_IDS < <(seq 1 "$DELEGATE_STACK_WORKERS")
-    fi
+    local machines key rest
+    machines=$(mktemp -p "$BC_TMP")
+    machine_workers >"$machines" 2>/dev/null || true
+    STACK_WORKER_IDS=() STACK_REPLICAS="" STACK_PLACEMENT_SAYS=""
+    # shellcheck disable=SC2034 # (STACK_NEXT_WORKER: machine_add's)
+    while read -r key rest; do
+        case $key in
+            slots) STACK_SLOTS=$rest ;;
+            workers) read -r -a STACK_WORKER_IDS <<<"$rest" ;;
+            replicas) STACK_REPLICAS=$rest ;;
+            next) STACK_NEXT_WORKER=$rest ;;
+            *) STACK_PLACEMENT_SAYS+="$key $rest"$'\n' ;;
+        esac
+    done < <(deploy_value placement --machines "$machines")
+    rm -f "$machines"
+    [[ -n ${STACK_SLOTS:-} ]] || die "delegate-deploy placement gave no slots"
 }
 
 # stack_replicas: "r1 r2 ...", the replicas of each worker service:
-# placement: 1 where a machine has the number, else 0; elastic: what
-# elastic_replicas says; else 1 each.
+# placement's (stack_worker_ids); elastic: what elastic_replicas says.
 stack_replicas() {
-    if [[ $DELEGATE_STACK_PLACEMENT == 1 ]] && ! elastic_on; then
-        local i out=""
-        for ((i = 1; i <= STACK_SLOTS; i++)); do
-            if [[ " ${STACK_WORKER_IDS[*]} " == *" $i "* ]]; then out+="1 "; else out+="0 "; fi
-        done
-        echo "$out"
+    if [[ -n $STACK_REPLICAS ]]; then
+        echo "$STACK_REPLICAS"
     else
         elastic_replicas
     fi

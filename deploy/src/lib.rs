@@ -23,6 +23,7 @@ pub mod gres;
 pub mod local_gpus;
 pub mod lockdown;
 pub mod nodes;
+pub mod placement;
 pub mod roster;
 pub mod roster_state;
 pub mod schema;

@@ -10,8 +10,8 @@ use delegate_deploy::lockdown::GateForm;
 use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
-    cgroup, cluster_file, gres, local_gpus, lockdown, roster, roster_state, site_policy, slurm_conf, stack_accounts,
-    stack_file, user_node, RenderError, Settings, Shape,
+    cgroup, cluster_file, gres, local_gpus, lockdown, placement, roster, roster_state, site_policy, slurm_conf,
+    stack_accounts, stack_file, user_node, RenderError, Settings, Shape,
 };
 use roster_state::Reserved;
 
@@ -112,9 +112,6 @@ enum Rendered {
         #[arg(long = "node", value_name = "HOST")]
         nodes: Vec<String>,
     },
-    /// The workers Slurm knows (the elastic maximum when elastic; the
-    /// slots for machines with placement).
-    StackWorkers,
     /// The roster's checked entries, `line|user|name|email|role` per line.
     Roster {
         /// The roster (CSV: username,full name[,email][,role]).
@@ -225,6 +222,14 @@ enum Rendered {
         #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1000..=1_000_000))]
         period: u64,
     },
+    /// Which worker runs where (placement: on the machines `machine add`
+    /// labelled): `slots N`, `workers N...`, `next N`, `replicas R...`
+    /// unless elastic, then `refuse`, `warn` and `log` lines of a deploy.
+    Placement {
+        /// The swarm's labelled machines, `N NODE-ID HOSTNAME` per line.
+        #[arg(long)]
+        machines: PathBuf,
+    },
     /// The stack file (docker stack deploy) with what only the deployment knows.
     StackFile(Facts),
     /// The stack's `accounts` config: cluster.toml's accounts and the
@@ -303,7 +308,9 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
         Rendered::QueryPlan { slurm_conf, rate, burst, conns, uids } => {
             user_node::query_plan(&read_text(&slurm_conf)?, &uids, user_node::QueryLimits { rate, burst, conns })
         }
-        Rendered::StackWorkers => Ok(format!("{}\n", slurm_conf::stack_workers(s)?.declared())),
+        Rendered::Placement { machines } => {
+            placement::place(s, &placement::machines(&read_text(&machines)?)).map(|p| p.lines())
+        }
         Rendered::StackFile(facts) => stack_file::render(s, &facts),
         Rendered::StackAccounts { roster_state, names } => {
             let text = stack_accounts::accounts(s, &roster_or_empty(&roster_state)?)?;
