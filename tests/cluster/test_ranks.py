@@ -26,6 +26,7 @@ import os
 import re
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -278,16 +279,6 @@ def test_other_steps_in_a_rank_job_are_refused(stack):
         sid = slurm_id(job)
         before = run("docker", "ps", "-q", "--filter", f"label=delegate.slurm-job={sid}").stdout.split()
         assert len(before) == 2
-        for argv in (
-            ["sh", "-c", "id; touch $HOME/rank-step-marker"],
-            [RUNNER, "rank", str(d), "extra"],
-            ["/bin/sh", RUNNER, "rank", str(d)],
-        ):
-            r = on_node("user", "srun", f"--jobid={sid}", "--overlap", "-N1", *argv)
-            # (srun 22.05 exits 0 after "launch failed": the message decides)
-            assert "uid=" not in r.stdout
-            assert "launch failed" in r.stderr or "Plugin initialization failed" in r.stderr, r.stderr
-        assert not (Path(HOME) / STUDENT / "rank-step-marker").exists()
         # The admitted form with a task prolog or epilog of the student's
         # (a program slurmstepd would run as them, outside any sandbox):
         # the rank step's slurmstepd executes nothing but the runner.
@@ -301,12 +292,27 @@ def test_other_steps_in_a_rank_job_are_refused(stack):
             return {s for s in out if re.fullmatch(rf"{sid}\.\d+", s)}
 
         ranks_steps = steps()
-        for opt in ("--task-prolog", "--task-epilog"):
-            for prog in (str(script), "/bin/sh"):
-                on_node(
-                    "user", "srun", f"--jobid={sid}", "--overlap", "-N1", f"{opt}={prog}",
-                    "--export=ALL,BASH_ENV=" + str(script), RUNNER, "rank", str(d),
-                )  # fmt: skip
+        refused = [
+            ["sh", "-c", "id; touch $HOME/rank-step-marker"],
+            [RUNNER, "rank", str(d), "extra"],
+            ["/bin/sh", RUNNER, "rank", str(d)],
+        ]
+        prologs = [
+            [f"{opt}={prog}", "--export=ALL,BASH_ENV=" + str(script), RUNNER, "rank", str(d)]
+            for opt in ("--task-prolog", "--task-epilog")
+            for prog in (str(script), "/bin/sh")
+        ]
+        # (all at once: each refused srun takes about 10 s to return)
+        with ThreadPoolExecutor(len(refused) + len(prologs)) as pool:
+            answers = list(
+                pool.map(lambda argv: on_node("user", "srun", f"--jobid={sid}", "--overlap", "-N1", *argv),
+                         refused + prologs)
+            )  # fmt: skip
+        for r in answers[: len(refused)]:
+            # (srun 22.05 exits 0 after "launch failed": the message decides)
+            assert "uid=" not in r.stdout
+            assert "launch failed" in r.stderr or "Plugin initialization failed" in r.stderr, r.stderr
+        assert not (Path(HOME) / STUDENT / "rank-step-marker").exists()
         # (each srun returned; its step, refused, is gone from Slurm too)
         wait_until(
             "the refused steps gone from Slurm's queue",
