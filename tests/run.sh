@@ -20,6 +20,8 @@
 #   6b. pytest -v tests/bundle      (the offline bundle for a bare GPU
 #                                    machine, installed and checked on a
 #                                    clean Debian 13 without network)
+#                                   6 and 6b run beside 4 and 5 (the side
+#                                   lane: below), awaited after 5
 #   7. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
 #   8. pytest -v tests/acceptance   (the course's day one on the stack, two
 #                                    students in a real browser; screenshots
@@ -82,10 +84,68 @@ section() {
     printf '\n\033[1;34m=== [%4ds] %s\033[0m\n' "$((SECONDS - T0))" "$*"
 }
 fail() {
+    side_lane_stop
     stage_done FAILED
     stage_table
     printf '\n\033[1;31m=== FAILED after %ds: %s\033[0m\n' "$((SECONDS - T0))" "$*" >&2
     exit 1
+}
+
+# The side lane: the stages with a Slurm of their own in containers of
+# their own (6. site/, 6b. bundle/) share nothing with the single-machine
+# cluster, whose one node stages 4 and 5 wait on, one job at a time, with
+# the CPU mostly idle: they run beside those two, their output kept in
+# $SIDE_LOG and printed when they are awaited (after stage 5), their times
+# added to the table.
+SIDE_PID=
+SIDE_LOG=$ARTIFACTS/side-lane.log
+SIDE_TIMES=$ARTIFACTS/side-lane-times.txt
+# side_lane_start ARGS...: the side lane's stages, in the background (their
+# own process group: a failure elsewhere stops them all).
+side_lane_start() {
+    [[ ${DELEGATE_SKIP_STACK:-0} != 1 ]] || return 0
+    : >"$SIDE_TIMES"
+    set -m
+    { side_stage tests/site "6. site/ (beside 4-5)" "$@" && side_stage tests/bundle "6b. bundle/ (beside 4-5)" "$@"; } \
+        >"$SIDE_LOG" 2>&1 </dev/null &
+    SIDE_PID=$!
+    set +m
+    echo "the side lane (site/, bundle/) runs beside stages 4-5: its log in $SIDE_LOG"
+}
+# side_stage DIR WHAT ARGS...: one pytest stage of the side lane; its time
+# and slowest tests go to $SIDE_TIMES.
+side_stage() {
+    local dir=$1 what=$2 t0=$SECONDS rc mark=''
+    shift 2
+    set +e
+    "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/${dir##*/}.xml" "$dir" "$@"
+    rc=$?
+    set -e
+    ((rc == 0 || (rc == 5 && $# > 0))) || mark='  FAILED'
+    printf '%6d  %s%s\n' "$((SECONDS - t0))" "$what" "$mark" >>"$SIDE_TIMES"
+    "$VENV/bin/python" "$REPO/tests/slowest.py" "$JUNIT/${dir##*/}.xml" 8 >>"$SIDE_TIMES" || true
+    [[ -z $mark ]]
+}
+# side_lane_wait: waits for the side lane, prints its log, keeps its times;
+# fails the run when one of its stages failed.
+side_lane_wait() {
+    [[ -n $SIDE_PID ]] || return 0
+    section "the side lane (site/, bundle/, run beside stages 4-5): what is left of it"
+    local rc=0
+    wait "$SIDE_PID" || rc=$?
+    SIDE_PID=
+    cat "$SIDE_LOG"
+    cat "$SIDE_TIMES" >>"$TIMES"
+    ((rc == 0)) || fail "the side lane: site or bundle tests (pytest's report above)"
+}
+# side_lane_stop: the side lane stopped (a failing run), its log's end shown.
+side_lane_stop() {
+    [[ -n $SIDE_PID ]] || return 0
+    kill -- "-$SIDE_PID" 2>/dev/null || true
+    wait "$SIDE_PID" 2>/dev/null || true
+    SIDE_PID=
+    printf '\n--- the side lane, stopped (the end of %s):\n' "$SIDE_LOG"
+    tail -n 30 "$SIDE_LOG" || true
 }
 
 cd "$REPO"
@@ -169,7 +229,8 @@ for pkg in openssh-server:/usr/sbin/sshd sshfs:/usr/bin/sshfs glusterfs-client:/
             || fail "apt-get install ${pkg%%:*}"
     fi
 done
-# (the test venv: made or updated in stage 2)
+# (the test venv: made or updated in stage 2; the packages above are in)
+side_lane_start "$@"
 if [[ -d tests/e2e ]]; then
     set +e
     "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/e2e.xml" tests/e2e "$@"
@@ -214,19 +275,17 @@ stack_stage() {
     ((rc == 0 || (rc == 5 && $# > 0))) || fail "$what (pytest exit $rc)"
 }
 
-section "a site's own Slurm: pytest -v tests/site (Debian 13, Slurm 24.11, delegate's packages)"
-# A cluster delegate did not build (tests/site/site.sh): Debian 13's Slurm
-# 24.11 in three containers, general + course partitions, the site's own
-# job_submit.lua, epilog and plugstack.conf; delegate's Debian packages
-# installed and the site admin's lines added; a student, a researcher, an admin.
-stack_stage tests/site "site tests (Slurm 24.11)" "$@"
-
-section "the offline bundle: pytest -v tests/bundle (build_cluster.sh bundle, installed on a bare Debian 13)"
-# `./build_cluster.sh bundle` (Slurm, munge, Docker's engine, their
-# libraries, delegate's packages: one file for a GPU machine without
-# network), then its install half and the GPU check as a student on a
-# clean Debian 13 container on an internal network, one stand-in GPU.
-stack_stage tests/bundle "offline bundle tests" "$@"
+# 6. and 6b. (the side lane, begun with stage 4): a site's own Slurm,
+# tests/site (tests/site/site.sh: Debian 13's Slurm 24.11 in three
+# containers, general + course partitions, the site's own job_submit.lua,
+# epilog and plugstack.conf; delegate's Debian packages installed and the
+# site admin's lines added; a student, a researcher, an admin), then the
+# offline bundle, tests/bundle (`./build_cluster.sh bundle`: Slurm, munge,
+# Docker's engine, their libraries, delegate's packages: one file for a GPU
+# machine without network; then its install half and the GPU check as a
+# student on a clean Debian 13 container on an internal network, one
+# stand-in GPU).
+side_lane_wait
 
 section "cluster stack: pytest -v tests/cluster (build_cluster.sh deploy, test, down)"
 # The multi-node deployment as containers on this machine (head, 2 workers,
