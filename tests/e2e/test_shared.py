@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from conftest import containers_created_since, containers_with_label, sh
 
+import testlib
+
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "lost"}
 WAITING_REASON = "waiting for an allocation of its map to claim it"
 JOB_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{8}$")
@@ -390,7 +392,7 @@ def test_a_student_requeueing_their_maps_allocation_runs_nothing_past_its_retrie
     student may `scontrol requeue` their own map's allocation, again and
     again, while it runs a call. Slurm takes the allocation back as it
     would from a lost node: the call it ran leaves no outcome, and the
-    allocation, started again (after slurm.conf's cred_expire), runs it
+    allocation, started again (at once: she makes it eligible), runs it
     again as a new attempt from a fresh directory (the earlier one kept
     beside it), within its retries, then the calls nobody had claimed,
     each once. No call runs more than 1 + retries times, none mixes with
@@ -401,6 +403,16 @@ def test_a_student_requeueing_their_maps_allocation_runs_nothing_past_its_retrie
     alice.wait_started(jobs[0])
     tries = [alice.as_user("scontrol", "requeue", sid, check=False) for _ in range(5)]
     assert tries[0].returncode == 0, tries[0].stderr  # (the others find it pending)
+    # (and makes it eligible again at once, as she may: Slurm's begin time
+    # for a requeued job, cred_expire, is test_attempts.py's to show)
+    testlib.wait_until(
+        f"Slurm job {sid} pending on its begin time",
+        lambda: sh("squeue", "-h", "-j", sid, "-o", "%T %r").stdout.split() == ["PENDING", "BeginTime"],
+        60,
+        0.5,
+    )
+    r = alice.as_user("scontrol", "update", f"jobid={sid}", "StartTime=now", check=False)
+    assert r.returncode == 0, r.stderr
     st = wait_all(alice, jobs, timeout=300)
     assert all(s["reason"] for s in st), st
     assert [s["state"] for s in st] == ["completed", "completed", "completed"], st
