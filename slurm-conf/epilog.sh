@@ -98,14 +98,20 @@ remove_own() {
 # directory, not from this node's (policy staging_host_dir, else
 # staging_dir); those are left alone.
 # The job-private networks of multi-node jobs (sandbox-agent/src/sandbox/rank.rs):
-# this job's, and any whose Slurm job has ended or is unknown. The engine
+# this job's, and any whose Slurm job has ended or is unknown that this
+# node's agent made (its delegate.node label; an engine may serve the
+# nodes of another cluster, whose jobs this Slurm does not know, and a
+# network is unattached for a moment after its agent made it). The engine
 # refuses to remove a network that still has a container on it.
 remove_networks() {
     nets=$(timeout 20 docker network ls --filter label=delegate.network=rank \
-        --format '{{.ID}} {{.Label "delegate.slurm-job"}}' 2>>"$LOG") || return 0
-    printf '%s\n' "$nets" | while read -r nid sj; do
+        --format '{{.ID}} {{.Label "delegate.slurm-job"}} {{.Label "delegate.node"}}' 2>>"$LOG") || return 0
+    printf '%s\n' "$nets" | while read -r nid sj nnode; do
         [ -n "$nid" ] || continue
         case "$sj" in ''|*[!0-9]*) sj="" ;; esac
+        if [ "$sj" != "$SLURM_JOB_ID" ] && [ -n "$nnode" ] && [ "$nnode" != "${SLURMD_NODENAME:-}" ]; then
+            continue
+        fi
         if [ "$sj" != "$SLURM_JOB_ID" ] && [ -n "$sj" ]; then
             st=$(timeout 10 squeue -h -j "$sj" -o %T 2>/dev/null | head -n1)
             case "$st" in RUNNING|PENDING|CONFIGURING|COMPLETING|SUSPENDED) continue ;; esac

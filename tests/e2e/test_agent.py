@@ -362,6 +362,40 @@ def test_leftover_of_an_earlier_attempt_is_swept(alice, bob):
         sh("docker", "rm", "-f", left, other, check=False)
 
 
+def test_the_epilog_sweeps_only_its_own_nodes_networks_of_ended_jobs(alice):
+    """The epilog removes a rank network of a job Slurm no longer knows
+    when this node's agent made it, and leaves one another node's agent
+    made (an engine serving another cluster's nodes too: its jobs are
+    unknown here, and its network waits unattached for a moment after it
+    is made)."""
+    node = sh("sinfo", "-h", "-N", "-o", "%N").stdout.split()[0]
+    nets = {}
+    for who in (node, "another-clusters-node"):
+        nets[who] = sh(
+            "docker", "network", "create", "--internal",
+            "--label", "delegate.network=rank", "--label", "delegate.slurm-job=99999999",
+            "--label", f"delegate.uid={alice.uid}", "--label", f"delegate.node={who}",
+            f"delegate-test-net-{who}",
+        ).stdout.strip()  # fmt: skip
+    try:
+        job = alice.submit("true")
+        assert alice.wait(job, timeout=120)["state"] == "completed"
+
+        def left() -> set[str]:
+            out = sh(
+                "docker", "network", "ls", "-q", "--no-trunc", "--filter", "label=delegate.slurm-job=99999999"
+            )
+            return set(out.stdout.split())
+
+        testlib.wait_until(
+            "the epilog's sweep of this node's network", lambda: nets[node] not in left(), 60, 0.5
+        )
+        assert nets["another-clusters-node"] in left()
+    finally:
+        for n in nets.values():
+            sh("docker", "network", "rm", n, check=False)
+
+
 # slurmd's spool on this node (slurm.conf's SlurmdSpoolDir).
 SPOOL = Path("/var/lib/delegate/slurm/d")
 

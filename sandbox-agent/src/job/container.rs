@@ -146,7 +146,7 @@ pub(super) async fn connect(
         .map_err(|e| Answer::Failed(e.to_string()))?;
     let network = match ctx.place {
         Some(place) => Some((
-            rank::ensure_network(&docker, ctx.caller, place)
+            rank::ensure_network(&docker, ctx.caller, place, &ctx.node)
                 .await
                 .map_err(|e| Answer::Failed(e.to_string()))?,
             place,

@@ -27,7 +27,7 @@ use bollard::Docker;
 use delegate_protocol::agent::{rank_env, MASTER_ALIAS};
 
 use crate::caller::ident::{Caller, RankPlace};
-use crate::sandbox::config::{LABEL_SLURM_JOB, LABEL_UID};
+use crate::sandbox::config::{LABEL_NODE, LABEL_SLURM_JOB, LABEL_UID};
 use crate::sandbox::engine;
 
 /// The label that marks delegate's job networks.
@@ -45,22 +45,26 @@ pub fn container_name(job: &str, rank: u32) -> String {
     format!("delegate-{job}-rank{rank}")
 }
 
-fn labels(slurm_job: &str, uid: u32) -> HashMap<String, String> {
+/// The network's labels: its job, its student and the node whose agent
+/// created it (an engine may serve the nodes of several clusters: each
+/// node's epilog sweeps only the ended jobs' networks its own agent made).
+fn labels(slurm_job: &str, uid: u32, node: &str) -> HashMap<String, String> {
     HashMap::from([
         (LABEL_SLURM_JOB.to_string(), slurm_job.to_string()),
         (LABEL_UID.to_string(), uid.to_string()),
         (LABEL_NETWORK.to_string(), "rank".to_string()),
+        (LABEL_NODE.to_string(), node.to_string()),
     ])
 }
 
-/// The creation request of a job's network.
-pub fn network_request(slurm_job: &str, uid: u32) -> NetworkCreateRequest {
+/// The creation request of a job's network (rank 0's agent on `node`).
+pub fn network_request(slurm_job: &str, uid: u32, node: &str) -> NetworkCreateRequest {
     NetworkCreateRequest {
         name: network_name(slurm_job),
         driver: Some("bridge".into()),
         internal: Some(true),
         attachable: Some(false),
-        labels: Some(labels(slurm_job, uid)),
+        labels: Some(labels(slurm_job, uid, node)),
         options: Some(HashMap::from([(
             "com.docker.network.bridge.inhibit_ipv4".to_string(),
             "true".to_string(),
@@ -103,14 +107,19 @@ async fn find(docker: &Docker, slurm_job: &str, uid: u32) -> Result<Option<Strin
 
 /// The job's network for this rank: rank 0 creates it, the others wait
 /// for it (while their caller lives).
-pub async fn ensure_network(docker: &Docker, caller: &Caller, place: RankPlace) -> Result<String, NetworkError> {
+pub async fn ensure_network(
+    docker: &Docker,
+    caller: &Caller,
+    place: RankPlace,
+    node: &str,
+) -> Result<String, NetworkError> {
     let slurm_job = caller.job.as_str();
     if place.rank == 0 {
         if let Some(id) = find(docker, slurm_job, caller.uid).await? {
             return Ok(id);
         }
         let r = docker
-            .create_network(network_request(slurm_job, caller.uid))
+            .create_network(network_request(slurm_job, caller.uid, node))
             .await
             .map_err(NetworkError::Create)?;
         tracing::info!("Slurm job {slurm_job}: created network {} ({})", network_name(slurm_job), r.id);
@@ -179,7 +188,7 @@ mod tests {
 
     #[test]
     fn network_is_internal_without_host_address() {
-        let r = network_request("42", 1001);
+        let r = network_request("42", 1001, "worker1");
         assert_eq!(r.name, "delegate-job-42");
         assert_eq!(r.internal, Some(true));
         assert_eq!(r.attachable, Some(false));
@@ -190,7 +199,9 @@ mod tests {
                 .map(String::as_str),
             Some("true")
         );
-        assert_eq!(r.labels.unwrap().get(LABEL_SLURM_JOB).map(String::as_str), Some("42"));
+        let labels = r.labels.unwrap();
+        assert_eq!(labels.get(LABEL_SLURM_JOB).map(String::as_str), Some("42"));
+        assert_eq!(labels.get(LABEL_NODE).map(String::as_str), Some("worker1"));
     }
 
     #[test]
