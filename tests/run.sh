@@ -20,9 +20,12 @@
 #   6b. pytest -v tests/bundle      (the offline bundle for a bare GPU
 #                                    machine, installed and checked on a
 #                                    clean Debian 13 without network)
-#                                   6 and 6b run beside 4 and 5 (the side
-#                                   lane: below), awaited after 5
 #   7. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
+#                                   6, 6b and 7 but its worker machines'
+#                                   suite run beside 4 and 5 (the side
+#                                   lane: below), awaited after 5
+#   7b. pytest -v tests/cluster/test_machines.py (the stack on worker
+#                                    machines, their faults)
 #   8. pytest -v tests/acceptance   (the course's day one on the stack, two
 #                                    students in a real browser; screenshots
 #                                    in $DELEGATE_ARTIFACTS/acceptance)
@@ -92,11 +95,15 @@ fail() {
 }
 
 # The side lane: the stages with a Slurm of their own in containers of
-# their own (6. site/, 6b. bundle/) share nothing with the single-machine
-# cluster, whose one node stages 4 and 5 wait on, one job at a time, with
-# the CPU mostly idle: they run beside those two, their output kept in
-# $SIDE_LOG and printed when they are awaited (after stage 5), their times
-# added to the table.
+# their own (6. site/, 6b. bundle/, then 7. cluster/ but for its worker
+# machines' suite) share nothing with the single-machine cluster, whose one
+# node stages 4 and 5 wait on, one job at a time, with the CPU mostly idle
+# (load average 0.2-0.7 through stage 4): they run beside those two, their
+# output kept in $SIDE_LOG and printed when they are awaited (after stage
+# 5), their times added to the table. What they share with stages 4-5 is
+# the engine (each checks only its own containers and networks; each
+# node's epilog sweeps only its own) and the CPU. The worker machines'
+# suite (7b) restarts this host's engine: it runs after, alone, then 8.
 SIDE_PID=
 SIDE_LOG=$ARTIFACTS/side-lane.log
 SIDE_TIMES=$ARTIFACTS/side-lane-times.txt
@@ -106,37 +113,43 @@ side_lane_start() {
     [[ ${DELEGATE_SKIP_STACK:-0} != 1 ]] || return 0
     : >"$SIDE_TIMES"
     set -m
-    { side_stage tests/site "6. site/ (beside 4-5)" "$@" && side_stage tests/bundle "6b. bundle/ (beside 4-5)" "$@"; } \
-        >"$SIDE_LOG" 2>&1 </dev/null &
+    {
+        side_stage site "6. site/ (beside 4-5)" tests/site "$@" \
+            && side_stage bundle "6b. bundle/ (beside 4-5)" tests/bundle "$@" \
+            && side_stage cluster "7. cluster/ but test_machines.py (beside 4-5)" \
+                "tests/cluster --ignore=tests/cluster/test_machines.py" "$@"
+    } >"$SIDE_LOG" 2>&1 </dev/null &
     SIDE_PID=$!
     set +m
-    echo "the side lane (site/, bundle/) runs beside stages 4-5: its log in $SIDE_LOG"
+    echo "the side lane (site/, bundle/, cluster/ but its machines) runs beside stages 4-5: its log in $SIDE_LOG"
 }
-# side_stage DIR WHAT ARGS...: one pytest stage of the side lane; its time
-# and slowest tests go to $SIDE_TIMES.
+# side_stage NAME WHAT TARGETS ARGS...: one pytest stage of the side lane
+# (TARGETS: pytest's paths and options, split on spaces; its JUnit report
+# NAME.xml); its time and slowest tests go to $SIDE_TIMES.
 side_stage() {
-    local dir=$1 what=$2 t0=$SECONDS rc mark=''
-    shift 2
+    local name=$1 what=$2 t0=$SECONDS rc mark='' targets
+    read -r -a targets <<<"$3"
+    shift 3
     set +e
-    "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/${dir##*/}.xml" "$dir" "$@"
+    "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/$name.xml" "${targets[@]}" "$@"
     rc=$?
     set -e
     ((rc == 0 || (rc == 5 && $# > 0))) || mark='  FAILED'
     printf '%6d  %s%s\n' "$((SECONDS - t0))" "$what" "$mark" >>"$SIDE_TIMES"
-    "$VENV/bin/python" "$REPO/tests/slowest.py" "$JUNIT/${dir##*/}.xml" 8 >>"$SIDE_TIMES" || true
+    "$VENV/bin/python" "$REPO/tests/slowest.py" "$JUNIT/$name.xml" 8 >>"$SIDE_TIMES" || true
     [[ -z $mark ]]
 }
 # side_lane_wait: waits for the side lane, prints its log, keeps its times;
 # fails the run when one of its stages failed.
 side_lane_wait() {
     [[ -n $SIDE_PID ]] || return 0
-    section "the side lane (site/, bundle/, run beside stages 4-5): what is left of it"
+    section "the side lane (site/, bundle/, cluster/ but its machines, run beside stages 4-5): what is left of it"
     local rc=0
     wait "$SIDE_PID" || rc=$?
     SIDE_PID=
     cat "$SIDE_LOG"
     cat "$SIDE_TIMES" >>"$TIMES"
-    ((rc == 0)) || fail "the side lane: site or bundle tests (pytest's report above)"
+    ((rc == 0)) || fail "the side lane: site, bundle or cluster stack tests (pytest's report above)"
 }
 # side_lane_stop: the side lane stopped (a failing run), its log's end shown.
 side_lane_stop() {
@@ -268,14 +281,14 @@ stack_stage() {
     fi
     set +e
     # (the ten slowest steps are printed: where the CI's minutes go)
-    "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/${dir##*/}.xml" "$dir" "$@"
+    "$VENV/bin/python" -m pytest -v --durations=10 --junitxml="$JUNIT/$(basename "$dir" .py).xml" "$dir" "$@"
     rc=$?
     set -e
-    stage_slowest "${dir##*/}"
+    stage_slowest "$(basename "$dir" .py)"
     ((rc == 0 || (rc == 5 && $# > 0))) || fail "$what (pytest exit $rc)"
 }
 
-# 6. and 6b. (the side lane, begun with stage 4): a site's own Slurm,
+# 6., 6b. and 7. (the side lane, begun with stage 4): a site's own Slurm,
 # tests/site (tests/site/site.sh: Debian 13's Slurm 24.11 in three
 # containers, general + course partitions, the site's own job_submit.lua,
 # epilog and plugstack.conf; delegate's Debian packages installed and the
@@ -284,14 +297,17 @@ stack_stage() {
 # Docker's engine, their libraries, delegate's packages: one file for a GPU
 # machine without network; then its install half and the GPU check as a
 # student on a clean Debian 13 container on an internal network, one
-# stand-in GPU).
+# stand-in GPU), then the multi-node deployment as containers on this
+# machine (head, 2 workers, user node with JupyterLab; images reused when
+# present), elastic workers included, but for the worker machines' suite.
 side_lane_wait
 
-section "cluster stack: pytest -v tests/cluster (build_cluster.sh deploy, test, down)"
-# The multi-node deployment as containers on this machine (head, 2 workers,
-# user node with JupyterLab), beside the single-machine cluster. Images are
-# reused when present.
-stack_stage tests/cluster "cluster stack tests" "$@"
+section "cluster stack on worker machines: pytest -v tests/cluster/test_machines.py"
+# The stack's workers on the emulated worker machines (tests/machines: own
+# Docker engines, the home over GlusterFS), their faults: machines killed,
+# cut off, stopped; this host's engine restarted (hence alone, after the
+# side lane).
+stack_stage tests/cluster/test_machines.py "the worker machines' tests" "$@"
 
 section "acceptance: pytest -v tests/acceptance (the course's day one, in a browser, on worker machines)"
 # The instructor joins two worker machines (tests/machines: own Docker

@@ -12,7 +12,9 @@ removed once it is down (a change of the roster redeploys a running
 stack). The suites with a stack
 of their own run first: test_machines (the worker machines join this
 host's swarm, which must not hold a stack yet), then test_elastic (workers
-that power up on demand).
+that power up on demand). tests/run.sh runs test_machines as a stage of
+its own (7b: it restarts this host's engine), after the others, which run
+beside the single-machine stages (its side lane).
 """
 
 from __future__ import annotations
