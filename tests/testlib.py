@@ -323,10 +323,17 @@ def tiny_root(home: Path, uid: int, gid: int, size: str = "256k"):
 
 
 def agent_pid() -> int:
-    """The pid of this machine's running `sandbox-agent`."""
+    """The pid of this machine's running `sandbox-agent` (of this pid
+    namespace: the agents of the stack's workers and of the site's nodes
+    run in containers this host sees too)."""
+    own = os.readlink("/proc/self/ns/pid")
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and (p / "comm").read_text().strip() == "sandbox-agent":
+            if (
+                p.name.isdigit()
+                and (p / "comm").read_text().strip() == "sandbox-agent"
+                and os.readlink(p / "ns" / "pid") == own
+            ):
                 return int(p.name)
         except OSError:
             continue

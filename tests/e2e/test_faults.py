@@ -35,7 +35,12 @@ def slurm_id(user, job):
 
 
 def pids_of(pattern):
-    r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    """This machine's processes whose command line matches `pattern`: those
+    of its own pid namespace (the stack's and the site's containers, whose
+    slurmd and dockerd this host sees too, are not this cluster's)."""
+    r = subprocess.run(
+        ["pgrep", "--ns", str(os.getpid()), "--nslist", "pid", "-f", pattern], capture_output=True, text=True
+    )
     return [int(p) for p in r.stdout.split()]
 
 
