@@ -24,8 +24,9 @@
 #                                   6, 6b and 7 but its worker machines'
 #                                   suite run beside 4 and 5 (the side
 #                                   lane: below), awaited after 5
-#   7b. pytest -v tests/cluster/test_machines.py (the stack on worker
-#                                    machines, their faults)
+#   7b. tests/cluster/test_machines.py alone, after the side lane (the
+#                                    stack on worker machines, their faults;
+#                                    it restarts this host's engine)
 #   8. pytest -v tests/acceptance   (the course's day one on the stack, two
 #                                    students in a real browser; screenshots
 #                                    in $DELEGATE_ARTIFACTS/acceptance)

@@ -13,7 +13,8 @@ for still runs, once; a worker whose start found no machine to take it
 rejoins by itself when one is back, and runs the call that waited for it.
 Then `down`, nothing left.
 
-Run by tests/run.sh as root (after test_stack.py). Honours the stack
+Run by tests/run.sh (stage 7) as root, before the suites of the shared
+stack (conftest.py). Honours the stack
 settings of the environment (DELEGATE_STACK_NAME, DELEGATE_STACK_HOME, ...)
 like test_stack.py; the elastic settings are this file's.
 """

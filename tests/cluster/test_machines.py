@@ -16,7 +16,8 @@ this host (the user node's) by a FUSE client whose attribute, entry and
 negative-lookup caches are on (3 s, 30 s, 30 s): the job-directory
 protocol runs with each side seeing the other's writes late.
 
-Run by tests/run.sh (stage 7) as root.
+Run by tests/run.sh (stage 7) as root: alone, after the rest of stage 7
+and the single-machine stages (7b: it restarts this host's engine).
 """
 
 from __future__ import annotations

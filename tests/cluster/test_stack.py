@@ -2,8 +2,8 @@
 workers, as several containers on this machine), `status`, `test` (the
 instructor's check), `down` -- and nothing of the stack is left behind.
 
-Run by tests/run.sh as root, after the single-machine stages: the local
-cluster keeps running beside the stack and must still work afterwards.
+Run by tests/run.sh (stage 7) as root, beside the single-machine stages
+(its side lane): the local cluster runs its own jobs beside the stack.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ jobs, so no call ends `lost`; the database and slurmdbd stopped mid-run:
 running jobs finish, new ones still schedule, and sacct catches up once
 they are back.
 
-Run by tests/run.sh as root after test_stack.py (its own deploy, 2 workers,
-then down). Honours the stack settings of the environment
+Run by tests/run.sh (stage 7) as root after test_stack.py, on the stack
+the stage's suites share (conftest.py). Honours the stack settings of the environment
 (DELEGATE_STACK_NAME, DELEGATE_STACK_HOME, ...) like test_stack.py.
 """
 
