@@ -15,6 +15,7 @@ Run by tests/run.sh as root, on the stack the stage's suites share
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -77,6 +78,14 @@ def short_rush(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "phase-rush.json").read_text())
 
 
+def bench_rush():
+    """bench/rush.py as a module (its figures' functions)."""
+    spec = importlib.util.spec_from_file_location("bench_rush", REPO / "bench" / "rush.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def keep_logs(again: list[dict]) -> None:
     """The stack's daemon logs and the calls' records, kept in ARTIFACTS
     for calls that ran again (the stack's logs go with its `down`)."""
@@ -126,3 +135,7 @@ def test_a_short_rush_loses_nothing_and_runs_nothing_twice(stack, tmp_path):
     assert not ours, ours
     took = meta["t1"] - meta["t0"]
     print(f"short rush: {len(calls)} calls of {len(by)} accounts, each completed once, in {took:.0f} s")
+    # How far off the likely start a waiting student's line says was
+    # (issue 56; a figure, not asserted: the benchmark's own).
+    errors = bench_rush().estimate_errors(meta.get("first_estimates", {}), meta.get("allocations", []))
+    print(f"short rush: Slurm's expected starts against the starts: {errors}")
