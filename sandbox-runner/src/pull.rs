@@ -148,14 +148,17 @@ fn refuse_unclaimable(dir: &Path, why: &str) {
 /// This allocation's Slurm id: `<array job>_<task>` for an element of the
 /// map's job array, else the job's id.
 fn allocation_id() -> String {
-    let var = |n: &str| {
-        std::env::var(n)
-            .ok()
-            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-    };
-    match (var("SLURM_ARRAY_JOB_ID"), var("SLURM_ARRAY_TASK_ID")) {
+    let var = |n: &str| std::env::var(n).ok();
+    allocation_of(var("SLURM_ARRAY_JOB_ID"), var("SLURM_ARRAY_TASK_ID"), var("SLURM_JOB_ID"))
+}
+
+/// [`allocation_id`] from Slurm's variables (`"0"`: none that is a number).
+fn allocation_of(array_job: Option<String>, task: Option<String>, job: Option<String>) -> String {
+    let number =
+        |v: Option<String>| v.filter(|v| !v.is_empty() && v.len() <= 20 && v.bytes().all(|b| b.is_ascii_digit()));
+    match (number(array_job), number(task)) {
         (Some(a), Some(t)) => format!("{a}_{t}"),
-        _ => var("SLURM_JOB_ID").unwrap_or_else(|| "0".into()),
+        _ => number(job).unwrap_or_else(|| "0".into()),
     }
 }
 
@@ -220,10 +223,14 @@ fn step_aside(stop: Stop, rest: &[impl AsRef<Path>], ran: usize) {
         tracing::info!("the allocation ends after {ran} calls: {why}; {left} calls left unclaimed");
         return;
     }
-    let Ok(job) = std::env::var("SLURM_JOB_ID") else {
+    // (this allocation alone: an array's element whose job id is the
+    // array's own id named by that id is every element of the array, and
+    // requeued the map's other allocations in the middle of their calls)
+    let job = allocation_id();
+    if job == "0" {
         tracing::warn!("{left} calls left unclaimed and no SLURM_JOB_ID to requeue");
         return;
-    };
+    }
     tracing::info!("the allocation steps aside after {ran} calls: {why}; {left} calls wait in Slurm's queue again");
     if let Err(e) = crate::slurm::ask("scontrol", &["requeue", &job], crate::slurm::DEADLINE) {
         tracing::warn!("{e}: {left} calls are left to the map's other allocations");
@@ -302,6 +309,14 @@ mod tests {
         if std::env::var_os("SLURM_JOB_ID").is_none() {
             assert_eq!(allocation_id(), "0");
         }
+        let s = |v: &str| Some(v.to_owned());
+        // The element whose job id is the array's own: its element form,
+        // never the bare id, which names every element of the array.
+        assert_eq!(allocation_of(s("30000082"), s("1"), s("30000082")), "30000082_1");
+        assert_eq!(allocation_of(s("30000082"), s("0"), s("30000085")), "30000082_0");
+        assert_eq!(allocation_of(None, None, s("512")), "512");
+        assert_eq!(allocation_of(s("7"), s("x"), s("9")), "9");
+        assert_eq!(allocation_of(None, None, s("1;rm")), "0");
     }
 
     #[test]

@@ -100,7 +100,8 @@ pub fn watch(shared: Arc<Shared>, job: String, partition: Option<String>, uid: u
         }
     }
     tokio::spawn(async move {
-        match until_free(&shared, &job, partition.as_deref(), uid).await {
+        let element = element_id(&job).await;
+        match until_free(&shared, &element, partition.as_deref(), uid).await {
             Ok(Watch::Hastened) => {
                 tracing::info!("Slurm job {job} stepped aside and the node it gave up is taken: eligible again at once")
             }
@@ -155,12 +156,14 @@ pub async fn keep_maps_moving(shared: Arc<Shared>) {
                 m.uid,
                 STALL.as_secs()
             );
-            if let Err(e) = scontrol(&["requeue", &m.job]).await {
+            // (by its element's id: an element whose job id is the
+            // array's own named by that id is every element of the array)
+            if let Err(e) = scontrol(&["requeue", &m.allocation]).await {
                 tracing::warn!("Slurm job {}: {e}", m.job);
                 continue;
             }
             seen.remove(&m.job);
-            watch(shared.clone(), m.job.clone(), Some(m.partition.clone()), m.uid);
+            watch(shared.clone(), m.allocation.clone(), Some(m.partition.clone()), m.uid);
         }
     }
 }
@@ -235,11 +238,23 @@ struct Map {
     /// Seconds its current run has lasted (squeue's `%M`, which starts
     /// again when a requeued allocation starts again); `None` unread.
     ran_secs: Option<u64>,
+    /// Its own id for Slurm's commands (squeue's `%i`): `<array>_<task>`
+    /// for an array's element, else the job id.
+    allocation: String,
 }
 
 async fn squeue_maps(node: &str) -> Result<Vec<Map>, SlurmError> {
     // (STOPPED: `scancel --signal=STOP --batch` makes Slurm say so)
-    let argv = ["squeue", "-h", "-t", "RUNNING,STOPPED", "-w", node, "-o", "%A|%U|%P|%M"];
+    let argv = [
+        "squeue",
+        "-h",
+        "-t",
+        "RUNNING,STOPPED",
+        "-w",
+        node,
+        "-o",
+        "%A|%U|%P|%M|%i",
+    ];
     Ok(maps_in(&slurm(&argv).await?))
 }
 
@@ -252,17 +267,19 @@ fn maps_in(squeue: &str) -> Vec<Map> {
 fn map_of(line: &str) -> Option<Map> {
     let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
     let f: Vec<&str> = line.trim().split('|').collect();
-    let [job, uid, partition, used] = f[..] else {
+    let [job, uid, partition, used, id] = f[..] else {
         return None;
     };
     if !digits(job) || partition.is_empty() || partition.len() > 64 {
         return None;
     }
+    let element = id.split_once('_').is_some_and(|(a, t)| digits(a) && digits(t));
     Some(Map {
         job: job.to_owned(),
         uid: uid.parse().ok()?,
         partition: partition.to_owned(),
         ran_secs: used_secs(used),
+        allocation: if element { id } else { job }.to_owned(),
     })
 }
 
@@ -279,6 +296,27 @@ fn used_secs(s: &str) -> Option<u64> {
         _ => return None,
     };
     Some(days * 86_400 + secs)
+}
+
+/// The id Slurm's commands take for job `job` alone: `<array>_<task>` for
+/// an array's element (the element whose job id is the array's own, named
+/// by that id, is every element of the array), else `job` itself.
+async fn element_id(job: &str) -> String {
+    if job.contains('_') {
+        return job.to_owned();
+    }
+    let answer = slurm(&["squeue", "-h", "-t", "all", "-j", job, "-o", "%A|%i"]).await;
+    answer.ok().and_then(|a| element_in(&a, job)).unwrap_or_else(|| job.to_owned())
+}
+
+/// From squeue's `job|id` lines, the id of job `job`'s own line.
+fn element_in(squeue: &str, job: &str) -> Option<String> {
+    squeue.lines().find_map(|l| {
+        let (j, id) = l.trim().split_once('|')?;
+        let ok = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+        let element = id.split_once('_').is_some_and(|(a, t)| ok(a) && ok(t));
+        (j == job && element).then(|| id.to_owned())
+    })
 }
 
 /// Looks at the job every [`STEP`] until it is requeued and nobody else
@@ -346,24 +384,35 @@ mod tests {
 
     #[test]
     fn the_jobs_on_a_node() {
-        let out = "512|2001|delegate|0:05\n514|2002|gpu|1-02:03:04\ngarbage\n1|x|p|0:01\n5|6||0:01\n516|2003|d|?\n";
+        let out = "512|2001|delegate|0:05|512\n514|2002|gpu|1-02:03:04|30000082_1\ngarbage\n1|x|p|0:01|1\n\
+                   5|6||0:01|5\n516|2003|d|?|516_x\n";
         let maps = maps_in(out);
-        let jobs: Vec<(&str, u32, &str, Option<u64>)> = maps
+        let jobs: Vec<(&str, u32, &str, Option<u64>, &str)> = maps
             .iter()
-            .map(|m| (m.job.as_str(), m.uid, m.partition.as_str(), m.ran_secs))
+            .map(|m| (m.job.as_str(), m.uid, m.partition.as_str(), m.ran_secs, m.allocation.as_str()))
             .collect();
         assert_eq!(
             jobs,
             vec![
-                ("512", 2001, "delegate", Some(5)),
-                ("514", 2002, "gpu", Some(93_784)),
-                ("516", 2003, "d", None)
+                ("512", 2001, "delegate", Some(5), "512"),
+                // (an array's element: its own id, never the array's)
+                ("514", 2002, "gpu", Some(93_784), "30000082_1"),
+                ("516", 2003, "d", None, "516")
             ]
         );
         assert!(maps_in("").is_empty());
         assert_eq!(used_secs("12:34"), Some(754));
         assert_eq!(used_secs("1:00:00"), Some(3600));
         assert_eq!(used_secs("5"), None);
+    }
+
+    #[test]
+    fn an_arrays_element_is_named_by_its_own_id() {
+        let out = "30000085|30000082_0\n30000082|30000082_1\n";
+        assert_eq!(element_in(out, "30000082").as_deref(), Some("30000082_1"));
+        assert_eq!(element_in(out, "30000085").as_deref(), Some("30000082_0"));
+        assert_eq!(element_in("512|512\n", "512"), None, "a job of its own keeps its id");
+        assert_eq!(element_in("7|7_x;rm\n", "7"), None);
     }
 
     #[test]
