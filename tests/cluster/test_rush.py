@@ -6,7 +6,7 @@ and one or two single calls (one through delegate.Executor, the others from
 Python or the CLI) from their own account on the user node, while the
 flooder submits 200 calls of `echo`. Every call completes exactly once:
 its state, the token it returned or printed once, and Slurm keeps none of
-them (calls that ran a second attempt are counted and printed). No assertion on time (the rush's
+them, and none ran a second attempt. No assertion on time (the rush's
 figures are bench/rush.sh's).
 
 Run by tests/run.sh as root, on the stack the stage's suites share
@@ -120,15 +120,16 @@ def test_a_short_rush_loses_nothing_and_runs_nothing_twice(stack, tmp_path):
     twice = [t for t, k in Counter(c["want"] for c in calls).items() if k > 1]
     assert not twice, twice
     assert len({c["id"] for c in calls}) == len(calls)
-    # Calls whose history says they ran again (a second attempt, its result
-    # the call's one result) are counted, not refused: on this stack, with
-    # no machine lost, about one map call in a run has had a second attempt
-    # ("worker1 was lost"), an open finding of issue 53 (the closing note
-    # of stop 65).
+    # No call ran a second attempt: no machine is lost here. (One map call
+    # in three of five runs did, "worker1 was lost", until a map's
+    # allocation that stepped aside requeued its own array element only:
+    # the element whose job id is the array's own requeued every element,
+    # the sibling mid-call included. The daemons' logs are kept when one
+    # does.)
     again = [c for c in calls if "ran again" in (c.get("reason") or "")]
-    print(f"short rush: {len(again)} call(s) ran again: {[c['reason'] for c in again][:3]}")
     if again:
         keep_logs(again)
+    assert not again, f"{len(again)} call(s) ran again with no machine lost: {again[:3]}"
     # Slurm keeps nothing of the rush waiting or running.
     left = on("head", "squeue", "-h", "-o", "%i %u %T", quiet=True).stdout.split("\n")
     ours = [ln for ln in left if ln.split()[1:2] and ln.split()[1].startswith("rush-")]
