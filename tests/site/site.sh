@@ -191,11 +191,14 @@ start_agent() {
         || die "c1: the agent did not open /run/delegate/agent.sock: $(on c1 tail -n 20 /var/log/delegate/agent.log)"
 }
 
-# wait_socket NODE PATH: PATH is a socket on NODE within 10 s (polled).
+# wait_socket NODE PATH: until PATH is a socket on NODE; 1 when it is not
+# one after 10 s.
 wait_socket() {
-    local _
-    for _ in $(seq 40); do on "$1" test -S "$2" && return 0; sleep 0.25; done
-    return 1
+    local deadline=$((SECONDS + 10))
+    until on "$1" test -S "$2"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.25
+    done
 }
 
 # start_place: ctl's place helper as delegate-place.service starts it (no
