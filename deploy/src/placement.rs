@@ -176,6 +176,15 @@ mod tests {
 
     const TWO: &str = "1 n1 m1\n2 n2 m2\n";
 
+    /// Settings with placement, `workers` workers and `slots` slots.
+    fn placed(workers: &str, slots: &str) -> Settings {
+        settings(&[
+            ("DELEGATE_STACK_PLACEMENT", "1"),
+            ("DELEGATE_STACK_WORKERS", workers),
+            ("DELEGATE_STACK_SLOTS", slots),
+        ])
+    }
+
     #[test]
     fn machines_are_read_from_the_labels_and_sorted() {
         let m = machines("2 id2 host-b\n\n1 id1 host-a\nx id3 host-c\n0 id4 h\n1000 id5 h\n");
@@ -210,11 +219,7 @@ mod tests {
 
     #[test]
     fn placement_runs_the_machines_within_the_slots() {
-        let s = settings(&[
-            ("DELEGATE_STACK_PLACEMENT", "1"),
-            ("DELEGATE_STACK_WORKERS", "2"),
-            ("DELEGATE_STACK_SLOTS", "3"),
-        ]);
+        let s = placed("2", "3");
         let p = place(&s, &machines("1 a m1\n2 b m2\n4 d m4\n")).unwrap();
         assert_eq!(p.slots, 3);
         assert_eq!(p.workers, vec![1, 2]);
@@ -230,11 +235,7 @@ mod tests {
 
     #[test]
     fn placement_refuses_a_worker_without_its_machine() {
-        let s = settings(&[
-            ("DELEGATE_STACK_PLACEMENT", "1"),
-            ("DELEGATE_STACK_WORKERS", "3"),
-            ("DELEGATE_STACK_SLOTS", "3"),
-        ]);
+        let s = placed("3", "3");
         let p = place(&s, &machines("2 b m2\n")).unwrap();
         assert_eq!(
             p.refuse.as_deref(),
@@ -263,11 +264,7 @@ mod tests {
 
     #[test]
     fn the_lines_say_each_decision_once() {
-        let s = settings(&[
-            ("DELEGATE_STACK_PLACEMENT", "1"),
-            ("DELEGATE_STACK_WORKERS", "2"),
-            ("DELEGATE_STACK_SLOTS", "2"),
-        ]);
+        let s = placed("2", "2");
         let text = place(&s, &machines(TWO)).unwrap().lines();
         assert_eq!(
             text,

@@ -264,8 +264,17 @@ fn maps_in(squeue: &str) -> Vec<Map> {
     squeue.lines().filter_map(map_of).collect()
 }
 
+/// A Slurm job or task number as squeue prints it.
+fn digits(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `<array>_<task>`: an array element's own id.
+fn is_element(id: &str) -> bool {
+    id.split_once('_').is_some_and(|(a, t)| digits(a) && digits(t))
+}
+
 fn map_of(line: &str) -> Option<Map> {
-    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
     let f: Vec<&str> = line.trim().split('|').collect();
     let [job, uid, partition, used, id] = f[..] else {
         return None;
@@ -273,7 +282,7 @@ fn map_of(line: &str) -> Option<Map> {
     if !digits(job) || partition.is_empty() || partition.len() > 64 {
         return None;
     }
-    let element = id.split_once('_').is_some_and(|(a, t)| digits(a) && digits(t));
+    let element = is_element(id);
     Some(Map {
         job: job.to_owned(),
         uid: uid.parse().ok()?,
@@ -313,9 +322,7 @@ async fn element_id(job: &str) -> String {
 fn element_in(squeue: &str, job: &str) -> Option<String> {
     squeue.lines().find_map(|l| {
         let (j, id) = l.trim().split_once('|')?;
-        let ok = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
-        let element = id.split_once('_').is_some_and(|(a, t)| ok(a) && ok(t));
-        (j == job && element).then(|| id.to_owned())
+        (j == job && is_element(id)).then(|| id.to_owned())
     })
 }
 
