@@ -1,7 +1,8 @@
 #!/bin/bash
 # host-image.sh TAG -- the offline bundle's sandbox image, made from this
 # machine's own files (no registry, no network; docs/ml.md, "An offline GPU
-# check"): its Python with the standard library, a shell and a few tools,
+# check"): its Python (the program behind `python3`, a virtual
+# environment's too) with the standard library, a shell and a few tools,
 # the NVIDIA driver's user-space libraries and the real nvidia-smi (a
 # wrapper script such as `exec /usr/local/nvidia/bin/nvidia-smi` is
 # followed to the program it runs), the bundle's CUDA check, delegate's
@@ -16,6 +17,11 @@ WHEELS=/usr/share/delegate/wheels
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/delegate-host-image.XXXXXX")
 trap 'rm -rf -- "$WORK"' EXIT
 ROOT=$WORK/root
+# The Python: the real program behind `python3` (a virtual environment's
+# python3, as the GPU machine's PyTorch one, is a link to it), asked as
+# itself so that its paths are the ones the image's python3 sees: the
+# image has no pyvenv.cfg.
+PY=$(readlink -f -- "$(command -v python3)")
 # Every file put in the image, by its path here: ldd reads these, not the
 # copies (a noexec /tmp would make the copies "not a dynamic executable").
 SOURCES=$WORK/sources
@@ -58,18 +64,20 @@ driver_libs() {
 
 python_files() {
     local stdlib site
-    stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
-    put "$(command -v python3)"
+    stdlib=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+    put "$PY"
+    # The sandbox runs `python3` from the image's PATH.
+    [[ $PY == /usr/bin/python3 ]] || { install -d "$ROOT/usr/bin"; ln -sfn "$PY" "$ROOT/usr/bin/python3"; }
     tar -C / --exclude=test --exclude=tests --exclude=idlelib --exclude=tkinter --exclude=ensurepip \
         --exclude=__pycache__ --exclude=site-packages --exclude=dist-packages -cf - "${stdlib#/}" | tar -C "$ROOT" -xf -
     # delegate's sandbox side where this Python looks for packages.
-    site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+    site=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
     local whl
     for whl in "$WHEELS"/cloudpickle-*.whl "$WHEELS"/delegate-*.whl; do
         [[ -f $whl ]] || { echo "host-image.sh: no $whl" >&2; exit 1; }
         python3 -m zipfile -e "$whl" "$ROOT$site"
     done
-    say "python $(python3 -c 'import sys; print(sys.version.split()[0])'), delegate_sandbox and cloudpickle in $site"
+    say "python $("$PY" -c 'import sys; print(sys.version.split()[0])') ($PY), delegate_sandbox and cloudpickle in $site"
 }
 
 programs() {
@@ -99,7 +107,7 @@ programs() {
 # standard library's extension modules too), and the loader.
 closure() {
     local n=-1 f lib
-    find "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" -name '*.so' >>"$SOURCES"
+    find "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" -name '*.so' >>"$SOURCES"
     while :; do
         sort -u -o "$SOURCES" "$SOURCES"
         (($(wc -l <"$SOURCES") == n)) && break
@@ -124,10 +132,21 @@ skeleton() {
     chmod -R a+rX "$ROOT"
 }
 
+# loader_cache: the image's own ld.so.cache over the folders its libraries
+# are in (a driver folder such as /usr/local/nvidia/lib64 is none of the
+# loader's defaults).
+loader_cache() {
+    grep -E '\.so(\.[0-9.]+)?$' "$SOURCES" | xargs -r -n1 dirname | sort -u >"$ROOT/etc/ld.so.conf"
+    ldconfig -r "$ROOT" 2>/dev/null || true
+    [[ -s $ROOT/etc/ld.so.cache ]] || { echo "host-image.sh: ldconfig made no cache for the image" >&2; exit 1; }
+    chmod 0644 "$ROOT/etc/ld.so.conf" "$ROOT/etc/ld.so.cache"
+}
+
 python_files
 programs
 closure
 skeleton
+loader_cache
 say "$(du -sm "$ROOT" | cut -f1) MiB"
 tar --numeric-owner --owner=0 --group=0 -C "$ROOT" -c . \
     | docker import -c 'ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1' -m "delegate offline: this machine's files" - "$TAG" >/dev/null

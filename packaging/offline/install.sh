@@ -19,7 +19,8 @@
 #
 # What it does, in order (each step says what it did in the log):
 #   1. checks the machine: root, x86_64, glibc at least the bundle's, no
-#      Slurm of its own;
+#      Slurm of its own; an NVIDIA driver whose libraries only root's
+#      LD_LIBRARY_PATH names gets their folder in /etc/ld.so.conf.d;
 #   2. unpacks Slurm, munge, Docker's engine and their libraries into
 #      /opt/delegate-offline (its ELF files find their libraries there: the
 #      host's /usr/lib is never touched), links the commands into
@@ -78,6 +79,7 @@ preflight() {
         fail "this machine has a Slurm of its own: the bundle is for a bare machine (docs/existing-site.md is for a site's Slurm)"
     fi
     addresses
+    driver_libraries
     command -v python3 >/dev/null || echo "install.sh: no python3 here: the Python check and the sandbox image's Python will be missing"
     echo "1. machine: $(uname -r), glibc $have (needs $need), cgroup $(stat -fc %T /sys/fs/cgroup), $(nproc) CPUs"
 }
@@ -93,7 +95,36 @@ addresses() {
         ip addr add 10.254.254.1/32 dev delegate0 && ip link set delegate0 up
         python3 -c "$probe" 2>/dev/null && { echo "   network: only loopback here; added the dummy interface delegate0 (10.254.254.1)"; return 0; }
     fi
+    # A kernel without the dummy driver: the address on loopback itself
+    # (getaddrinfo ignores 127.0.0.1, not the interface).
+    if command -v ip >/dev/null && ip addr add 10.254.254.1/32 dev lo 2>/dev/null; then
+        python3 -c "$probe" 2>/dev/null && { echo "   network: only loopback here; added 10.254.254.1 to lo (no dummy interfaces in this kernel)"; return 0; }
+    fi
     fail "this machine has no network address but loopback, and Slurm 22.05 cannot listen without one: add an interface (ip link add delegate0 type dummy; ip addr add 10.254.254.1/32 dev delegate0; ip link set delegate0 up)"
+}
+
+# driver_libraries: the NVIDIA driver's libraries known to the system's
+# loader. A GPU machine may name them only on root's LD_LIBRARY_PATH (its
+# driver folder, say /usr/local/nvidia/lib64), but the root agent asks
+# nvidia-smi with a clean environment and the sandbox image takes what
+# ldconfig knows: their folders go into /etc/ld.so.conf.d.
+driver_libraries() {
+    local d dirs=() conf=/etc/ld.so.conf.d/delegate-nvidia.conf
+    ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so' && return 0
+    IFS=: read -ra dirs <<<"${LD_LIBRARY_PATH:-}"
+    for d in "${dirs[@]}" /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+        if [[ -n $d ]] && compgen -G "$d/libnvidia-ml.so*" >/dev/null; then echo "$d"; fi
+    done | awk '!seen[$0]++' >"$conf.new"
+    if [[ ! -s $conf.new ]]; then
+        rm -f "$conf.new"
+        return 0
+    fi
+    mv "$conf.new" "$conf"
+    # A read-only driver folder gets no links of ldconfig's: the cache is
+    # what counts.
+    ldconfig 2>/dev/null || true
+    ldconfig -p | grep -q 'libnvidia-ml\.so' || fail "the driver's libraries in $(tr '\n' ' ' <"$conf")are not found by ldconfig"
+    echo "   driver libraries: $(tr '\n' ' ' <"$conf")added to the loader's paths ($conf)"
 }
 
 # 2. Slurm, munge and the engine into the prefix, and their links.
@@ -215,5 +246,5 @@ cluster
 image_and_agent
 echo "=== installed; the log is $LOG"
 if ((CHECK)); then
-    exec "$PREFIX/share/gpu-check.sh" --student "$STUDENT" --log "$LOG"
+    exec "$PREFIX/share/gpu-check.sh" --student "$STUDENT" --logged-to "$LOG"
 fi
