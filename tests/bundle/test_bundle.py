@@ -33,6 +33,10 @@ BARE = "bundle-bare"
 # A wrapper as the issue's GPU machine had, and the "real" program it runs
 # (a copy of `true`: there is no driver here).
 WRAPPER = '#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n'
+# tests/bundle/gpu-machine.sh as the machine sees it.
+GPU_MACHINE = "/repo-tests/gpu-machine.sh"
+VENV = "/opt/torch/.venv"
+DRIVER_LIBS = "/usr/local/nvidia/lib64"
 
 
 def sh(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -52,7 +56,7 @@ def start(name: str, network: str) -> None:
         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
         "--security-opt", "systempaths=unconfined", "--device-cgroup-rule", "a *:* rwm",
         "--tmpfs", "/run", "--tmpfs", "/tmp", "-v", f"{name}-docker:/var/lib/docker",
-        "-v", f"{OUT}:/bundle:ro", BASE, "sleep", "infinity",
+        "-v", f"{OUT}:/bundle:ro", "-v", f"{REPO / 'tests/bundle'}:/repo-tests:ro", BASE, "sleep", "infinity",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     # What the machine's boot would have done: its cgroup hierarchies
@@ -82,16 +86,34 @@ def bundle():
 
 @pytest.fixture(scope="module")
 def machine(bundle):
+    # A driver library the system's loader does not know, named only by
+    # root's LD_LIBRARY_PATH, as on the GPU machine (a copy of zlib under
+    # the management library's name: nothing calls into it here).
+    fake = OUT / "libnvidia-ml.so.1"
+    r = sh("cp", "/usr/lib/x86_64-linux-gnu/libz.so.1", str(fake))
+    assert r.returncode == 0, r.stderr
+    r = sh("patchelf", "--set-soname", fake.name, str(fake))
+    assert r.returncode == 0, r.stderr
     sh("docker", "network", "create", "--internal", NET)
     start(MACHINE, NET)
     r = on(
         MACHINE,
-        f"install -d /usr/local/nvidia/bin && cp /usr/bin/true /usr/local/nvidia/bin/nvidia-smi "
-        f"&& printf '%s' '{WRAPPER}' >/usr/bin/nvidia-smi && chmod 0755 /usr/bin/nvidia-smi",
+        f"install -d /usr/local/nvidia/bin {DRIVER_LIBS} && cp /usr/bin/true /usr/local/nvidia/bin/nvidia-smi "
+        f"&& printf '%s' '{WRAPPER}' >/usr/bin/nvidia-smi && chmod 0755 /usr/bin/nvidia-smi "
+        f"&& cp /bundle/{fake.name} {DRIVER_LIBS}/",
     )
     assert r.returncode == 0, r.stderr
-    r = on(MACHINE, "/root/delegate-offline/install.sh --gpus standin:1 --check", timeout=900)
-    yield MACHINE, r
+    # The very command a lent GPU machine runs (docs/ml.md, "Tried on a real
+    # GPU"), with the stand-in for the GPU. Its python3 is a virtual
+    # environment's, first in root's PATH, as the GPU machine's PyTorch one.
+    r = on(
+        MACHINE,
+        f"python3 -m venv --without-pip {VENV} && PATH={VENV}/bin:$PATH LD_LIBRARY_PATH={DRIVER_LIBS} "
+        f"{GPU_MACHINE} /bundle/delegate-offline.tar /root/out --gpus standin:1",
+        timeout=900,
+    )
+    log = on(MACHINE, "cat /root/out/facts.txt /root/out/offline.log").stdout
+    yield MACHINE, subprocess.CompletedProcess(r.args, r.returncode, log, r.stdout + r.stderr)
     if os.environ.get("DELEGATE_BUNDLE_KEEP") != "1":
         stop(MACHINE)
         sh("docker", "network", "rm", NET)
@@ -111,17 +133,20 @@ def test_the_bundle_fits_a_gpu_machines_transfer(bundle):
 
 def test_install_and_check_pass_on_a_bare_debian_13_without_network(machine):
     name, r = machine
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
+    out = r.stdout  # the machine's facts and the one log
+    assert r.returncode == 0, (out + r.stderr)[-6000:]
     for step in ("1. machine:", "2. unpacked into /opt/delegate-offline", "3. delegate's packages:",
                  "4. cluster: gpubox idle gpu:1", "5. image delegate-sandbox:host"):  # fmt: skip
         assert step in out, f"{step!r} missing:\n{out[-6000:]}"
     passed = re.findall(r"^PASS (\d)\. ", out, re.M)
-    assert passed == ["1", "2", "3", "4", "5"], out[-6000:]
+    assert passed == ["1", "2", "3", "4", "5", "6", "7"], out[-6000:]
     assert "=== GPU check: all passed" in out
-    # The one log holds the install and the check.
-    log = on(name, "cat /var/log/delegate/offline.log").stdout
+    # The one log holds the install and the check, the machine's facts and
+    # the daemons' logs are beside it.
+    log = on(name, "cat /root/out/offline.log").stdout
     assert "=== delegate offline install" in log and "=== GPU check: all passed" in log
+    files = on(name, "cat /root/out/facts.txt; tar -tzf /root/out/logs.tar.gz").stdout
+    assert "cgroup: " in files and "etc/slurm/cgroup.conf" in files, files
     # The Python call's fingerprint names the GPU Slurm gave it.
     assert "fingerprint gpu: {" in log and "'device': '/dev/delegate-gpu0'" in log
 
@@ -134,6 +159,16 @@ def test_the_image_takes_the_real_nvidia_smi_behind_the_wrapper(machine):
             "python3", "-c", code)  # fmt: skip
     assert ls.returncode == 0, ls.stderr
     assert ls.stdout.strip() == "/usr/local/nvidia/bin/nvidia-smi b'\\x7fELF'", ls.stdout
+
+
+def test_the_drivers_libraries_on_ld_library_path_reach_the_loader_and_the_image(machine):
+    name, r = machine
+    assert f"driver libraries: {DRIVER_LIBS} added to the loader's paths" in r.stdout, r.stdout[-4000:]
+    assert "libnvidia-ml.so.1" in on(name, "ldconfig -p").stdout
+    code = "import ctypes; ctypes.CDLL('libnvidia-ml.so.1'); print('loaded')"
+    found = sh("docker", "exec", name, "docker", "run", "--rm", "--network", "none", "delegate-sandbox:host",
+               "python3", "-c", code)  # fmt: skip
+    assert found.stdout.strip() == "loaded", found.stdout + found.stderr
 
 
 def test_nothing_of_the_hosts_lib_is_replaced_and_slurm_finds_the_bundles(machine):
