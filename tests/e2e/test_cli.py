@@ -351,12 +351,13 @@ def varint(b: bytes, i: int) -> tuple[int, int]:
             return n, i
 
 
-def place_answer(raw: bytes) -> tuple[list[tuple[str, int]], str | None]:
+def place_answer(raw: bytes) -> tuple[list[tuple[str, int, int | None]], str | None]:
     """A place answer's frame (4-byte length, the `DLGT` header of kind P,
-    postcard): its places and why it has none."""
+    version 2, postcard): its places (job, jobs ahead, likely start in
+    seconds or None) and why it has none."""
     length = int.from_bytes(raw[:4], "little")
     body = raw[4 : 4 + length]
-    assert body[:4] == b"DLGT" and body[4:5] == b"P", body[:8]
+    assert body[:4] == b"DLGT" and body[4:5] == b"P" and body[6:8] == b"\x02\x00", body[:8]
     i = 8
     _, i = varint(body, i)  # as_of_ms
     n, i = varint(body, i)
@@ -365,7 +366,12 @@ def place_answer(raw: bytes) -> tuple[list[tuple[str, int]], str | None]:
         ln, i = varint(body, i)
         job = body[i : i + ln].decode()
         ahead, i = varint(body, i + ln)
-        places.append((job, ahead))
+        likely = None
+        if body[i] == 1:
+            likely, i = varint(body, i + 1)
+        else:
+            i += 1
+        places.append((job, ahead, likely))
     unavailable = None
     if body[i] == 1:
         ln, j = varint(body, i + 1)
@@ -452,3 +458,48 @@ def test_a_waiting_call_says_how_many_jobs_are_ahead(alice, bob):
     finally:
         alice.run("cancel", mine)
         bob.run("cancel", running, *his)
+
+
+def test_a_waiting_call_says_when_it_likely_starts_from_the_calls_seen_ending(alice, bob):
+    """Issue 56: once the place helper has seen calls end (here three of
+    Bob's of about 7 s, asked about as root while they ran: the helper
+    reads Slurm's queue at most every 5 s, when asked), a waiting call's
+    line says the helper's likely start, made of the running call's time
+    so far and those durations, not Slurm's latest start from the time
+    limits (which for a 10-minute limit says 10 minutes)."""
+
+    def ended_and_seen(call: str) -> bool:
+        sh("delegate-place", "--ask")
+        return bob.status(call)["state"] == "completed"
+
+    for _ in range(3):
+        short = bob.submit("sleep", "7", opts=("--time", "10m"))
+        testlib.wait_until("Bob's short call completed", lambda c=short: ended_and_seen(c), 90, 1)
+    running = bob.submit("sleep", "30", opts=("--time", "10m"))
+    bob.wait_started(running)
+    mine = alice.submit("true", opts=("--time", "10m"))
+    try:
+        seen = []
+
+        def helpers_words():
+            reason = alice.status(mine)["reason"]
+            seen.append(reason)
+            return "from the running calls and how long calls lasted lately" in reason
+
+        testlib.wait_until(
+            "Alice's line saying the helper's likely start", helpers_words, 60, 1, detail=lambda: seen[-3:]
+        )
+        assert re.search(
+            r"; likely to start (within a minute|in about \d+ min) \(from the running calls", seen[-1]
+        ), seen[-1]
+        # Root is told of every waiting job, with its likely start.
+        lines = sh("delegate-place", "--ask").stdout.split("\n")
+        sid = alice.status(mine)["slurm_id"]
+        assert any(ln.split()[:1] == [sid] and ln.split()[2].isdigit() for ln in lines if ln.strip()), lines
+        # Alice reading the socket raw: her own job, with its estimate.
+        raw = bytes.fromhex(alice.as_user("python3", "-c", ASK_PLACE).stdout.strip())
+        places, _ = place_answer(raw)
+        assert any(p[0] == sid and p[2] is not None for p in places), places
+    finally:
+        alice.run("cancel", mine)
+        bob.run("cancel", running)

@@ -57,6 +57,11 @@ def test_a_waiting_call_says_how_many_jobs_are_ahead():
         "(Slurm's estimate from the time limits of the jobs ahead)"
     )
     assert ahead.outcome == "pending — 37 jobs ahead, likely to start within 3 min"
+    helpers = future(
+        "waiting in Slurm's queue (Priority), 12 jobs ahead; likely to start in about 7 min "
+        "(from the running calls and how long calls lasted lately)"
+    )
+    assert helpers.outcome == "pending — 12 jobs ahead, likely to start in about 7 min"
     first = future("waiting in Slurm's queue (Resources), next in line; no estimate of its start yet (...)")
     assert first.outcome == "pending — next in line, no estimate of its start yet"
     one = future("waiting in Slurm's queue, 1 job ahead; cancellation requested")

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use delegate_protocol::agent::FrameBuf;
-use delegate_protocol::place::{PlaceAnswer, DEFAULT_PLACE_SOCKET, MAX_PLACE_BYTES, PLACE_SOCKET_ENV};
+use delegate_protocol::place::{Place, PlaceAnswer, DEFAULT_PLACE_SOCKET, MAX_PLACE_BYTES, PLACE_SOCKET_ENV};
 use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 
 /// How long the helper may take to answer.
@@ -45,9 +45,17 @@ pub fn socket_path() -> Option<PathBuf> {
         .map(|_| path)
 }
 
+/// Where one waiting job stands: the waiting jobs ahead of it, and when it
+/// will likely start (seconds since the epoch), when the helper could say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Standing {
+    pub ahead: u32,
+    pub likely_start: Option<u64>,
+}
+
 /// Each of the caller's waiting jobs (Slurm id as `squeue --array` prints
-/// it) with the number of waiting jobs ahead of it.
-pub fn ask(path: &Path) -> Result<HashMap<String, u32>, PlaceError> {
+/// it) and where it stands.
+pub fn ask(path: &Path) -> Result<HashMap<String, Standing>, PlaceError> {
     let shown = path.display().to_string();
     let connect_err = |source| PlaceError::Connect { path: shown.clone(), source };
     // (non-blocking: a helper whose backlog is full is no answer, not a wait)
@@ -81,14 +89,18 @@ pub fn ask(path: &Path) -> Result<HashMap<String, u32>, PlaceError> {
     if let Some(why) = answer.unavailable {
         return Err(PlaceError::Unavailable(why));
     }
-    Ok(answer.places.into_iter().map(|p| (p.job, p.ahead)).collect())
+    let read_at = answer.as_of_ms / 1000;
+    let standing = |p: &Place| Standing {
+        ahead: p.ahead,
+        likely_start: p.likely_in_s.map(|s| read_at.saturating_add(u64::from(s))),
+    };
+    Ok(answer.places.iter().map(|p| (p.job.clone(), standing(p))).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use delegate_protocol::agent::frame;
-    use delegate_protocol::place::Place;
     use std::io::Write;
     use std::os::unix::net::UnixListener;
 
@@ -107,14 +119,27 @@ mod tests {
     #[test]
     fn the_answer_names_each_waiting_job_and_its_place() {
         let a = PlaceAnswer {
-            as_of_ms: 1,
-            places: vec![Place { job: "7_2".into(), ahead: 37 }],
+            as_of_ms: 1_000_000,
+            places: vec![
+                Place {
+                    job: "7_2".into(),
+                    ahead: 37,
+                    likely_in_s: Some(90),
+                },
+                Place {
+                    job: "8".into(),
+                    ahead: 38,
+                    likely_in_s: None,
+                },
+            ],
             unavailable: None,
         };
         let (_d, path, t) = serve_once(frame(&a).expect("frame"));
         let got = ask(&path).expect("answer");
         t.join().expect("server");
-        assert_eq!(got.get("7_2"), Some(&37));
+        // The likely start counts from the helper's read of the queue.
+        assert_eq!(got["7_2"], Standing { ahead: 37, likely_start: Some(1_090) });
+        assert_eq!(got["8"], Standing { ahead: 38, likely_start: None });
     }
 
     #[test]

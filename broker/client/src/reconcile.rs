@@ -71,9 +71,10 @@ fn with_places(
     };
     match crate::place::ask(&path) {
         Ok(places) => {
-            for (job, ahead) in places {
+            for (job, standing) in places {
                 if let Some(j) = q.get_mut(&job) {
-                    j.ahead = Some(ahead);
+                    j.ahead = Some(standing.ahead);
+                    j.likely_start = standing.likely_start;
                 }
             }
         }

@@ -264,7 +264,10 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
             } else {
                 "waiting in Slurm's queue"
             };
-            let when = likely_start(j.expected_start, f.now_secs);
+            let when = j.likely_start.map_or_else(
+                || likely_start(j.expected_start, f.now_secs),
+                |t| likely_start_of_the_helper(t, f.now_secs),
+            );
             let place = j.ahead.map(place_words).unwrap_or_default();
             live(State::Pending, format!("{what}{why}{place}; {when}{note}"))
         }
@@ -317,6 +320,19 @@ pub fn likely_start(expected: Option<u64>, now: u64) -> String {
         None => "no estimate of its start yet (Slurm's scheduler has not placed it)".to_owned(),
     }
 }
+
+/// When a waiting job will likely start, from the place helper's estimate
+/// (the running jobs ending as the jobs it saw end lately lasted, the jobs
+/// ahead each lasting as long): a likely start, not a bound.
+pub fn likely_start_of_the_helper(t: u64, now: u64) -> String {
+    if t <= now + 60 {
+        return format!("{LIKELY} within a minute ({HELPERS_BASIS})");
+    }
+    format!("{LIKELY} in about {} ({HELPERS_BASIS})", in_words(t - now))
+}
+
+/// What the helper's estimate is made of, in the line's words.
+const HELPERS_BASIS: &str = "from the running calls and how long calls lasted lately";
 
 /// Where a waiting job stands, after "waiting in Slurm's queue": its
 /// number of waiting jobs ahead (the place helper's count).
@@ -482,6 +498,7 @@ mod tests {
             nodes: String::new(),
             expected_start: None,
             ahead: None,
+            likely_start: None,
         }
     }
 
@@ -615,6 +632,26 @@ mod tests {
             "likely to start within a minute (Slurm's estimate)"
         );
         assert!(likely_start(Some(now + 2 * 3600 + 61), now).contains("within 2 h 2 min"));
+        // The place helper's likely start, when it made one, comes first.
+        p.likely_start = Some(now + 400);
+        p.ahead = Some(12);
+        let f = Facts {
+            now_secs: now,
+            ..facts(SlurmView::Present(&p))
+        };
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "waiting in Slurm's queue (Resources), 12 jobs ahead; likely to start in about 7 min \
+                         (from the running calls and how long calls lasted lately)"
+                    .into()
+            }
+        );
+        assert_eq!(
+            likely_start_of_the_helper(now + 20, now),
+            "likely to start within a minute (from the running calls and how long calls lasted lately)"
+        );
     }
 
     #[test]

@@ -1,13 +1,19 @@
 //! The place helper's logic: from one read of Slurm's queue (every user's
 //! jobs, as Slurm's user sees them), where each waiting job of one user
-//! stands ([`places`]), and a snapshot of the queue read again at most
-//! every few seconds however many students ask ([`Snapshot`]). The binary
-//! (`src/main.rs`) only wires it to its socket.
+//! stands ([`places`]) and when it will likely start ([`estimate`]), and a
+//! snapshot of the queue read again at most every few seconds however many
+//! students ask ([`Snapshot`]). The binary (`src/main.rs`) only wires it to
+//! its socket.
 
+pub mod estimate;
+
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use delegate_client::slurm::usage::QueuedJob;
 use delegate_protocol::place::{Place, PlaceAnswer, MAX_PLACES};
+
+use crate::estimate::{likely_starts, Durations};
 
 /// Reasons of waiting jobs that Slurm will not start by priority alone:
 /// held, or waiting for a time or for another job. Not counted ahead.
@@ -26,14 +32,22 @@ fn in_line(j: &QueuedJob) -> bool {
 /// The waiting jobs of `user` (a name, or a uid as squeue prints one it
 /// cannot name) in `queue` (Slurm's order: [`QueuedJob`]s as
 /// `Slurm::queue_all` sorts them), each with the number of waiting jobs
-/// in line before it. At most [`MAX_PLACES`].
-pub fn places(queue: &[QueuedJob], user: &str, uid: u32) -> Vec<Place> {
+/// in line before it and its likely start in `starts` (seconds, by job).
+/// Root (uid 0, the instructor on the machine and the rush benchmark) is
+/// told of every waiting job. At most [`MAX_PLACES`].
+pub fn places(queue: &[QueuedJob], starts: &HashMap<String, u64>, user: &str, uid: u32) -> Vec<Place> {
+    let everyone = uid == 0;
     let uid = uid.to_string();
     let mut ahead: u32 = 0;
     let mut out = Vec::new();
     for j in queue.iter().filter(|j| j.state == "PENDING") {
-        if (j.user == user || j.user == uid) && out.len() < MAX_PLACES {
-            out.push(Place { job: j.job_id.clone(), ahead });
+        if (everyone || j.user == user || j.user == uid) && out.len() < MAX_PLACES {
+            let likely_in_s = starts.get(&j.job_id).map(|&s| u32::try_from(s).unwrap_or(u32::MAX));
+            out.push(Place {
+                job: j.job_id.clone(),
+                ahead,
+                likely_in_s,
+            });
         }
         if in_line(j) {
             ahead = ahead.saturating_add(1);
@@ -42,13 +56,23 @@ pub fn places(queue: &[QueuedJob], user: &str, uid: u32) -> Vec<Place> {
     out
 }
 
+/// One read of Slurm's queue and the likely starts it gives.
+struct Read {
+    at: Instant,
+    at_ms: u64,
+    queue: Result<Vec<QueuedJob>, String>,
+    starts: HashMap<String, u64>,
+}
+
 /// The last read of Slurm's queue, read again when it is older than
 /// `every` (a failed read is kept as long: Slurm is not asked more often
-/// when it fails).
+/// when it fails), and the durations of the jobs seen ending over the
+/// reads.
 pub struct Snapshot<F> {
     read: F,
     every: Duration,
-    last: Option<(Instant, u64, Result<Vec<QueuedJob>, String>)>,
+    last: Option<Read>,
+    durations: Durations,
 }
 
 impl<F> Snapshot<F>
@@ -56,28 +80,49 @@ where
     F: FnMut() -> Result<Vec<QueuedJob>, String>,
 {
     pub fn new(read: F, every: Duration) -> Self {
-        Snapshot { read, every, last: None }
+        Snapshot {
+            read,
+            every,
+            last: None,
+            durations: Durations::default(),
+        }
     }
 
     /// The answer for `user` (`uid`), from a queue at most `every` old.
     pub fn answer(&mut self, user: &str, uid: u32) -> PlaceAnswer {
-        let stale = self.last.as_ref().is_none_or(|(at, _, _)| at.elapsed() >= self.every);
+        let stale = self.last.as_ref().is_none_or(|r| r.at.elapsed() >= self.every);
         if stale {
-            let read = (self.read)();
-            self.last = Some((Instant::now(), delegate_protocol::now_ms(), read));
+            self.last = Some(self.read_again());
         }
         match &self.last {
-            Some((_, ms, Ok(queue))) => PlaceAnswer {
-                as_of_ms: *ms,
-                places: places(queue, user, uid),
+            Some(Read { at_ms, queue: Ok(queue), starts, .. }) => PlaceAnswer {
+                as_of_ms: *at_ms,
+                places: places(queue, starts, user, uid),
                 unavailable: None,
             },
-            Some((_, ms, Err(why))) => PlaceAnswer {
-                as_of_ms: *ms,
+            Some(Read { at_ms, queue: Err(why), .. }) => PlaceAnswer {
+                as_of_ms: *at_ms,
                 places: Vec::new(),
                 unavailable: Some(why.clone()),
             },
             None => PlaceAnswer::default(),
+        }
+    }
+
+    fn read_again(&mut self) -> Read {
+        let queue = (self.read)();
+        let starts = match &queue {
+            Ok(q) => {
+                self.durations.observe(q);
+                likely_starts(q, self.durations.typical(), in_line)
+            }
+            Err(_) => HashMap::new(),
+        };
+        Read {
+            at: Instant::now(),
+            at_ms: delegate_protocol::now_ms(),
+            queue,
+            starts,
         }
     }
 }
@@ -111,19 +156,38 @@ mod tests {
             job("6", "ann", "PENDING", "Priority"),
             job("7", "2001", "PENDING", "Priority"),
         ];
-        let ann = places(&q, "ann", 1000);
+        let none = HashMap::new();
+        let ann = places(&q, &none, "ann", 1000);
         assert_eq!(
             ann,
             vec![
-                Place { job: "3".into(), ahead: 1 },
+                Place {
+                    job: "3".into(),
+                    ahead: 1,
+                    likely_in_s: None
+                },
                 // (ben's held one is not in line; ann's own is)
-                Place { job: "6".into(), ahead: 4 },
+                Place {
+                    job: "6".into(),
+                    ahead: 4,
+                    likely_in_s: None
+                },
             ]
         );
         // A user squeue could not name is found by uid; nobody else's
         // jobs are ever listed.
-        assert_eq!(places(&q, "dee", 2001), vec![Place { job: "7".into(), ahead: 5 }]);
-        assert_eq!(places(&q, "eve", 3000), vec![]);
+        assert_eq!(
+            places(&q, &none, "dee", 2001),
+            vec![Place {
+                job: "7".into(),
+                ahead: 5,
+                likely_in_s: None
+            }]
+        );
+        assert_eq!(places(&q, &none, "eve", 3000), vec![]);
+        // Root is told of every waiting job.
+        let all: Vec<String> = places(&q, &none, "root", 0).into_iter().map(|p| p.job).collect();
+        assert_eq!(all, ["2", "3", "4", "5_0", "5_1", "6", "7"]);
     }
 
     #[test]
@@ -138,10 +202,67 @@ mod tests {
         );
         for _ in 0..100 {
             let a = snap.answer("ann", 1000);
-            assert_eq!(a.places, vec![Place { job: "9".into(), ahead: 0 }]);
+            assert_eq!(
+                a.places,
+                vec![Place {
+                    job: "9".into(),
+                    ahead: 0,
+                    likely_in_s: None
+                }]
+            );
         }
         drop(snap);
         assert_eq!(reads, 1);
+    }
+
+    #[test]
+    fn a_likely_start_comes_once_the_helper_has_seen_jobs_end() {
+        let run = |id: &str, user: &str, t: &str| QueuedJob {
+            time: t.into(),
+            time_limit: "10:00".into(),
+            ..job(id, user, "RUNNING", "None")
+        };
+        let wait = |id: &str, user: &str| QueuedJob {
+            time_limit: "10:00".into(),
+            ..job(id, user, "PENDING", "Priority")
+        };
+        // Three jobs of 30 s seen ending, one after the other, while ann's
+        // job waits behind ben's.
+        let reads = [
+            vec![run("1", "ben", "0:30"), wait("9", "ben"), wait("10", "ann")],
+            vec![run("2", "ben", "0:30"), wait("9", "ben"), wait("10", "ann")],
+            vec![run("3", "ben", "0:30"), wait("9", "ben"), wait("10", "ann")],
+            vec![run("4", "ben", "0:10"), wait("9", "ben"), wait("10", "ann")],
+        ];
+        let mut n = 0;
+        let mut snap = Snapshot::new(
+            || {
+                n += 1;
+                Ok(reads[(n - 1).min(reads.len() - 1)].clone())
+            },
+            Duration::ZERO,
+        );
+        let first = snap.answer("ann", 1000);
+        assert_eq!(
+            first.places,
+            vec![Place {
+                job: "10".into(),
+                ahead: 1,
+                likely_in_s: None
+            }]
+        );
+        snap.answer("ann", 1000);
+        snap.answer("ann", 1000);
+        // Typical 30 s: 4 ends in 20 s, ben's 9 runs until 50, ann's starts.
+        let later = snap.answer("ann", 1000);
+        assert_eq!(
+            later.places,
+            vec![Place {
+                job: "10".into(),
+                ahead: 1,
+                likely_in_s: Some(50)
+            }]
+        );
     }
 
     #[test]

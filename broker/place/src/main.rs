@@ -33,6 +33,35 @@ struct Args {
     /// start it: the path is written once, in delegate_protocol::place).
     #[arg(long)]
     print_socket: bool,
+    /// Ask the helper listening on --socket instead, and print the caller's
+    /// waiting jobs (root: every one), a line each: job, jobs ahead, likely
+    /// start (seconds since the epoch, `-` when none).
+    #[arg(long, conflicts_with = "print_socket")]
+    ask: bool,
+}
+
+/// `--ask`: the helper's answer for this caller, as lines.
+fn ask(socket: &Path) -> ExitCode {
+    match delegate_client::place::ask(socket) {
+        Ok(places) => {
+            let mut lines: Vec<String> = places
+                .into_iter()
+                .map(|(job, s)| {
+                    let at = s.likely_start.map_or_else(|| "-".to_owned(), |t| t.to_string());
+                    format!("{job} {} {at}", s.ahead)
+                })
+                .collect();
+            lines.sort();
+            for l in lines {
+                println!("{l}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("delegate-place: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +126,9 @@ fn main() -> ExitCode {
     if args.print_socket {
         println!("{}", args.socket.display());
         return ExitCode::SUCCESS;
+    }
+    if args.ask {
+        return ask(&args.socket);
     }
     let listener = match bind(&args.socket) {
         Ok(l) => l,

@@ -140,6 +140,10 @@ pub struct SlurmJob {
     /// when the place helper told (`crate::place`; students cannot see
     /// other users' jobs).
     pub ahead: Option<u32>,
+    /// While it waits: when it will likely start (seconds since the epoch),
+    /// the place helper's estimate from the running jobs and how long jobs
+    /// lasted lately, when it could make one.
+    pub likely_start: Option<u64>,
 }
 
 /// Where a Slurm state is in a job's life.
@@ -294,6 +298,7 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
                 nodes: nodes.to_owned(),
                 expected_start,
                 ahead: None,
+                likely_start: None,
             },
         );
     }
@@ -411,6 +416,7 @@ mod tests {
                 nodes: String::new(),
                 expected_start: None,
                 ahead: None,
+                likely_start: None,
             }
         );
         assert_eq!(m["13"].state, SlurmState::Running);
@@ -426,6 +432,7 @@ mod tests {
                 nodes: String::new(),
                 expected_start: None,
                 ahead: None,
+                likely_start: None,
             }
         );
         assert_eq!(m["19"].state, SlurmState::Cancelled);

@@ -177,6 +177,39 @@ pub struct QueuedJob {
     pub submitted: String,
 }
 
+impl QueuedJob {
+    /// How long it has run, in seconds (None: not a clock squeue prints).
+    pub fn elapsed_secs(&self) -> Option<u64> {
+        clock_secs(&self.time)
+    }
+
+    /// Its time limit, in seconds (None: UNLIMITED, or not a clock).
+    pub fn limit_secs(&self) -> Option<u64> {
+        clock_secs(&self.time_limit)
+    }
+}
+
+/// Seconds of a time as squeue prints one (`%M`, `%l`): `S`, `M:SS`,
+/// `H:MM:SS` or `D-H:MM:SS`; None for anything else (`UNLIMITED`,
+/// `INVALID`, `N/A`).
+pub fn clock_secs(s: &str) -> Option<u64> {
+    let (days, clock) = match s.trim().split_once('-') {
+        Some((d, c)) => (d.parse::<u64>().ok()?, c),
+        None => (0, s.trim()),
+    };
+    let parts: Vec<u64> = clock.split(':').map(|p| p.parse::<u64>().ok()).collect::<Option<_>>()?;
+    let (h, m, sec) = match parts[..] {
+        [sec] => (0, 0, sec),
+        [m, sec] => (0, m, sec),
+        [h, m, sec] => (h, m, sec),
+        _ => return None,
+    };
+    days.checked_mul(86_400)?
+        .checked_add(h.checked_mul(3_600)?)?
+        .checked_add(m.checked_mul(60)?)?
+        .checked_add(sec)
+}
+
 /// Parses `squeue --all --array --noheader --format=SQUEUE_FORMAT`; bad
 /// lines are skipped with a warning. Sorted: running first, then pending by
 /// priority (highest first, as Slurm will start them).
@@ -238,6 +271,27 @@ pub fn caller_is_admin(group: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn squeues_clocks_are_read_and_its_words_are_not() {
+        assert_eq!(clock_secs("0:07"), Some(7));
+        assert_eq!(clock_secs("12:34"), Some(754));
+        assert_eq!(clock_secs("1:00:00"), Some(3_600));
+        assert_eq!(clock_secs("2-03:04:05"), Some(2 * 86_400 + 3 * 3_600 + 4 * 60 + 5));
+        assert_eq!(clock_secs("45"), Some(45));
+        for bad in [
+            "UNLIMITED",
+            "INVALID",
+            "N/A",
+            "",
+            "1:2:3:4",
+            "-1:00",
+            "1-",
+            "99999999999999999999-0:00",
+        ] {
+            assert_eq!(clock_secs(bad), None, "{bad}");
+        }
+    }
 
     // Real `sacct --allusers -X --noheader --parsable2 --format=...` output
     // of the development cluster, plus odd lines.
