@@ -345,10 +345,32 @@ def _expected_starts() -> tuple[float, dict[str, int]]:
     return at, out
 
 
-def estimate_errors(first_seen: dict[str, list[float]], allocations: list[list[str]]) -> dict:
-    """How far off Slurm's expected starts were: for each job that had one
+def _helper_starts() -> tuple[float, dict[str, int]]:
+    """The place helper's likely start of each waiting job now (the
+    estimate a waiting student's line says when the helper made one: issue
+    56), by job id as squeue --array prints it, asked as root on the user
+    node (`delegate-place --ask`: root is told of every job)."""
+    at = time.time()
+    r = subprocess.run(
+        ["docker", "exec", _cid("user"), "delegate-place", "--ask"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    out = {}
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[2].isdigit():
+            out[f[0]] = int(f[2])
+    return at, out
+
+
+def estimate_errors(
+    first_seen: dict[str, list[float]], allocations: list[list[str]], prefix: str = ""
+) -> dict:
+    """How far off the expected starts were: for each job that had one
     while it waited (the first one seen), its start (sacct) minus that
-    estimate, in seconds (negative: it started earlier)."""
+    estimate, in seconds (negative: it started earlier). A job is named as
+    sacct names it (`123`, or `123_4` for an array's element); `prefix`
+    names the source in the keys."""
     started = {}
     for job, _submit, start, _end, _nodes in allocations:
         if start.strip().isdigit():
@@ -356,10 +378,10 @@ def estimate_errors(first_seen: dict[str, list[float]], allocations: list[list[s
     signed = [started[j] - est for j, (_at, est) in first_seen.items() if j in started]
     absolute = [abs(x) for x in signed]
     return {
-        "estimates": len(signed),
-        "estimate_abs_err_p50": _pct(absolute, 0.5),
-        "estimate_abs_err_p90": _pct(absolute, 0.9),
-        "estimate_signed_err_p50": _pct(signed, 0.5),
+        f"{prefix}estimates": len(signed),
+        f"{prefix}estimate_abs_err_p50": _pct(absolute, 0.5),
+        f"{prefix}estimate_abs_err_p90": _pct(absolute, 0.9),
+        f"{prefix}estimate_signed_err_p50": _pct(signed, 0.5),
     }
 
 
@@ -402,12 +424,16 @@ def phase(name: str, outdir: str) -> None:
         futs = [pool.submit(one, u) for u in plan]
         samples = []
         first_seen: dict[str, list[float]] = {}
+        first_helper: dict[str, list[float]] = {}
         while not all(f.done() for f in futs):
             time.sleep(10)
             samples.append(_sdiag())
             at, starts = _expected_starts()
             for job, est in starts.items():
                 first_seen.setdefault(job, [at, est])
+            at, starts = _helper_starts()
+            for job, est in starts.items():
+                first_helper.setdefault(job, [at, est])
         problems = [f.result() for f in futs if f.result()[1] != 0]
     t1 = time.time()
     cpu1 = _cpu()
@@ -431,6 +457,7 @@ def phase(name: str, outdir: str) -> None:
         "head_mem_peak": int(head_peak.read_text()) if head_peak else None,
         "allocations": _sacct_allocations(t0),
         "first_estimates": first_seen,
+        "first_helper_estimates": first_helper,
         "lifecycle_s": float(os.environ.get("RUSH_LIFECYCLE_S", "nan")),
         "cpus": os.cpu_count(),
         "problems": problems,
@@ -661,6 +688,7 @@ def summarize(data: dict) -> dict:
         "waits": waits,
         "problems": meta["problems"],
         **estimate_errors(meta.get("first_estimates", {}), meta["allocations"]),
+        **estimate_errors(meta.get("first_helper_estimates", {}), meta["allocations"], "helper_"),
     }
 
 
@@ -717,6 +745,13 @@ def report(outdir: str) -> None:
                 f"job, against its start: |error| p50 {s['estimate_abs_err_p50']:.0f} s, p90 "
                 f"{s['estimate_abs_err_p90']:.0f} s over {s['estimates']} jobs; signed p50 "
                 f"{s['estimate_signed_err_p50']:.0f} s (negative: earlier than said)"
+            )
+        if s.get("helper_estimates"):
+            print(
+                f"  the place helper's likely start (a waiting student's 'likely to start in about'), first seen "
+                f"per job, against its start: |error| p50 {s['helper_estimate_abs_err_p50']:.0f} s, p90 "
+                f"{s['helper_estimate_abs_err_p90']:.0f} s over {s['helper_estimates']} jobs; signed p50 "
+                f"{s['helper_estimate_signed_err_p50']:.0f} s"
             )
         if s.get("cpus"):
             print(

@@ -140,3 +140,6 @@ def test_a_short_rush_loses_nothing_and_runs_nothing_twice(stack, tmp_path):
     # (issue 56; a figure, not asserted: the benchmark's own).
     errors = bench_rush().estimate_errors(meta.get("first_estimates", {}), meta.get("allocations", []))
     print(f"short rush: Slurm's expected starts against the starts: {errors}")
+    helper = meta.get("first_helper_estimates", {})
+    errors = bench_rush().estimate_errors(helper, meta.get("allocations", []), "helper_")
+    print(f"short rush: the place helper's likely starts against the starts: {errors}")
