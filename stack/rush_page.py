@@ -27,6 +27,8 @@ DELEGATE = os.environ.get("DELEGATE_BIN", "delegate")
 EVERY = float(os.environ.get("DELEGATE_RUSH_EVERY", "5"))
 USAGE_EVERY = 30.0
 SINCE = "now-3hours"
+# SINCE as the page says it.
+SINCE_WORDS = "the last 3 hours"
 KEEP = int(3600 / EVERY)
 COMMAND_TIMEOUT = 60.0
 MAX_OUTPUT = 4 << 20
@@ -68,7 +70,7 @@ class Sampler:
         return {
             "latest": self.latest,
             "heaviest": self.heaviest,
-            "since": SINCE,
+            "since": SINCE_WORDS,
             "history": list(self.history),
             "error": self.error,
             "every": EVERY,
@@ -181,7 +183,7 @@ async function refresh() {
         s.longest_waits.map(w => [w.user, w.pending, hms(w.longest_secs)]), "no one waits");
     }
     if (d.heaviest) {
-      document.getElementById("h-heavy").textContent = "Heaviest users by node time (since " + d.since + ")";
+      document.getElementById("h-heavy").textContent = "Heaviest users by node time (" + d.since + ")";
       table("t-heavy", ["student", "node time", "allocations"], d.heaviest.map(h => [h.user, hms(h.node_secs), h.allocations]), "no node time yet");
     }
     plot("p-queue", d.history, [{key: "running", label: "running", color: "#2a7"}, {key: "pending", label: "waiting", color: "#d62"}]);

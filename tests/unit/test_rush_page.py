@@ -65,6 +65,8 @@ def test_the_sampler_asks_the_accounting_rarely_and_keeps_a_bounded_history():
         "out": 1,
     }
     assert d["heaviest"] == [{"user": "ben", "node_secs": 60, "allocations": 1}]
+    # The page says the window in words, not sacct's `now-3hours`.
+    assert d["since"] == "the last 3 hours"
     # A failed sample is shown; the last good one stays.
     fail[0] = True
     asyncio.run(s.sample())
