@@ -1,8 +1,8 @@
 //! The agent's one way to ask a program of the node (Slurm's commands,
 //! nvidia-smi): the system's PATH, no stdin, killed when it outlasts its
-//! patience or the agent drops the question, and an answer of bounded
+//! deadline or the agent drops the question, and an answer of bounded
 //! size: its output is read as it comes and only its first bytes are kept,
-//! so a runaway program costs the agent time (up to the patience), never
+//! so a runaway program costs the agent time (up to the deadline), never
 //! memory.
 
 use std::process::{ExitStatus, Stdio};
@@ -25,19 +25,19 @@ const STDERR_QUOTED: usize = 300;
 pub enum AskError {
     #[error("cannot run {program}: {source}")]
     Spawn { program: String, source: std::io::Error },
-    #[error("{program} took more than {patience:?}")]
-    Timeout { program: String, patience: Duration },
+    #[error("{program} took more than {deadline:?}")]
+    Timeout { program: String, deadline: Duration },
     #[error("{program} failed: {stderr}")]
     Failed { program: String, stderr: String },
     #[error("{program}'s answer is larger than {max} bytes")]
     TooLarge { program: String, max: usize },
 }
 
-/// One question: the program and its arguments, how long to wait, how
-/// large an answer to take.
-pub struct Question<'a> {
+/// One bounded run of a program: the program and its arguments, how long
+/// it may take (its deadline), how large an answer to take.
+pub struct BoundedRun<'a> {
     pub argv: &'a [&'a str],
-    pub patience: Duration,
+    pub deadline: Duration,
     pub max_answer: usize,
     /// Variables set for the program (beside PATH).
     pub env: &'a [(&'a str, &'a str)],
@@ -47,7 +47,7 @@ pub struct Question<'a> {
     pub clear_env: bool,
 }
 
-impl Question<'_> {
+impl BoundedRun<'_> {
     /// The program's stdout (lossy UTF-8) when it exits 0.
     pub async fn ask(&self) -> Result<String, AskError> {
         let (program, args) = self.argv.split_first().map_or(("", &[][..]), |(p, a)| (*p, a));
@@ -66,11 +66,11 @@ impl Question<'_> {
             .kill_on_drop(true)
             .spawn()
             .map_err(spawn_error)?;
-        let (status, (out, more), (err, _)) = tokio::time::timeout(self.patience, self.run(&mut child))
+        let (status, (out, more), (err, _)) = tokio::time::timeout(self.deadline, self.run(&mut child))
             .await
             .map_err(|_| AskError::Timeout {
                 program: program.into(),
-                patience: self.patience,
+                deadline: self.deadline,
             })?
             .map_err(spawn_error)?;
         if !status.success() {
@@ -134,9 +134,9 @@ pub struct SlurmError {
 /// within [`SLURM_PATIENCE`] and `max_answer` bytes; the error names the
 /// command.
 pub async fn slurm(argv: &[&str], max_answer: usize) -> Result<String, SlurmError> {
-    let question = Question {
+    let question = BoundedRun {
         argv,
-        patience: SLURM_PATIENCE,
+        deadline: SLURM_PATIENCE,
         max_answer,
         env: &[],
         clear_env: false,
@@ -159,10 +159,10 @@ fn each_element_succeeded(stderr: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn question<'a>(argv: &'a [&'a str]) -> Question<'a> {
-        Question {
+    fn question<'a>(argv: &'a [&'a str]) -> BoundedRun<'a> {
+        BoundedRun {
             argv,
-            patience: Duration::from_secs(10),
+            deadline: Duration::from_secs(10),
             max_answer: 1 << 10,
             env: &[],
             clear_env: false,
@@ -175,7 +175,7 @@ mod tests {
         let err = question(&["sh", "-c", "echo no >&2; exit 3"]).ask().await.unwrap_err();
         assert_eq!(err.to_string(), "sh failed: no");
         let mut slow = question(&["sleep", "5"]);
-        slow.patience = Duration::from_millis(200);
+        slow.deadline = Duration::from_millis(200);
         assert!(matches!(slow.ask().await.unwrap_err(), AskError::Timeout { .. }));
         let big = question(&["sh", "-c", "head -c 2048 /dev/zero"]).ask().await.unwrap_err();
         assert!(matches!(big, AskError::TooLarge { max: 1024, .. }), "{big}");

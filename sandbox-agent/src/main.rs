@@ -159,7 +159,7 @@ async fn serve() -> Result<(), String> {
         stepds,
         node: ident::node_name(),
         republish: Arc::new(tokio::sync::Notify::new()),
-        quiet: quiet::PerUser::default(),
+        quiet: quiet::PerUserLogLimit::default(),
         probe: probe::Cached::default(),
         queue: queue::Cached::default(),
         aside: aside::Watched::default(),

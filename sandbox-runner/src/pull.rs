@@ -102,7 +102,7 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
             }
         };
         ran += 1;
-        let call = Call { dir, n: i + 1, total, reclaim };
+        let call = ClaimedCall { dir, n: i + 1, total, reclaim };
         code = code.max(run_one(call, saved.as_ref(), &mut agent, signals.clone()).await);
     }
     if stop != Stop::Done {
@@ -164,7 +164,7 @@ fn allocation_of(array_job: Option<String>, task: Option<String>, job: Option<St
 
 /// A claimed call: its directory, its place in the map, and its new
 /// claim when it runs again (claimed by this allocation before it was lost).
-struct Call<'a> {
+struct ClaimedCall<'a> {
     dir: &'a Path,
     n: usize,
     total: usize,
@@ -173,8 +173,13 @@ struct Call<'a> {
 
 /// One claimed call, logged to its own `<root>/<job-id>.log` (`saved`: the
 /// allocation's own standard error, where everything else goes).
-async fn run_one(call: Call<'_>, saved: Option<&OwnedFd>, agent: &mut Option<Agent>, signals: SignalWatch) -> i32 {
-    let Call { dir, n, total, reclaim } = call;
+async fn run_one(
+    call: ClaimedCall<'_>,
+    saved: Option<&OwnedFd>,
+    agent: &mut Option<Agent>,
+    signals: SignalWatch,
+) -> i32 {
+    let ClaimedCall { dir, n, total, reclaim } = call;
     let uid = nix::unistd::getuid().as_raw();
     let log = saved.and_then(|saved| match calllog::open_log(dir, uid) {
         Ok((fd, shown)) => Redirect::new(saved, &fd)

@@ -78,7 +78,7 @@ pub fn not_started_reason(signal: &str) -> String {
 }
 
 /// Everything about the job the docker phase needs.
-struct Ctx<'a> {
+struct RunningJob<'a> {
     dir: &'a JobDir,
     checked: &'a Checked,
     policy: &'a Policy,
@@ -90,7 +90,7 @@ struct Ctx<'a> {
     rank: Option<u32>,
 }
 
-impl Ctx<'_> {
+impl RunningJob<'_> {
     fn outcome(&self, state: State, reason: String) -> Outcome {
         Outcome::ended(state, reason, self.host.clone(), Writer::Runner)
     }
@@ -153,7 +153,7 @@ pub async fn run_call(
     run_begun(path, policy, agent, signals, None, begun).await
 }
 
-/// The name a rank writes a record under (see [`Ctx::rank`]).
+/// The name a rank writes a record under (see [`RunningJob::rank`]).
 pub(crate) fn rank_name(name: &str, rank: Option<u32>) -> String {
     match rank {
         None => name.to_string(),
@@ -281,7 +281,7 @@ async fn run_begun(
     let groups: Vec<u32> = nix::unistd::getgroups()
         .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
         .unwrap_or_default();
-    let ctx = Ctx {
+    let ctx = RunningJob {
         dir: &dir,
         checked: &checked,
         policy: &policy,
@@ -320,7 +320,7 @@ pub const REQUEUED_LINE: &str =
 /// was set down, the allocation requeued) ends with no outcome: the next
 /// attempt runs it ([`attempt`]), within its retries. A cancel of the
 /// user's own, or a call without retries, ends as it says.
-fn queued_again(ctx: &Ctx<'_>, outcome: &Outcome) -> bool {
+fn queued_again(ctx: &RunningJob<'_>, outcome: &Outcome) -> bool {
     let stopped = outcome.state == State::Cancelled && ctx.signalled().is_some();
     let again = stopped
         && ctx.rank.is_none()
@@ -435,7 +435,7 @@ fn keep_off_sandbox_cores(want: u32) {
 /// directory a last time and asks the agent to run the call, handing it
 /// the directory and the output files as descriptors. `Err`: the outcome
 /// the call ends with instead.
-async fn request_run(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Result<(), Outcome> {
+async fn request_run(ctx: &RunningJob<'_>, agent: &mut Option<Agent>) -> Result<(), Outcome> {
     let spec = &ctx.checked.spec;
     let (out_name, err_name) = (rank_name(STDOUT, ctx.rank), rank_name(STDERR, ctx.rank));
     let (stdout, stderr) = match (create_output(ctx.dir, &out_name), create_output(ctx.dir, &err_name)) {
@@ -486,7 +486,7 @@ async fn request_run(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Result<(), Out
 /// container; the runner records the start and the outcome, as the user.
 /// Always returns an outcome; the container never outlives the call (the
 /// agent removes it, also when this process dies).
-async fn agent_phase(ctx: &Ctx<'_>, agent: &mut Option<Agent>) -> Outcome {
+async fn agent_phase(ctx: &RunningJob<'_>, agent: &mut Option<Agent>) -> Outcome {
     let job = ctx.checked.job_id.as_str();
     if let Some(o) = ctx.must_not_start() {
         return o;
@@ -574,7 +574,7 @@ async fn next_signal(signals: &mut SignalWatch) -> &'static str {
 }
 
 /// Returns once the call has started and the user's cancel marker exists.
-async fn cancel_marker(ctx: &Ctx<'_>, poll: &mut tokio::time::Interval, started: bool) {
+async fn cancel_marker(ctx: &RunningJob<'_>, poll: &mut tokio::time::Interval, started: bool) {
     loop {
         poll.tick().await;
         if started && exists_at(&ctx.dir.fd, CANCEL) {
@@ -584,7 +584,7 @@ async fn cancel_marker(ctx: &Ctx<'_>, poll: &mut tokio::time::Interval, started:
 }
 
 /// Records that the call started (the `started` file, per rank).
-fn record_start(ctx: &Ctx<'_>, container_id: String, perf_mode: String, started_ms: u64) -> Result<(), String> {
+fn record_start(ctx: &RunningJob<'_>, container_id: String, perf_mode: String, started_ms: u64) -> Result<(), String> {
     tracing::info!("started container {container_id}");
     let rec = Started {
         host: ctx.host.clone(),
@@ -620,7 +620,7 @@ fn exited_words(e: &Ended, mem_bytes: u64) -> (State, String) {
     }
 }
 
-fn ended_outcome(ctx: &Ctx<'_>, e: Ended, kill: Option<KillWhy>) -> Outcome {
+fn ended_outcome(ctx: &RunningJob<'_>, e: Ended, kill: Option<KillWhy>) -> Outcome {
     let spec = &ctx.checked.spec;
     let mut o = ctx.outcome(State::Failed, String::new());
     o.started_ms = e.started_ms;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use delegate_protocol::{self as protocol, atomic_write_at, exists_at, read_bounded_at, JobId, ProtocolError};
 
-use crate::load::JobFiles;
+use crate::job_files::JobFiles;
 use crate::slurm::SlurmPhase;
 use crate::wait::{FirstRound, Until};
 use crate::{Client, ClientError, JobStatus, Result};

@@ -9,7 +9,7 @@
 //! function, [`state::decide`], shared by status, wait, cancel and list.
 //!
 //! The [`Client`] is split by operation: [`client`] opens the root, then
-//! `submit`, `jobsfile` (a map's calls from a jobs file), `load` (reading a
+//! `submit`, `jobsfile` (a map's calls from a jobs file), `job_files` (reading a
 //! job directory), `reconcile` (statuses), `list`, `wait`, `cancel`,
 //! `files`, `follow` (a running job's output) and `home_uids` (the home's
 //! uids as the workers see them) each add their `impl Client` block.
@@ -33,8 +33,8 @@ mod cancel;
 mod files;
 mod follow;
 mod home_uids;
+mod job_files;
 mod list;
-mod load;
 mod reconcile;
 pub mod ship;
 mod submit;
@@ -46,9 +46,9 @@ pub use config::{default_root, home_dir, Config, CALLS_PER_ALLOCATION_ENV, DEFAU
 pub use error::{ClientError, Result};
 pub use follow::FOLLOW_PAUSE;
 pub use home_uids::HomeUidError;
+pub use job_files::LOG_TAIL_BYTES;
 pub use jobsfile::{JobsFile, JobsFileError};
 pub use list::{JobSummary, MAX_WHAT_CHARS};
-pub use load::LOG_TAIL_BYTES;
 pub use plan::{plan_map, MapPlan, MAX_ARRAY, SHARED_CALL_ALLOWANCE_SECS};
 pub use reconcile::REPLACED_VIEW;
 pub use request::{JobHandle, SubmitRequest};

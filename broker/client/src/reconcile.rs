@@ -12,7 +12,7 @@ use nix::errno::Errno;
 use nix::fcntl::AtFlags;
 
 use crate::client::optional;
-use crate::load::JobFiles;
+use crate::job_files::JobFiles;
 use crate::slurm;
 use crate::state::{decide, Facts, SlurmView, Verdict};
 use crate::{Client, JobStatus, Result};

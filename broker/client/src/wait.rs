@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use delegate_protocol::{JobId, State};
 
-use crate::load::JobFiles;
+use crate::job_files::JobFiles;
 use crate::{Client, JobStatus, Result};
 
 /// How often `wait` first asks Slurm about the jobs still waited for.

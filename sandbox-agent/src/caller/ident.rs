@@ -14,7 +14,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::ask::{AskError, Question};
+use crate::ask::{AskError, BoundedRun};
 
 /// At most this much of a Slurm command's answer about one job is read.
 const MAX_SLURM_ANSWER: usize = 1 << 20;
@@ -294,9 +294,9 @@ pub fn place_in(hostnames: &str, node: &str) -> Result<RankPlace, JobRefusal> {
 }
 
 async fn slurm_command(args: &[&str], what: &str) -> Result<String, IdentError> {
-    let question = Question {
+    let question = BoundedRun {
         argv: args,
-        patience: Duration::from_secs(15),
+        deadline: Duration::from_secs(15),
         max_answer: MAX_SLURM_ANSWER,
         env: &[],
         clear_env: false,

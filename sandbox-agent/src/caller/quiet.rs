@@ -17,11 +17,11 @@ type Key = (u32, &'static str);
 
 /// When each (user, kind) was last written, and how many were left out.
 #[derive(Default)]
-pub struct PerUser {
+pub struct PerUserLogLimit {
     last: Mutex<HashMap<Key, (Instant, u64)>>,
 }
 
-impl PerUser {
+impl PerUserLogLimit {
     /// `Some(left_out)` when a line of `kind` for `uid` may be written at
     /// `now` (and how many were left out before it), else `None`.
     pub fn due(&self, uid: u32, kind: &'static str, now: Instant) -> Option<u64> {
@@ -46,7 +46,7 @@ impl PerUser {
         }
     }
 
-    /// Writes `line` as a warning when due (see [`PerUser::due`]).
+    /// Writes `line` as a warning when due (see [`PerUserLogLimit::due`]).
     pub fn warn(&self, uid: u32, kind: &'static str, line: &str) {
         if let Some(n) = self.due(uid, kind, Instant::now()) {
             if n == 0 {
@@ -64,7 +64,7 @@ mod tests {
 
     #[test]
     fn one_line_a_minute_per_user_and_kind_with_the_count_left_out() {
-        let q = PerUser::default();
+        let q = PerUserLogLimit::default();
         let t0 = Instant::now();
         assert_eq!(q.due(1000, "refused", t0), Some(0));
         for s in 1..30 {

@@ -32,7 +32,7 @@ use bollard::models::{ContainerCreateBody, DeviceMapping, DeviceRequest};
 use bollard::Docker;
 use delegate_protocol::policy::{GpuMode, Policy};
 
-use crate::ask::Question;
+use crate::ask::BoundedRun;
 
 /// Bounds on what is read: gres.conf, squeue's answer, the device list.
 const MAX_GRES_CONF: u64 = 1 << 20;
@@ -363,9 +363,9 @@ pub fn gpus_in_squeue_json(json: &str, job: &str) -> Result<(u32, Vec<u32>), Gpu
 }
 
 async fn slurm_gpus(job: &str) -> Result<(u32, Vec<u32>), GpuError> {
-    let question = Question {
+    let question = BoundedRun {
         argv: &["squeue", "--json", "-t", "all", "-j", job],
-        patience: Duration::from_secs(15),
+        deadline: Duration::from_secs(15),
         max_answer: MAX_SQUEUE_JSON,
         env: &[],
         clear_env: false,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use delegate_protocol::Gpu;
 
-use crate::ask::{AskError, Question};
+use crate::ask::{AskError, BoundedRun};
 
 /// The fields asked, in the order of [`parse`]'s columns.
 pub const QUERY: &str = "index,name,driver_version,uuid,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,persistence_mode,compute_mode,mig.mode.current,ecc.mode.current";
@@ -72,9 +72,9 @@ pub fn parse(csv: &str) -> Vec<Gpu> {
 /// What nvidia-smi answers now; None (logged) when it cannot be asked.
 async fn ask() -> Option<String> {
     let query = format!("--query-gpu={QUERY}");
-    let question = Question {
+    let question = BoundedRun {
         argv: &["nvidia-smi", &query, "--format=csv,noheader,nounits"],
-        patience: PATIENCE,
+        deadline: PATIENCE,
         max_answer: MAX_ANSWER,
         env: &[],
         clear_env: true,

@@ -15,13 +15,13 @@ use tokio::sync::mpsc;
 use crate::caller::conn::{self, Incoming};
 use crate::caller::ident;
 use crate::gpu::devices::{self as gpu, GpuError};
-use crate::sandbox::call::Ctx;
+use crate::sandbox::call::CheckedCall;
 use crate::sandbox::config::{self, Params, Perf};
 use crate::sandbox::engine::{self, EngineError};
 use crate::sandbox::rank;
 use crate::sandbox::stage::Staged;
 
-use super::measured::{call_cores, measured_call, Call};
+use super::measured::{call_cores, measured_call, CreatedSandbox};
 
 /// How long the removal waits for an engine that does not answer (restarting).
 pub(crate) const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
@@ -86,7 +86,7 @@ impl EngineConn {
 /// The GPUs slurmctld allocated to this job on this node: exactly what the
 /// spec asks for (checked against max_gpus with the rest of it), or the
 /// answer that refuses or fails the call.
-pub(super) async fn sandbox_gpus(ctx: &Ctx<'_>, docker: &Docker) -> Result<gpu::Passthrough, Answer> {
+pub(super) async fn sandbox_gpus(ctx: &CheckedCall<'_>, docker: &Docker) -> Result<gpu::Passthrough, Answer> {
     let spec = ctx.spec;
     let gpus = match gpu::for_job(ctx.policy, docker, ctx.slurm_job, &ctx.node, spec.resources.gpus).await {
         Ok(g) => g,
@@ -112,7 +112,7 @@ pub(super) async fn sandbox_gpus(ctx: &Ctx<'_>, docker: &Docker) -> Result<gpu::
 /// rank, `sweep_ok` false: its engine may hold the other ranks' sandboxes;
 /// the epilog sweeps those).
 pub(super) async fn create_sandbox(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     docker: &Docker,
     name: &str,
     body: bollard::models::ContainerCreateBody,
@@ -131,7 +131,7 @@ pub(super) async fn create_sandbox(
 /// The engine (connected afresh when the last call lost it) and, for a
 /// rank, the job's private network; or the answer that fails the call.
 pub(super) async fn connect(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     engine_conn: &mut Option<EngineConn>,
 ) -> Result<(Docker, Option<(String, ident::RankPlace)>), Answer> {
     let socket = &ctx.policy.docker_socket;
@@ -160,7 +160,7 @@ pub(super) async fn connect(
 /// student's ids, the GPUs, the cores (`cpuset`), the perf mode, the
 /// rank's network.
 pub(super) fn sandbox_body(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     source: &std::path::Path,
     gpus: &gpu::Passthrough,
     cpuset: Option<&str>,
@@ -192,7 +192,7 @@ pub(super) fn sandbox_body(
 /// The answer to a failed create, in the user's words; a lost engine is
 /// connected afresh next time and a rank's network released.
 pub(super) async fn create_failed(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     engine_conn: &mut Option<EngineConn>,
     docker: &Docker,
     network: Option<&(String, ident::RankPlace)>,
@@ -214,7 +214,7 @@ pub(super) async fn create_failed(
 
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn engine_phase(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     engine_conn: &mut Option<EngineConn>,
     staged: &Staged,
     dir: &OwnedFd,
@@ -276,7 +276,7 @@ pub(super) async fn engine_phase(
         .and_then(|p| crate::measure::pin::OffCores::new(&p.others));
     let mut ended = if created_ok {
         let cores = call_cores(ctx, placement.as_ref());
-        let call = Call {
+        let call = CreatedSandbox {
             docker: &docker,
             id: &id,
             gpus: &gpus,

@@ -13,12 +13,12 @@ use tokio::sync::mpsc;
 use crate::caller::conn::{self, Incoming};
 use crate::gpu::devices::{self as gpu};
 use crate::measure::fingerprint;
-use crate::sandbox::call::Ctx;
+use crate::sandbox::call::CheckedCall;
 use crate::sandbox::config::Perf;
 use crate::sandbox::supervise;
 
 /// The created sandbox of a call and where its answers go.
-pub(super) struct Call<'a> {
+pub(super) struct CreatedSandbox<'a> {
     pub(super) docker: &'a Docker,
     pub(super) id: &'a str,
     pub(super) gpus: &'a gpu::Passthrough,
@@ -31,8 +31,8 @@ pub(super) struct Call<'a> {
 /// dropped, after the fingerprint has read the state the call ran in), and
 /// sends its fingerprint before its end.
 pub(super) async fn measured_call(
-    ctx: &Ctx<'_>,
-    call: &Call<'_>,
+    ctx: &CheckedCall<'_>,
+    call: &CreatedSandbox<'_>,
     cores: Vec<u32>,
     out: OwnedFd,
     err: OwnedFd,
@@ -56,13 +56,13 @@ pub(super) async fn measured_call(
 }
 
 /// The cores the call runs on: its own (pinned), else the allocation's.
-pub(super) fn call_cores(ctx: &Ctx<'_>, placement: Option<&delegate_protocol::cpus::Placement>) -> Vec<u32> {
+pub(super) fn call_cores(ctx: &CheckedCall<'_>, placement: Option<&delegate_protocol::cpus::Placement>) -> Vec<u32> {
     let cores = placement.map_or(&ctx.caller.cpus, |p| &p.sandbox);
     cores.iter().filter_map(|&c| u32::try_from(c).ok()).collect()
 }
 
 /// The /proc that shows the node's tasks (the host's on a stack worker).
-pub(super) fn node_proc(ctx: &Ctx<'_>) -> PathBuf {
+pub(super) fn node_proc(ctx: &CheckedCall<'_>) -> PathBuf {
     match &ctx.policy.host_proc {
         p if p.as_os_str().is_empty() => PathBuf::from("/proc"),
         p => p.clone(),
@@ -70,7 +70,7 @@ pub(super) fn node_proc(ctx: &Ctx<'_>) -> PathBuf {
 }
 
 /// The machine's state just before the call starts (crate::measure::fingerprint).
-pub(super) async fn fingerprint_before(ctx: &Ctx<'_>, cores: Vec<u32>) -> fingerprint::Before {
+pub(super) async fn fingerprint_before(ctx: &CheckedCall<'_>, cores: Vec<u32>) -> fingerprint::Before {
     let proc = node_proc(ctx);
     let skip = [std::process::id() as i32].into_iter().collect();
     let caller = ctx.uid;
@@ -81,7 +81,7 @@ pub(super) async fn fingerprint_before(ctx: &Ctx<'_>, cores: Vec<u32>) -> finger
 
 /// The fingerprint of the call that just ended.
 pub(super) async fn fingerprint_after(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     docker: &Docker,
     before: fingerprint::Before,
     perf: Perf,

@@ -33,7 +33,7 @@ pub struct Shared {
     /// again (crate::node::report).
     pub republish: Arc<tokio::sync::Notify>,
     /// The per-user log lines' limiter (crate::caller::quiet).
-    pub quiet: crate::caller::quiet::PerUser,
+    pub quiet: crate::caller::quiet::PerUserLogLimit,
     /// The probe's last answer (crate::node::probe::Cached).
     pub probe: crate::node::probe::Cached,
     /// Whether others wait, asked of Slurm at most once a second

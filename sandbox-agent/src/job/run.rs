@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::caller::conn::Incoming;
 use crate::caller::ident::{self, Caller};
-use crate::sandbox::call::Ctx;
+use crate::sandbox::call::CheckedCall;
 use crate::sandbox::stage::Staged;
 
 use super::check::{checked_request, past_allocation_bound};
@@ -107,7 +107,7 @@ pub(super) async fn run(
         Ok(s) => s,
         Err(e) => return Answer::Failed(format!("the delegate agent cannot stage the job directory: {e}")),
     };
-    let ctx = Ctx {
+    let ctx = CheckedCall {
         policy: &policy,
         host: delegate_protocol::host::hostname(),
         uid,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use delegate_protocol::node_class::{self, check_label, class_of_feature, NodeClass, NodeReport, Topology};
 use delegate_protocol::policy::Policy;
 
-use crate::ask::{AskError, Question};
+use crate::ask::{AskError, BoundedRun};
 use crate::measure::fingerprint;
 use crate::sandbox::config;
 
@@ -184,9 +184,9 @@ pub fn report_to_publish(now: &NodeReport, held: &str) -> NodeReport {
 async fn scontrol(args: &[String]) -> Result<String, AskError> {
     let mut argv = vec!["scontrol"];
     argv.extend(args.iter().map(String::as_str));
-    let question = Question {
+    let question = BoundedRun {
         argv: &argv,
-        patience: SCONTROL_PATIENCE,
+        deadline: SCONTROL_PATIENCE,
         max_answer: MAX_SCONTROL_ANSWER,
         env: &[],
         clear_env: false,

@@ -7,7 +7,8 @@ use delegate_protocol::policy::Policy;
 
 use crate::caller::ident::{self, Caller};
 
-pub(crate) struct Ctx<'a> {
+/// What the agent's checks of one call established.
+pub(crate) struct CheckedCall<'a> {
     pub(crate) policy: &'a Policy,
     pub(crate) host: String,
     pub(crate) uid: u32,

@@ -127,11 +127,11 @@ pub async fn remove(docker: &Docker, id: &str) -> Result<(), BollardError> {
 }
 
 /// Like [`remove`], but while the engine does not answer at all (it is being
-/// restarted) keeps trying, with backoff, for up to `patience`: a container
+/// restarted) keeps trying, with backoff, for up to `deadline`: a container
 /// is never left behind just because the engine blinked. Engine answers
 /// (errors included) end it at once.
-pub async fn remove_patiently(docker: &Docker, id: &str, patience: std::time::Duration) -> Result<(), BollardError> {
-    let deadline = tokio::time::Instant::now() + patience;
+pub async fn remove_patiently(docker: &Docker, id: &str, deadline: std::time::Duration) -> Result<(), BollardError> {
+    let deadline = tokio::time::Instant::now() + deadline;
     let mut pause = std::time::Duration::from_millis(250);
     loop {
         match remove(docker, id).await {

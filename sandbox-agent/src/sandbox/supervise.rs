@@ -16,7 +16,7 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::caller::conn::{self, Incoming};
-use crate::sandbox::call::Ctx;
+use crate::sandbox::call::CheckedCall;
 use crate::sandbox::config::Perf;
 use crate::sandbox::engine;
 use crate::sandbox::jobdisk::{self, Budget};
@@ -53,7 +53,7 @@ enum End {
 }
 
 /// The engine's error for `action` in the user's words.
-fn classify(ctx: &Ctx<'_>, e: &bollard::errors::Error, action: &'static str) -> engine::EngineError {
+fn classify(ctx: &CheckedCall<'_>, e: &bollard::errors::Error, action: &'static str) -> engine::EngineError {
     engine::classify(e, action, &ctx.policy.docker_socket, &ctx.host, &ctx.spec.image)
 }
 
@@ -62,7 +62,7 @@ fn classify(ctx: &Ctx<'_>, e: &bollard::errors::Error, action: &'static str) -> 
 /// inspects the container. The caller removes it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn supervise<E: Lifecycle>(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     docker: &E,
     id: &str,
     perf: Perf,
@@ -136,7 +136,7 @@ struct Running {
 /// Attaches to the created sandbox, starts copying its output as the
 /// student, and starts it; the error in the user's words.
 async fn start<E: Lifecycle>(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     docker: &E,
     id: &str,
     out: OwnedFd,
@@ -161,7 +161,7 @@ async fn start<E: Lifecycle>(
 /// kill (or its going away), the end of the batch task, the job
 /// directory's budget, the output limit (when it stops the call).
 async fn race<E: Lifecycle, W>(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     docker: &E,
     id: &str,
     dir: &OwnedFd,
@@ -226,18 +226,18 @@ where
 /// The container's last state (exit code, OOM kill), bounded in time on the
 /// kill path; an engine that stopped answering is noted in `ended`.
 async fn last_state<E: Lifecycle>(
-    ctx: &Ctx<'_>,
+    ctx: &CheckedCall<'_>,
     docker: &E,
     id: &str,
     killing: bool,
     ended: &mut Ended,
 ) -> Option<bollard::models::ContainerState> {
-    let patience = if killing {
+    let deadline = if killing {
         KILL_PATH_CALL
     } else {
         Duration::from_secs(30)
     };
-    match tokio::time::timeout(patience, docker.state(id)).await {
+    match tokio::time::timeout(deadline, docker.state(id)).await {
         Ok(Ok(state)) => state,
         Ok(Err(e)) => {
             tracing::error!("cannot inspect container {id}: {}", engine::short_reason(&e));
@@ -268,8 +268,8 @@ impl From<End> for EndedHow {
 /// Waits for the output copier to finish (briefly after a kill); a copier
 /// that does not finish in time is aborted and says so.
 async fn drain(pump_task: &mut tokio::task::JoinHandle<Pumped>, killing: bool) -> Pumped {
-    let patience = if killing { DRAIN_AFTER_KILL } else { DRAIN_AFTER_EXIT };
-    match tokio::time::timeout(patience, &mut *pump_task).await {
+    let deadline = if killing { DRAIN_AFTER_KILL } else { DRAIN_AFTER_EXIT };
+    match tokio::time::timeout(deadline, &mut *pump_task).await {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => Pumped {
             error: Some(format!("the output copier failed: {e}")),
@@ -304,7 +304,7 @@ fn output_note(pumped: Pumped, max_output: u64) -> Option<String> {
 
 /// Watches the job directory's budget (crate::sandbox::jobdisk) until the call
 /// passes it; returns why. Never returns when there is no budget.
-async fn watch_job_dir<E: Lifecycle>(ctx: &Ctx<'_>, docker: &E, id: &str, dir: &OwnedFd) -> String {
+async fn watch_job_dir<E: Lifecycle>(ctx: &CheckedCall<'_>, docker: &E, id: &str, dir: &OwnedFd) -> String {
     let budget = Budget {
         bytes: ctx.max_job_bytes,
         files: ctx.max_job_files,
@@ -396,7 +396,7 @@ mod tests {
             env: Vec::new(),
         };
         let caller = Caller::this_process();
-        let ctx = Ctx {
+        let ctx = CheckedCall {
             policy: &policy,
             host: "node1".into(),
             uid: 0,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::ask::{AskError, Question};
+use crate::ask::{AskError, BoundedRun};
 
 /// How long an answer is reused.
 const FRESH: Duration = Duration::from_secs(1);
@@ -75,9 +75,9 @@ async fn pending(partition: &str) -> Result<String, AskError> {
     if !partition.is_empty() {
         argv.extend(["-p", partition]);
     }
-    let question = Question {
+    let question = BoundedRun {
         argv: &argv,
-        patience: PATIENCE,
+        deadline: PATIENCE,
         max_answer: MAX_PENDING_ANSWER,
         env: &[("TZ", "UTC")],
         clear_env: false,
