@@ -338,6 +338,9 @@ stack_generate() {
     # roster's, each name and uid once; the instructor's test accounts
     # (`test`) are not logins of the hub.
     deploy_render "$STACK_GEN/accounts" stack-accounts --roster-state "$(hub_roster_file)"
+    # Who is a student (every account but the admins), decided once: the
+    # user node gives each a munged and a query limit of their own.
+    deploy_render "$STACK_GEN/students" stack-students --roster-state "$(hub_roster_file)"
 
     # The stack file: the settings (checked by delegate-deploy) and what
     # only this deploy knows: the versions of the configs and secrets (their
@@ -345,14 +348,14 @@ stack_generate() {
     # each worker service has now.
     local cfgv keyv
     elastic_generate
-    cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,power.sh,power-hook} | sha256sum | cut -c1-10)
+    cfgv=$(cat "$STACK_GEN"/{slurm.conf,gres.conf,policy.toml,accounts,students,job_submit.lua,plugstack.conf,admins,power.sh,power-hook} | sha256sum | cut -c1-10)
     keyv=$(sha256sum <"$STACK_SECRETS/munge.key" | cut -c1-10)
     hub_cgroups
     deploy_render "$STACK_FILE" stack-file --replicas "$(stack_replicas)" \
         --config-version "$cfgv" --key-version "$keyv" --hub-version "$(hub_secrets_version)" \
         --db-version "$STACK_DBV" --db-volume "$(stack_db_volume)" --ctld-volume "$(stack_ctld_volume)" \
         --cgroup-memory "$HUB_CG_MEM" --cgroup-cpu "$HUB_CG_CPU" "${REGISTRY_FACTS[@]}"
-    log "generated $STACK_GEN/{slurm.conf,gres.conf,policy.toml,accounts,job_submit.lua,plugstack.conf,admins,delegate-stack.yml} ($n workers)"
+    log "generated $STACK_GEN/{slurm.conf,gres.conf,policy.toml,accounts,students,job_submit.lua,plugstack.conf,admins,delegate-stack.yml} ($n workers)"
 }
 
 # --- images

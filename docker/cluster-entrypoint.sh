@@ -168,15 +168,13 @@ chown -R "${slurmuser:-root}" /var/lib/delegate/slurm/ctld
 private_log /var/log/delegate/slurmctld.log "${slurmuser:-root}"
 for f in epilog slurmd agent; do private_log "/var/log/delegate/$f.log"; done
 
-# students: "name uid" of each account that is not in the admin group.
+# students: "name uid" of each account that is not an admin, as the deploy
+# decided it (the `students` config: delegate-deploy stack-students).
 students() {
-    local name uid _r _g
-    local -A admin=()
-    for name in ${amembers//,/ }; do admin[$name]=1; done
-    while read -r name uid _r _g; do
-        [[ -z $name || $name == \#* || -n ${admin[$name]:-} ]] && continue
-        [[ $uid =~ ^[0-9]+$ ]] && echo "$name $uid"
-    done <"$CFG/accounts"
+    local name uid
+    while read -r name uid; do
+        [[ -n $name && $uid =~ ^[0-9]+$ ]] && echo "$name $uid"
+    done <"$CFG/students"
 }
 
 # munge_per_account: on the user node every account that is not an admin
@@ -371,30 +369,32 @@ worker_engine() {
     host_stage=${DELEGATE_STAGING_HOST_DIR:?DELEGATE_STAGING_HOST_DIR not set}
     prop=$(findmnt -n -o PROPAGATION --mountpoint "$stage" 2>/dev/null || true)
     [[ $prop == shared* ]] || die "$stage is not a shared bind mount of the host's $host_stage (propagation '${prop:-none}'): the host's engine would not see the agent's staging mounts"
-    if grep -q '^staging_host_dir *=' /etc/delegate/policy.toml; then
-        sed -i "s|^staging_host_dir *=.*|staging_host_dir = \"$host_stage\"|" /etc/delegate/policy.toml
-    else
-        printf '# Set by the entrypoint: this worker'"'"'s staging directory as the host'"'"'s engine sees it.\nstaging_host_dir = "%s"\n' \
-            "$host_stage" >>/etc/delegate/policy.toml
-    fi
     # The host's /proc, read-only in the same root-only directory: the
     # sandboxes are the host engine's, in the host's pid namespace, and the
     # agent counts their deleted-but-open files in the job directory's
     # budget there (policy host_proc; docs/security.md, "Disk").
+    local proc=()
     if [[ $(findmnt -n -o FSTYPE --mountpoint "$engine/proc" 2>/dev/null) == proc ]]; then
-        grep -q '^host_proc *=' /etc/delegate/policy.toml \
-            || printf '# Set by the entrypoint: the host'"'"'s /proc, where the sandboxes'"'"' processes are.\nhost_proc = "%s"\n' \
-                "$engine/proc" >>/etc/delegate/policy.toml
+        proc=(--host-proc "$engine/proc")
     else
         log "WARNING: the host's /proc is not mounted at $engine/proc: deleted-but-open files of sandboxes are not counted"
     fi
+    # Both set in the policy by delegate-deploy (deploy/src/worker_policy.rs),
+    # which reads it before and after.
+    local policy
+    policy=$(delegate-deploy worker-policy --policy /etc/delegate/policy.toml \
+        --staging-host-dir "$host_stage" "${proc[@]}") || die "cannot set this worker's facts in policy.toml"
+    printf '%s\n' "$policy" >/etc/delegate/policy.toml.new
+    chmod 0644 /etc/delegate/policy.toml.new
+    mv /etc/delegate/policy.toml.new /etc/delegate/policy.toml
 }
 
 # worker_sandbox_image: the policy's sandbox image on the host's engine
 # (pulled from the course's registry on a worker machine).
 worker_sandbox_image() {
     local sandbox_image
-    sandbox_image=$(sed -n 's/^default_image *= *"\(.*\)"/\1/p' /etc/delegate/policy.toml)
+    sandbox_image=$(delegate-deploy policy-image --policy /etc/delegate/policy.toml) \
+        || die "cannot read the sandbox image of /etc/delegate/policy.toml"
     # On a worker machine: the sandbox image from the course's registry
     # (build_cluster.d/registry.sh), by digest, tagged as the policy's.
     if [[ -n ${DELEGATE_SANDBOX_PULL:-} ]]; then

@@ -34,6 +34,7 @@ pub mod stack_accounts;
 pub mod stack_file;
 pub mod templates;
 pub mod user_node;
+pub mod worker_policy;
 
 pub use settings::{SettingError, Settings};
 

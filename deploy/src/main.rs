@@ -11,7 +11,7 @@ use delegate_deploy::slurm_conf::LocalNode;
 use delegate_deploy::stack_file::Facts;
 use delegate_deploy::{
     cgroup, cluster_file, gres, local_gpus, lockdown, placement, roster, roster_state, site_policy, slurm_conf,
-    stack_accounts, stack_file, user_node, RenderError, Settings, Shape,
+    stack_accounts, stack_file, user_node, worker_policy, RenderError, Settings, Shape,
 };
 use roster_state::Reserved;
 
@@ -246,6 +246,30 @@ enum Rendered {
         #[arg(long)]
         roster_state: PathBuf,
     },
+    /// The stack's `students` config: `name uid` of every account that is
+    /// not an admin.
+    StackStudents {
+        #[arg(long)]
+        roster_state: PathBuf,
+    },
+    /// A stack worker's policy.toml: the deployed one with what only the
+    /// worker's container knows set in it.
+    WorkerPolicy {
+        /// The deployed policy.toml.
+        #[arg(long)]
+        policy: PathBuf,
+        /// The agent's staging directory as the host's engine sees it.
+        #[arg(long)]
+        staging_host_dir: String,
+        /// The host's /proc as mounted in the container, when it is.
+        #[arg(long)]
+        host_proc: Option<String>,
+    },
+    /// The sandbox image a policy.toml names (its default_image).
+    PolicyImage {
+        #[arg(long)]
+        policy: PathBuf,
+    },
 }
 
 fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
@@ -324,6 +348,17 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
             })
         }
         Rendered::StackAdmins { roster_state } => stack_accounts::admins(s, &roster_or_empty(&roster_state)?),
+        Rendered::StackStudents { roster_state } => stack_accounts::students(s, &roster_or_empty(&roster_state)?),
+        Rendered::WorkerPolicy { policy, staging_host_dir, host_proc } => worker_policy::worker_policy(
+            &read_text(&policy)?,
+            &worker_policy::WorkerFacts {
+                staging_host_dir: &staging_host_dir,
+                host_proc: host_proc.as_deref(),
+            },
+        ),
+        Rendered::PolicyImage { policy } => {
+            worker_policy::default_image(&read_text(&policy)?).map(|i| format!("{i}\n"))
+        }
     }
 }
 

@@ -57,6 +57,29 @@ pub fn admins(s: &Settings, roster: &RosterState) -> Result<String, RenderError>
         .raw("DELEGATE_STACK_ADMIN_GROUP")?
         .parse()
         .map_err(|e| RenderError::Invalid(format!("DELEGATE_STACK_ADMIN_GROUP must be name:gid: {e}")))?;
+    let members = admin_members(s, roster)?;
+    Ok(format!("{} {} {}\n", group.user, group.uid, members.join(",")))
+}
+
+/// The `students` file: `name uid` of every account that is not an admin
+/// (what the user node gives a munged and a query limit of its own).
+pub fn students(s: &Settings, roster: &RosterState) -> Result<String, RenderError> {
+    let members = admin_members(s, roster)?;
+    let mut out = String::new();
+    for line in accounts(s, roster)?.lines() {
+        let mut f = line.split(' ');
+        if let (Some(name), Some(uid)) = (f.next(), f.next()) {
+            if !members.iter().any(|m| m == name) {
+                let _ = writeln!(out, "{name} {uid}");
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The admin group's members: cluster.toml's admins, then the roster's
+/// instructors.
+fn admin_members(s: &Settings, roster: &RosterState) -> Result<Vec<String>, RenderError> {
     let known: Vec<Reserved> = [
         setting_accounts(s, "DELEGATE_STACK_USERS")?,
         setting_accounts(s, "DELEGATE_STACK_TEST_USERS")?,
@@ -78,7 +101,7 @@ pub fn admins(s: &Settings, roster: &RosterState) -> Result<String, RenderError>
             members.push(a.user.clone());
         }
     }
-    Ok(format!("{} {} {}\n", group.user, group.uid, members.join(",")))
+    Ok(members)
 }
 
 #[cfg(test)]
@@ -106,6 +129,15 @@ mod tests {
              ann 4000 student Ann Day,,,ann@example.org\nprof 4001 instructor Prof Day\n"
         );
         assert_eq!(accounts(&settings(), &RosterState::default()).unwrap().lines().count(), 3);
+    }
+
+    #[test]
+    fn the_students_are_every_account_but_the_admins() {
+        // ta is cluster.toml's admin, prof the roster's instructor.
+        assert_eq!(
+            students(&settings(), &roster()).unwrap(),
+            "student 3000\ndlg-test1 3901\nann 4000\n"
+        );
     }
 
     #[test]
