@@ -176,6 +176,10 @@ pub struct Policy {
     /// plugin are rendered with it). `/usr/bin/sandbox-runner` where
     /// delegate's Debian packages installed it.
     pub runner: PathBuf,
+    /// The size and time settings above in machine units, parsed once
+    /// when the policy is read ([`Policy::limits`]).
+    #[serde(skip)]
+    limits: Limits,
 }
 
 /// Whether `name` can be a Slurm partition of the site policy: 1 to 64
@@ -186,7 +190,7 @@ pub fn is_partition_name(name: &str) -> bool {
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy {
+        let mut p = Policy {
             allowed_images: vec!["delegate-sandbox:latest".into()],
             default_image: "delegate-sandbox:latest".into(),
             max_cpus: 64,
@@ -219,7 +223,11 @@ impl Default for Policy {
             host_proc: PathBuf::new(),
             partitions: Vec::new(),
             runner: PathBuf::from("/usr/local/bin/sandbox-runner"),
-        }
+            limits: Limits::default(),
+        };
+        // (the defaults above are valid sizes and times)
+        p.limits = p.parse_limits().unwrap_or_default();
+        p
     }
 }
 
@@ -266,8 +274,8 @@ pub enum Violation {
 /// asks Slurm for it, the gate and the partition's MaxTime allow it.
 pub const MAP_CALL_ALLOWANCE_SECS: u64 = 30;
 
-/// Policy values in machine units, checked once at load.
-#[derive(Clone, Debug)]
+/// Policy values in machine units, parsed and checked once at load.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
     pub max_mem_bytes: u64,
     pub max_time_secs: u64,
@@ -300,12 +308,12 @@ impl Policy {
 
     /// Parses and checks policy text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
-        let policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Invalid {
+        let mut policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Invalid {
             path: origin.into(),
             reason: e.message().to_owned(),
         })?;
-        policy
-            .limits()
+        policy.limits = policy
+            .parse_limits()
             .map_err(|reason| PolicyError::Invalid { path: origin.into(), reason })?;
         if policy.max_retries > crate::attempt::MAX_RETRIES {
             return Err(PolicyError::Invalid {
@@ -363,7 +371,13 @@ impl Policy {
         }
     }
 
-    pub fn limits(&self) -> Result<Limits, String> {
+    /// The size and time limits in machine units, as parsed when the policy
+    /// was read.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn parse_limits(&self) -> Result<Limits, String> {
         Ok(Limits {
             max_mem_bytes: parse_size(&self.max_mem).map_err(|e| format!("max_mem: {e}"))?,
             max_time_secs: parse_duration(&self.max_time).map_err(|e| format!("max_time: {e}"))?,
@@ -407,15 +421,7 @@ impl Policy {
     /// against the site's maxima: the runner for every job, the client
     /// before it submits (one sentence instead of Slurm's own refusal).
     pub fn check_resources(&self, r: &crate::Resources) -> Result<(), Violation> {
-        // Limits were validated at load; a policy that fails here allows nothing.
-        let lim = self.limits().unwrap_or(Limits {
-            max_mem_bytes: 0,
-            max_time_secs: 0,
-            tmp_bytes: 0,
-            max_output_bytes: 0,
-            max_job_bytes: 0,
-            max_allocation_secs: 0,
-        });
+        let lim = self.limits();
         let over = |what, asked: String, max: String| Err(Violation::Limit { what, asked, max });
         if r.cpus > self.max_cpus {
             return over("cpus", r.cpus.to_string(), self.max_cpus.to_string());
@@ -493,8 +499,8 @@ mod tests {
         assert!(e.contains("invalid value: integer `-3`, expected u32"), "{e}");
         let l = Policy::parse("max_output = \"1M\"\nmax_job_bytes = \"0\"\noutput_limit = \"stop\"", "t").unwrap();
         assert_eq!(l.output_limit, OutputLimit::Stop);
-        assert_eq!(l.limits().unwrap().max_output_bytes, 1 << 20);
-        assert_eq!(l.limits().unwrap().max_job_bytes, 0);
+        assert_eq!(l.limits().max_output_bytes, 1 << 20);
+        assert_eq!(l.limits().max_job_bytes, 0);
         assert_eq!(invalid("staging_dir = \"rel\""), format!("rel {NOT_CLEAN}"));
     }
 

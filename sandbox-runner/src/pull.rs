@@ -55,12 +55,8 @@ pub async fn run_pull(dirs: &[impl AsRef<Path>], signals: SignalWatch) -> i32 {
         node: delegate_protocol::host::hostname(),
         restart: crate::slurm::restart_count(),
     };
-    let bound = Duration::from_secs(
-        crate::load_policy()
-            .ok()
-            .and_then(|p| p.limits().ok())
-            .map_or(DEFAULT_BOUND_SECS, |l| l.max_allocation_secs),
-    );
+    let bound =
+        Duration::from_secs(crate::load_policy().map_or(DEFAULT_BOUND_SECS, |p| p.limits().max_allocation_secs));
     let born = Instant::now();
     let mut queue = QueueWatch::new();
     let mut agent = None;

@@ -59,7 +59,7 @@ pub async fn probe(policy: &Policy) -> Report {
     }
     r.api_version = docker.client_version().to_string();
     r.image_present = docker.inspect_image(&policy.default_image).await.is_ok();
-    let tmp_bytes = policy.limits().map(|l| l.tmp_bytes).unwrap_or(64 << 20);
+    let tmp_bytes = policy.limits().tmp_bytes;
     let (perf, off_reason) = config::perf_for(policy.perf_mode, config::perf_paranoid());
     let (mode, detail) = match (perf, off_reason) {
         (Perf::Off, Some(why)) => (Perf::Off.as_str().to_string(), why),
