@@ -37,6 +37,7 @@ mod job_files;
 mod list;
 mod reconcile;
 pub mod ship;
+mod site_terms;
 mod submit;
 mod wait;
 

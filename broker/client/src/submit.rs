@@ -6,22 +6,16 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use delegate_protocol::{
-    self as protocol, atomic_write_at_deferred,
-    attempt::{DEFAULT_RETRIES, MAX_RETRIES},
-    encode, now_ms,
-    policy::Policy,
-    sync_filesystem, write_record_at_deferred, JobId, ProtocolError, Resources, Spec, State, MAX_PAYLOAD_BYTES,
+    self as protocol, atomic_write_at_deferred, encode, now_ms, sync_filesystem, write_record_at_deferred, JobId,
+    ProtocolError, Resources, Spec, State, MAX_PAYLOAD_BYTES,
 };
 use nix::errno::Errno;
 use nix::sys::stat::Mode;
 
-use crate::plan::{plan_map, MapPlan, DEFAULT_MAX_ALLOCATION_SECS, MAX_ARRAY};
+use crate::plan::{plan_map, MapPlan, MAX_ARRAY};
+use crate::site_terms::SiteTerms;
 use crate::slurm::{self, BatchRequest, SlurmError};
 use crate::{Client, ClientError, JobHandle, Result, SubmitRequest};
-
-/// What a job directory holds besides the shipped files, kept free of
-/// them within the job size (spec, outcome, the agent's records).
-const SHIP_HEADROOM: u64 = 1 << 20;
 
 impl Client {
     /// Creates the job directory, writes the spec and payload, submits one
@@ -45,29 +39,22 @@ impl Client {
             return Ok(Vec::new());
         };
         check_submission(reqs)?;
-        let policy = Policy::load_for_client();
-        let image = match &first.image {
-            Some(i) => i.clone(),
-            None => policy
-                .as_ref()
-                .map_err(|e| ClientError::Policy(e.clone()))?
-                .default_image
-                .clone(),
-        };
-        let retries = retries_for(first, policy.as_ref().ok())?;
+        let site = SiteTerms::load();
+        let image = site.image(first.image.as_ref())?;
+        let retries = site.retries(first)?;
         let specs = reqs
             .iter()
             .map(|r| self.spec_for(r, &image, retries))
             .collect::<Result<Vec<_>>>()?;
-        if let (Ok(p), Some(spec)) = (&policy, specs.first()) {
+        if let Some(spec) = specs.first() {
             // (the calls of one submission ask for the same resources)
-            p.check_resources(&spec.resources)?;
+            site.check_resources(&spec.resources)?;
         }
-        let jobs = self.prepare_all(reqs, specs, &policy)?;
+        let jobs = self.prepare_all(reqs, specs, &site)?;
         let ids: Vec<JobId> = jobs.iter().map(|j| j.0.clone()).collect();
         let dirs: Vec<PathBuf> = jobs.iter().map(|j| j.1.clone()).collect();
         let class = self.class_for(first, jobs.len());
-        let map = self.allocations(first, jobs.len(), &policy, class.as_ref().and_then(|c| c.1));
+        let map = self.allocations(first, jobs.len(), &site, class.as_ref().and_then(|c| c.1));
         let mut batch = self.batch_request(first, &ids, &dirs, map);
         // Slurm queues a call again when its node is lost (the runner then
         // starts a new attempt, within the call's retries).
@@ -84,13 +71,13 @@ impl Client {
         &self,
         reqs: &[SubmitRequest],
         specs: Vec<Spec>,
-        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+        site: &SiteTerms,
     ) -> Result<Vec<(JobId, PathBuf, OwnedFd)>> {
         let payload_max = reqs.iter().map(|r| r.payload.as_ref().map_or(0, |p| p.len() as u64)).max();
         let mut shipments: Vec<(&[PathBuf], crate::ship::Plan)> = Vec::new();
         for r in reqs.iter().filter(|r| !r.files.is_empty()) {
             if !shipments.iter().any(|(f, _)| *f == r.files.as_slice()) {
-                shipments.push((&r.files, self.ship_plan(&r.files, payload_max.unwrap_or(0), policy)?));
+                shipments.push((&r.files, self.ship_plan(&r.files, payload_max.unwrap_or(0), site)?));
             }
         }
         let mut jobs: Vec<(JobId, PathBuf, OwnedFd)> = Vec::with_capacity(reqs.len());
@@ -150,19 +137,15 @@ impl Client {
         &self,
         first: &SubmitRequest,
         calls: usize,
-        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
+        site: &SiteTerms,
         class_nodes: Option<u32>,
     ) -> Option<MapPlan> {
-        let site = policy.as_ref().map_or(1, |p| p.calls_per_allocation);
-        let per_allocation = self.config.calls_per_allocation.map_or(site, |n| n.min(site));
+        let sites = site.calls_per_allocation();
+        let per_allocation = self.config.calls_per_allocation.map_or(sites, |n| n.min(sites));
         if calls <= 1 || per_allocation <= 1 {
             return None;
         }
-        let max_allocation = policy
-            .as_ref()
-            .ok()
-            .and_then(|p| p.limits().ok())
-            .map_or(DEFAULT_MAX_ALLOCATION_SECS, |l| l.max_allocation_secs);
+        let max_allocation = site.max_allocation_secs();
         match self.config.slurm.partition_info() {
             Ok(mut info) => {
                 // (the nodes of the one class the calls keep to)
@@ -418,20 +401,8 @@ impl Client {
     /// The shipment of `files` measured against the site's job size, less
     /// what the job directory holds anyway (spec, payload, headroom for the
     /// call's own output).
-    fn ship_plan(
-        &self,
-        files: &[PathBuf],
-        payload_bytes: u64,
-        policy: &std::result::Result<Policy, delegate_protocol::policy::PolicyError>,
-    ) -> Result<crate::ship::Plan> {
-        let limit = match policy {
-            // 0: no job size limit.
-            Ok(p) => match p.limits().map_err(ClientError::InvalidRequest)?.max_job_bytes {
-                0 => u64::MAX,
-                n => n.saturating_sub(payload_bytes + SHIP_HEADROOM),
-            },
-            Err(e) => return Err(ClientError::Policy(e.clone())),
-        };
+    fn ship_plan(&self, files: &[PathBuf], payload_bytes: u64, site: &SiteTerms) -> Result<crate::ship::Plan> {
+        let limit = site.ship_limit(payload_bytes)?;
         crate::ship::plan(files, limit, Some(&self.root), &mut crate::ship::say_left_out)
     }
 
@@ -455,29 +426,6 @@ impl Client {
 
 /// What one submission may be: a multi-node job alone, at most one job
 /// array's calls, every call with the same resources, image and hold.
-/// The retries of a submission's calls: what its first request asks for,
-/// else [`DEFAULT_RETRIES`] or the site's `max_retries` when lower (an
-/// ask above the site's bound is refused by the policy's check). A
-/// multi-node job is never run again: its ranks' files would mix.
-fn retries_for(first: &SubmitRequest, policy: Option<&Policy>) -> Result<u32> {
-    if first.resources.nodes > 1 {
-        return match first.retries {
-            Some(n) if n > 0 => Err(ClientError::InvalidRequest(
-                "retries apply to one-node calls: a multi-node job is not run again (ask for retries=0)".into(),
-            )),
-            _ => Ok(0),
-        };
-    }
-    let max = policy.map_or(MAX_RETRIES, |p| p.max_retries.min(MAX_RETRIES));
-    match first.retries {
-        Some(n) if n > max => Err(ClientError::InvalidRequest(format!(
-            "retries {n} is more than the site maximum of {max}"
-        ))),
-        Some(n) => Ok(n),
-        None => Ok(DEFAULT_RETRIES.min(max)),
-    }
-}
-
 fn check_submission(reqs: &[SubmitRequest]) -> Result<()> {
     let Some(first) = reqs.first() else { return Ok(()) };
     if first.resources.nodes > 1 && reqs.len() > 1 {
