@@ -1,6 +1,8 @@
 """Docs that hold together (issue 31): every relative link of README.md and
 docs/*.md leads to a file that exists, and every #anchor to a heading of
-that file (GitHub's anchor rule); the test stages agree (issue 44). Run by tests/lint.sh; no cluster needed.
+that file (GitHub's anchor rule); the test stages agree (issue 44); the
+crate table names every crate and what each links (issue 57). Run by
+tests/lint.sh; no cluster needed.
 The policy keys and the CLI flags are checked against the docs by the unit
 tests (protocol/src/policy.rs, broker/cli/src/cli.rs)."""
 
@@ -139,9 +141,40 @@ def docs_listing_problems() -> list[str]:
     ]
 
 
+def crate_table_problems() -> list[str]:
+    """docs/crate-choices.md's table has a row for every crate of the
+    workspace, and its "links" cell names every crate that crate depends on
+    (issue 57: it omitted three crates and some of the others' links); the
+    workspace's own crates are "the protocol" and "the client"."""
+    import tomllib
+
+    own = {"delegate-protocol": "the protocol", "delegate-client": "the client"}
+    text = (REPO / "docs/crate-choices.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\| `([\w-]+)`[^|]*\| ([^|]*) \|", line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    members = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["members"]
+    problems = []
+    for member in members:
+        cargo = tomllib.loads((REPO / member / "Cargo.toml").read_text())
+        name = cargo["package"]["name"]
+        if name not in rows:
+            problems.append(f"docs/crate-choices.md's table has no row for {name} ({member}/)")
+            continue
+        for dep in cargo.get("dependencies", {}):
+            said = own.get(dep, dep)
+            if not re.search(rf"(?<![\w-]){re.escape(said)}(?![\w-])", rows[name]):
+                problems.append(
+                    f"docs/crate-choices.md: {name}'s row does not name {own.get(dep, dep)}, which it links"
+                )
+    return problems
+
+
 if __name__ == "__main__":
     problems = broken_links() + settings_problems() + stage_problems() + life_of_a_call_problems()
-    problems += docs_listing_problems()
+    problems += docs_listing_problems() + crate_table_problems()
     for p in problems:
         print(p, file=sys.stderr)
     sys.exit(1 if problems else 0)
