@@ -6,12 +6,11 @@ submitted; the reason of a job that did not complete follows its state."""
 from __future__ import annotations
 
 import html
-import os
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from delegate import _core, _local
+from delegate import _backends
 
 if TYPE_CHECKING:
     from delegate._core import JobRecord
@@ -155,13 +154,7 @@ def jobs(limit: int = 20, backend: str | None = None) -> JobTable:
     process's local calls."""
     if limit < 0:
         raise ValueError("limit must be >= 0")
-    b = backend if backend is not None else (os.environ.get("DELEGATE_BACKEND", "").strip() or "cluster")
-    if b == "local":
-        rows = _local.statuses(limit)
-    elif b == "cluster":
-        rows = [dict(r) for r in _core.jobs(limit)] if limit else []
-    else:
-        raise ValueError("unknown backend %r (expected cluster or local)" % b)
+    rows = _backends.named(backend).recent(limit)
     for r in rows:
         r["outcome"] = _words(r)
     return JobTable(rows)

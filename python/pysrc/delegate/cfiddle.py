@@ -60,7 +60,7 @@ from cfiddle.Builder import Executable  # type: ignore[import-untyped]
 from cfiddle.Runner import RunnerDelegateException, SubprocessDelegate  # type: ignore[import-untyped]
 
 import delegate
-from delegate import _cfiddle_sandbox
+from delegate import _cfiddle_sandbox, _submission
 from delegate._errors import DelegateError, VersionMismatchError
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ class _Job:
         there._invocations = copies
         there._cmd_runner = SubprocessDelegate
         there._progress_bar = noop_progress_bar
-        cloudpickle = delegate._cloudpickle()
+        cloudpickle = _submission._cloudpickle()
         self.runner = cloudpickle.dumps(dict(config=_sandbox_config(), runner=there), protocol=4)
         if len(self.runner) > left:
             raise RunTooLarge(
@@ -260,9 +260,9 @@ class Delegate:
         **resources: Unpack[delegate.MapResources],
     ) -> None:
         self.machine_columns = bool(machine_columns)
-        self.repeats = delegate._repeats(repeat, warmup) or (1, 0)
-        self.resources: dict[str, Any] = delegate._map_resources(resources, "Delegate()")
-        delegate._resources(self.resources)  # TypeError/ValueError at once
+        self.repeats = _submission._repeats(repeat, warmup) or (1, 0)
+        self.resources: dict[str, Any] = _submission._map_resources(resources, "Delegate()")
+        _submission._resources(self.resources)  # TypeError/ValueError at once
         if invocations_per_job is not None and int(invocations_per_job) < 1:
             raise ValueError("invocations_per_job must be at least 1")
         self.invocations_per_job = None if invocations_per_job is None else int(invocations_per_job)
@@ -296,14 +296,14 @@ class Delegate:
         CFiddle exception its runner reported (as ``cfiddle-run`` pickles
         it). Raises :class:`DelegatedRunError` and its subclasses."""
         jobs = self._jobs(runner)
-        cloudpickle = delegate._cloudpickle()
+        cloudpickle = _submission._cloudpickle()
         cloudpickle.register_pickle_by_value(_cfiddle_sandbox)
         version = _caller_version()
         calls: list[tuple[Sequence[Any], dict[str, Any]]] = [
             ((job.files, job.runner, version, *self.repeats), {}) for job in jobs
         ]
         try:
-            futs = delegate._submit_many(_cfiddle_sandbox.run, calls, self.resources)
+            futs = _submission._submit_many(_cfiddle_sandbox.run, calls, self.resources)
         except DelegateError as e:
             raise DelegatedRunError("the CFiddle run could not be submitted: %s" % e) from e
         self.job_ids = [f.job_id for f in futs]
@@ -311,7 +311,7 @@ class Delegate:
         try:
             answers = [self._answer(f) for f in futs]
         except BaseException:
-            delegate._cancel_futures([f for f in futs if not f.done()])
+            _submission._cancel_futures([f for f in futs if not f.done()])
             raise
         out = runner._result_list_factory()
         for job, (fut, answer) in zip(jobs, zip(futs, answers)):
