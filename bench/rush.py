@@ -355,11 +355,18 @@ def _helper_starts() -> tuple[float, dict[str, int]]:
         ["docker", "exec", _cid("user"), "delegate-place", "--ask"],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
+    # (the helper names an array's element `123_4`, sacct's JobIDRaw its
+    # own job id: squeue on the manager says which is which while it waits)
+    raw = subprocess.run(
+        ["docker", "exec", _cid("head"), "squeue", "-h", "-r", "-t", "PD", "-o", "%i|%A"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    ids = dict(line.split("|", 1) for line in raw.stdout.splitlines() if line.count("|") == 1)
     out = {}
     for line in r.stdout.splitlines():
         f = line.split()
         if len(f) == 3 and f[2].isdigit():
-            out[f[0]] = int(f[2])
+            out[ids.get(f[0], f[0]).strip()] = int(f[2])
     return at, out
 
 
@@ -368,9 +375,9 @@ def estimate_errors(
 ) -> dict:
     """How far off the expected starts were: for each job that had one
     while it waited (the first one seen), its start (sacct) minus that
-    estimate, in seconds (negative: it started earlier). A job is named as
-    sacct names it (`123`, or `123_4` for an array's element); `prefix`
-    names the source in the keys."""
+    estimate, in seconds (negative: it started earlier). A job is named by
+    its own job id (sacct's JobIDRaw, squeue's %A); `prefix` names the
+    source in the keys."""
     started = {}
     for job, _submit, start, _end, _nodes in allocations:
         if start.strip().isdigit():
