@@ -178,36 +178,15 @@ pub struct QueuedJob {
 }
 
 impl QueuedJob {
-    /// How long it has run, in seconds (None: not a clock squeue prints).
+    /// How long it has run, in seconds (None: not a time squeue prints).
     pub fn elapsed_secs(&self) -> Option<u64> {
-        clock_secs(&self.time)
+        super::parse_slurm_time(&self.time).ok().flatten()
     }
 
-    /// Its time limit, in seconds (None: UNLIMITED, or not a clock).
+    /// Its time limit, in seconds (None: UNLIMITED, or not a time).
     pub fn limit_secs(&self) -> Option<u64> {
-        clock_secs(&self.time_limit)
+        super::parse_slurm_time(&self.time_limit).ok().flatten()
     }
-}
-
-/// Seconds of a time as squeue prints one (`%M`, `%l`): `S`, `M:SS`,
-/// `H:MM:SS` or `D-H:MM:SS`; None for anything else (`UNLIMITED`,
-/// `INVALID`, `N/A`).
-pub fn clock_secs(s: &str) -> Option<u64> {
-    let (days, clock) = match s.trim().split_once('-') {
-        Some((d, c)) => (d.parse::<u64>().ok()?, c),
-        None => (0, s.trim()),
-    };
-    let parts: Vec<u64> = clock.split(':').map(|p| p.parse::<u64>().ok()).collect::<Option<_>>()?;
-    let (h, m, sec) = match parts[..] {
-        [sec] => (0, 0, sec),
-        [m, sec] => (0, m, sec),
-        [h, m, sec] => (h, m, sec),
-        _ => return None,
-    };
-    days.checked_mul(86_400)?
-        .checked_add(h.checked_mul(3_600)?)?
-        .checked_add(m.checked_mul(60)?)?
-        .checked_add(sec)
 }
 
 /// Parses `squeue --all --array --noheader --format=SQUEUE_FORMAT`; bad
@@ -274,22 +253,23 @@ mod tests {
 
     #[test]
     fn squeues_clocks_are_read_and_its_words_are_not() {
-        assert_eq!(clock_secs("0:07"), Some(7));
-        assert_eq!(clock_secs("12:34"), Some(754));
-        assert_eq!(clock_secs("1:00:00"), Some(3_600));
-        assert_eq!(clock_secs("2-03:04:05"), Some(2 * 86_400 + 3 * 3_600 + 4 * 60 + 5));
-        assert_eq!(clock_secs("45"), Some(45));
-        for bad in [
-            "UNLIMITED",
-            "INVALID",
-            "N/A",
-            "",
-            "1:2:3:4",
-            "-1:00",
-            "1-",
-            "99999999999999999999-0:00",
-        ] {
-            assert_eq!(clock_secs(bad), None, "{bad}");
+        let at = |time: &str, limit: &str| QueuedJob {
+            job_id: "1".into(),
+            user: "ann".into(),
+            state: "RUNNING".into(),
+            reason: "None".into(),
+            priority: 1,
+            time: time.into(),
+            time_limit: limit.into(),
+            submitted: String::new(),
+        };
+        assert_eq!(at("0:07", "10:00").elapsed_secs(), Some(7));
+        assert_eq!(at("12:34", "10:00").elapsed_secs(), Some(754));
+        assert_eq!(at("1:00:00", "1:00:00").limit_secs(), Some(3_600));
+        assert_eq!(at("2-03:04:05", "").elapsed_secs(), Some(2 * 86_400 + 3 * 3_600 + 4 * 60 + 5));
+        for bad in ["UNLIMITED", "INVALID", "N/A", "", "1:2:3:4"] {
+            assert_eq!(at(bad, bad).elapsed_secs(), None, "{bad}");
+            assert_eq!(at(bad, bad).limit_secs(), None, "{bad}");
         }
     }
 
