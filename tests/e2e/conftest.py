@@ -40,6 +40,12 @@ def cluster():
     yield from testlib.local_cluster(REPO, _daemon_problem)
 
 
+@pytest.fixture(autouse=True)
+def node_in_service(cluster):
+    """Each test leaves the node in service (testlib.node_guard)."""
+    yield from testlib.node_guard()
+
+
 class User:
     """A student: runs the real CLI as their own uid."""
 

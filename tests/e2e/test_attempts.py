@@ -50,7 +50,16 @@ def hasten(user, job: str) -> None:
     def held() -> bool:
         return sh("squeue", "-h", "-j", sid, "-o", "%T %r").stdout.split() == ["PENDING", "BeginTime"]
 
+    def old_instance_gone() -> bool:
+        # The lost attempt's slurmstepd still on the node (it is this
+        # machine) makes Slurm see the job twice when the requeued one
+        # starts there at once: `Duplicate jobid`, node drained. A real
+        # lost machine is gone; here it must be, before the hurry.
+        gone = sh("pgrep", "-f", rf"^slurmstepd: \[{sid}\.", check=False).returncode == 1
+        return gone and "completing" not in sh("sinfo", "-h", "-N", "-o", "%T").stdout
+
     testlib.wait_until(f"Slurm job {sid} pending on its begin time", held, 60, 0.5)
+    testlib.wait_until(f"the lost attempt of Slurm job {sid} gone from the node", old_instance_gone, 60, 0.2)
     sh("scontrol", "update", f"jobid={sid}", "StartTime=now")
 
 

@@ -47,6 +47,12 @@ def cluster():
     yield from testlib.local_cluster(REPO, _problem, _package_problem)
 
 
+@pytest.fixture(autouse=True)
+def node_in_service(cluster):
+    """Each test leaves the node in service (testlib.node_guard)."""
+    yield from testlib.node_guard()
+
+
 class Student:
     """Runs Python scripts as an ordinary user with the test interpreter."""
 
