@@ -538,6 +538,18 @@ def round_robin_bound(students: list[dict], workers: int, call_s: float) -> list
     return out
 
 
+def work_floor(work: float, workers: int, since: float, lost_at: float | None) -> float:
+    """The drain's floor from the calls' work: work / workers, or, with one
+    worker lost at `lost_at` (epoch seconds; `since` is the first submit),
+    every worker until then and one fewer after."""
+    if lost_at is None or workers < 2:
+        return work / workers
+    before = max(lost_at - since, 0.0)
+    if work <= workers * before:
+        return work / workers
+    return before + (work - workers * before) / (workers - 1)
+
+
 def idle_while_waiting(allocs: list[list[str]], workers: int, since: float, until: float) -> float:
     """Node-seconds idle while work waited, from Slurm's records: at each
     second, the idle nodes (workers less those with an allocation) up to
@@ -589,7 +601,11 @@ def summarize(data: dict) -> dict:
     first = min((c["submitted_ms"] for _, _, c in calls_all if c["submitted_ms"]), default=0) / 1000
     last = max((c["finished_ms"] for _, _, c in calls_all if c["finished_ms"]), default=0) / 1000
     drain = last - first
-    ideal = work / meta["workers"]
+    killed = meta.get("killed")
+    ideal = work_floor(work, meta["workers"], first, killed["at"] if killed else None)
+    # Calls that ran again after their machine was lost (the call's reason
+    # names the attempt: "ran again on worker2 (attempt 2): worker1 was lost").
+    ran_again = [c for _, _, c in calls_all if "ran again on" in (c.get("reason") or "")]
     rpc = meta["rpc"]
     span = max(rpc[-1][0] - rpc[0][0], 1e-9)
     rate = (rpc[-1][1] - rpc[0][1]) / span
@@ -639,7 +655,12 @@ def summarize(data: dict) -> dict:
         call_s += meta["lifecycle_s"]
     bound = round_robin_bound(studs, meta["workers"], call_s)
     first_ratio = [s["first"] / b for s, b in zip(studs, bound, strict=True) if b > 0]
-    lifecycle_floor = len(calls_all) * meta.get("lifecycle_s", float("nan")) / meta["workers"]
+    lifecycle_floor = work_floor(
+        len(calls_all) * meta.get("lifecycle_s", float("nan")),
+        meta["workers"],
+        first,
+        killed["at"] if killed else None,
+    )
     floor = max(ideal, lifecycle_floor) if not math.isnan(lifecycle_floor) else ideal
     rss = [s["rss_kb"] / 1024 for s in studs if s.get("rss_kb")]
     idle = (
@@ -670,6 +691,9 @@ def summarize(data: dict) -> dict:
         "calls": len(calls_all),
         "calls_ok": len(ok),
         "calls_not_ok": [(t, c["id"], c["state"], c["got"][:80]) for t, c in wrong][:20],
+        "machine_killed": killed,
+        "ran_again": len(ran_again),
+        "ran_again_reasons": sorted({c["reason"] for c in ran_again})[:10],
         "student_calls": len(others),
         "allocations": len(slurm_jobs),
         "wait_p50": _pct(waits, 0.5),
@@ -679,6 +703,7 @@ def summarize(data: dict) -> dict:
         "per_student_max_p95": _pct(list(per_student.values()), 0.95),
         "per_student_max_max": max(per_student.values(), default=float("nan")),
         "work_s": work,
+        "first_submit": first,
         "drain_s": drain,
         "ideal_s": ideal,
         "drain_ratio": drain / ideal if ideal else float("nan"),
@@ -705,7 +730,12 @@ def report(outdir: str) -> None:
     for name in ("quiet", "rush"):
         p = out / f"phase-{name}.json"
         if p.exists():
-            phases[name] = summarize(json.loads(p.read_text()))
+            data = json.loads(p.read_text())
+            # (bench/rush.sh --machines --kill-at: which machine it killed, when)
+            killed = out / f"killed-{name}.json"
+            if killed.exists():
+                data["meta"]["killed"] = json.loads(killed.read_text())
+            phases[name] = summarize(data)
     print("\n=== the deadline rush (bench/rush.sh) ===")
     for name, s in phases.items():
         flood = " + 1 flooder" if s["flooder"] else ""
@@ -716,6 +746,17 @@ def report(outdir: str) -> None:
             f"  completed exactly once: {s['calls_ok']}/{s['calls']}"
             + ("" if not s["calls_not_ok"] else f"  NOT OK: {s['calls_not_ok']}")
         )
+        if s["machine_killed"]:
+            k = s["machine_killed"]
+            print(
+                f"  machine {k['machine']} ({k['worker']}) killed {k['at'] - s['first_submit']:.0f} s after the first "
+                f"submit: {s['ran_again']} calls ran again on another machine"
+                + (f" ({'; '.join(s['ran_again_reasons'][:3])})" if s["ran_again"] else "")
+            )
+        elif s["ran_again"]:
+            print(
+                f"  calls that ran again (no machine was killed): {s['ran_again']}: {s['ran_again_reasons'][:3]}"
+            )
         print(
             f"  students' calls, wait submit->start: p50 {s['wait_p50']:.1f} s, p95 {s['wait_p95']:.1f} s, "
             f"max {s['wait_max']:.1f} s"

@@ -2,6 +2,7 @@
 # bench/rush.sh -- the deadline rush, measured on a stack of its own (issues 12, 53).
 #
 #   bench/rush.sh [--students N] [--workers N] [--flood N] [--window S] [--seed N] [--keep]
+#                 [--machines [--kill-at S]]
 #
 # Deploys a swarm stack (build_cluster.sh deploy) named $DELEGATE_STACK_NAME
 # (default delegate-rush, its own directories, port and job ids, so it lives
@@ -25,7 +26,14 @@
 # manager's CPU and memory peak, the client's memory per student, and the
 # rush/quiet ratios (the flooder's delay on the others). Results (rush.json
 # and, with matplotlib in the bench venv of bench/run.sh, rush.png) go to
-# bench/results/. `down` at the end unless --keep. Run as root; it takes the
+# bench/results/. With --machines the workers are the emulated worker
+# machines instead (tests/machines: m1 and m2, each its own Docker engine,
+# the home over GlusterFS with its caches), joined with the instructor's
+# `machine add` and deployed with placement, one worker on each; with
+# --kill-at S, m1 is killed S seconds after the rush phase's window opens
+# (as a machine dies: its container killed on the machines' engine) and
+# the figures count the calls that ran again on the other machine, against
+# a floor with one worker fewer from then on. `down` at the end unless --keep. Run as root; it takes the
 # machine's CPU for a while. Benchmarks print figures; nothing asserts on
 # time.
 set -euo pipefail
@@ -37,6 +45,8 @@ FLOOD=${RUSH_FLOOD:-2000}
 WINDOW=${RUSH_WINDOW:-180}
 SEED=${RUSH_SEED:-1}
 KEEP=0
+MACHINES=0
+KILL_AT=""
 OUT=$REPO/bench/results
 while (($#)); do
     case $1 in
@@ -46,6 +56,8 @@ while (($#)); do
         --window) WINDOW=$2; shift ;;
         --seed) SEED=$2; shift ;;
         --keep) KEEP=1 ;;
+        --machines) MACHINES=1 ;;
+        --kill-at) KILL_AT=$2; shift ;;
         --out) OUT=$(realpath -m "$2"); shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "bench/rush.sh: unknown argument $1" >&2; exit 2 ;;
@@ -57,6 +69,8 @@ for n in "$STUDENTS" "$WORKERS" "$FLOOD" "$WINDOW" "$SEED"; do
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench/rush.sh: '$n' is not a positive number" >&2; exit 2; }
 done
 ((STUDENTS <= 400)) || { echo "bench/rush.sh: at most 400 students" >&2; exit 2; }
+[[ -z $KILL_AT || ( $KILL_AT =~ ^[0-9]+$ && $MACHINES == 1 ) ]] \
+    || { echo "bench/rush.sh: --kill-at takes seconds, with --machines" >&2; exit 2; }
 
 # The stack of the benchmark: its own name, directories, port and job ids.
 export DELEGATE_STACK_NAME=${DELEGATE_STACK_NAME:-delegate-rush}
@@ -82,12 +96,35 @@ export RUSH_STUDENTS_LIST=${list% } RUSH_FLOODER=rflood RUSH_FLOOD=$FLOOD RUSH_W
 export RUSH_WINDOW=$WINDOW RUSH_SEED=$SEED
 
 cd "$REPO"
-"$REPO/build_cluster.sh" deploy --workers "$WORKERS"
+MACHINES_TOOL=$REPO/tests/machines/machines.sh
 cleanup() {
     rm -f "$roster"
-    if ((KEEP == 0)); then "$REPO/build_cluster.sh" down || true; fi
+    if ((KEEP == 0)); then
+        "$REPO/build_cluster.sh" down || true
+        if ((MACHINES)); then
+            "$MACHINES_TOOL" down || true
+            [[ -n $(docker stack ls -q) ]] || docker swarm leave --force >/dev/null 2>&1 || true
+        fi
+    fi
 }
 trap cleanup EXIT
+if ((MACHINES)); then
+    # The machines as the instructor joins them (tests/cluster/stacklib.py's
+    # worker_machines: the same settings), then a deploy with placement.
+    [[ $(docker info -f '{{.Swarm.LocalNodeState}}') == inactive ]] \
+        || { echo "bench/rush.sh: this host's engine is in a swarm already: the machines join the one deploy makes" >&2; exit 1; }
+    export DELEGATE_STACK_PLACEMENT=1 DELEGATE_STACK_WORKERS=2 DELEGATE_STACK_SLOTS=3 DELEGATE_SLURMD_TIMEOUT=30
+    "$MACHINES_TOOL" up
+    DELEGATE_MACHINE_SSH=$("$MACHINES_TOOL" ssh)
+    export DELEGATE_MACHINE_SSH
+    for m in m1 m2; do
+        "$REPO/build_cluster.sh" machine add "root@$("$MACHINES_TOOL" address "$m")"
+    done
+    WORKERS=2 RUSH_WORKERS=2
+    "$REPO/build_cluster.sh" deploy
+else
+    "$REPO/build_cluster.sh" deploy --workers "$WORKERS"
+fi
 t=$SECONDS
 "$REPO/build_cluster.sh" --stack accounts add --csv "$roster"
 echo "rush: the roster of $((STUDENTS + 1)) accounts added in $((SECONDS - t)) s"
@@ -115,10 +152,22 @@ VENV=${BENCH_VENV:-/var/lib/delegate/bench-venv}
 work=$(mktemp -d /tmp/delegate-rush.XXXXXX)
 echo "rush: $STUDENTS students over ${WINDOW} s (seed $SEED), $WORKERS workers, a flooder of $FLOOD calls (results in $work, then $OUT)"
 "$PY" bench/rush.py phase quiet "$work"
+if [[ -n $KILL_AT ]]; then
+    # m1 (worker1) dies KILL_AT seconds after the rush's window opens (the
+    # students start about 15 s after the phase, rush.py's `start`).
+    (
+        sleep "$((15 + STUDENTS / 20 + KILL_AT))"
+        "$MACHINES_TOOL" docker kill m1 >/dev/null
+        printf '{"machine": "m1", "worker": "worker1", "at": %s}\n' "$(date +%s.%N)" >"$work/killed-rush.json"
+        echo "rush: killed machine m1 (worker1) at $(date +%T)"
+    ) &
+fi
 "$PY" bench/rush.py phase rush "$work"
+wait
 "$PY" bench/rush.py report "$work"
 mkdir -p "$OUT"
 cp "$work"/phase-quiet.json "$work"/phase-rush.json "$work"/rush.json "$OUT/"
 [[ -f $work/rush.png ]] && cp "$work/rush.png" "$OUT/rush.png"
+[[ -f $work/killed-rush.json ]] && cp "$work/killed-rush.json" "$OUT/"
 rm -rf "$work"
 echo "rush: results in $OUT/rush.json (per call: $OUT/phase-{quiet,rush}.json)"

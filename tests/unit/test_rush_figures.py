@@ -1,0 +1,52 @@
+"""bench/rush.py's figures that are arithmetic, without a stack: the
+drain's floor when a machine is lost mid-rush, and the count of calls that
+ran again. The benchmark itself runs on the stack (bench/rush.sh) and its
+short form in CI (tests/cluster/test_rush.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("rush", REPO / "bench" / "rush.py")
+rush = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rush)
+
+
+def test_the_floor_without_a_loss_is_the_work_over_the_workers():
+    assert rush.work_floor(100.0, 4, 0.0, None) == 25.0
+
+
+def test_a_machine_lost_after_the_work_could_end_changes_nothing():
+    assert rush.work_floor(100.0, 4, 1000.0, 1030.0) == 25.0
+
+
+def test_a_machine_lost_midway_leaves_the_rest_to_one_worker_fewer():
+    # 2 workers, 100 s of work, one lost 20 s in: 40 s done by both, the
+    # other 60 s by the one left.
+    assert rush.work_floor(100.0, 2, 1000.0, 1020.0) == 20.0 + 60.0
+
+
+def test_a_lost_machine_counts_the_calls_that_ran_again():
+    def call(token, reason, state="completed"):
+        return {"id": token, "state": state, "got": token, "want": token, "reason": reason,
+                "started_ms": 1000, "finished_ms": 2000, "submitted_ms": 500}  # fmt: skip
+
+    data = {
+        "meta": {
+            "phase": "rush", "workers": 2, "rpc": [[0.0, 0], [10.0, 5]], "problems": [], "students": 1,
+            "flooder": "", "allocations": [], "lifecycle_s": float("nan"),
+            "killed": {"machine": "m1", "worker": "worker1", "at": 1.5},
+        },  # fmt: skip
+        "students": [
+            {"kind": "student", "token": "a", "first_submit_ms": 500, "calls": [
+                call("a1", "completed"),
+                call("a2", "ran again on worker2 (attempt 2): worker1 was lost"),
+            ]},
+        ],  # fmt: skip
+    }
+    s = rush.summarize(data)
+    assert s["calls_ok"] == 2 and s["ran_again"] == 1, s
+    assert s["machine_killed"]["machine"] == "m1"
+    assert s["ran_again_reasons"] == ["ran again on worker2 (attempt 2): worker1 was lost"]
