@@ -65,19 +65,16 @@ machine_add() {
     token=$(docker swarm join-token -q worker)
     # Checked before the machine is touched: a machine already in this
     # swarm keeps its number, and a number is one machine's.
-    local known had workers
+    # (delegate-deploy's `joining` decides the number: placement.rs)
+    local known machines key rest
     known=$(machine_ssh "$host" docker info -f '{{.Swarm.NodeID}}' </dev/null 2>/dev/null) || known=""
-    workers=$(machine_workers)
-    had=$(awk -v id="$known" '$2 == id {print $1}' <<<"$workers")
-    if [[ -n $had && -n $worker && $worker != "$had" ]]; then
-        die "machine $host is worker$had already (./build_cluster.sh machine remove worker$had first)"
-    fi
-    stack_worker_ids
-    [[ -n $worker ]] || worker=${had:-$STACK_NEXT_WORKER}
-    [[ $worker =~ ^[1-9][0-9]{0,2}$ ]] || die "--worker must be a number from 1, not '$worker'"
-    local other
-    other=$(awk -v n="$worker" -v id="$known" '$1 == n && $2 != id {print $3}' <<<"$workers")
-    [[ -z $other ]] || die "worker$worker is already the machine $other's (./build_cluster.sh machine list)"
+    machines=$(mktemp -p "$BC_TMP")
+    machine_workers >"$machines"
+    read -r key rest < <(deploy_value joining --machines "$machines" --node "$known" --host "$host" \
+        ${worker:+--worker "$worker"})
+    rm -f "$machines"
+    [[ $key == join ]] || die "${rest:-delegate-deploy joining gave no answer}"
+    worker=$rest
     log "machine $host: preparing it as worker$worker (ssh: $MACHINE_SSH)"
     # The course's CA, for the registry the machine pulls its images from.
     local registry ca

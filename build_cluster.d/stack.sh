@@ -57,21 +57,19 @@ STACK_NODE_UP='(idle|mixed|allocated|completing)'
 # numbers of the workers there are (1..N; placement: those of the machines
 # within the slots), STACK_SLOTS, how many Slurm knows (placement:
 # DELEGATE_STACK_SLOTS, at least N, each FUTURE until its machine runs it;
-# else N), STACK_REPLICAS (each worker service's, unless elastic),
-# STACK_NEXT_WORKER (a joining machine's number) and STACK_PLACEMENT_SAYS
+# else N), STACK_REPLICAS (each worker service's, unless elastic) and
+# STACK_PLACEMENT_SAYS
 # (its refuse/warn/log lines for a deploy: machines_placed).
 stack_worker_ids() {
     local machines key rest
     machines=$(mktemp -p "$BC_TMP")
     machine_workers >"$machines" 2>/dev/null || true
     STACK_WORKER_IDS=() STACK_REPLICAS="" STACK_PLACEMENT_SAYS=""
-    # shellcheck disable=SC2034 # (STACK_NEXT_WORKER: machine_add's)
     while read -r key rest; do
         case $key in
             slots) STACK_SLOTS=$rest ;;
             workers) read -r -a STACK_WORKER_IDS <<<"$rest" ;;
             replicas) STACK_REPLICAS=$rest ;;
-            next) STACK_NEXT_WORKER=$rest ;;
             *) STACK_PLACEMENT_SAYS+="$key $rest"$'\n' ;;
         esac
     done < <(deploy_value placement --machines "$machines")

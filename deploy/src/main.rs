@@ -223,12 +223,28 @@ enum Rendered {
         period: u64,
     },
     /// Which worker runs where (placement: on the machines `machine add`
-    /// labelled): `slots N`, `workers N...`, `next N`, `replicas R...`
+    /// labelled): `slots N`, `workers N...`, `replicas R...`
     /// unless elastic, then `refuse`, `warn` and `log` lines of a deploy.
     Placement {
         /// The swarm's labelled machines, `N NODE-ID HOSTNAME` per line.
         #[arg(long)]
         machines: PathBuf,
+    },
+    /// The number of a machine joining the course (`machine add`): `join N`,
+    /// or `refuse SENTENCE` when it cannot be that worker.
+    Joining {
+        /// The swarm's labelled machines, `N NODE-ID HOSTNAME` per line.
+        #[arg(long)]
+        machines: PathBuf,
+        /// The joining machine's swarm node id, empty when it is in none.
+        #[arg(long, default_value = "")]
+        node: String,
+        /// How the instructor named it (`machine add HOST`).
+        #[arg(long)]
+        host: String,
+        /// The number asked for (`--worker N`).
+        #[arg(long)]
+        worker: Option<String>,
     },
     /// The stack file (docker stack deploy) with what only the deployment knows.
     StackFile(Facts),
@@ -334,6 +350,13 @@ fn run(file: Rendered, s: &Settings) -> Result<String, RenderError> {
         }
         Rendered::Placement { machines } => {
             placement::place(s, &placement::machines(&read_text(&machines)?)).map(|p| p.lines())
+        }
+        Rendered::Joining { machines, node, host, worker } => {
+            let known = placement::machines(&read_text(&machines)?);
+            Ok(match placement::joining(&known, &node, &host, worker.as_deref()) {
+                Ok(n) => format!("join {n}\n"),
+                Err(why) => format!("refuse {}\n", why.replace('\n', " ")),
+            })
         }
         Rendered::StackFile(facts) => stack_file::render(s, &facts),
         Rendered::StackAccounts { roster_state, names } => {

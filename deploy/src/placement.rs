@@ -1,6 +1,7 @@
 //! Which worker runs where, decided once here: from the swarm's machines
 //! that `machine add` labelled `delegate.worker=N` (placement,
-//! `DELEGATE_STACK_PLACEMENT=1`), the number a joining machine gets, the
+//! `DELEGATE_STACK_PLACEMENT=1`), the number a joining machine gets
+//! ([`joining`]), the
 //! workers the stack runs and the replicas of each worker service, and what
 //! refuses or warns about a deploy. build_cluster.d/machines.sh and
 //! stack.sh apply the answer (lines of [`Placement::lines`]).
@@ -12,6 +13,8 @@ use crate::{RenderError, Settings};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Machine {
     pub worker: u64,
+    /// The swarm's node id.
+    pub node: String,
     pub host: String,
 }
 
@@ -24,8 +27,9 @@ pub fn machines(text: &str) -> Vec<Machine> {
         .filter_map(|line| {
             let mut f = line.split_whitespace();
             let worker = f.next()?.parse::<u64>().ok().filter(|n| (1..=999).contains(n))?;
-            let host = f.nth(1).unwrap_or("").to_owned();
-            Some(Machine { worker, host })
+            let node = f.next().unwrap_or("").to_owned();
+            let host = f.next().unwrap_or("").to_owned();
+            Some(Machine { worker, node, host })
         })
         .collect();
     out.sort_by_key(|m| m.worker);
@@ -35,6 +39,37 @@ pub fn machines(text: &str) -> Vec<Machine> {
 /// The lowest worker number no machine has.
 pub fn next_worker(machines: &[Machine]) -> u64 {
     (1..).find(|n| machines.iter().all(|m| m.worker != *n)).unwrap_or(1)
+}
+
+/// The number a machine joining as `host` (the swarm's node `node`, empty
+/// when it is in no swarm yet) gets: the one asked for (`--worker`), else
+/// the one it has (a machine in this swarm keeps its number), else the
+/// lowest free one; or why it cannot join, in one sentence. A number is
+/// one machine's.
+pub fn joining(machines: &[Machine], node: &str, host: &str, asked: Option<&str>) -> Result<u64, String> {
+    let had = machines.iter().find(|m| !node.is_empty() && m.node == node).map(|m| m.worker);
+    let n = match asked {
+        Some(a) => worker_number(a).ok_or_else(|| format!("--worker must be a number from 1 to 999, not '{a}'"))?,
+        None => had.unwrap_or_else(|| next_worker(machines)),
+    };
+    if let Some(had) = had.filter(|h| *h != n) {
+        return Err(format!(
+            "machine {host} is worker{had} already (./build_cluster.sh machine remove worker{had} first)"
+        ));
+    }
+    match machines.iter().find(|m| m.worker == n && (node.is_empty() || m.node != node)) {
+        Some(other) => Err(format!(
+            "worker{n} is already the machine {}'s (./build_cluster.sh machine list)",
+            other.host
+        )),
+        None => Ok(n),
+    }
+}
+
+/// A worker number as written: 1 to 999, no sign, no leading zero.
+fn worker_number(s: &str) -> Option<u64> {
+    let ok = !s.is_empty() && s.len() <= 3 && !s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| s.parse().ok()).flatten()
 }
 
 /// What the stack runs, and what a deploy must be told.
@@ -48,8 +83,6 @@ pub struct Placement {
     /// The replicas of each worker service, slot by slot; `None` when the
     /// stack is elastic (the power service decides them as it runs).
     pub replicas: Option<Vec<u8>>,
-    /// The number the next machine joining gets.
-    pub next: u64,
     /// Why a deploy is refused, when it is.
     pub refuse: Option<String>,
     /// What a deploy warns about.
@@ -64,7 +97,6 @@ pub fn place(s: &Settings, machines: &[Machine]) -> Result<Placement, RenderErro
     let elastic = declared.elastic.is_some();
     let mut p = Placement {
         slots: declared.declared(),
-        next: next_worker(machines),
         ..Placement::default()
     };
     if !s.flag("DELEGATE_STACK_PLACEMENT")? {
@@ -136,12 +168,12 @@ fn where_each_runs(slots: u64, running: u64, machines: &[Machine]) -> String {
 }
 
 impl Placement {
-    /// Lines build_cluster.sh reads: `slots N`, `workers N...`, `next N`,
+    /// Lines build_cluster.sh reads: `slots N`, `workers N...`,
     /// then `replicas R...` unless elastic, `refuse SENTENCE`, a
     /// `warn SENTENCE` each, `log SENTENCE`, when there are.
     pub fn lines(&self) -> String {
         let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
-        let mut out = format!("slots {}\nworkers {}\nnext {}\n", self.slots, join(&self.workers), self.next);
+        let mut out = format!("slots {}\nworkers {}\n", self.slots, join(&self.workers));
         if let Some(r) = &self.replicas {
             let r: Vec<u64> = r.iter().map(|x| u64::from(*x)).collect();
             out.push_str(&format!("replicas {}\n", join(&r)));
@@ -191,10 +223,42 @@ mod tests {
         assert_eq!(
             m,
             vec![
-                Machine { worker: 1, host: "host-a".into() },
-                Machine { worker: 2, host: "host-b".into() },
+                Machine {
+                    worker: 1,
+                    node: "id1".into(),
+                    host: "host-a".into()
+                },
+                Machine {
+                    worker: 2,
+                    node: "id2".into(),
+                    host: "host-b".into()
+                },
             ]
         );
+    }
+
+    #[test]
+    fn a_joining_machine_gets_a_number_that_is_no_other_machines() {
+        let two = machines("1 id1 m1\n2 id2 m2\n");
+        assert_eq!(joining(&two, "", "root@m3", None), Ok(3));
+        assert_eq!(joining(&two, "id2", "root@m2", None), Ok(2), "a machine keeps its number");
+        assert_eq!(joining(&two, "id2", "root@m2", Some("2")), Ok(2));
+        assert_eq!(joining(&two, "", "root@m3", Some("7")), Ok(7));
+        assert_eq!(
+            joining(&two, "id2", "root@m2", Some("5")),
+            Err("machine root@m2 is worker2 already (./build_cluster.sh machine remove worker2 first)".into())
+        );
+        assert_eq!(
+            joining(&two, "", "root@m3", Some("1")),
+            Err("worker1 is already the machine m1's (./build_cluster.sh machine list)".into())
+        );
+        for bad in ["0", "01", "1000", "-1", "1e3", "", " 1", "x"] {
+            assert_eq!(
+                joining(&two, "", "h", Some(bad)),
+                Err(format!("--worker must be a number from 1 to 999, not '{bad}'")),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
@@ -224,7 +288,6 @@ mod tests {
         assert_eq!(p.slots, 3);
         assert_eq!(p.workers, vec![1, 2]);
         assert_eq!(p.replicas, Some(vec![1, 1, 0]));
-        assert_eq!(p.next, 3);
         assert_eq!(p.refuse, None);
         assert_eq!(p.warn, vec!["placement: no slot for worker4 (m4): DELEGATE_STACK_SLOTS is 3"]);
         assert_eq!(
@@ -268,7 +331,7 @@ mod tests {
         let text = place(&s, &machines(TWO)).unwrap().lines();
         assert_eq!(
             text,
-            "slots 2\nworkers 1 2\nnext 3\nreplicas 1 1\nlog placement: worker1 on m1, worker2 on m2\n"
+            "slots 2\nworkers 1 2\nreplicas 1 1\nlog placement: worker1 on m1, worker2 on m2\n"
         );
     }
 
