@@ -4,10 +4,12 @@
 //! and the waiting jobs in line take the nodes as they free, in Slurm's
 //! order, each lasting as long. Slurm's own estimate (`squeue --start`)
 //! counts every job as running to its time limit, a latest start that in a
-//! rush of short calls is hours off; this one is a likely start.
+//! rush of short calls is hours off; this one is a likely start. What the
+//! simulation does not see (the node's turnover between two jobs, a
+//! requeued map's wait) it learns from its own misses: [`Calibration`].
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use delegate_client::slurm::usage::QueuedJob;
 
@@ -53,6 +55,86 @@ impl Durations {
         let mut v: Vec<u64> = self.recent.iter().copied().collect();
         v.sort_unstable();
         Some(v[v.len() / 2])
+    }
+}
+
+/// How many of the latest misses are kept.
+const KEEP_MISSES: usize = 100;
+/// How many misses must have been seen before estimates are corrected.
+const MISSES_AT_LEAST: usize = 5;
+/// An estimate shorter than this says too little of how far off they run.
+const MIN_SAID_S: u64 = 10;
+/// The correction's bounds: the simulation is never trusted less than this.
+const FACTOR_BOUNDS: (f64, f64) = (0.5, 4.0);
+/// At most this many waiting jobs' first estimates are remembered.
+const MAX_SAID: usize = 20_000;
+
+/// How far off the estimates ran: the first likely start said for each
+/// waiting job against when it started (a read's time less the job's
+/// elapsed time); the median of the latest ratios scales the next
+/// estimates. It absorbs what the simulation leaves out, chiefly each
+/// node's turnover between two jobs (epilog, Slurm's scheduling pass,
+/// prolog), which adds up over many short jobs in line.
+#[derive(Debug, Default)]
+pub struct Calibration {
+    /// Waiting job → (when its first estimate was said, the estimate), in seconds.
+    said: HashMap<String, (u64, u64)>,
+    /// Started after / said, latest last.
+    misses: VecDeque<f64>,
+}
+
+impl Calibration {
+    /// Learns from one read of the queue at `now_s` (seconds since the
+    /// epoch): a job said to start in `s` seconds that runs now waited
+    /// (now less its elapsed time) less when it was said. Jobs no longer
+    /// waiting in line (`in_line`: gone without starting, held, requeued to
+    /// wait for a begin time) are forgotten: a student who holds or
+    /// requeues their own jobs makes no miss of the helper's.
+    pub fn observe(&mut self, queue: &[QueuedJob], now_s: u64, in_line: impl Fn(&QueuedJob) -> bool) {
+        for j in queue.iter().filter(|j| j.state == "RUNNING") {
+            let Some((at, said)) = self.said.remove(&j.job_id) else {
+                continue;
+            };
+            let waited = now_s.saturating_sub(j.elapsed_secs().unwrap_or(0)).saturating_sub(at);
+            if said >= MIN_SAID_S {
+                if self.misses.len() == KEEP_MISSES {
+                    self.misses.pop_front();
+                }
+                self.misses.push_back(waited as f64 / said as f64);
+            }
+        }
+        let waiting: HashSet<&str> = queue.iter().filter(|j| in_line(j)).map(|j| j.job_id.as_str()).collect();
+        self.said.retain(|job, _| waiting.contains(job.as_str()));
+    }
+
+    /// Remembers the first estimate said for each job (`starts`, from the
+    /// simulation, before [`Calibration::correct`]).
+    pub fn remember(&mut self, starts: &HashMap<String, u64>, now_s: u64) {
+        for (job, s) in starts {
+            if self.said.len() >= MAX_SAID {
+                break;
+            }
+            self.said.entry(job.clone()).or_insert((now_s, *s));
+        }
+    }
+
+    /// The median of the latest misses, within [`FACTOR_BOUNDS`]; 1 before
+    /// [`MISSES_AT_LEAST`] of them.
+    pub fn factor(&self) -> f64 {
+        if self.misses.len() < MISSES_AT_LEAST {
+            return 1.0;
+        }
+        let mut v: Vec<f64> = self.misses.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2].clamp(FACTOR_BOUNDS.0, FACTOR_BOUNDS.1)
+    }
+
+    /// The simulation's estimates scaled by [`Calibration::factor`].
+    pub fn correct(&self, starts: &mut HashMap<String, u64>) {
+        let f = self.factor();
+        for s in starts.values_mut() {
+            *s = (*s as f64 * f).round() as u64;
+        }
     }
 }
 
@@ -170,6 +252,77 @@ mod tests {
         assert!(likely_starts(&q, None, |_| true).is_empty());
         let idle = vec![job("2", "PENDING", "0:00", "10:00")];
         assert!(likely_starts(&idle, Some(60), |_| true).is_empty());
+    }
+
+    fn pending(j: &QueuedJob) -> bool {
+        j.state == "PENDING"
+    }
+
+    #[test]
+    fn estimates_that_ran_late_are_scaled_by_how_late_they_ran() {
+        let mut c = Calibration::default();
+        let now = 1_000_000;
+        // Five jobs said to start in 20 s each start 40 s later.
+        let said: HashMap<String, u64> = (0..5).map(|i| (format!("j{i}"), 20)).collect();
+        c.remember(&said, now);
+        c.observe(
+            &(0..5)
+                .map(|i| job(&format!("j{i}"), "PENDING", "0:00", "5:00"))
+                .collect::<Vec<_>>(),
+            now + 20,
+            pending,
+        );
+        assert_eq!(c.factor(), 1.0, "none started yet");
+        // They run at now + 45, each 5 s in: they started at now + 40.
+        c.observe(
+            &(0..5)
+                .map(|i| job(&format!("j{i}"), "RUNNING", "0:05", "5:00"))
+                .collect::<Vec<_>>(),
+            now + 45,
+            pending,
+        );
+        assert_eq!(c.factor(), 2.0);
+        let mut next: HashMap<String, u64> = [("k".to_string(), 30)].into();
+        c.correct(&mut next);
+        assert_eq!(next["k"], 60);
+    }
+
+    #[test]
+    fn short_estimates_and_jobs_that_never_started_teach_nothing() {
+        let mut c = Calibration::default();
+        let said: HashMap<String, u64> = (0..9).map(|i| (format!("j{i}"), if i < 6 { 2 } else { 30 })).collect();
+        c.remember(&said, 0);
+        // j0..j5 (said 2 s) start late, j6 is cancelled, j7, j8 start.
+        let q: Vec<QueuedJob> = (0..6)
+            .map(|i| job(&format!("j{i}"), "RUNNING", "0:00", "5:00"))
+            .chain([
+                job("j7", "RUNNING", "0:00", "5:00"),
+                job("j8", "RUNNING", "0:00", "5:00"),
+            ])
+            .collect();
+        c.observe(&q, 60, pending);
+        assert_eq!(c.factor(), 1.0, "two misses are not enough");
+        assert!(c.said.is_empty(), "j6 left the queue: forgotten");
+        // A job its student held (or requeued: waiting for a begin time)
+        // is forgotten too, and teaches nothing when it runs at last.
+        c.remember(&[("h".to_string(), 20)].into(), 100);
+        let mut held = job("h", "PENDING", "0:00", "5:00");
+        held.reason = "JobHeldUser".into();
+        c.observe(&[held], 110, |j| j.state == "PENDING" && j.reason != "JobHeldUser");
+        assert!(c.said.is_empty(), "a held job is forgotten");
+        // A second estimate of a job does not replace its first.
+        c.remember(&[("a".to_string(), 10)].into(), 100);
+        c.remember(&[("a".to_string(), 99)].into(), 200);
+        assert_eq!(c.said["a"], (100, 10));
+    }
+
+    #[test]
+    fn the_correction_stays_within_its_bounds() {
+        let mut c = Calibration::default();
+        c.misses.extend([100.0; 5]);
+        assert_eq!(c.factor(), FACTOR_BOUNDS.1);
+        c.misses = [0.0; 5].into();
+        assert_eq!(c.factor(), FACTOR_BOUNDS.0);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use delegate_client::slurm::usage::QueuedJob;
 use delegate_protocol::place::{Place, PlaceAnswer, MAX_PLACES};
 
-use crate::estimate::{likely_starts, Durations};
+use crate::estimate::{likely_starts, Calibration, Durations};
 
 /// Reasons of waiting jobs that Slurm will not start by priority alone:
 /// held, or waiting for a time or for another job. Not counted ahead.
@@ -67,12 +67,13 @@ struct Read {
 /// The last read of Slurm's queue, read again when it is older than
 /// `every` (a failed read is kept as long: Slurm is not asked more often
 /// when it fails), and the durations of the jobs seen ending over the
-/// reads.
+/// reads, and how far off the likely starts said ran.
 pub struct Snapshot<F> {
     read: F,
     every: Duration,
     last: Option<Read>,
     durations: Durations,
+    calibration: Calibration,
 }
 
 impl<F> Snapshot<F>
@@ -85,6 +86,7 @@ where
             every,
             last: None,
             durations: Durations::default(),
+            calibration: Calibration::default(),
         }
     }
 
@@ -111,19 +113,24 @@ where
 
     fn read_again(&mut self) -> Read {
         let queue = (self.read)();
+        let at_ms = delegate_protocol::now_ms();
         let starts = match &queue {
             Ok(q) => {
                 self.durations.observe(q);
-                likely_starts(q, self.durations.typical(), in_line)
+                let before = self.calibration.factor();
+                self.calibration.observe(q, at_ms / 1000, in_line);
+                let after = self.calibration.factor();
+                if (after - before).abs() >= 0.1 {
+                    tracing::info!("likely starts now scaled by {after:.2} (how late the last estimated jobs started)");
+                }
+                let mut starts = likely_starts(q, self.durations.typical(), in_line);
+                self.calibration.remember(&starts, at_ms / 1000);
+                self.calibration.correct(&mut starts);
+                starts
             }
             Err(_) => HashMap::new(),
         };
-        Read {
-            at: Instant::now(),
-            at_ms: delegate_protocol::now_ms(),
-            queue,
-            starts,
-        }
+        Read { at: Instant::now(), at_ms, queue, starts }
     }
 }
 
