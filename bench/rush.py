@@ -550,18 +550,17 @@ def work_floor(work: float, workers: int, since: float, lost_at: float | None) -
     return before + (work - workers * before) / (workers - 1)
 
 
-def idle_while_waiting(allocs: list[list[str]], workers: int, since: float, until: float) -> float:
-    """Node-seconds idle while work waited, from Slurm's records: at each
-    second, the idle nodes (workers less those with an allocation) up to
-    the allocations waiting (submitted, not started)."""
+def _at(allocs: list[list[str]], until: float):
+    """From Slurm's records of the allocations (sacct: id, submit, start,
+    end, node list), a function of a moment: (the nodes with an
+    allocation, the allocations waiting: submitted, not started)."""
 
     def num(v: str) -> float | None:
         return float(v) if v.replace(".", "", 1).isdigit() else None
 
     rows = [(num(a[1]), num(a[2]), num(a[3]), a[4]) for a in allocs]
-    idle = 0.0
-    t = since
-    while t < until:
+
+    def state(t: float) -> tuple[set[str], int]:
         running = {
             n
             for sub, st, en, n in rows
@@ -572,9 +571,36 @@ def idle_while_waiting(allocs: list[list[str]], workers: int, since: float, unti
             for sub, st, en, _ in rows
             if sub is not None and sub <= t and (st is None or st > t) and (en is None or en > t)
         )
+        return running, waiting
+
+    return state
+
+
+def idle_while_waiting(allocs: list[list[str]], workers: int, since: float, until: float) -> float:
+    """Node-seconds idle while work waited, from Slurm's records: at each
+    second, the idle nodes (workers less those with an allocation) up to
+    the allocations waiting (submitted, not started)."""
+    state = _at(allocs, until)
+    idle = 0.0
+    t = since
+    while t < until:
+        running, waiting = state(t)
         idle += min(max(workers - len(running), 0), waiting)
         t += 1
     return idle
+
+
+def timeline(allocs: list[list[str]], since: float, until: float, step: float = 5) -> list[list[float]]:
+    """[seconds since `since`, allocations waiting, nodes busy] every `step`
+    seconds, from Slurm's records: the plot's queue and busy nodes."""
+    state = _at(allocs, until)
+    out = []
+    t = since
+    while t < until:
+        running, waiting = state(t)
+        out.append([round(t - since, 1), waiting, len(running)])
+        t += step
+    return out
 
 
 def summarize(data: dict) -> dict:
@@ -718,6 +744,7 @@ def summarize(data: dict) -> dict:
         "status_rpc_rate_peak_10s": status_peak,
         "rpc_by_type": by_type,
         "waits": waits,
+        "timeline": timeline(meta["allocations"], first, last) if meta.get("allocations") and last else [],
         "problems": meta["problems"],
         **estimate_errors(meta.get("first_estimates", {}), meta["allocations"]),
         **estimate_errors(meta.get("first_helper_estimates", {}), meta["allocations"], "helper_"),
@@ -829,7 +856,7 @@ def report(outdir: str) -> None:
         print("\n  the flooder's delay on the others (rush / quiet, same students, same run):")
         for k in ("wait_p50", "wait_p95", "wait_max", "first_p95", "last_p50", "last_p95"):
             print(f"    {k}: {r[k]:.1f} s / {q[k]:.1f} s = x{r[k] / q[k] if q[k] else float('nan'):.2f}")
-    slim = {k: {kk: vv for kk, vv in v.items() if kk != "waits"} for k, v in phases.items()}
+    slim = {k: {kk: vv for kk, vv in v.items() if kk not in ("waits", "timeline")} for k, v in phases.items()}
     (out / "rush.json").write_text(json.dumps(slim, indent=1))
     try:
         import matplotlib
@@ -839,16 +866,33 @@ def report(outdir: str) -> None:
     except ImportError:
         print("\n(no matplotlib: no plot)")
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, ax_q) = plt.subplots(1, 2, figsize=(12, 4))
     for name, s in phases.items():
         w = sorted(s["waits"])
         if w:
             ax.plot(w, [(i + 1) / len(w) for i in range(len(w))], label=f"{name} ({len(w)} calls)")
     ax.set_xlabel("students' calls: wait from submit to start (s)")
     ax.set_ylabel("fraction of calls")
-    ax.set_title("Deadline rush: students' waits, quiet vs with a flooder")
+    ax.set_title("Students' waits, quiet vs with a flooder")
     ax.grid(alpha=0.3)
     ax.legend()
+    # The queue and the busy nodes over each phase (Slurm's records).
+    for name, s in phases.items():
+        tl = s.get("timeline") or []
+        if tl:
+            line = ax_q.plot([p[0] for p in tl], [p[1] for p in tl], label=f"{name}: allocations waiting")
+            ax_q.plot([p[0] for p in tl], [p[2] for p in tl], "--", color=line[0].get_color(),
+                      label=f"{name}: nodes busy")  # fmt: skip
+        k = s.get("machine_killed")
+        if k:
+            ax_q.axvline(k["at"] - s["first_submit"], color="red", alpha=0.5, label=f"{k['machine']} killed")
+    ax_q.set_xlabel("seconds since the phase's first submit")
+    ax_q.set_ylabel("count")
+    ax_q.set_yscale("symlog")
+    ax_q.set_title("Queue length and busy nodes over time")
+    ax_q.grid(alpha=0.3)
+    ax_q.legend(fontsize=8)
+    fig.suptitle("Deadline rush (bench/rush.sh)")
     fig.tight_layout()
     fig.savefig(out / "rush.png", dpi=110)
     print(f"\nplot: {out / 'rush.png'}")

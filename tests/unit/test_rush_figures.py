@@ -30,23 +30,52 @@ def test_a_machine_lost_midway_leaves_the_rest_to_one_worker_fewer():
 
 def test_a_lost_machine_counts_the_calls_that_ran_again():
     def call(token, reason, state="completed"):
-        return {"id": token, "state": state, "got": token, "want": token, "reason": reason,
-                "started_ms": 1000, "finished_ms": 2000, "submitted_ms": 500}  # fmt: skip
+        return {
+            "id": token,
+            "state": state,
+            "got": token,
+            "want": token,
+            "reason": reason,
+            "started_ms": 1000,
+            "finished_ms": 2000,
+            "submitted_ms": 500,
+        }
 
     data = {
         "meta": {
-            "phase": "rush", "workers": 2, "rpc": [[0.0, 0], [10.0, 5]], "problems": [], "students": 1,
-            "flooder": "", "allocations": [], "lifecycle_s": float("nan"),
+            "phase": "rush",
+            "workers": 2,
+            "rpc": [[0.0, 0], [10.0, 5]],
+            "problems": [],
+            "students": 1,
+            "flooder": "",
+            "allocations": [],
+            "lifecycle_s": float("nan"),
             "killed": {"machine": "m1", "worker": "worker1", "at": 1.5},
-        },  # fmt: skip
+        },
         "students": [
-            {"kind": "student", "token": "a", "first_submit_ms": 500, "calls": [
-                call("a1", "completed"),
-                call("a2", "ran again on worker2 (attempt 2): worker1 was lost"),
-            ]},
-        ],  # fmt: skip
+            {
+                "kind": "student",
+                "token": "a",
+                "first_submit_ms": 500,
+                "calls": [
+                    call("a1", "completed"),
+                    call("a2", "ran again on worker2 (attempt 2): worker1 was lost"),
+                ],
+            },
+        ],
     }
     s = rush.summarize(data)
     assert s["calls_ok"] == 2 and s["ran_again"] == 1, s
     assert s["machine_killed"]["machine"] == "m1"
     assert s["ran_again_reasons"] == ["ran again on worker2 (attempt 2): worker1 was lost"]
+
+
+def test_the_timeline_counts_waiting_allocations_and_busy_nodes():
+    # (sacct: id, submit, start, end, node list; an allocation not started yet)
+    allocs = [
+        ["1", "100", "100", "110", "w1"],
+        ["2", "100", "105", "120", "w2"],
+        ["3", "102", "Unknown", "Unknown", ""],
+    ]
+    assert rush.timeline(allocs, 100.0, 115.0, 5) == [[0.0, 1, 1], [5.0, 1, 2], [10.0, 1, 1]]
