@@ -2,7 +2,7 @@
 # bench/rush.sh -- the deadline rush, measured on a stack of its own (issues 12, 53).
 #
 #   bench/rush.sh [--students N] [--workers N] [--flood N] [--window S] [--seed N] [--keep]
-#                 [--machines [--kill-at S]]
+#                 [--machines [--kill-at S]] [--hub SECONDS]
 #
 # Deploys a swarm stack (build_cluster.sh deploy) named $DELEGATE_STACK_NAME
 # (default delegate-rush, its own directories, port and job ids, so it lives
@@ -33,7 +33,14 @@
 # --kill-at S, m1 is killed S seconds after the rush phase's window opens
 # (as a machine dies: its container killed on the machines' engine) and
 # the figures count the calls that ran again on the other machine, against
-# a floor with one worker fewer from then on. `down` at the end unless --keep. Run as root; it takes the
+# a floor with one worker fewer from then on. With --hub S, the first
+# student (r001), S seconds into the rush's window, logs in to JupyterHub
+# in chromium and runs the README's CFiddle example from a notebook
+# (bench/rush_in_hub.py), while an instructor (rprof, added to the
+# roster) has the rush page open: the lines the cell showed while it
+# waited, the page's text and the screenshots go to
+# $DELEGATE_ARTIFACTS/rush-hub. `down` at the end
+# unless --keep. Run as root; it takes the
 # machine's CPU for a while. Benchmarks print figures; nothing asserts on
 # time.
 set -euo pipefail
@@ -47,6 +54,7 @@ SEED=${RUSH_SEED:-1}
 KEEP=0
 MACHINES=0
 KILL_AT=""
+HUB_AT=""
 OUT=$REPO/bench/results
 while (($#)); do
     case $1 in
@@ -58,6 +66,7 @@ while (($#)); do
         --keep) KEEP=1 ;;
         --machines) MACHINES=1 ;;
         --kill-at) KILL_AT=$2; shift ;;
+        --hub) HUB_AT=$2; shift ;;
         --out) OUT=$(realpath -m "$2"); shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "bench/rush.sh: unknown argument $1" >&2; exit 2 ;;
@@ -71,6 +80,7 @@ done
 ((STUDENTS <= 400)) || { echo "bench/rush.sh: at most 400 students" >&2; exit 2; }
 [[ -z $KILL_AT || ( $KILL_AT =~ ^[0-9]+$ && $MACHINES == 1 ) ]] \
     || { echo "bench/rush.sh: --kill-at takes seconds, with --machines" >&2; exit 2; }
+[[ -z $HUB_AT || $HUB_AT =~ ^[0-9]+$ ]] || { echo "bench/rush.sh: --hub takes seconds" >&2; exit 2; }
 
 # The stack of the benchmark: its own name, directories, port and job ids.
 export DELEGATE_STACK_NAME=${DELEGATE_STACK_NAME:-delegate-rush}
@@ -92,6 +102,8 @@ for ((i = 1; i <= STUDENTS; i++)); do
     list+="$u "
 done
 printf 'rflood,Rush Flooder,\n' >>"$roster"
+# (with --hub, an instructor too: the rush page is theirs)
+[[ -z $HUB_AT ]] || printf 'rprof,Rush Instructor,,instructor\n' >>"$roster"
 export RUSH_STUDENTS_LIST=${list% } RUSH_FLOODER=rflood RUSH_FLOOD=$FLOOD RUSH_WORKERS=$WORKERS
 export RUSH_WINDOW=$WINDOW RUSH_SEED=$SEED
 
@@ -127,7 +139,7 @@ else
 fi
 t=$SECONDS
 "$REPO/build_cluster.sh" --stack accounts add --csv "$roster"
-echo "rush: the roster of $((STUDENTS + 1)) accounts added in $((SECONDS - t)) s"
+echo "rush: the roster of $(wc -l <"$roster") accounts added in $((SECONDS - t)) s"
 
 # The engine's own container lifecycle on this machine: as many sandboxes
 # of `true` at once as there are workers, three rounds.
@@ -160,6 +172,15 @@ if [[ -n $KILL_AT ]]; then
         "$MACHINES_TOOL" docker kill m1 >/dev/null
         printf '{"machine": "m1", "worker": "worker1", "at": %s}\n' "$(date +%s.%N)" >"$work/killed-rush.json"
         echo "rush: killed machine m1 (worker1) at $(date +%T)"
+    ) &
+fi
+if [[ -n $HUB_AT ]]; then
+    # r001 in the hub's notebook during the rush (bench/rush_in_hub.py).
+    hub_out=${DELEGATE_ARTIFACTS:-/var/lib/delegate/artifacts}/rush-hub
+    (
+        sleep "$((15 + STUDENTS / 20 + HUB_AT))"
+        "${DELEGATE_VENV:-/var/lib/delegate/venv}/bin/python" bench/rush_in_hub.py r001 "$hub_out" rprof \
+            || echo "rush: r001's notebook in the hub failed (above; screenshots in $hub_out)"
     ) &
 fi
 "$PY" bench/rush.py phase rush "$work"
