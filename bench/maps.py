@@ -19,7 +19,14 @@ Printed, one row each:
              map's current call still had to run then (goal: that plus
              Slurm's scheduling tick);
   jobs       a held map of 1,000 calls: the Slurm jobs (array tasks
-             included) it counts toward the student's MaxSubmitJobs.
+             included) it counts toward the student's MaxSubmitJobs;
+  aside      a map of 30 x `sleep 2` (`--time 5m`) alone, and the same
+             map while the other student's one call of `sleep 1` comes
+             10 s after the map's first call started: the map's span with
+             it against its span alone plus that call's run (goal: within
+             1.1x: stepping aside idles no node beyond Slurm's tick), and
+             the other student's wait against what the map's current
+             call still had to run.
 
 The maps run as $BENCH_MAP_USER (default delegate-load0), the other student
 is $BENCH_OTHER_USER (default delegate-load1): accounts of the course, not
@@ -101,6 +108,38 @@ def other_student_waits() -> dict:
     }
 
 
+def map_of_sleeps(other_after: float | None) -> dict:
+    """A map of 30 x `sleep 2`, alone or with the other student's `sleep 1`
+    submitted `other_after` seconds after the map's first call started
+    (the schedule of the figure, not a wait for a state). Returns the
+    map's span (submit to its last call done) and, with the other call,
+    that call's wait, its run and what the map's current call had left."""
+    idle()
+    t0 = time.time()
+    ids = [j["id"] for j in submit(USER, "--count", "30", "--time", "5m", "--", "sleep", "2")]
+    out: dict = {}
+    if other_after is not None:
+        while statuses(USER, ids[:1])[0]["state"] == "pending":
+            time.sleep(0.05)
+        time.sleep(other_after)
+        t_sub = time.time()
+        other = submit(OTHER, "--time", "1m", "--", "sleep", "1")[0]["id"]
+        as_user(OTHER, "delegate", "wait", other)
+        o = statuses(OTHER, [other])[0]
+        out["other_waited"] = o["started_ms"] / 1000 - t_sub
+        out["other_ran"] = (o["finished_ms"] - o["started_ms"]) / 1000
+    as_user(USER, "delegate", "wait", *ids)
+    st = statuses(USER, ids)
+    bad = [s for s in st if s["state"] != "completed"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} calls of the map did not complete: {bad[0]}")
+    out["span"] = max(s["finished_ms"] for s in st) / 1000 - t0
+    if other_after is not None:
+        current = [s for s in st if s["started_ms"] / 1000 <= t_sub <= s["finished_ms"] / 1000]
+        out["current_left"] = current[0]["finished_ms"] / 1000 - t_sub if current else 0.0
+    return out
+
+
 def jobs_of_a_map(calls: int) -> int:
     idle()
     handles = submit(USER, "--hold", "--count", str(calls), "--time", "1m", "--", "true")
@@ -127,13 +166,18 @@ def main() -> None:
     res["floor"] = turnover.floor(hc, a.calls)["total"] * a.calls
     res["waits"] = other_student_waits()
     res["jobs_1000"] = jobs_of_a_map(1000)
+    res["aside"] = {"alone": map_of_sleeps(None), "with_other": map_of_sleeps(10.0)}
     w = res["waits"]
+    alone, both = res["aside"]["alone"], res["aside"]["with_other"]
+    aside = both["span"] / (alone["span"] + both["other_ran"])
     rows = [
         (f"map of {a.calls} true, --time 5m", f"{res['map_5m']:.1f} s", f"{res['map_5m'] / res['map_1m']:.2f}x --time 1m ({res['map_1m']:.1f} s)", "<= 1.1x"),
         (f"  against {a.calls} container lifecycles", f"{res['floor']:.1f} s", f"{res['map_5m'] / res['floor']:.2f}x", "<= 1.2x"),
         ("another student's call, submit to start", f"{w['waited']:.1f} s", f"the map's call had {w['current_left']:.1f} s left", "that + tick"),
         ("  the map of 5 x 3 s done after that submit", f"{w['map_done_after']:.1f} s", "(requeued, resumed)", ""),
         ("Slurm jobs of a held map of 1,000", str(res["jobs_1000"]), "toward MaxSubmitJobs", "a handful"),
+        ("map of 30 x sleep 2 with another's call 10 s in", f"{both['span']:.1f} s", f"{aside:.2f}x alone ({alone['span']:.1f} s) + that call ({both['other_ran']:.1f} s)", "<= 1.1x"),
+        ("  the other student's call, submit to start", f"{both['other_waited']:.1f} s", f"the map's call had {both['current_left']:.1f} s left", "<= that"),
     ]  # fmt: skip
     for r in rows:
         print(f"{r[0]:46s} {r[1]:>9s}  {r[2]:42s} {r[3]}")
