@@ -34,7 +34,9 @@ machine_ssh() {
 machine_workers() {
     local id
     for id in $(docker node ls -q); do
-        docker node inspect -f '{{index .Spec.Labels "delegate.worker"}} {{.ID}} {{.Description.Hostname}}' "$id"
+        # (a node removed between the list and this look is no machine)
+        docker node inspect -f '{{index .Spec.Labels "delegate.worker"}} {{.ID}} {{.Description.Hostname}}' "$id" \
+            2>/dev/null || true
     done | awk '$1 ~ /^[0-9]+$/' | sort -n
 }
 
@@ -123,7 +125,7 @@ machine_list() {
     local n id hostn state
     printf '%-8s %-16s %-26s %s\n' WORKER MACHINE NODE STATE
     while read -r n id hostn; do
-        state=$(docker node inspect -f '{{.Status.State}}/{{.Spec.Availability}}' "$id")
+        state=$(docker node inspect -f '{{.Status.State}}/{{.Spec.Availability}}' "$id" 2>/dev/null) || state=gone
         printf '%-8s %-16s %-26s %s\n' "worker$n" "$hostn" "$id" "$state"
     done < <(machine_workers)
 }

@@ -110,9 +110,10 @@ stack_cid() {
     for t in $want; do
         node=$(docker inspect -f '{{.NodeID}}' "$t" 2>/dev/null) || continue
         [[ -n $node && $node != "$self" ]] || continue
-        target=$(docker node inspect -f '{{index .Spec.Labels "delegate.ssh"}}' "$node" 2>/dev/null)
+        target=$(docker node inspect -f '{{index .Spec.Labels "delegate.ssh"}}' "$node" 2>/dev/null) || continue
         [[ -n $target ]] || continue
-        c=$(machine_ssh "$target" docker ps -q --filter "label=com.docker.swarm.task.id=$t" --filter status=running </dev/null)
+        c=$(machine_ssh "$target" docker ps -q --filter "label=com.docker.swarm.task.id=$t" --filter status=running </dev/null) \
+            || continue
         [[ -n $c ]] && { echo "$c@$target"; return 0; }
     done
     return 0
@@ -769,10 +770,14 @@ stack_down() {
     # Sandboxes of the stack's jobs (their Slurm ids start at FirstJobId).
     local c id
     for c in $(docker ps -aq --filter label=delegate.slurm-job); do
-        id=$(docker inspect -f '{{index .Config.Labels "delegate.slurm-job"}}' "$c" 2>/dev/null)
+        # (a sandbox of another cluster on this engine, the single
+        # machine's, may be gone between the list and this look)
+        id=$(docker inspect -f '{{index .Config.Labels "delegate.slurm-job"}}' "$c" 2>/dev/null) || continue
         id=${id%%_*}
         if [[ $id =~ ^[0-9]+$ ]] && ((id >= DELEGATE_STACK_FIRST_JOB_ID)); then
-            docker rm -f "$c" >/dev/null && log "down: removed leftover sandbox $c (Slurm job $id)"
+            if docker rm -f "$c" >/dev/null 2>&1; then
+                log "down: removed leftover sandbox $c (Slurm job $id)"
+            fi
         fi
     done
     stack_staging_down
