@@ -327,6 +327,25 @@ def _sacct_allocations(since: float) -> list[list[str]]:
     return [line.split("|") for line in r.stdout.splitlines() if line.count("|") == 4]
 
 
+def _sacct_first_starts(since: float) -> dict[str, int]:
+    """Each allocation's first start (epoch seconds), from every run Slurm
+    recorded (`sacct --duplicates`): a map's allocation that stepped aside
+    was requeued and started again, and its one record without duplicates
+    carries its last start only."""
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 5))
+    r = subprocess.run(
+        ["docker", "exec", "-e", "SLURM_TIME_FORMAT=%s", _cid("head"), "sacct", "-a", "-X", "-D", "-n", "-P",
+         "-S", start, "-E", "now", "-o", "JobIDRaw,Start"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    first: dict[str, int] = {}
+    for line in r.stdout.splitlines():
+        job, _, at = line.partition("|")
+        if at.strip().isdigit():
+            first[job] = min(first.get(job, int(at)), int(at))
+    return first
+
+
 def _expected_starts() -> tuple[float, dict[str, int]]:
     """Slurm's expected start of each waiting job now (squeue's %S, the
     estimate a waiting student's line says in minutes: issue 56), by job
@@ -371,17 +390,22 @@ def _helper_starts() -> tuple[float, dict[str, int]]:
 
 
 def estimate_errors(
-    first_seen: dict[str, list[float]], allocations: list[list[str]], prefix: str = ""
+    first_seen: dict[str, list[float]],
+    allocations: list[list[str]],
+    prefix: str = "",
+    first_starts: dict[str, int] | None = None,
 ) -> dict:
     """How far off the expected starts were: for each job that had one
-    while it waited (the first one seen), its start (sacct) minus that
-    estimate, in seconds (negative: it started earlier). A job is named by
-    its own job id (sacct's JobIDRaw, squeue's %A); `prefix` names the
-    source in the keys."""
+    while it waited (the first one seen), its first start (`first_starts`,
+    else its start in `allocations`, sacct's last) minus that estimate, in
+    seconds (negative: it started earlier). A job is named by its own job
+    id (sacct's JobIDRaw, squeue's %A); `prefix` names the source in the
+    keys."""
     started = {}
     for job, _submit, start, _end, _nodes in allocations:
         if start.strip().isdigit():
             started[job] = int(start)
+    started.update(first_starts or {})
     signed = [started[j] - est for j, (_at, est) in first_seen.items() if j in started]
     absolute = [abs(x) for x in signed]
     return {
@@ -463,6 +487,7 @@ def phase(name: str, outdir: str) -> None:
         "parts_cpu": [parts0, parts1],
         "head_mem_peak": int(head_peak.read_text()) if head_peak else None,
         "allocations": _sacct_allocations(t0),
+        "first_starts": _sacct_first_starts(t0),
         "first_estimates": first_seen,
         "first_helper_estimates": first_helper,
         "lifecycle_s": float(os.environ.get("RUSH_LIFECYCLE_S", "nan")),
@@ -746,8 +771,10 @@ def summarize(data: dict) -> dict:
         "waits": waits,
         "timeline": timeline(meta["allocations"], first, last) if meta.get("allocations") and last else [],
         "problems": meta["problems"],
-        **estimate_errors(meta.get("first_estimates", {}), meta["allocations"]),
-        **estimate_errors(meta.get("first_helper_estimates", {}), meta["allocations"], "helper_"),
+        **estimate_errors(meta.get("first_estimates", {}), meta["allocations"], "", meta.get("first_starts")),
+        **estimate_errors(
+            meta.get("first_helper_estimates", {}), meta["allocations"], "helper_", meta.get("first_starts")
+        ),
     }
 
 

@@ -138,10 +138,13 @@ def test_a_short_rush_loses_nothing_and_runs_nothing_twice(stack, tmp_path):
     print(f"short rush: {len(calls)} calls of {len(by)} accounts, each completed once, in {took:.0f} s")
     # How far off the likely start a waiting student's line says was
     # (issue 56; a figure, not asserted: the benchmark's own).
-    errors = bench_rush().estimate_errors(meta.get("first_estimates", {}), meta.get("allocations", []))
+    first = meta.get("first_starts")
+    errors = bench_rush().estimate_errors(
+        meta.get("first_estimates", {}), meta.get("allocations", []), "", first
+    )
     print(f"short rush: Slurm's expected starts against the starts: {errors}")
     helper = meta.get("first_helper_estimates", {})
-    helpers = bench_rush().estimate_errors(helper, meta.get("allocations", []), "helper_")
+    helpers = bench_rush().estimate_errors(helper, meta.get("allocations", []), "helper_", first)
     print(f"short rush: the place helper's likely starts against the starts: {helpers}")
     # (kept with the artifacts: pytest keeps a passing test's output to itself)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -79,3 +79,12 @@ def test_the_timeline_counts_waiting_allocations_and_busy_nodes():
         ["3", "102", "Unknown", "Unknown", ""],
     ]
     assert rush.timeline(allocs, 100.0, 115.0, 5) == [[0.0, 1, 1], [5.0, 1, 2], [10.0, 1, 1]]
+
+
+def test_an_estimate_is_measured_against_the_jobs_first_start():
+    # A map's allocation estimated to start at 110 started at 112, stepped
+    # aside and started again at 200 (sacct's one record says 200).
+    allocs = [["7", "100", "200", "230", "w1"]]
+    seen = {"7": [100.0, 110]}
+    assert rush.estimate_errors(seen, allocs)["estimate_signed_err_p50"] == 90
+    assert rush.estimate_errors(seen, allocs, "", {"7": 112})["estimate_signed_err_p50"] == 2
