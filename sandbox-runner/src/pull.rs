@@ -143,7 +143,7 @@ fn refuse_unclaimable(dir: &Path, why: &str) {
 
 /// This allocation's Slurm id: `<array job>_<task>` for an element of the
 /// map's job array, else the job's id.
-fn allocation_id() -> String {
+pub(crate) fn allocation_id() -> String {
     let var = |n: &str| std::env::var(n).ok();
     allocation_of(var("SLURM_ARRAY_JOB_ID"), var("SLURM_ARRAY_TASK_ID"), var("SLURM_JOB_ID"))
 }

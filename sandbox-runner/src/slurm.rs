@@ -61,11 +61,17 @@ pub fn requeued_since_start() -> bool {
     job_restarts().is_some_and(|now| now > before)
 }
 
-/// slurmctld's restart count of this job (`Restarts=`).
+/// slurmctld's restart count of this job (`Restarts=`), asked by the
+/// allocation's own id: an array's element by `<array>_<task>`, since the
+/// bare job id of the element whose id is the array's own names every
+/// element, and the first `Restarts=` of that answer could be another
+/// element's (a requeue of another element then read as this one's: the
+/// call it ran counted as lost and run again).
 fn job_restarts() -> Option<u32> {
-    let job = std::env::var("SLURM_JOB_ID")
-        .ok()
-        .filter(|v| !v.is_empty() && v.len() <= 20 && v.bytes().all(|b| b.is_ascii_digit()))?;
+    let job = crate::pull::allocation_id();
+    if job == "0" {
+        return None;
+    }
     match ask("scontrol", &["show", "job", "-o", &job], DEADLINE) {
         Ok(text) => restarts_in(&text),
         Err(e) => {
