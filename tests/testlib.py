@@ -295,11 +295,18 @@ def node_guard(grace: float = 30) -> Iterable[None]:
     import pytest
 
     yield
-    deadline = time.monotonic() + grace
     # (a node that is down may be coming back, e.g. its slurmd restarted;
     # a drained one stays so until someone resumes it)
-    while (bad := nodes_out_of_service()) and "drain" not in " ".join(bad) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    try:
+        wait_until(
+            "the node back in service or drained",
+            lambda: not (out := nodes_out_of_service()) or "drain" in " ".join(out),
+            grace,
+            0.5,
+        )
+    except AssertionError:
+        pass
+    bad = nodes_out_of_service()
     if not bad:
         return
     for line in bad:
