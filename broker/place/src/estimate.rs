@@ -254,6 +254,11 @@ mod tests {
         assert!(likely_starts(&idle, Some(60), |_| true).is_empty());
     }
 
+    /// Jobs j0..j4 in `state`, each having run `time`.
+    fn five(state: &str, time: &str) -> Vec<QueuedJob> {
+        (0..5).map(|i| job(&format!("j{i}"), state, time, "5:00")).collect()
+    }
+
     fn pending(j: &QueuedJob) -> bool {
         j.state == "PENDING"
     }
@@ -265,22 +270,10 @@ mod tests {
         // Five jobs said to start in 20 s each start 40 s later.
         let said: HashMap<String, u64> = (0..5).map(|i| (format!("j{i}"), 20)).collect();
         c.remember(&said, now);
-        c.observe(
-            &(0..5)
-                .map(|i| job(&format!("j{i}"), "PENDING", "0:00", "5:00"))
-                .collect::<Vec<_>>(),
-            now + 20,
-            pending,
-        );
+        c.observe(&five("PENDING", "0:00"), now + 20, pending);
         assert_eq!(c.factor(), 1.0, "none started yet");
         // They run at now + 45, each 5 s in: they started at now + 40.
-        c.observe(
-            &(0..5)
-                .map(|i| job(&format!("j{i}"), "RUNNING", "0:05", "5:00"))
-                .collect::<Vec<_>>(),
-            now + 45,
-            pending,
-        );
+        c.observe(&five("RUNNING", "0:05"), now + 45, pending);
         assert_eq!(c.factor(), 2.0);
         let mut next: HashMap<String, u64> = [("k".to_string(), 30)].into();
         c.correct(&mut next);
