@@ -19,7 +19,6 @@ asserts nothing on time.
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -30,17 +29,7 @@ sys.path.insert(0, str(REPO / "tests" / "cluster"))
 
 from browser import URL, HubSession, browser_for  # noqa: E402
 
-from stacklib import initial_password  # noqa: E402
-
-
-def readme_block(after: str) -> str:
-    """The first ```python block of the README after the line AFTER."""
-    text = (REPO / "README.md").read_text()
-    rest = text[text.index(after) :]
-    m = re.search(r"```python\n(.*?)```", rest, re.S)
-    if not m:
-        raise SystemExit(f"no python block after {after!r} in the README")
-    return m.group(1).strip()
+from stacklib import initial_password, readme_block  # noqa: E402
 
 
 def rush_page(browser, instructor: str, out: Path):

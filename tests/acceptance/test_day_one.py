@@ -37,13 +37,13 @@ import testlib
 from stacklib import (
     MACHINES,
     MACHINES_TOOL,
-    REPO,
     SCRIPT,
     STACK_DIR,
     cid,
     initial_password,
     machine_docker,
     on,
+    readme_block,
     run,
     wait_until,
     worker_machines,
@@ -83,15 +83,6 @@ if ON_MACHINES:
         DELEGATE_STACK_PLACEMENT="1",
         DELEGATE_MACHINE_SSH=run(MACHINES_TOOL, "ssh", quiet=True).stdout.strip(),
     )
-
-
-def readme_block(after: str) -> str:
-    """The first ```python block of the README after the line AFTER."""
-    text = (REPO / "README.md").read_text()
-    rest = text[text.index(after) :]
-    m = re.search(r"```python\n(.*?)```", rest, re.S)
-    assert m, f"no python block after {after!r} in the README"
-    return m.group(1).strip()
 
 
 @pytest.fixture(scope="module")

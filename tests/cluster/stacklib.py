@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,6 +74,15 @@ def run(*args, timeout=1800, quiet=False, check=False, **kw) -> subprocess.Compl
     if check:
         assert r.returncode == 0, f"{args} failed: {r.stderr[-2000:]}"
     return r
+
+
+def readme_block(after: str) -> str:
+    """The first ```python block of the README after the line AFTER."""
+    text = (REPO / "README.md").read_text()
+    rest = text[text.index(after) :]
+    m = re.search(r"```python\n(.*?)```", rest, re.S)
+    assert m, f"no python block after {after!r} in the README"
+    return m.group(1).strip()
 
 
 def initial_password(user: str) -> str:
