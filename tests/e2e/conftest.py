@@ -12,6 +12,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,6 +162,16 @@ def alice():
 @pytest.fixture
 def bob():
     return User("delegate-bob")
+
+
+@pytest.fixture
+def world_readable_tmp():
+    """A fresh directory the students can reach (pytest's own is root's
+    alone), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="delegate-e2e-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 containers_with_label = testlib.containers_with_label

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import time
@@ -458,6 +459,49 @@ def test_a_waiting_call_says_how_many_jobs_are_ahead(alice, bob):
     finally:
         alice.run("cancel", mine)
         bob.run("cancel", running, *his)
+
+
+def test_the_helper_answers_at_once_while_slurms_queue_is_slow_to_read(alice, world_readable_tmp):
+    """Issue 56: in a rush `squeue` over every user's jobs takes seconds,
+    longer than a student's client waits for the helper (one second). A
+    helper whose squeue takes 3 s (Slurm's own, behind a sleep), asked
+    again and again: after its first read, every answer comes within the
+    client's second, from the last read, while the next read runs."""
+    slow = world_readable_tmp / "bin"
+    slow.mkdir()
+    real = sh("sh", "-c", "command -v squeue").stdout.strip()
+    (slow / "squeue").write_text(f'#!/bin/sh\nsleep 3\nexec {real} "$@"\n')
+    (slow / "squeue").chmod(0o755)
+    sock = world_readable_tmp / "place.sock"
+    env = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}
+    helper = subprocess.Popen(
+        ["delegate-place", "--socket", str(sock), "--every", "1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    job, _, _ = alice.held()
+    try:
+        sid = alice.status(job)["slurm_id"]
+        testlib.wait_until("the slow helper's socket", sock.is_socket, 30, 0.2)
+
+        def ask() -> subprocess.CompletedProcess:
+            return alice.as_user("delegate-place", "--socket", sock, "--ask", check=False)
+
+        first = ask()
+        assert first.returncode == 1 and "still being read" in first.stderr, first
+        testlib.wait_until(
+            "a first answer naming Alice's held job", lambda: sid in ask().stdout.split(), 30, 0.5
+        )
+        # Eight asks over about 8 s: three reads of 3 s each begin among
+        # them, and none makes an answer wait.
+        for _ in range(8):
+            r = ask()
+            assert r.returncode == 0 and sid in r.stdout.split(), r
+            time.sleep(1)
+    finally:
+        helper.kill()
+        _, err = helper.communicate(timeout=30)
+        alice.run("cancel", job)
+    assert "longer than the interval; students are answered from the read before" in err, err
 
 
 def test_a_waiting_call_says_when_it_likely_starts_from_the_calls_seen_ending(alice, bob):

@@ -1,11 +1,12 @@
 //! The place helper's logic: from one read of Slurm's queue (every user's
 //! jobs, as Slurm's user sees them), where each waiting job of one user
-//! stands ([`places`]) and when it will likely start ([`estimate`]), and a
-//! snapshot of the queue read again at most every few seconds however many
-//! students ask ([`Snapshot`]). The binary (`src/main.rs`) only wires it to
-//! its socket.
+//! stands ([`places`]) and when it will likely start ([`estimate`]), read
+//! again at most every few seconds however many students ask, in the
+//! background while they are answered from the last read ([`latest`]).
+//! The binary (`src/main.rs`) only wires it to its socket.
 
 pub mod estimate;
+pub mod latest;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -57,80 +58,82 @@ pub fn places(queue: &[QueuedJob], starts: &HashMap<String, u64>, user: &str, ui
 }
 
 /// One read of Slurm's queue and the likely starts it gives.
-struct Read {
+#[derive(Debug)]
+pub struct Read {
     at: Instant,
     at_ms: u64,
     queue: Result<Vec<QueuedJob>, String>,
     starts: HashMap<String, u64>,
 }
 
-/// The last read of Slurm's queue, read again when it is older than
-/// `every` (a failed read is kept as long: Slurm is not asked more often
-/// when it fails), and the durations of the jobs seen ending over the
-/// reads, and how far off the likely starts said ran.
-pub struct Snapshot<F> {
+impl Read {
+    /// How long ago the queue was read.
+    pub fn age(&self) -> Duration {
+        self.at.elapsed()
+    }
+
+    /// The answer for `user` (`uid`) from this read.
+    pub fn answer(&self, user: &str, uid: u32) -> PlaceAnswer {
+        match &self.queue {
+            Ok(queue) => PlaceAnswer {
+                as_of_ms: self.at_ms,
+                places: places(queue, &self.starts, user, uid),
+                unavailable: None,
+            },
+            Err(why) => PlaceAnswer {
+                as_of_ms: self.at_ms,
+                places: Vec::new(),
+                unavailable: Some(why.clone()),
+            },
+        }
+    }
+}
+
+/// Reads Slurm's queue (`read`) and learns over the reads the durations
+/// of the jobs seen ending and how far off the likely starts said ran.
+/// Its reads are answered from by [`latest::Latest`], which keeps them off
+/// the path of the students' answers.
+pub struct Reader<F> {
     read: F,
-    every: Duration,
-    last: Option<Read>,
     durations: Durations,
     calibration: Calibration,
 }
 
-impl<F> Snapshot<F>
+impl<F> Reader<F>
 where
     F: FnMut() -> Result<Vec<QueuedJob>, String>,
 {
-    pub fn new(read: F, every: Duration) -> Self {
-        Snapshot {
+    pub fn new(read: F) -> Self {
+        Reader {
             read,
-            every,
-            last: None,
             durations: Durations::default(),
             calibration: Calibration::default(),
         }
     }
 
-    /// The answer for `user` (`uid`), from a queue at most `every` old.
-    pub fn answer(&mut self, user: &str, uid: u32) -> PlaceAnswer {
-        let stale = self.last.as_ref().is_none_or(|r| r.at.elapsed() >= self.every);
-        if stale {
-            self.last = Some(self.read_again());
-        }
-        match &self.last {
-            Some(Read { at_ms, queue: Ok(queue), starts, .. }) => PlaceAnswer {
-                as_of_ms: *at_ms,
-                places: places(queue, starts, user, uid),
-                unavailable: None,
-            },
-            Some(Read { at_ms, queue: Err(why), .. }) => PlaceAnswer {
-                as_of_ms: *at_ms,
-                places: Vec::new(),
-                unavailable: Some(why.clone()),
-            },
-            None => PlaceAnswer::default(),
-        }
-    }
-
-    fn read_again(&mut self) -> Read {
+    /// Reads the queue once and gives each waiting job its likely start.
+    pub fn read(&mut self) -> Read {
         let queue = (self.read)();
         let at_ms = delegate_protocol::now_ms();
         let starts = match &queue {
-            Ok(q) => {
-                self.durations.observe(q);
-                let before = self.calibration.factor();
-                self.calibration.observe(q, at_ms / 1000, in_line);
-                let after = self.calibration.factor();
-                if (after - before).abs() >= 0.1 {
-                    tracing::info!("likely starts now scaled by {after:.2} (how late the last estimated jobs started)");
-                }
-                let mut starts = likely_starts(q, self.durations.typical(), in_line);
-                self.calibration.remember(&starts, at_ms / 1000);
-                self.calibration.correct(&mut starts);
-                starts
-            }
+            Ok(q) => self.likely_starts(q, at_ms / 1000),
             Err(_) => HashMap::new(),
         };
         Read { at: Instant::now(), at_ms, queue, starts }
+    }
+
+    fn likely_starts(&mut self, q: &[QueuedJob], now_s: u64) -> HashMap<String, u64> {
+        self.durations.observe(q);
+        let before = self.calibration.factor();
+        self.calibration.observe(q, now_s, in_line);
+        let after = self.calibration.factor();
+        if (after - before).abs() >= 0.1 {
+            tracing::info!("likely starts now scaled by {after:.2} (how late the last estimated jobs started)");
+        }
+        let mut starts = likely_starts(q, self.durations.typical(), in_line);
+        self.calibration.remember(&starts, now_s);
+        self.calibration.correct(&mut starts);
+        starts
     }
 }
 
@@ -198,31 +201,6 @@ mod tests {
     }
 
     #[test]
-    fn slurm_is_read_at_most_once_per_interval_however_many_ask() {
-        let mut reads = 0;
-        let mut snap = Snapshot::new(
-            || {
-                reads += 1;
-                Ok(vec![job("9", "ann", "PENDING", "Priority")])
-            },
-            Duration::from_secs(60),
-        );
-        for _ in 0..100 {
-            let a = snap.answer("ann", 1000);
-            assert_eq!(
-                a.places,
-                vec![Place {
-                    job: "9".into(),
-                    ahead: 0,
-                    likely_in_s: None
-                }]
-            );
-        }
-        drop(snap);
-        assert_eq!(reads, 1);
-    }
-
-    #[test]
     fn a_likely_start_comes_once_the_helper_has_seen_jobs_end() {
         let run = |id: &str, user: &str, t: &str| QueuedJob {
             time: t.into(),
@@ -242,14 +220,11 @@ mod tests {
             vec![run("4", "ben", "0:10"), wait("9", "ben"), wait("10", "ann")],
         ];
         let mut n = 0;
-        let mut snap = Snapshot::new(
-            || {
-                n += 1;
-                Ok(reads[(n - 1).min(reads.len() - 1)].clone())
-            },
-            Duration::ZERO,
-        );
-        let first = snap.answer("ann", 1000);
+        let mut reader = Reader::new(|| {
+            n += 1;
+            Ok(reads[(n - 1).min(reads.len() - 1)].clone())
+        });
+        let first = reader.read().answer("ann", 1000);
         assert_eq!(
             first.places,
             vec![Place {
@@ -258,10 +233,10 @@ mod tests {
                 likely_in_s: None
             }]
         );
-        snap.answer("ann", 1000);
-        snap.answer("ann", 1000);
+        reader.read();
+        reader.read();
         // Typical 30 s: 4 ends in 20 s, ben's 9 runs until 50, ann's starts.
-        let later = snap.answer("ann", 1000);
+        let later = reader.read().answer("ann", 1000);
         assert_eq!(
             later.places,
             vec![Place {
@@ -273,23 +248,13 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_read_says_why_and_is_not_retried_at_once() {
-        let mut reads = 0;
-        let mut snap = Snapshot::new(
-            || {
-                reads += 1;
-                Err("squeue failed: Unable to contact slurm controller".to_owned())
-            },
-            Duration::from_secs(60),
-        );
-        let a = snap.answer("ann", 1000);
+    fn a_failed_read_says_why() {
+        let mut reader = Reader::new(|| Err("squeue failed: Unable to contact slurm controller".to_owned()));
+        let a = reader.read().answer("ann", 1000);
         assert!(a.places.is_empty());
         assert_eq!(
             a.unavailable.as_deref(),
             Some("squeue failed: Unable to contact slurm controller")
         );
-        snap.answer("ann", 1000);
-        drop(snap);
-        assert_eq!(reads, 1);
     }
 }

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use delegate_client::slurm::Slurm;
-use delegate_place::Snapshot;
+use delegate_place::latest::{self, Latest, Patience};
+use delegate_place::Reader;
 use delegate_protocol::agent::frame;
-use delegate_protocol::place::DEFAULT_PLACE_SOCKET;
+use delegate_protocol::place::{PlaceAnswer, DEFAULT_PLACE_SOCKET};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 /// How long a caller may take to read its answer.
@@ -89,10 +90,7 @@ fn bind(path: &Path) -> Result<UnixListener, BindError> {
 }
 
 /// Answers one caller and closes the connection.
-fn serve<F>(stream: UnixStream, snap: &mut Snapshot<F>)
-where
-    F: FnMut() -> Result<Vec<delegate_client::slurm::usage::QueuedJob>, String>,
-{
+fn serve(stream: UnixStream, latest: &Latest) {
     let uid = match getsockopt(&stream, PeerCredentials) {
         Ok(c) => c.uid(),
         Err(e) => {
@@ -103,7 +101,13 @@ where
     let name = uzers::get_user_by_uid(uid)
         .map(|u| u.name().to_string_lossy().into_owned())
         .unwrap_or_else(|| uid.to_string());
-    let answer = snap.answer(&name, uid);
+    let answer = latest.for_answer().map_or_else(
+        || PlaceAnswer {
+            unavailable: Some("Slurm's queue is still being read".to_owned()),
+            ..PlaceAnswer::default()
+        },
+        |read| read.answer(&name, uid),
+    );
     let bytes = match frame(&answer) {
         Ok(b) => b,
         Err(e) => {
@@ -139,11 +143,15 @@ fn main() -> ExitCode {
     };
     let slurm = Slurm::from_env();
     let read = move || slurm.queue_all().map_err(|e| format!("Slurm's queue could not be read ({e})"));
-    let mut snap = Snapshot::new(read, Duration::from_secs(args.every));
+    let latest = Latest::new(Patience::every(Duration::from_secs(args.every)));
+    if let Err(e) = latest::spawn(latest.clone(), Reader::new(read)) {
+        eprintln!("delegate-place: cannot start the thread that reads Slurm's queue: {e}");
+        return ExitCode::FAILURE;
+    }
     tracing::info!(socket = %args.socket.display(), every = args.every, "listening");
     for conn in listener.incoming() {
         match conn {
-            Ok(stream) => serve(stream, &mut snap),
+            Ok(stream) => serve(stream, &latest),
             Err(e) => {
                 tracing::warn!("accept: {e}");
                 std::thread::sleep(Duration::from_millis(100));
