@@ -32,7 +32,9 @@ import pytest
 import stacklib
 from stacklib import HOME, REPO, SCRIPT, STACK, STUDENT, as_user, cid, deployed, on, run
 
-IDLE = 30
+# Seconds a worker idles before Slurm stops it (SuspendTime): short, for
+# each test below waits for it at least once (elastic.idle's least is 10).
+IDLE = 15
 # Seconds a started worker has to register: a worker of this stack starts
 # in 5-25 s; the two tests of a start that fails wait this long for Slurm
 # to give up on it.
