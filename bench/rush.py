@@ -316,11 +316,13 @@ def _cgroup_file(service: str, name: str) -> Path | None:
 
 
 def _sacct_allocations(since: float) -> list[list[str]]:
-    """Slurm's own records of the phase's allocations: id, submit, start,
-    end (epoch seconds) and node list."""
+    """Slurm's own records of every run of the phase's allocations
+    (`sacct --duplicates`: a map's allocation that stepped aside was
+    requeued and ran again, each run a record of its own): id, submit,
+    start, end (epoch seconds) and node list."""
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 5))
     r = subprocess.run(
-        ["docker", "exec", "-e", "SLURM_TIME_FORMAT=%s", _cid("head"), "sacct", "-a", "-X", "-n", "-P",
+        ["docker", "exec", "-e", "SLURM_TIME_FORMAT=%s", _cid("head"), "sacct", "-a", "-X", "-D", "-n", "-P",
          "-S", start, "-E", "now", "-o", "JobIDRaw,Submit,Start,End,NodeList"],
         capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
@@ -576,26 +578,37 @@ def work_floor(work: float, workers: int, since: float, lost_at: float | None) -
 
 
 def _at(allocs: list[list[str]], until: float):
-    """From Slurm's records of the allocations (sacct: id, submit, start,
-    end, node list), a function of a moment: (the nodes with an
-    allocation, the allocations waiting: submitted, not started)."""
+    """From Slurm's records of every run of the allocations (sacct
+    --duplicates: id, submit, start, end, node list; an allocation that was
+    requeued has a record per run), a function of a moment: (the nodes with
+    an allocation running, the allocations waiting: submitted, not ended,
+    none of their runs running then, as before their first start and
+    between two runs)."""
 
     def num(v: str) -> float | None:
         return float(v) if v.replace(".", "", 1).isdigit() else None
 
-    rows = [(num(a[1]), num(a[2]), num(a[3]), a[4]) for a in allocs]
+    runs: dict[str, list[tuple[float | None, float | None, float | None, str]]] = {}
+    for a in allocs:
+        runs.setdefault(a[0], []).append((num(a[1]), num(a[2]), num(a[3]), a[4]))
+
+    def active(st: float | None, en: float | None, t: float) -> bool:
+        return st is not None and st <= t < (en or until)
 
     def state(t: float) -> tuple[set[str], int]:
         running = {
             n
-            for sub, st, en, n in rows
-            if st is not None and st <= t < (en or until) and n not in ("", "None assigned")
+            for rs in runs.values()
+            for _, st, en, n in rs
+            if active(st, en, t) and n not in ("", "None assigned")
         }
-        waiting = sum(
-            1
-            for sub, st, en, _ in rows
-            if sub is not None and sub <= t and (st is None or st > t) and (en is None or en > t)
-        )
+        waiting = 0
+        for rs in runs.values():
+            subs = [sub for sub, _, _, _ in rs if sub is not None]
+            ends = [en for _, st, en, _ in rs if st is not None]
+            ended = len(ends) == len(rs) and all(en is not None for en in ends) and max(ends) <= t
+            if subs and min(subs) <= t and not ended and not any(active(st, en, t) for _, st, en, _ in rs):
+                waiting += 1
         return running, waiting
 
     return state

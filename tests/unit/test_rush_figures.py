@@ -81,6 +81,29 @@ def test_the_timeline_counts_waiting_allocations_and_busy_nodes():
     assert rush.timeline(allocs, 100.0, 115.0, 5) == [[0.0, 1, 1], [5.0, 1, 2], [10.0, 1, 1]]
 
 
+def test_an_allocation_requeued_between_two_runs_waits_between_them():
+    # (sacct --duplicates: allocation 1 ran on w1, stepped aside at 110 and
+    # ran again from 120 on w2; 2 took w1 from 112)
+    allocs = [
+        ["1", "100", "100", "110", "w1"],
+        ["1", "100", "120", "130", "w2"],
+        ["2", "105", "112", "125", "w1"],
+    ]
+    assert rush.timeline(allocs, 100.0, 135.0, 5) == [
+        [0.0, 0, 1],  # 1 runs on w1
+        [5.0, 1, 1],  # 2 waits
+        [10.0, 2, 0],  # 1 stepped aside, waits again; 2 not started yet
+        [15.0, 1, 1],  # 2 on w1, 1 waits for its second run
+        [20.0, 0, 2],  # both run
+        [25.0, 0, 1],
+        [30.0, 0, 0],
+    ]
+    # Two workers, idle while work waited: from 105 to 110 (w2 idle, 2
+    # waiting), 110 to 112 (both idle, both waiting) and 112 to 120 (w2
+    # idle, 1 waiting), in node-seconds.
+    assert rush.idle_while_waiting(allocs, 2, 100.0, 135.0) == 5 * 1 + 2 * 2 + 8 * 1
+
+
 def test_an_estimate_is_measured_against_the_jobs_first_start():
     # A map's allocation estimated to start at 110 started at 112, stepped
     # aside and started again at 200 (sacct's one record says 200).
