@@ -314,7 +314,11 @@ def test_a_waiting_call_says_when_it_likely_starts(alice, bob):
             return "likely to start within" in reason
 
         testlib.wait_until("Slurm's estimate of the call's start", estimate, 90, 1, detail=lambda: seen[-3:])
-        assert all("likely to start" in r or "no estimate of its start yet" in r for r in seen), seen
+        # (or, newer than the place helper's last read, that its place comes)
+        assert all(
+            "likely to start" in r or "no estimate of its start yet" in r or "its place in line comes" in r
+            for r in seen
+        ), seen
         within = seen[-1].split("likely to start within ")[1]
         mins = 1 if within.startswith("a minute") else int(within.split(" min")[0])
         assert 1 <= mins <= 3, seen[-1]

@@ -66,3 +66,10 @@ def test_a_waiting_call_says_how_many_jobs_are_ahead():
     assert first.outcome == "pending — next in line, no estimate of its start yet"
     one = future("waiting in Slurm's queue, 1 job ahead; cancellation requested")
     assert one.outcome == "pending — 1 job ahead"
+    # Submitted after the helper's last read: its place comes (not Slurm's
+    # latest start, hours off in a rush).
+    coming = future(
+        "waiting in Slurm's queue (Priority); its place in line comes within seconds "
+        "(the queue is read every few seconds)"
+    )
+    assert coming.outcome == "pending — its place in line comes within seconds"

@@ -53,9 +53,19 @@ pub struct Standing {
     pub likely_start: Option<u64>,
 }
 
-/// Each of the caller's waiting jobs (Slurm id as `squeue --array` prints
-/// it) and where it stands.
-pub fn ask(path: &Path) -> Result<HashMap<String, Standing>, PlaceError> {
+/// The helper's answer: each of the caller's waiting jobs (Slurm id as
+/// `squeue --array` prints it) and where it stands, as of the helper's
+/// last read of the queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Places {
+    /// When the helper read the queue (seconds since the epoch): a job
+    /// submitted since is not in `jobs` yet.
+    pub read_at: u64,
+    pub jobs: HashMap<String, Standing>,
+}
+
+/// Where the caller's waiting jobs stand ([`Places`]).
+pub fn ask(path: &Path) -> Result<Places, PlaceError> {
     let shown = path.display().to_string();
     let connect_err = |source| PlaceError::Connect { path: shown.clone(), source };
     // (non-blocking: a helper whose backlog is full is no answer, not a wait)
@@ -94,7 +104,10 @@ pub fn ask(path: &Path) -> Result<HashMap<String, Standing>, PlaceError> {
         ahead: p.ahead,
         likely_start: p.likely_in_s.map(|s| read_at.saturating_add(u64::from(s))),
     };
-    Ok(answer.places.iter().map(|p| (p.job.clone(), standing(p))).collect())
+    Ok(Places {
+        read_at,
+        jobs: answer.places.iter().map(|p| (p.job.clone(), standing(p))).collect(),
+    })
 }
 
 #[cfg(test)]
@@ -137,6 +150,8 @@ mod tests {
         let (_d, path, t) = serve_once(frame(&a).expect("frame"));
         let got = ask(&path).expect("answer");
         t.join().expect("server");
+        assert_eq!(got.read_at, 1_000);
+        let got = got.jobs;
         // The likely start counts from the helper's read of the queue.
         assert_eq!(got["7_2"], Standing { ahead: 37, likely_start: Some(1_090) });
         assert_eq!(got["8"], Standing { ahead: 38, likely_start: None });

@@ -70,17 +70,40 @@ fn with_places(
         return q;
     };
     match crate::place::ask(&path) {
-        Ok(places) => {
-            for (job, standing) in places {
-                if let Some(j) = q.get_mut(&job) {
-                    j.ahead = Some(standing.ahead);
-                    j.likely_start = standing.likely_start;
-                }
-            }
-        }
+        Ok(places) => placed(&mut q, &places, protocol::now_ms() / 1000),
         Err(e) => tracing::debug!(error = %e, "no place in Slurm's queue"),
     }
     q
+}
+
+/// A helper's read of the queue at most this old is trusted to come again
+/// soon (seconds).
+const PLACES_FRESH_S: u64 = 30;
+/// squeue's submit times and the helper's read time are whole seconds.
+const SUBMIT_SLACK_S: u64 = 2;
+
+/// Each waiting job of `q` with its place in `places`. A pending job the
+/// helper's fresh read does not list because it was submitted (or
+/// requeued) after the read began is told its place comes; any other job
+/// it does not list (held for a requeue, past its bound) is left to
+/// Slurm's own estimate.
+fn placed(q: &mut std::collections::HashMap<String, slurm::SlurmJob>, places: &crate::place::Places, now_s: u64) {
+    let fresh = now_s.saturating_sub(places.read_at) <= PLACES_FRESH_S;
+    for (id, j) in q.iter_mut() {
+        if j.state.phase() != slurm::SlurmPhase::Queued {
+            continue;
+        }
+        match places.jobs.get(id) {
+            Some(standing) => {
+                j.ahead = Some(standing.ahead);
+                j.likely_start = standing.likely_start;
+            }
+            None => {
+                let since_read = j.submitted.is_some_and(|t| t + SUBMIT_SLACK_S >= places.read_at);
+                j.place_coming = fresh && j.state == slurm::SlurmState::Pending && since_read;
+            }
+        }
+    }
 }
 
 /// The nodes Slurm names for a job ("" when it does not).
@@ -418,7 +441,37 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    use super::{replaced, unrecordable_hint};
+    use super::{placed, replaced, unrecordable_hint};
+    use crate::place::{Places, Standing};
+    use crate::slurm::parse_squeue;
+
+    #[test]
+    fn a_waiting_job_newer_than_the_helpers_read_is_told_its_place_comes() {
+        // (submitted at 990, before the read at 1,000, but for 9 at 1,005;
+        // 8 held for a requeue: the helper does not list it)
+        let squeue = "7_0|RUNNING|w1|None||990\n7_1|PENDING||Priority||990\n9|PENDING||Priority||1005\n\
+                      8|REQUEUE_HOLD||JobHeldUser||990\n6|PENDING||Priority||990\n";
+        let places = Places {
+            read_at: 1_000,
+            jobs: [("7_1".to_owned(), Standing { ahead: 3, likely_start: Some(1_060) })].into(),
+        };
+        let mut q = parse_squeue(squeue);
+        placed(&mut q, &places, 1_010);
+        assert_eq!(
+            (q["7_1"].ahead, q["7_1"].likely_start, q["7_1"].place_coming),
+            (Some(3), Some(1_060), false)
+        );
+        // (9 was submitted after the read; a running one is not placed)
+        assert_eq!((q["9"].ahead, q["9"].place_coming), (None, true));
+        assert_eq!((q["7_0"].ahead, q["7_0"].place_coming), (None, false));
+        // Not listed though older than the read: Slurm's estimate, not a
+        // place said to come forever.
+        assert!(!q["8"].place_coming && !q["6"].place_coming);
+        // A read too old to list every waiting job says nothing of 9.
+        let mut q = parse_squeue(squeue);
+        placed(&mut q, &places, 1_100);
+        assert!(!q["9"].place_coming);
+    }
 
     /// Stop 63's CI: a directory a new attempt replaced, read through a
     /// stale view, is told from the call's own by its spec, asked of the

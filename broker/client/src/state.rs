@@ -264,10 +264,11 @@ fn in_slurm(f: &Facts<'_>, j: &SlurmJob, note: &str) -> Verdict {
             } else {
                 "waiting in Slurm's queue"
             };
-            let when = j.likely_start.map_or_else(
-                || likely_start(j.expected_start, f.now_secs),
-                |t| likely_start_of_the_helper(t, f.now_secs),
-            );
+            let when = match (j.likely_start, j.place_coming) {
+                (Some(t), _) => likely_start_of_the_helper(t, f.now_secs),
+                (None, true) => PLACE_COMING.to_owned(),
+                (None, false) => likely_start(j.expected_start, f.now_secs),
+            };
             let place = j.ahead.map(place_words).unwrap_or_default();
             live(State::Pending, format!("{what}{why}{place}; {when}{note}"))
         }
@@ -330,6 +331,9 @@ pub fn likely_start_of_the_helper(t: u64, now: u64) -> String {
     }
     format!("{LIKELY} in about {} ({HELPERS_BASIS})", in_words(t - now))
 }
+
+/// A waiting job newer than the place helper's last read of the queue.
+const PLACE_COMING: &str = "its place in line comes within seconds (the queue is read every few seconds)";
 
 /// What the helper's estimate is made of, in the line's words.
 const HELPERS_BASIS: &str = "from the running calls and how long calls lasted lately";
@@ -499,6 +503,8 @@ mod tests {
             expected_start: None,
             ahead: None,
             likely_start: None,
+            place_coming: false,
+            submitted: None,
         }
     }
 
@@ -651,6 +657,24 @@ mod tests {
         assert_eq!(
             likely_start_of_the_helper(now + 20, now),
             "likely to start within a minute (from the running calls and how long calls lasted lately)"
+        );
+        // Newer than the helper's last read: its place comes, and Slurm's
+        // latest start (hours, in a rush) is not said meanwhile.
+        let mut new = sj("PENDING", "Priority");
+        new.expected_start = Some(now + 3 * 3600);
+        new.place_coming = true;
+        let f = Facts {
+            now_secs: now,
+            ..facts(SlurmView::Present(&new))
+        };
+        assert_eq!(
+            decide(&f, no_log),
+            Verdict::Live {
+                state: State::Pending,
+                reason: "waiting in Slurm's queue (Priority); its place in line comes within seconds \
+                         (the queue is read every few seconds)"
+                    .into()
+            }
         );
     }
 

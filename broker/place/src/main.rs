@@ -46,6 +46,7 @@ fn ask(socket: &Path) -> ExitCode {
     match delegate_client::place::ask(socket) {
         Ok(places) => {
             let mut lines: Vec<String> = places
+                .jobs
                 .into_iter()
                 .map(|(job, s)| {
                     let at = s.likely_start.map_or_else(|| "-".to_owned(), |t| t.to_string());

@@ -193,7 +193,7 @@ class DelegateFuture(cf.Future[Any]):
         # (where it stands, from the place helper: "37 jobs ahead", issue 56)
         place = _PLACE.search(self.reason)
         ahead = place.group(1) + ", " if place else ""
-        for words in ("likely to start", "no estimate of its start"):
+        for words in ("likely to start", "no estimate of its start", "its place in line comes"):
             # (Slurm's estimate of a waiting call's start, issue 56; the
             # reason's words before its parenthesis)
             at = self.reason.find(words)

@@ -180,8 +180,9 @@ impl Slurm {
             "--array".to_owned(),
             format!("--user={uid}"),
             // (%S: a pending job's expected start, from the backfill
-            // scheduler; in seconds since the epoch with SLURM_TIME_FORMAT)
-            "--format=%i|%T|%N|%r|%S".to_owned(),
+            // scheduler; %V: when it was submitted or last requeued; in
+            // seconds since the epoch with SLURM_TIME_FORMAT)
+            "--format=%i|%T|%N|%r|%S|%V".to_owned(),
         ];
         SQUEUE_CALLS.fetch_add(1, Ordering::SeqCst);
         Ok(parse_squeue(&self.run_env(

@@ -136,6 +136,9 @@ pub struct SlurmJob {
     /// (seconds since the epoch; from the time limits of the jobs ahead, so
     /// a latest start unless others arrive first), when it has one.
     pub expected_start: Option<u64>,
+    /// When it was submitted, or last requeued (seconds since the epoch),
+    /// when squeue said.
+    pub submitted: Option<u64>,
     /// While it waits: how many waiting jobs Slurm will start before it,
     /// when the place helper told (`crate::place`; students cannot see
     /// other users' jobs).
@@ -144,6 +147,10 @@ pub struct SlurmJob {
     /// the place helper's estimate from the running jobs and how long jobs
     /// lasted lately, when it could make one.
     pub likely_start: Option<u64>,
+    /// While it waits: the place helper answered from a read of the queue
+    /// begun before this job was submitted; its place comes with the next
+    /// read.
+    pub place_coming: bool,
 }
 
 /// Where a Slurm state is in a job's life.
@@ -255,7 +262,8 @@ pub fn parse_sbatch_parsable(out: &str) -> Result<String, SlurmError> {
     }
 }
 
-/// Parses `squeue --noheader --format='%i|%T|%N|%r'` output into a map from
+/// Parses `squeue --noheader --format='%i|%T|%N|%r|%S|%V'` output (the last two
+/// optional) into a map from
 /// Slurm job id (`123`, or `123_4` for an array element) to state, nodes
 /// and reason (the rest of the line). Blank lines are ignored; junk lines
 /// are skipped with a warning.
@@ -274,12 +282,7 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
                 continue;
             }
         };
-        // (the start is the last field, when it is one: a reason may hold
-        // the separator)
-        let (reason, expected_start) = match rest.rsplit_once('|') {
-            Some((r, t)) if is_start_field(t) => (r.trim(), expected_start(t)),
-            _ => (rest, None),
-        };
+        let (reason, expected_start, submitted) = reason_and_times(rest);
         let id_ok = !id.is_empty()
             && id.bytes().next().is_some_and(|b| b.is_ascii_digit())
             && id
@@ -297,12 +300,28 @@ pub fn parse_squeue(out: &str) -> HashMap<String, SlurmJob> {
                 reason: reason.to_owned(),
                 nodes: nodes.to_owned(),
                 expected_start,
+                submitted,
                 ahead: None,
                 likely_start: None,
+                place_coming: false,
             },
         );
     }
     jobs
+}
+
+/// The reason and, after it, the times squeue printed (`%r|%S|%V`, or
+/// `%r|%S`): the reason, the expected start and the submit time. The times
+/// are the last fields when they are times (a reason may hold the
+/// separator).
+fn reason_and_times(rest: &str) -> (&str, Option<u64>, Option<u64>) {
+    let Some((before, last)) = rest.rsplit_once('|').filter(|(_, t)| is_start_field(t)) else {
+        return (rest, None, None);
+    };
+    match before.rsplit_once('|') {
+        Some((r, st)) if is_start_field(st) => (r.trim(), expected_start(st), expected_start(last)),
+        _ => (before.trim(), expected_start(last), None),
+    }
 }
 
 /// Whether `f` is what squeue prints for `%S` (seconds, `N/A`, `Unknown`).
@@ -417,6 +436,8 @@ mod tests {
                 expected_start: None,
                 ahead: None,
                 likely_start: None,
+                place_coming: false,
+                submitted: None,
             }
         );
         assert_eq!(m["13"].state, SlurmState::Running);
@@ -433,6 +454,8 @@ mod tests {
                 expected_start: None,
                 ahead: None,
                 likely_start: None,
+                place_coming: false,
+                submitted: None,
             }
         );
         assert_eq!(m["19"].state, SlurmState::Cancelled);
@@ -452,6 +475,17 @@ mod tests {
         // Reasons may contain the separator.
         assert_eq!(parse_squeue("5|PENDING||a|b")["5"].reason, "a|b");
         assert_eq!(parse_squeue("5|PENDING||a|b|N/A")["5"].reason, "a|b");
+        // ... and %V after %S: when it was submitted.
+        let j = &parse_squeue("6|PENDING||Priority|N/A|1795929300")["6"];
+        assert_eq!(
+            (j.reason.as_str(), j.expected_start, j.submitted),
+            ("Priority", None, Some(1_795_929_300))
+        );
+        let j = &parse_squeue("7|PENDING||a|b|1795929371|1795929300")["7"];
+        assert_eq!(
+            (j.reason.as_str(), j.expected_start, j.submitted),
+            ("a|b", Some(1_795_929_371), Some(1_795_929_300))
+        );
     }
 
     #[test]
