@@ -479,7 +479,7 @@ def test_the_helper_answers_at_once_while_slurms_queue_is_slow_to_read(alice, wo
     sock = world_readable_tmp / "place.sock"
     env = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}
     helper = subprocess.Popen(
-        ["delegate-place", "--socket", str(sock), "--every", "1"],
+        ["delegate-place", "--socket", str(sock), "--every", "2"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     job, _, _ = alice.held()

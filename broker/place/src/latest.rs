@@ -52,6 +52,13 @@ struct State {
     wanted: bool,
     /// Reads published so far.
     reads: u64,
+    /// The count of reads at which an answer last waited for a newer one
+    /// in vain: the answers after it do not wait again for that read (one
+    /// connection at a time is served, and a hung squeue must not make
+    /// every caller wait in turn).
+    waited_in_vain_at: Option<u64>,
+    /// Answers that waited for a read.
+    waits: u64,
 }
 
 /// The last read, and whether answers want a newer one.
@@ -85,13 +92,17 @@ impl Latest {
             st.wanted = true;
             self.changed.notify_all();
         }
-        if age.is_none_or(|a| a >= p.too_old) {
+        if age.is_none_or(|a| a >= p.too_old) && st.waited_in_vain_at != Some(st.reads) {
             let seen = st.reads;
+            st.waits += 1;
             st = self
                 .changed
                 .wait_timeout_while(st, p.wait, |s| s.reads == seen)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            if st.reads == seen {
+                st.waited_in_vain_at = Some(seen);
+            }
         }
         st.read.clone()
     }
@@ -110,6 +121,8 @@ impl Latest {
         let mut st = self.lock();
         st.read = Some(Arc::new(read));
         st.reads += 1;
+        // (the answers that wanted it while it was read have it)
+        st.wanted = false;
         self.changed.notify_all();
     }
 }
@@ -123,7 +136,13 @@ where
     std::thread::Builder::new().name("read-queue".into()).spawn(move || loop {
         latest.wait_wanted();
         let began = Instant::now();
-        let read = reader.read();
+        // A read that panics is a failed read: answered as one, and the
+        // next is tried an interval later (a helper whose reading thread
+        // died would answer from an ever older read).
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.read())).unwrap_or_else(|_| {
+            tracing::error!("reading Slurm's queue failed unexpectedly (a panic); the next read is tried");
+            Read::failed("the place helper could not read Slurm's queue")
+        });
         let took = began.elapsed();
         if took >= latest.patience.every {
             tracing::info!("reading Slurm's queue took {took:.1?}, longer than the interval; students are answered from the read before");
@@ -178,8 +197,49 @@ mod tests {
         for _ in 0..100 {
             let read = latest.for_answer().expect("the first answer waits for the first read");
             assert_eq!(jobs(&read), ["9"]);
+            assert!(!latest.lock().wanted, "a fresh read wants no other");
         }
         assert_eq!(reads.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_hung_read_makes_one_answer_wait_not_each() {
+        // squeue hangs from the first read on.
+        let (_keep, never) = mpsc::channel::<()>();
+        let reader = Reader::new(move || {
+            let _ = never.recv();
+            Ok(Vec::new())
+        });
+        let latest = Latest::new(Patience {
+            every: Duration::ZERO,
+            too_old: Duration::ZERO,
+            wait: Duration::from_millis(20),
+        });
+        spawn(latest.clone(), reader).expect("a thread");
+        for _ in 0..5 {
+            assert!(latest.for_answer().is_none(), "no read has ended");
+        }
+        // (the first answer waited in vain; the ones after, served one at
+        // a time behind it, did not wait again for the same read)
+        assert_eq!(latest.lock().waits, 1);
+    }
+
+    #[test]
+    fn a_read_that_panics_is_answered_as_a_failed_read_and_tried_again() {
+        let mut n = 0;
+        let reader = Reader::new(move || {
+            n += 1;
+            assert!(n != 1, "a bug in the read");
+            Ok(waiting(&n.to_string()))
+        });
+        let latest = Latest::new(patience(Duration::ZERO, Duration::ZERO));
+        spawn(latest.clone(), reader).expect("a thread");
+        let first = latest.for_answer().expect("a read").answer("ann", 1000);
+        assert_eq!(
+            first.unavailable.as_deref(),
+            Some("the place helper could not read Slurm's queue")
+        );
+        assert_eq!(jobs(&latest.for_answer().expect("a read")), ["2"]);
     }
 
     #[test]
@@ -235,20 +295,5 @@ mod tests {
         let a = jobs(&latest.for_answer().expect("a read"));
         let b = jobs(&latest.for_answer().expect("a read"));
         assert_ne!(a, b, "the second answer waited for a read newer than the first's");
-    }
-
-    #[test]
-    fn without_any_read_an_answer_waits_no_longer_than_its_patience() {
-        let (_keep, never) = mpsc::channel::<()>();
-        let reader = Reader::new(move || {
-            let _ = never.recv();
-            Ok(Vec::new())
-        });
-        let latest = Latest::new(Patience {
-            wait: Duration::from_millis(10),
-            ..Patience::every(Duration::from_secs(5))
-        });
-        spawn(latest.clone(), reader).expect("a thread");
-        assert!(latest.for_answer().is_none(), "no read has ended");
     }
 }

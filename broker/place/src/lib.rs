@@ -67,6 +67,16 @@ pub struct Read {
 }
 
 impl Read {
+    /// A read that failed for `why`.
+    pub fn failed(why: &str) -> Self {
+        Read {
+            at: Instant::now(),
+            at_ms: delegate_protocol::now_ms(),
+            queue: Err(why.to_owned()),
+            starts: HashMap::new(),
+        }
+    }
+
     /// How long ago the queue was read.
     pub fn age(&self) -> Duration {
         self.at.elapsed()
@@ -113,8 +123,9 @@ where
 
     /// Reads the queue once and gives each waiting job its likely start.
     pub fn read(&mut self) -> Read {
-        let queue = (self.read)();
+        // (the time the read began: every job submitted before is in it)
         let at_ms = delegate_protocol::now_ms();
+        let queue = (self.read)();
         let starts = match &queue {
             Ok(q) => self.likely_starts(q, at_ms / 1000),
             Err(_) => HashMap::new(),
