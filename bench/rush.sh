@@ -115,7 +115,7 @@ cleanup() {
         "$REPO/build_cluster.sh" down || true
         if ((MACHINES)); then
             "$MACHINES_TOOL" down || true
-            [[ -n $(docker stack ls -q) ]] || docker swarm leave --force >/dev/null 2>&1 || true
+            [[ -n $(docker stack ls --format '{{.Name}}') ]] || docker swarm leave --force >/dev/null 2>&1 || true
         fi
     fi
 }

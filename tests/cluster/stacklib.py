@@ -221,7 +221,9 @@ def worker_machines(env: dict | None = None) -> Iterator[tuple[dict, list[str]]]
         yield placed, outs
     finally:
         run(MACHINES_TOOL, "down", timeout=600)
-        if run("docker", "stack", "ls", "-q", quiet=True).stdout.strip() == "":
+        # (`docker stack ls` has no -q: it failed and printed nothing, so the
+        # swarm was left even with a stack in it)
+        if run("docker", "stack", "ls", "--format", "{{.Name}}", quiet=True).stdout.strip() == "":
             run("docker", "swarm", "leave", "--force", quiet=True)
 
 
