@@ -614,16 +614,24 @@ def _at(allocs: list[list[str]], until: float):
     return state
 
 
-def idle_while_waiting(allocs: list[list[str]], workers: int, since: float, until: float) -> float:
+def idle_while_waiting(
+    allocs: list[list[str]], workers: int, since: float, until: float, lost: tuple[str, float] | None = None
+) -> float:
     """Node-seconds idle while work waited, from Slurm's records: at each
     second, the idle nodes (workers less those with an allocation) up to
-    the allocations waiting (submitted, not started)."""
+    the allocations waiting (submitted, not started). A worker `lost`
+    (its node, the moment its machine died) is no node from then on: not
+    idle, and what Slurm still counts running there is not busy."""
     state = _at(allocs, until)
     idle = 0.0
     t = since
     while t < until:
         running, waiting = state(t)
-        idle += min(max(workers - len(running), 0), waiting)
+        up = workers
+        if lost is not None and t >= lost[1]:
+            up -= 1
+            running = running - {lost[0]}
+        idle += min(max(up - len(running), 0), waiting)
         t += 1
     return idle
 
@@ -728,7 +736,13 @@ def summarize(data: dict) -> dict:
     floor = max(ideal, lifecycle_floor) if not math.isnan(lifecycle_floor) else ideal
     rss = [s["rss_kb"] / 1024 for s in studs if s.get("rss_kb")]
     idle = (
-        idle_while_waiting(meta.get("allocations", []), meta["workers"], first, last)
+        idle_while_waiting(
+            meta.get("allocations", []),
+            meta["workers"],
+            first,
+            last,
+            (killed["worker"], float(killed["at"])) if killed else None,
+        )
         if meta.get("allocations")
         else float("nan")
     )

@@ -104,6 +104,23 @@ def test_an_allocation_requeued_between_two_runs_waits_between_them():
     assert rush.idle_while_waiting(allocs, 2, 100.0, 135.0) == 5 * 1 + 2 * 2 + 8 * 1
 
 
+def test_a_lost_worker_is_neither_idle_nor_busy_from_its_loss():
+    # (w1's machine dies at 110: Slurm still counts allocation 1 running
+    # there until 120; allocation 2 waits from 105 and runs on w2 from 115)
+    allocs = [
+        ["1", "100", "100", "120", "w1"],
+        ["2", "105", "115", "130", "w2"],
+        ["3", "112", "Unknown", "Unknown", ""],
+    ]
+    # Without the loss: w2 idle while work waits (105-115), and w1 once
+    # Slurm gave it up (120-130) while 3 waits.
+    assert rush.idle_while_waiting(allocs, 2, 100.0, 130.0) == 20
+    # With it: one worker from 110, w2, idle while 2 waits until 115;
+    # from 115 it runs 2 and 3 waits with no idle node: the dead w1 is no
+    # idle node.
+    assert rush.idle_while_waiting(allocs, 2, 100.0, 130.0, ("w1", 110.0)) == 10
+
+
 def test_an_estimate_is_measured_against_the_jobs_first_start():
     # A map's allocation estimated to start at 110 started at 112, stepped
     # aside and started again at 200 (sacct's one record says 200).
