@@ -21,9 +21,9 @@
 #                                    machine, installed and checked on a
 #                                    clean Debian 13 without network)
 #   7. pytest -v tests/cluster      (the multi-node stack: deploy, test, down)
-#                                   but its worker machines' suite runs
-#                                   beside 4, 5, 6 and 6b (the side lane:
-#                                   below), awaited after 6b
+#                                   6, 6b and 7 but its worker machines'
+#                                   suite run beside 4 and 5 (the side
+#                                   lane: below), awaited after 5
 #   7b. tests/cluster/test_machines.py alone, after the side lane (the
 #                                    stack on worker machines, their faults;
 #                                    it restarts this host's engine)
@@ -95,33 +95,36 @@ fail() {
     exit 1
 }
 
-# The side lane: the multi-node stack's stage (7. cluster/ but for its
-# worker machines' suite) shares nothing with the single-machine cluster,
-# whose one node stages 4 and 5 wait on, one job at a time, with the CPU
-# mostly idle (load average 0.2-0.7 through stage 4): it runs beside those
-# two and then 6 and 6b (a Slurm of their own in containers of their own,
-# in the main lane so that the two lanes take about as long), its output
-# kept in $SIDE_LOG and printed when it is awaited (after stage 6b), its
-# time added to the table. What the lanes share is the engine (each checks
-# only its own containers and networks; each node's epilog sweeps only its
-# own) and the CPU. The worker machines' suite (7b) restarts this host's
-# engine: it runs after, alone, then 8.
+# The side lane: the stages with a Slurm of their own in containers of
+# their own (6. site/, 6b. bundle/, then 7. cluster/ but for its worker
+# machines' suite) share nothing with the single-machine cluster, whose one
+# node stages 4 and 5 wait on, one job at a time, with the CPU mostly idle
+# (load average 0.2-0.7 through stage 4): they run beside those two, their
+# output kept in $SIDE_LOG and printed when they are awaited (after stage
+# 5), their times added to the table. What they share with stages 4-5 is
+# the engine (each checks only its own containers and networks; each
+# node's epilog sweeps only its own) and the CPU. The worker machines'
+# suite (7b) restarts this host's engine: it runs after, alone, then 8.
 SIDE_PID=
 SIDE_LOG=$ARTIFACTS/side-lane.log
 # The e2e test that restarts this host's Docker engine (stage 4b, alone).
 ENGINE_RESTART_TEST=tests/e2e/test_faults.py::test_docker_engine_restarted_mid_job
 SIDE_TIMES=$ARTIFACTS/side-lane-times.txt
-# side_lane_start ARGS...: the side lane's stage, in the background (its
-# own process group: a failure elsewhere stops it).
+# side_lane_start ARGS...: the side lane's stages, in the background (their
+# own process group: a failure elsewhere stops them all).
 side_lane_start() {
     [[ ${DELEGATE_SKIP_STACK:-0} != 1 ]] || return 0
     : >"$SIDE_TIMES"
     set -m
-    side_stage cluster "7. cluster/ but test_machines.py (beside 4-6b)" \
-        "tests/cluster --ignore=tests/cluster/test_machines.py" "$@" >"$SIDE_LOG" 2>&1 </dev/null &
+    {
+        side_stage site "6. site/ (beside 4-5)" tests/site "$@" \
+            && side_stage bundle "6b. bundle/ (beside 4-5)" tests/bundle "$@" \
+            && side_stage cluster "7. cluster/ but test_machines.py (beside 4-5)" \
+                "tests/cluster --ignore=tests/cluster/test_machines.py" "$@"
+    } >"$SIDE_LOG" 2>&1 </dev/null &
     SIDE_PID=$!
     set +m
-    echo "the side lane (cluster/ but its machines) runs beside stages 4-6b: its log in $SIDE_LOG"
+    echo "the side lane (site/, bundle/, cluster/ but its machines) runs beside stages 4-5: its log in $SIDE_LOG"
 }
 # side_stage NAME WHAT TARGETS ARGS...: one pytest stage of the side lane
 # (TARGETS: pytest's paths and options, split on spaces; its JUnit report
@@ -143,13 +146,13 @@ side_stage() {
 # fails the run when one of its stages failed.
 side_lane_wait() {
     [[ -n $SIDE_PID ]] || return 0
-    section "the side lane (cluster/ but its machines, run beside stages 4-6b): what is left of it"
+    section "the side lane (site/, bundle/, cluster/ but its machines, run beside stages 4-5): what is left of it"
     local rc=0
     wait "$SIDE_PID" || rc=$?
     SIDE_PID=
     cat "$SIDE_LOG"
     cat "$SIDE_TIMES" >>"$TIMES"
-    ((rc == 0)) || fail "the side lane: the cluster stack tests (pytest's report above)"
+    ((rc == 0)) || fail "the side lane: site, bundle or cluster stack tests (pytest's report above)"
 }
 # side_lane_stop: the side lane stopped (a failing run), its log's end shown.
 side_lane_stop() {
@@ -291,24 +294,18 @@ stack_stage() {
     ((rc == 0 || (rc == 5 && $# > 0))) || fail "$what (pytest exit $rc)"
 }
 
-section "6. a site's own Slurm: pytest -v tests/site"
-# Debian 13's Slurm 24.11 in three containers (tests/site/site.sh), general
-# + course partitions, the site's own job_submit.lua, epilog and
-# plugstack.conf; delegate's Debian packages installed and the site admin's
-# lines added; a student, a researcher, an admin.
-stack_stage tests/site "the site's tests" "$@"
-
-section "6b. the offline bundle: pytest -v tests/bundle"
-# `./build_cluster.sh bundle` (Slurm, munge, Docker's engine, their
-# libraries, delegate's packages: one file for a GPU machine without
-# network), then its install half and the GPU check as a student on a clean
-# Debian 13 container on an internal network, one stand-in GPU.
-stack_stage tests/bundle "the bundle's tests" "$@"
-
-# 7. (the side lane, begun with stage 4): the multi-node deployment as
-# containers on this machine (head, 2 workers, user node with JupyterLab;
-# images reused when present), elastic workers included, but for the
-# worker machines' suite.
+# 6., 6b. and 7. (the side lane, begun with stage 4): a site's own Slurm,
+# tests/site (tests/site/site.sh: Debian 13's Slurm 24.11 in three
+# containers, general + course partitions, the site's own job_submit.lua,
+# epilog and plugstack.conf; delegate's Debian packages installed and the
+# site admin's lines added; a student, a researcher, an admin), then the
+# offline bundle, tests/bundle (`./build_cluster.sh bundle`: Slurm, munge,
+# Docker's engine, their libraries, delegate's packages: one file for a GPU
+# machine without network; then its install half and the GPU check as a
+# student on a clean Debian 13 container on an internal network, one
+# stand-in GPU), then the multi-node deployment as containers on this
+# machine (head, 2 workers, user node with JupyterLab; images reused when
+# present), elastic workers included, but for the worker machines' suite.
 side_lane_wait
 
 section "4b. the engine restarted mid-job: pytest -v $ENGINE_RESTART_TEST (alone)"
