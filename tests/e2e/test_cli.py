@@ -474,7 +474,9 @@ def test_the_helper_answers_at_once_while_slurms_queue_is_slow_to_read(alice, wo
     slow = world_readable_tmp / "bin"
     slow.mkdir()
     real = sh("sh", "-c", "command -v squeue").stdout.strip()
-    (slow / "squeue").write_text(f'#!/bin/sh\nsleep 3\nexec {real} "$@"\n')
+    reads = world_readable_tmp / "reads"
+    # (the fault: each read takes 3 s; each begun read leaves a line)
+    (slow / "squeue").write_text(f'#!/bin/sh\necho >>{reads}\nsleep 3\nexec {real} "$@"\n')
     (slow / "squeue").chmod(0o755)
     sock = world_readable_tmp / "place.sock"
     env = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}
@@ -495,12 +497,16 @@ def test_the_helper_answers_at_once_while_slurms_queue_is_slow_to_read(alice, wo
         testlib.wait_until(
             "a first answer naming Alice's held job", lambda: sid in ask().stdout.split(), 30, 0.5
         )
-        # Eight asks over about 8 s: three reads of 3 s each begin among
-        # them, and none makes an answer wait.
-        for _ in range(8):
+        # Asked again and again until three more reads of 3 s have begun:
+        # none of them makes an answer wait.
+        begun = len(reads.read_text().splitlines())
+
+        def answered_through_three_reads() -> bool:
             r = ask()
             assert r.returncode == 0 and sid in r.stdout.split(), r
-            time.sleep(1)
+            return len(reads.read_text().splitlines()) >= begun + 3
+
+        testlib.wait_until("three more reads of the queue begun", answered_through_three_reads, 60, 0.5)
     finally:
         helper.kill()
         _, err = helper.communicate(timeout=30)
